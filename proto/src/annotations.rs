@@ -1,0 +1,332 @@
+//! The annotations and labels through which the agent and the allocator talk, via the API server.
+//!
+//! - `nano-gpu/gpus` on a Node: [`NodeInventory`], written by the agent.
+//! - `nano-gpu/assignment` on a Pod: [`Assignment`], written by the allocator at bind.
+//! - `nano-gpu/gpu.model`, `nano-gpu/gpu.count`, `nano-gpu/gpu.vendor` labels on a Node: [`node_labels`].
+//!
+//! Every payload carries `"v"`; a decoder refuses a version it does not know and names the field of
+//! any error, so callers can fail closed (treat the card as full) and say why.
+
+use crate::units::{MiB, Percent};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// Node annotation with the agent's card inventory.
+pub const GPUS_ANNOTATION: &str = "nano-gpu/gpus";
+/// Pod annotation with the allocator's placement.
+pub const ASSIGNMENT_ANNOTATION: &str = "nano-gpu/assignment";
+/// Node label: the card model most cards on the node have, sanitised for a label value.
+pub const MODEL_LABEL: &str = "nano-gpu/gpu.model";
+/// Node label: the number of cards.
+pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
+/// Node label: `nvidia`, `intel`, or `mixed`.
+pub const VENDOR_LABEL: &str = "nano-gpu/gpu.vendor";
+
+/// The payload version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// An annotation that cannot be used, naming the annotation and the field.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{annotation}: {field}: {message}")]
+pub struct DecodeError {
+    /// Annotation key.
+    pub annotation: &'static str,
+    /// Path of the offending field (`containers.train[0].percent`), or `.` for the whole payload.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn decode<T: DeserializeOwned>(annotation: &'static str, text: &str) -> Result<T, DecodeError> {
+    let err = |field: String, message: String| DecodeError { annotation, field, message };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| err(".".into(), format!("not JSON: {e}")))?;
+    match value.get("v") {
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
+        Some(v) => return Err(err("v".into(), format!("unsupported version {v} (this build reads {VERSION})"))),
+        None => return Err(err("v".into(), "missing version".into())),
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        err(field, e.into_inner().to_string())
+    })
+}
+
+/// Vendor of a card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// NVIDIA, read through NVML.
+    Nvidia,
+    /// Intel, read through sysfs drm.
+    Intel,
+}
+
+/// One card as the agent sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    /// Index on the node (NVML index, or drm card number for Intel).
+    pub index: u32,
+    /// Stable identifier (`GPU-…` for NVIDIA).
+    pub uuid: String,
+    /// Who made it.
+    pub vendor: Vendor,
+    /// Model name as the driver reports it.
+    pub model: String,
+    /// Total memory.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: MiB,
+    /// Whether the card may take new work.
+    pub healthy: bool,
+    /// NUMA node, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+}
+
+/// The `nano-gpu/gpus` payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInventory {
+    /// Payload version, [`VERSION`].
+    pub v: u32,
+    /// The cards, in index order.
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl NodeInventory {
+    /// An inventory of the current version.
+    pub fn new(gpus: Vec<GpuInfo>) -> Self {
+        NodeInventory { v: VERSION, gpus }
+    }
+
+    /// The annotation value.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads and checks an annotation value.
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        let inv: NodeInventory = decode(GPUS_ANNOTATION, text)?;
+        let err = |field: String, message: String| DecodeError { annotation: GPUS_ANNOTATION, field, message };
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, g) in inv.gpus.iter().enumerate() {
+            if g.uuid.is_empty() {
+                return Err(err(format!("gpus[{i}].uuid"), "empty".into()));
+            }
+            if !seen.insert(g.uuid.as_str()) {
+                return Err(err(format!("gpus[{i}].uuid"), format!("{} appears twice", g.uuid)));
+            }
+        }
+        Ok(inv)
+    }
+}
+
+/// One card (or a share of it) granted to a container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CardGrant {
+    /// Card UUID.
+    pub uuid: String,
+    /// Card index on the node, for humans and gpushare's `ALIYUN_COM_GPU_MEM_IDX`.
+    pub index: u32,
+    /// Share of the card; 100 for a whole card.
+    pub percent: Percent,
+    /// Memory granted on the card, if the container asked for memory.
+    #[serde(rename = "memoryMiB", default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<MiB>,
+}
+
+/// The `nano-gpu/assignment` payload: which card(s) each container of the pod gets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Payload version, [`VERSION`].
+    pub v: u32,
+    /// The node the pod is bound to.
+    pub node: String,
+    /// When the allocator decided (RFC 3339, UTC).
+    pub at: String,
+    /// Per container name, its card grants.
+    pub containers: BTreeMap<String, Vec<CardGrant>>,
+}
+
+impl Assignment {
+    /// An assignment of the current version.
+    pub fn new(node: impl Into<String>, at: impl Into<String>, containers: BTreeMap<String, Vec<CardGrant>>) -> Self {
+        Assignment { v: VERSION, node: node.into(), at: at.into(), containers }
+    }
+
+    /// The annotation value.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads and checks an annotation value: shares in 1..=100, a container never gets one card twice.
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        let a: Assignment = decode(ASSIGNMENT_ANNOTATION, text)?;
+        let err = |field: String, message: String| DecodeError { annotation: ASSIGNMENT_ANNOTATION, field, message };
+        if a.node.is_empty() {
+            return Err(err("node".into(), "empty".into()));
+        }
+        for (name, grants) in &a.containers {
+            if grants.is_empty() {
+                return Err(err(format!("containers.{name}"), "no cards".into()));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, g) in grants.iter().enumerate() {
+                if !(1..=100).contains(&g.percent.0) {
+                    return Err(err(format!("containers.{name}[{i}].percent"), format!("{} is not in 1..=100", g.percent.0)));
+                }
+                if g.uuid.is_empty() || !seen.insert(g.uuid.as_str()) {
+                    return Err(err(format!("containers.{name}[{i}].uuid"), "empty or repeated".into()));
+                }
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// A model name as a label value: characters outside `[A-Za-z0-9_.-]` become `-`, trimmed to 63
+/// characters and to alphanumerics at both ends (`NVIDIA H100 80GB HBM3` → `NVIDIA-H100-80GB-HBM3`).
+pub fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' })
+        .take(63)
+        .collect();
+    mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned()
+}
+
+/// The labels an agent puts on its Node for this inventory.
+pub fn node_labels(inv: &NodeInventory) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert(COUNT_LABEL.to_owned(), inv.gpus.len().to_string());
+    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (i, g) in inv.gpus.iter().enumerate() {
+        counts.entry(g.model.as_str()).or_insert((0, i)).0 += 1;
+    }
+    // Most cards wins; on a tie, the model of the lowest index.
+    if let Some((model, _)) = counts.iter().max_by_key(|(_, (n, first))| (*n, std::cmp::Reverse(*first))) {
+        labels.insert(MODEL_LABEL.to_owned(), label_value(model));
+    }
+    let vendors: std::collections::BTreeSet<Vendor> = inv.gpus.iter().map(|g| g.vendor).collect();
+    let vendor = match vendors.len() {
+        0 => None,
+        1 => Some(match vendors.iter().next() {
+            Some(Vendor::Intel) => "intel",
+            _ => "nvidia",
+        }),
+        _ => Some("mixed"),
+    };
+    if let Some(v) = vendor {
+        labels.insert(VENDOR_LABEL.to_owned(), v.to_owned());
+    }
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INVENTORY_GOLDEN: &str = r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-8a1c","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memoryMiB":81559,"healthy":true,"numa":0},{"index":1,"uuid":"0000:03:00.0","vendor":"intel","model":"Intel Data Center GPU Flex 170","memoryMiB":16256,"healthy":false}]}"#;
+    const ASSIGNMENT_GOLDEN: &str = r#"{"v":1,"node":"n1","at":"2026-11-21T10:00:00Z","containers":{"infer":[{"uuid":"GPU-b","index":1,"percent":100},{"uuid":"GPU-c","index":2,"percent":100}],"train":[{"uuid":"GPU-a","index":0,"percent":30,"memoryMiB":8192}]}}"#;
+
+    fn inventory() -> NodeInventory {
+        NodeInventory::new(vec![
+            GpuInfo {
+                index: 0,
+                uuid: "GPU-8a1c".into(),
+                vendor: Vendor::Nvidia,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib: MiB(81559),
+                healthy: true,
+                numa: Some(0),
+            },
+            GpuInfo {
+                index: 1,
+                uuid: "0000:03:00.0".into(),
+                vendor: Vendor::Intel,
+                model: "Intel Data Center GPU Flex 170".into(),
+                memory_mib: MiB(16256),
+                healthy: false,
+                numa: None,
+            },
+        ])
+    }
+
+    fn assignment() -> Assignment {
+        let grant = |uuid: &str, index, percent, memory_mib| CardGrant { uuid: uuid.into(), index, percent: Percent(percent), memory_mib };
+        Assignment::new(
+            "n1",
+            "2026-11-21T10:00:00Z",
+            [
+                ("train".to_string(), vec![grant("GPU-a", 0, 30, Some(MiB(8192)))]),
+                ("infer".to_string(), vec![grant("GPU-b", 1, 100, None), grant("GPU-c", 2, 100, None)]),
+            ]
+            .into(),
+        )
+    }
+
+    #[test]
+    fn inventory_encodes_to_the_golden_json_and_back() {
+        assert_eq!(inventory().encode(), INVENTORY_GOLDEN);
+        assert_eq!(NodeInventory::decode(INVENTORY_GOLDEN).unwrap(), inventory());
+    }
+
+    #[test]
+    fn assignment_encodes_to_the_golden_json_and_back() {
+        assert_eq!(assignment().encode(), ASSIGNMENT_GOLDEN);
+        assert_eq!(Assignment::decode(ASSIGNMENT_GOLDEN).unwrap(), assignment());
+    }
+
+    #[test]
+    fn a_future_version_is_refused_not_guessed() {
+        let e = Assignment::decode(&ASSIGNMENT_GOLDEN.replace(r#""v":1"#, r#""v":2"#)).unwrap_err();
+        assert_eq!(e.to_string(), "nano-gpu/assignment: v: unsupported version 2 (this build reads 1)");
+        let e = NodeInventory::decode(r#"{"gpus":[]}"#).unwrap_err();
+        assert_eq!(e.field, "v");
+    }
+
+    #[test]
+    fn decode_errors_name_the_field() {
+        let bad = ASSIGNMENT_GOLDEN.replace(r#""percent":30"#, r#""percent":"30""#);
+        let e = Assignment::decode(&bad).unwrap_err();
+        assert_eq!(e.field, "containers.train[0].percent", "{e}");
+        let bad = INVENTORY_GOLDEN.replace(r#""memoryMiB":16256,"#, "");
+        let e = NodeInventory::decode(&bad).unwrap_err();
+        assert!(e.to_string().contains("missing field `memoryMiB`"), "{e}");
+        assert_eq!(e.field, "gpus[1]");
+        let e = NodeInventory::decode("not json").unwrap_err();
+        assert!(e.to_string().starts_with("nano-gpu/gpus: .: not JSON"), "{e}");
+    }
+
+    #[test]
+    fn assignment_shares_must_be_in_range() {
+        let bad = ASSIGNMENT_GOLDEN.replace(r#""percent":30"#, r#""percent":130"#);
+        let e = Assignment::decode(&bad).unwrap_err();
+        assert_eq!(e.to_string(), "nano-gpu/assignment: containers.train[0].percent: 130 is not in 1..=100");
+    }
+
+    #[test]
+    fn inventory_refuses_a_repeated_uuid() {
+        let bad = INVENTORY_GOLDEN.replace("0000:03:00.0", "GPU-8a1c");
+        assert_eq!(NodeInventory::decode(&bad).unwrap_err().field, "gpus[1].uuid");
+    }
+
+    #[test]
+    fn unknown_fields_from_a_newer_agent_are_ignored() {
+        let newer = INVENTORY_GOLDEN.replace(r#""healthy":true"#, r#""healthy":true,"migMode":false"#);
+        assert_eq!(NodeInventory::decode(&newer).unwrap(), inventory());
+    }
+
+    #[test]
+    fn labels_name_the_majority_model_sanitised() {
+        let labels = node_labels(&inventory());
+        assert_eq!(labels[COUNT_LABEL], "2");
+        assert_eq!(labels[MODEL_LABEL], "NVIDIA-H100-80GB-HBM3");
+        assert_eq!(labels[VENDOR_LABEL], "mixed");
+        assert_eq!(label_value("  (weird) name!  "), "weird--name");
+        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+    }
+}
