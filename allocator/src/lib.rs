@@ -1,1 +1,17 @@
-//! placeholder
+//! The nano-gpu allocator: it decides, for the whole cluster, which node and which card(s) every GPU
+//! pod gets.
+//!
+//! - [`model`], [`request`]: the cluster and what pods ask, in the engine's terms.
+//! - [`policy`], [`workload`], [`engine`]: the pure placement engine (no I/O, no clock; randomness only
+//!   from a seeded [`rng::Rng`]), shared by the extender and by `simulate`.
+//! - [`extender`]: the scheduler-extender decisions (filter, prioritize, bind) on top of the engine.
+//! - [`sim`]: trace replay with the method of the FGD paper, for measuring policies.
+
+pub mod engine;
+pub mod extender;
+pub mod model;
+pub mod policy;
+pub mod request;
+pub mod rng;
+pub mod sim;
+pub mod workload;

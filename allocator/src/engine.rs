@@ -1,0 +1,345 @@
+//! The placement engine: one policy over one cluster, with per-node values cached by node version.
+//!
+//! A decision evaluates every node, but a node whose version has not changed since the last time the
+//! same request shape was evaluated is not recomputed: after a placement only the chosen node is.
+//! Randomness comes only from the `Rng` the caller passes; remaining ties go to the caller's node order.
+
+use crate::model::{Cluster, ModelError, NodeId};
+use crate::policy::{Eval, Policy, Ties};
+use crate::request::{Grant, Reason, Request};
+use crate::rng::Rng;
+use crate::workload::Workload;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// Request shapes remembered before the cache starts over (a live cluster sees a bounded mix).
+const MAX_SHAPES: usize = 4096;
+
+/// Rank of each node for breaking ties: lower rank wins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeOrder(pub Vec<u32>);
+
+impl NodeOrder {
+    /// Node `i` has rank `i`.
+    pub fn identity(n: usize) -> Self {
+        NodeOrder((0..n as u32).collect())
+    }
+
+    /// A seeded random permutation, as the paper's per-seed node name prefixes.
+    pub fn shuffled(n: usize, rng: &mut Rng) -> Self {
+        let mut perm: Vec<u32> = (0..n as u32).collect();
+        rng.shuffle(&mut perm);
+        let mut rank = vec![0; n];
+        for (r, &node) in perm.iter().enumerate() {
+            rank[node as usize] = r as u32;
+        }
+        NodeOrder(rank)
+    }
+
+    /// A fixed pseudo-random order derived from node names and a salt, stable across restarts and
+    /// replicas (what a live allocator uses, since it has no seed shared with anyone).
+    pub fn hashed<'a>(names: impl IntoIterator<Item = &'a str>, salt: u64) -> Self {
+        let keys: Vec<u64> = names.into_iter().map(|n| name_hash(n, salt)).collect();
+        let mut idx: Vec<usize> = (0..keys.len()).collect();
+        idx.sort_by_key(|&i| (keys[i], i));
+        let mut rank = vec![0; keys.len()];
+        for (r, &i) in idx.iter().enumerate() {
+            rank[i] = r as u32;
+        }
+        NodeOrder(rank)
+    }
+
+    /// The rank of a node (nodes added after the order was made come last).
+    pub fn rank(&self, node: NodeId) -> u32 {
+        self.0.get(node.0).copied().unwrap_or(u32::MAX)
+    }
+}
+
+/// FNV-1a over the name, then mixed with the salt.
+pub fn name_hash(name: &str, salt: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Rng::new(h).next_u64()
+}
+
+/// The node a request goes to and what it gets there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Chosen node.
+    pub node: NodeId,
+    /// Its value and card grants.
+    pub eval: Eval,
+}
+
+/// No node fits: how many nodes failed for each kind of reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unschedulable {
+    /// Nodes considered.
+    pub nodes: usize,
+    /// Reason kind → number of nodes.
+    pub reasons: BTreeMap<String, usize>,
+}
+
+impl fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "0/{} nodes are available", self.nodes)?;
+        for (i, (reason, n)) in self.reasons.iter().enumerate() {
+            write!(f, "{} {n} {reason}", if i == 0 { ":" } else { "," })?;
+        }
+        Ok(())
+    }
+}
+
+struct Cached {
+    version: u64,
+    result: Result<Eval, Reason>,
+}
+
+/// Cache hit and miss counts, to check that decisions are incremental.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Node values reused.
+    pub hits: u64,
+    /// Node values computed.
+    pub misses: u64,
+}
+
+/// A policy deciding over a cluster.
+pub struct Engine {
+    cluster: Cluster,
+    policy: Box<dyn Policy>,
+    workload: Workload,
+    shapes: HashMap<Request, usize>,
+    cache: Vec<Vec<Option<Cached>>>,
+    /// Cache counters.
+    pub stats: CacheStats,
+}
+
+impl Engine {
+    /// An engine for `cluster` under `policy` with target workload `workload`.
+    pub fn new(cluster: Cluster, policy: Box<dyn Policy>, workload: Workload) -> Self {
+        Engine { cluster, policy, workload, shapes: HashMap::new(), cache: Vec::new(), stats: CacheStats::default() }
+    }
+
+    /// The cluster as it is now.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Changes the cluster (nodes added, cards marked unhealthy, …). Changed nodes get new versions,
+    /// so cached values stay correct.
+    pub fn cluster_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &dyn Policy {
+        self.policy.as_ref()
+    }
+
+    /// The target workload.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// Replaces the target workload; cached values that depend on it are dropped.
+    pub fn set_workload(&mut self, workload: Workload) {
+        if self.policy.uses_workload() && workload != self.workload {
+            self.cache.clear();
+            self.shapes.clear();
+        }
+        self.workload = workload;
+    }
+
+    fn shape(&mut self, req: &Request) -> usize {
+        if let Some(&id) = self.shapes.get(req) {
+            return id;
+        }
+        if self.shapes.len() >= MAX_SHAPES {
+            self.shapes.clear();
+            self.cache.clear();
+        }
+        let id = self.cache.len();
+        self.cache.push(Vec::new());
+        self.shapes.insert(req.clone(), id);
+        id
+    }
+
+    /// The policy's value of `req` on `node`, computed only if the node changed since last asked.
+    pub fn evaluate(&mut self, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
+        let shape = self.shape(req);
+        self.evaluate_shape(shape, req, node)
+    }
+
+    fn evaluate_shape(&mut self, shape: usize, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
+        let n = self.cluster.node(node);
+        let slots = &mut self.cache[shape];
+        if slots.len() <= node.0 {
+            slots.resize_with(self.cluster.nodes().len().max(node.0 + 1), || None);
+        }
+        let fresh = matches!(&slots[node.0], Some(c) if c.version == n.version);
+        if fresh {
+            self.stats.hits += 1;
+        } else {
+            self.stats.misses += 1;
+            let result = self.policy.evaluate(n, req, &self.workload);
+            slots[node.0] = Some(Cached { version: n.version, result });
+        }
+        match &slots[node.0] {
+            Some(c) => &c.result,
+            None => unreachable!("filled above"),
+        }
+    }
+
+    /// The best node among `candidates` (all nodes if `None`): highest score, then tiebreak, then
+    /// the policy's tie rule (node order, or uniform with `rng`).
+    pub fn decide(
+        &mut self,
+        req: &Request,
+        candidates: Option<&[NodeId]>,
+        order: &NodeOrder,
+        rng: &mut Rng,
+    ) -> Result<Decision, Unschedulable> {
+        let shape = self.shape(req);
+        let all: Vec<NodeId>;
+        let candidates = match candidates {
+            Some(c) => c,
+            None => {
+                all = (0..self.cluster.nodes().len()).map(NodeId).collect();
+                &all
+            }
+        };
+        let uniform = self.policy.ties() == Ties::Uniform;
+        let mut best: Option<(NodeId, f64, f64, u32)> = None;
+        let mut equal = 0usize;
+        let mut failed = Unschedulable { nodes: candidates.len(), reasons: BTreeMap::new() };
+        for &node in candidates {
+            match self.evaluate_shape(shape, req, node) {
+                Err(reason) => *failed.reasons.entry(reason.kind().to_owned()).or_default() += 1,
+                Ok(eval) => {
+                    let (score, tiebreak, rank) = (eval.score, eval.tiebreak, order.rank(node));
+                    let better = match best {
+                        None => true,
+                        Some((_, s, t, r)) => {
+                            if score != s {
+                                score > s
+                            } else if tiebreak != t {
+                                tiebreak > t
+                            } else if uniform {
+                                // Reservoir sampling over the equal best, as kube-scheduler's selectHost.
+                                equal += 1;
+                                rng.below(equal) == 0
+                            } else {
+                                rank < r
+                            }
+                        }
+                    };
+                    if better {
+                        let tied = best.is_some_and(|(_, s, t, _)| s == score && t == tiebreak);
+                        if !tied {
+                            equal = 1;
+                        }
+                        best = Some((node, score, tiebreak, rank));
+                    }
+                }
+            }
+        }
+        let Some((node, ..)) = best else { return Err(failed) };
+        let eval = match self.evaluate_shape(shape, req, node) {
+            Ok(e) => e.clone(),
+            Err(_) => unreachable!("the best node fits"),
+        };
+        Ok(Decision { node, eval })
+    }
+
+    /// Takes the resources of a decision.
+    pub fn commit(&mut self, req: &Request, node: NodeId, grants: &[Grant]) -> Result<(), ModelError> {
+        self.cluster.apply(node, req.cpu, req.mem, grants)
+    }
+
+    /// Gives back what [`Engine::commit`] took.
+    pub fn release(&mut self, req: &Request, node: NodeId, grants: &[Grant]) {
+        self.cluster.release(node, req.cpu, req.mem, grants);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Card, ModelId, Node};
+    use crate::policy;
+    use crate::request::SlotDemand;
+
+    fn cluster(n: usize) -> Cluster {
+        let mut c = Cluster::new();
+        let m = c.models.intern("T4");
+        for i in 0..n {
+            let cards = (0..2).map(|g| Card::new(format!("n{i}-g{g}"), g, m, 15_360)).collect();
+            c.add_node(Node::new(format!("n{i}"), 16_000, 65_536, cards)).unwrap();
+        }
+        c
+    }
+
+    fn share(p: u32) -> Request {
+        Request::new(1000, 1024, vec![SlotDemand::Share { percent: Some(p), mem: None }])
+    }
+
+    #[test]
+    fn after_a_placement_only_the_chosen_node_is_recomputed() {
+        let mut e = Engine::new(cluster(50), policy::by_name("binpack", 0).unwrap(), Workload::default());
+        let order = NodeOrder::identity(50);
+        let mut rng = Rng::new(1);
+        let req = share(30);
+        let d = e.decide(&req, None, &order, &mut rng).unwrap();
+        e.commit(&req, d.node, &d.eval.grants).unwrap();
+        assert_eq!(e.stats.misses, 50);
+        e.decide(&req, None, &order, &mut rng).unwrap();
+        assert_eq!(e.stats.misses, 51);
+        assert_eq!(e.stats.hits, 49 + 1 + 1);
+    }
+
+    #[test]
+    fn ties_go_to_the_first_node_in_the_order() {
+        let mut e = Engine::new(cluster(5), policy::by_name("binpack", 0).unwrap(), Workload::default());
+        let order = NodeOrder(vec![3, 1, 4, 0, 2]);
+        let d = e.decide(&share(30), None, &order, &mut Rng::new(1)).unwrap();
+        assert_eq!(d.node, NodeId(3));
+    }
+
+    #[test]
+    fn uniform_ties_spread_over_the_equal_nodes() {
+        let mut e = Engine::new(cluster(4), policy::by_name("random", 0).unwrap(), Workload::default());
+        let order = NodeOrder::identity(4);
+        let mut rng = Rng::new(9);
+        let mut seen = [0; 4];
+        for _ in 0..400 {
+            seen[e.decide(&share(1), None, &order, &mut rng).unwrap().node.0] += 1;
+        }
+        assert!(seen.iter().all(|&n| (60..140).contains(&n)), "{seen:?}");
+    }
+
+    #[test]
+    fn unschedulable_counts_reasons_per_node() {
+        let mut c = cluster(3);
+        c.add_node(Node::new("cpu-only", 64_000, 65_536, vec![])).unwrap();
+        let mut e = Engine::new(c, policy::by_name("fgd", 0).unwrap(), Workload::default());
+        let big = Request::new(1000, 0, vec![SlotDemand::Whole { cards: 4, mem: None }]);
+        let err = e.decide(&big, None, &NodeOrder::identity(4), &mut Rng::new(1)).unwrap_err();
+        assert_eq!(err.to_string(), "0/4 nodes are available: 3 larger than any card, 1 node has no GPU");
+    }
+
+    #[test]
+    fn model_restrictions_steer_to_the_allowed_cards() {
+        let mut c = cluster(2);
+        let a100 = c.models.intern("A100");
+        c.add_node(Node::new("big", 64_000, 65_536, vec![Card::new("a", 0, a100, 81_920)])).unwrap();
+        let mut e = Engine::new(c, policy::by_name("spread", 0).unwrap(), Workload::default());
+        let mut req = share(10);
+        req.models = Some(vec![ModelId(1)]);
+        let d = e.decide(&req, None, &NodeOrder::identity(3), &mut Rng::new(1)).unwrap();
+        assert_eq!(e.cluster().node(d.node).name, "big");
+    }
+}

@@ -1,0 +1,243 @@
+//! The cluster model the engine decides on: nodes with CPU, memory and cards; cards with a model, free
+//! percent, free memory and health. Every change to a node gives it a new version, so per-node values
+//! computed by policies can be cached and reused until the node changes.
+
+use crate::request::Grant;
+use std::collections::HashMap;
+
+/// Index of a card model in the cluster's [`Models`] table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelId(pub u16);
+
+/// Index of a node in the [`Cluster`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub usize);
+
+/// Interned card model names. A model matches a request by its name or its label form.
+#[derive(Clone, Debug, Default)]
+pub struct Models {
+    names: Vec<String>,
+    by_name: HashMap<String, ModelId>,
+}
+
+impl Models {
+    /// The id of `name`, adding it if new.
+    pub fn intern(&mut self, name: &str) -> ModelId {
+        if let Some(id) = self.by_name.get(name) {
+            return *id;
+        }
+        let id = ModelId(self.names.len() as u16);
+        self.names.push(name.to_owned());
+        self.by_name.insert(name.to_owned(), id);
+        let label = nano_gpu_proto::annotations::label_value(name);
+        self.by_name.entry(label).or_insert(id);
+        id
+    }
+
+    /// The id of a known model name (or label form).
+    pub fn get(&self, name: &str) -> Option<ModelId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The name of a model.
+    pub fn name(&self, id: ModelId) -> &str {
+        &self.names[usize::from(id.0)]
+    }
+}
+
+/// One GPU card.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Card {
+    /// Stable identifier.
+    pub uuid: String,
+    /// Index on its node.
+    pub index: u32,
+    /// Model.
+    pub model: ModelId,
+    /// Free share in percent (0..=100).
+    pub free: u32,
+    /// Total memory in MiB (0 if unknown: memory is then not accounted on this card).
+    pub mem_total: u64,
+    /// Free memory in MiB.
+    pub mem_free: u64,
+    /// Whether the card may take new work.
+    pub healthy: bool,
+}
+
+impl Card {
+    /// A free, healthy card.
+    pub fn new(uuid: impl Into<String>, index: u32, model: ModelId, mem_total: u64) -> Self {
+        Card { uuid: uuid.into(), index, model, free: 100, mem_total, mem_free: mem_total, healthy: true }
+    }
+
+    /// Percent this card can still hand out (an unhealthy card hands out nothing).
+    pub fn usable(&self) -> u32 {
+        if self.healthy { self.free } else { 0 }
+    }
+}
+
+/// One node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Node name.
+    pub name: String,
+    /// Allocatable CPU in millicores.
+    pub cpu_total: u64,
+    /// CPU not yet requested.
+    pub cpu_free: u64,
+    /// Allocatable memory in MiB.
+    pub mem_total: u64,
+    /// Memory not yet requested.
+    pub mem_free: u64,
+    /// Cards in index order.
+    pub cards: Vec<Card>,
+    /// Changes whenever anything above changes; unique across the cluster's life.
+    pub version: u64,
+}
+
+impl Node {
+    /// An empty node.
+    pub fn new(name: impl Into<String>, cpu_total: u64, mem_total: u64, cards: Vec<Card>) -> Self {
+        Node { name: name.into(), cpu_total, cpu_free: cpu_total, mem_total, mem_free: mem_total, cards, version: 0 }
+    }
+
+    /// Total free percent over the healthy cards.
+    pub fn gpu_free(&self) -> u32 {
+        self.cards.iter().map(Card::usable).sum()
+    }
+
+    /// Percent of all cards in use (unhealthy cards count as capacity that is not allocated).
+    pub fn gpu_used(&self) -> u32 {
+        self.cards.iter().map(|c| 100 - c.free).sum()
+    }
+}
+
+/// Why a node or cluster change was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// No node of that name.
+    #[error("unknown node {0}")]
+    UnknownNode(String),
+    /// A node of that name exists already.
+    #[error("node {0} exists already")]
+    DuplicateNode(String),
+    /// Applying the placement would over-commit something.
+    #[error("node {node}: {what}")]
+    Overcommit {
+        /// Node name.
+        node: String,
+        /// What would be over-committed.
+        what: String,
+    },
+}
+
+/// All nodes, by id and by name.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    nodes: Vec<Node>,
+    by_name: HashMap<String, NodeId>,
+    /// Card model names.
+    pub models: Models,
+    clock: u64,
+}
+
+impl Cluster {
+    /// An empty cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a node; its version is fresh.
+    pub fn add_node(&mut self, mut node: Node) -> Result<NodeId, ModelError> {
+        if self.by_name.contains_key(&node.name) {
+            return Err(ModelError::DuplicateNode(node.name));
+        }
+        self.clock += 1;
+        node.version = self.clock;
+        let id = NodeId(self.nodes.len());
+        self.by_name.insert(node.name.clone(), id);
+        self.nodes.push(node);
+        Ok(id)
+    }
+
+    /// All nodes, indexed by [`NodeId`].
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0]
+    }
+
+    /// The id of a node by name.
+    pub fn id(&self, name: &str) -> Option<NodeId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Changes a node through `f` and gives it a new version.
+    pub fn update<R>(&mut self, id: NodeId, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.clock += 1;
+        let node = &mut self.nodes[id.0];
+        node.version = self.clock;
+        f(node)
+    }
+
+    /// Takes the resources of a placement; refuses (changing nothing) if anything would over-commit.
+    pub fn apply(&mut self, node: NodeId, cpu: u64, mem: u64, grants: &[Grant]) -> Result<(), ModelError> {
+        let n = &self.nodes[node.0];
+        let over = |what: String| ModelError::Overcommit { node: n.name.clone(), what };
+        if cpu > n.cpu_free {
+            return Err(over(format!("cpu {cpu}m > {}m free", n.cpu_free)));
+        }
+        if mem > n.mem_free {
+            return Err(over(format!("memory {mem} MiB > {} MiB free", n.mem_free)));
+        }
+        let mut want: HashMap<usize, (u32, u64)> = HashMap::new();
+        for g in grants {
+            let e = want.entry(g.card).or_default();
+            e.0 += g.percent;
+            e.1 += g.mem;
+        }
+        for (&card, &(percent, mem)) in &want {
+            let c = n.cards.get(card).ok_or_else(|| over(format!("no card at position {card}")))?;
+            if percent > c.usable() || (c.mem_total > 0 && mem > c.mem_free) {
+                return Err(over(format!(
+                    "card {}: {percent}% and {mem} MiB asked, {}% and {} MiB free",
+                    c.index,
+                    c.usable(),
+                    c.mem_free
+                )));
+            }
+        }
+        self.update(node, |n| {
+            n.cpu_free -= cpu;
+            n.mem_free -= mem;
+            for (card, (percent, mem)) in want {
+                let c = &mut n.cards[card];
+                c.free -= percent;
+                c.mem_free = c.mem_free.saturating_sub(mem);
+            }
+        });
+        Ok(())
+    }
+
+    /// Gives back what [`Cluster::apply`] took. Never frees beyond capacity.
+    pub fn release(&mut self, node: NodeId, cpu: u64, mem: u64, grants: &[Grant]) {
+        self.update(node, |n| {
+            n.cpu_free = (n.cpu_free + cpu).min(n.cpu_total);
+            n.mem_free = (n.mem_free + mem).min(n.mem_total);
+            for g in grants {
+                if let Some(c) = n.cards.get_mut(g.card) {
+                    c.free = (c.free + g.percent).min(100);
+                    c.mem_free = (c.mem_free + g.mem).min(c.mem_total);
+                }
+            }
+        });
+    }
+
+    /// Total cards in the cluster.
+    pub fn card_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.cards.len()).sum()
+    }
+}

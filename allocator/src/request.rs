@@ -1,0 +1,455 @@
+//! What a pod asks for, in the engine's terms, and the one fitting procedure every policy shares.
+//!
+//! A [`Request`] is host CPU and memory plus one [`SlotDemand`] per GPU slot (a share of one card or
+//! whole cards) and the card models allowed. [`fit`] checks a node and, with a policy's
+//! [`CardChooser`], picks the exact card(s) for every slot, or says why it cannot ([`Reason`]).
+
+use crate::model::{Card, ModelId, Models, Node};
+use nano_gpu_proto::demand::{CardDemand, PodDemand};
+use std::fmt;
+
+/// One GPU slot of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SlotDemand {
+    /// A share of one card: percent (1..=99) and/or memory in MiB; a memory-only share takes the
+    /// percent of the card its memory is.
+    Share {
+        /// Percent of the card.
+        percent: Option<u32>,
+        /// Memory in MiB.
+        mem: Option<u64>,
+    },
+    /// Whole cards, exclusive.
+    Whole {
+        /// Number of cards.
+        cards: u32,
+        /// The least memory per card, in MiB.
+        mem: Option<u64>,
+    },
+}
+
+impl SlotDemand {
+    /// The percent this slot takes on `card`, or `None` if it cannot be expressed there (memory-only
+    /// share on a card of unknown memory, or more memory than the card has).
+    pub fn percent_on(&self, card: &Card) -> Option<u32> {
+        match *self {
+            SlotDemand::Share { percent: Some(p), mem } => match mem {
+                Some(m) if card.mem_total > 0 && m > card.mem_total => None,
+                _ => Some(p),
+            },
+            SlotDemand::Share { percent: None, mem: Some(m) } => {
+                if card.mem_total == 0 || m > card.mem_total {
+                    None
+                } else {
+                    Some(((m * 100).div_ceil(card.mem_total)).clamp(1, 100) as u32)
+                }
+            }
+            SlotDemand::Share { percent: None, mem: None } => Some(0),
+            SlotDemand::Whole { mem, .. } => match mem {
+                Some(m) if card.mem_total > 0 && m > card.mem_total => None,
+                _ => Some(100),
+            },
+        }
+    }
+
+    /// Memory this slot takes on each of its cards (a whole card takes all of it).
+    fn mem_on(&self, card: &Card) -> u64 {
+        match *self {
+            SlotDemand::Share { mem, .. } => mem.unwrap_or(0),
+            SlotDemand::Whole { .. } => card.mem_total,
+        }
+    }
+
+    /// Number of cards the slot spans.
+    pub fn cards(&self) -> u32 {
+        match *self {
+            SlotDemand::Share { .. } => 1,
+            SlotDemand::Whole { cards, .. } => cards,
+        }
+    }
+
+    /// Size in percent of one card (a memory-only share counts as 0).
+    pub fn size(&self) -> u32 {
+        match *self {
+            SlotDemand::Share { percent, .. } => percent.unwrap_or(0),
+            SlotDemand::Whole { cards, .. } => 100 * cards,
+        }
+    }
+}
+
+/// What one pod asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Request {
+    /// Host CPU in millicores.
+    pub cpu: u64,
+    /// Host memory in MiB.
+    pub mem: u64,
+    /// GPU slots, in container order. Empty for a CPU-only pod.
+    pub slots: Vec<SlotDemand>,
+    /// Allowed card models, sorted; `None` allows any; `Some(empty)` matches no card in this cluster.
+    pub models: Option<Vec<ModelId>>,
+}
+
+impl Request {
+    /// A request with no model restriction.
+    pub fn new(cpu: u64, mem: u64, slots: Vec<SlotDemand>) -> Self {
+        Request { cpu, mem, slots, models: None }
+    }
+
+    /// The request for a pod demand; model names unknown to `models` match nothing.
+    pub fn from_demand(d: &PodDemand, models: &Models) -> Self {
+        let slots = d
+            .slots
+            .iter()
+            .map(|s| match s.demand {
+                CardDemand::Share { percent, memory } => {
+                    SlotDemand::Share { percent: percent.map(|p| p.0), mem: memory.map(|m| m.0) }
+                }
+                CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory.map(|m| m.0) },
+            })
+            .collect();
+        let allowed = (!d.models.is_empty()).then(|| {
+            let mut ids: Vec<ModelId> = d.models.iter().filter_map(|m| models.get(m)).collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        });
+        Request { cpu: d.cpu.0, mem: d.memory.0, slots, models: allowed }
+    }
+
+    /// Whether a card of model `m` may serve this request.
+    pub fn allows(&self, m: ModelId) -> bool {
+        self.models.as_ref().is_none_or(|ms| ms.binary_search(&m).is_ok())
+    }
+
+    /// Total GPU asked in percent of one card.
+    pub fn gpu_size(&self) -> u32 {
+        self.slots.iter().map(SlotDemand::size).sum()
+    }
+}
+
+/// A share (or a whole card) granted to one slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// Slot index in the request.
+    pub slot: usize,
+    /// Position of the card in the node's card list.
+    pub card: usize,
+    /// Percent taken.
+    pub percent: u32,
+    /// Memory taken in MiB (all of it for a whole card of known memory).
+    pub mem: u64,
+}
+
+/// Why a node cannot take a request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// The request wants GPUs and the node has none.
+    NoGpu,
+    /// No card of an allowed model on the node.
+    ModelMismatch,
+    /// A slot can never fit on this node, whatever is released.
+    NeverFits(String),
+    /// More CPU than the node has at all.
+    CpuCapacity,
+    /// More memory than the node has at all.
+    MemCapacity,
+    /// Not enough free CPU now.
+    Cpu,
+    /// Not enough free memory now.
+    Memory,
+    /// The cards are too busy now.
+    CardsBusy(String),
+}
+
+impl Reason {
+    /// Whether releasing other pods could never help (`FailedAndUnresolvableNodes`).
+    pub fn unresolvable(&self) -> bool {
+        matches!(
+            self,
+            Reason::NoGpu | Reason::ModelMismatch | Reason::NeverFits(_) | Reason::CpuCapacity | Reason::MemCapacity
+        )
+    }
+}
+
+impl Reason {
+    /// The reason without its details, for counting nodes per reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reason::NoGpu => "node has no GPU",
+            Reason::ModelMismatch => "no card of an allowed model",
+            Reason::NeverFits(_) => "larger than any card",
+            Reason::CpuCapacity => "more CPU than the node has",
+            Reason::MemCapacity => "more memory than the node has",
+            Reason::Cpu => "insufficient cpu",
+            Reason::Memory => "insufficient memory",
+            Reason::CardsBusy(_) => "GPU busy",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::NoGpu => f.write_str("node has no GPU"),
+            Reason::ModelMismatch => f.write_str("no card of an allowed model"),
+            Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
+            Reason::CpuCapacity => f.write_str("more CPU than the node has"),
+            Reason::MemCapacity => f.write_str("more memory than the node has"),
+            Reason::Cpu => f.write_str("insufficient cpu"),
+            Reason::Memory => f.write_str("insufficient memory"),
+            Reason::CardsBusy(s) => write!(f, "GPU busy: {s}"),
+        }
+    }
+}
+
+/// A node's resources while slots are being placed on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hyp {
+    /// Free CPU.
+    pub cpu_free: u64,
+    /// Free memory.
+    pub mem_free: u64,
+    /// Usable percent per card (0 for unhealthy cards).
+    pub free: Vec<u32>,
+    /// Free memory per card.
+    pub card_mem_free: Vec<u64>,
+}
+
+impl Hyp {
+    /// The node as it is now.
+    pub fn of(node: &Node) -> Self {
+        Hyp {
+            cpu_free: node.cpu_free,
+            mem_free: node.mem_free,
+            free: node.cards.iter().map(Card::usable).collect(),
+            card_mem_free: node.cards.iter().map(|c| c.mem_free).collect(),
+        }
+    }
+}
+
+/// A policy's choice of card(s) among the feasible ones.
+pub trait CardChooser {
+    /// One card for a share of `percent[i]` on card `feasible[i]`; returns the index into `feasible`.
+    fn share(&mut self, node: &Node, hyp: &Hyp, feasible: &[usize], percent: &[u32]) -> usize;
+
+    /// `k` cards among the fully free `feasible` ones (ascending positions); default: the lowest.
+    fn whole(&mut self, _node: &Node, _hyp: &Hyp, feasible: &[usize], k: usize) -> Vec<usize> {
+        feasible[..k].to_vec()
+    }
+}
+
+/// Best fit: the feasible card with the least free percent (lowest position on ties).
+pub struct Tightest;
+
+impl CardChooser for Tightest {
+    fn share(&mut self, _node: &Node, hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
+        (0..feasible.len()).min_by_key(|&i| (hyp.free[feasible[i]], i)).unwrap_or(0)
+    }
+}
+
+/// Fits `req` on `node`, choosing cards with `chooser`. Returns the grants and the node after them.
+///
+/// Slots are placed whole-card first, then shares largest first; if the chooser's greedy choices
+/// leave a slot without a card, the fit is retried best-fit before giving up.
+pub fn fit(node: &Node, req: &Request, chooser: &mut dyn CardChooser) -> Result<(Vec<Grant>, Hyp), Reason> {
+    check_node(node, req)?;
+    let mut order: Vec<usize> = (0..req.slots.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &req.slots[i];
+        (!matches!(s, SlotDemand::Whole { .. }), std::cmp::Reverse(s.size()), i)
+    });
+    match place(node, req, &order, chooser) {
+        Ok(done) => Ok(done),
+        Err(e) if req.slots.len() > 1 => place(node, req, &order, &mut Tightest).map_err(|_| e),
+        Err(e) => Err(e),
+    }
+}
+
+/// The node-level checks: GPUs present, model, CPU and memory.
+pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
+    if !req.slots.is_empty() {
+        if node.cards.is_empty() {
+            return Err(Reason::NoGpu);
+        }
+        if !node.cards.iter().any(|c| req.allows(c.model)) {
+            return Err(Reason::ModelMismatch);
+        }
+        for s in &req.slots {
+            let usable = node.cards.iter().filter(|c| req.allows(c.model) && s.percent_on(c).is_some()).count();
+            if usable < s.cards() as usize {
+                return Err(Reason::NeverFits(match *s {
+                    SlotDemand::Whole { cards, .. } => {
+                        format!("{cards} whole cards asked, {usable} cards here could hold them")
+                    }
+                    SlotDemand::Share { mem, .. } => {
+                        format!("{} MiB of GPU memory asked", mem.unwrap_or(0))
+                    }
+                }));
+            }
+        }
+    }
+    if req.cpu > node.cpu_total {
+        return Err(Reason::CpuCapacity);
+    }
+    if req.mem > node.mem_total {
+        return Err(Reason::MemCapacity);
+    }
+    if req.cpu > node.cpu_free {
+        return Err(Reason::Cpu);
+    }
+    if req.mem > node.mem_free {
+        return Err(Reason::Memory);
+    }
+    Ok(())
+}
+
+fn place(
+    node: &Node,
+    req: &Request,
+    order: &[usize],
+    chooser: &mut dyn CardChooser,
+) -> Result<(Vec<Grant>, Hyp), Reason> {
+    let mut hyp = Hyp::of(node);
+    hyp.cpu_free -= req.cpu;
+    hyp.mem_free -= req.mem;
+    let mut grants = Vec::with_capacity(req.slots.len());
+    let mut feasible = Vec::with_capacity(node.cards.len());
+    let mut percents = Vec::with_capacity(node.cards.len());
+    for &slot in order {
+        let s = req.slots[slot];
+        feasible.clear();
+        percents.clear();
+        for (i, c) in node.cards.iter().enumerate() {
+            if !req.allows(c.model) || !c.healthy {
+                continue;
+            }
+            let Some(p) = s.percent_on(c) else { continue };
+            let mem = s.mem_on(c);
+            let whole = matches!(s, SlotDemand::Whole { .. });
+            let mem_ok = c.mem_total == 0 || if whole { hyp.card_mem_free[i] == c.mem_total } else { mem <= hyp.card_mem_free[i] };
+            if p <= hyp.free[i] && mem_ok {
+                feasible.push(i);
+                percents.push(p);
+            }
+        }
+        let k = s.cards() as usize;
+        let chosen: Vec<usize> = match s {
+            SlotDemand::Whole { .. } if feasible.len() >= k => chooser.whole(node, &hyp, &feasible, k),
+            SlotDemand::Share { .. } if !feasible.is_empty() => {
+                let i = chooser.share(node, &hyp, &feasible, &percents);
+                vec![feasible[i]]
+            }
+            SlotDemand::Whole { cards, .. } => {
+                return Err(Reason::CardsBusy(format!("{cards} whole free cards asked, {} free", feasible.len())));
+            }
+            SlotDemand::Share { .. } => {
+                let most = node
+                    .cards
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| req.allows(c.model))
+                    .map(|(i, _)| hyp.free[i])
+                    .max()
+                    .unwrap_or(0);
+                return Err(Reason::CardsBusy(match s {
+                    SlotDemand::Share { percent: Some(p), .. } => format!("no card has {p}% free (most free: {most}%)"),
+                    _ => "no card has the GPU memory asked free".to_owned(),
+                }));
+            }
+        };
+        for card in chosen {
+            let c = &node.cards[card];
+            let percent = s.percent_on(c).unwrap_or(100);
+            let mem = s.mem_on(c);
+            hyp.free[card] -= percent;
+            hyp.card_mem_free[card] = hyp.card_mem_free[card].saturating_sub(mem);
+            grants.push(Grant { slot, card, percent, mem });
+        }
+    }
+    grants.sort_by_key(|g| (g.slot, g.card));
+    Ok((grants, hyp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Card;
+
+    fn node(frees: &[u32]) -> Node {
+        let cards = frees
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| Card { free: f, ..Card::new(format!("GPU-{i}"), i as u32, ModelId(0), 16384) })
+            .collect();
+        Node::new("n", 32_000, 65_536, cards)
+    }
+
+    fn share(p: u32) -> SlotDemand {
+        SlotDemand::Share { percent: Some(p), mem: None }
+    }
+
+    #[test]
+    fn best_fit_takes_the_tightest_card_that_fits() {
+        let (grants, hyp) = fit(&node(&[100, 40, 20]), &Request::new(1000, 0, vec![share(30)]), &mut Tightest).unwrap();
+        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: 30, mem: 0 }]);
+        assert_eq!(hyp.free, vec![100, 10, 20]);
+        assert_eq!(hyp.cpu_free, 31_000);
+    }
+
+    #[test]
+    fn whole_cards_take_the_lowest_free_cards() {
+        let req = Request::new(0, 0, vec![SlotDemand::Whole { cards: 2, mem: None }]);
+        let (grants, _) = fit(&node(&[90, 100, 100, 100]), &req, &mut Tightest).unwrap();
+        assert_eq!(grants.iter().map(|g| g.card).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(grants.iter().all(|g| g.percent == 100 && g.mem == 16384));
+    }
+
+    #[test]
+    fn greedy_failure_is_retried_best_fit_decreasing() {
+        // A chooser that always takes the first card would put 50 on card 0 and strand 60.
+        struct First;
+        impl CardChooser for First {
+            fn share(&mut self, _: &Node, _: &Hyp, _: &[usize], _: &[u32]) -> usize {
+                0
+            }
+        }
+        let req = Request::new(0, 0, vec![share(50), share(50), share(60)]);
+        let (grants, hyp) = fit(&node(&[100, 60]), &req, &mut First).unwrap();
+        assert_eq!(grants.len(), 3);
+        assert_eq!(hyp.free, vec![0, 0]);
+    }
+
+    #[test]
+    fn reasons_separate_never_from_not_now() {
+        let n = node(&[20, 10]);
+        let r = fit(&n, &Request::new(0, 0, vec![share(30)]), &mut Tightest).unwrap_err();
+        assert_eq!(r.to_string(), "GPU busy: no card has 30% free (most free: 20%)");
+        assert!(!r.unresolvable());
+        let r = fit(&n, &Request::new(0, 0, vec![SlotDemand::Whole { cards: 3, mem: None }]), &mut Tightest).unwrap_err();
+        assert!(r.unresolvable(), "{r}");
+        let r = fit(&n, &Request::new(64_000, 0, vec![]), &mut Tightest).unwrap_err();
+        assert_eq!(r, Reason::CpuCapacity);
+        let mut other_model = Request::new(0, 0, vec![share(10)]);
+        other_model.models = Some(vec![ModelId(3)]);
+        assert_eq!(fit(&n, &other_model, &mut Tightest).unwrap_err(), Reason::ModelMismatch);
+        let big_mem = Request::new(0, 0, vec![SlotDemand::Share { percent: Some(10), mem: Some(20_000) }]);
+        assert!(fit(&n, &big_mem, &mut Tightest).unwrap_err().unresolvable());
+    }
+
+    #[test]
+    fn memory_only_share_takes_the_percent_of_the_card_it_is() {
+        let req = Request::new(0, 0, vec![SlotDemand::Share { percent: None, mem: Some(4096) }]);
+        let (grants, hyp) = fit(&node(&[100]), &req, &mut Tightest).unwrap();
+        assert_eq!((grants[0].percent, grants[0].mem), (25, 4096));
+        assert_eq!(hyp.card_mem_free, vec![16384 - 4096]);
+    }
+
+    #[test]
+    fn unhealthy_cards_take_no_work() {
+        let mut n = node(&[100, 100]);
+        n.cards[0].healthy = false;
+        let (grants, _) = fit(&n, &Request::new(0, 0, vec![share(10)]), &mut Tightest).unwrap();
+        assert_eq!(grants[0].card, 1);
+    }
+}

@@ -1,0 +1,184 @@
+//! The target workload `M` of fragmentation-aware policies: the typical pod shapes and how often each
+//! arrives, and the expected fragmentation `F_n(M)` of a node under it (Weng et al., ATC '23, §3).
+//!
+//! `M` is built from the requests seen, with the paper's popularity rule: group by shape, keep the most
+//! frequent shapes until they cover 95 % of the pods, renormalise.
+
+use crate::model::{ModelId, Node};
+use crate::request::{Request, SlotDemand};
+use std::collections::HashMap;
+
+/// Share of pods the typical shapes must cover.
+pub const POPULARITY: f64 = 0.95;
+
+/// One typical pod shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Typical {
+    /// Host CPU in millicores.
+    pub cpu: u64,
+    /// Cards it needs (0 for CPU-only).
+    pub k: u32,
+    /// Percent it needs on each card (100 for whole cards).
+    pub d: u32,
+    /// Allowed models (`None`: any).
+    pub models: Option<Vec<ModelId>>,
+    /// Probability of this shape.
+    pub p: f64,
+}
+
+type Shape = (u64, u32, u32, Option<Vec<ModelId>>);
+
+fn shape(r: &Request) -> Shape {
+    let k = r.slots.iter().map(SlotDemand::cards).sum();
+    let d = r
+        .slots
+        .iter()
+        .map(|s| match s {
+            SlotDemand::Share { percent, .. } => percent.unwrap_or(1),
+            SlotDemand::Whole { .. } => 100,
+        })
+        .max()
+        .unwrap_or(0);
+    (r.cpu, k, d, r.models.clone())
+}
+
+/// The target workload.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workload {
+    /// Typical shapes, most frequent first; probabilities sum to 1 (or the list is empty).
+    pub types: Vec<Typical>,
+}
+
+impl Workload {
+    /// The typical shapes of `requests` under the popularity rule.
+    pub fn from_requests<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Self {
+        let mut counts: HashMap<Shape, u64> = HashMap::new();
+        let mut total = 0u64;
+        for r in requests {
+            *counts.entry(shape(r)).or_default() += 1;
+            total += 1;
+        }
+        Self::from_counts(counts, total)
+    }
+
+    fn from_counts(counts: HashMap<Shape, u64>, total: u64) -> Self {
+        let mut shapes: Vec<(Shape, u64)> = counts.into_iter().collect();
+        // Most frequent first; equal counts in a fixed order, so the cut is deterministic.
+        shapes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut kept = Vec::new();
+        let mut covered = 0u64;
+        for (s, n) in shapes {
+            if covered as f64 >= POPULARITY * total as f64 {
+                break;
+            }
+            covered += n;
+            kept.push((s, n));
+        }
+        let types = kept
+            .into_iter()
+            .map(|((cpu, k, d, models), n)| Typical { cpu, k, d, models, p: n as f64 / covered as f64 })
+            .collect();
+        Workload { types }
+    }
+
+    /// Expected fragmentation of a node (in percent of a card) if its free CPU were `cpu_free` and its
+    /// cards had `free` percent usable: for each typical shape, the idle GPU it could not use.
+    pub fn frag(&self, node: &Node, free: &[u32], cpu_free: u64) -> f64 {
+        let total: u32 = free.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let mut f = 0.0;
+        for t in &self.types {
+            let fm = if t.k == 0 {
+                total
+            } else {
+                let (mut fits, mut small) = (0u32, 0u32);
+                for (card, &r) in node.cards.iter().zip(free) {
+                    let allowed = t.models.as_ref().is_none_or(|m| m.contains(&card.model));
+                    if allowed && r >= t.d {
+                        fits += 1;
+                    } else {
+                        small += r;
+                    }
+                }
+                if cpu_free >= t.cpu && fits >= t.k { small } else { total }
+            };
+            f += t.p * f64::from(fm);
+        }
+        f
+    }
+}
+
+/// Learns the target workload online from the requests a live allocator sees: counts every shape and
+/// rebuilds `M` every `every` requests, so policies follow the real mix without recomputing per pod.
+#[derive(Clone, Debug)]
+pub struct Learner {
+    counts: HashMap<Shape, u64>,
+    total: u64,
+    every: u64,
+}
+
+impl Learner {
+    /// A learner that rebuilds after every `every` requests (at least 1).
+    pub fn new(every: u64) -> Self {
+        Learner { counts: HashMap::new(), total: 0, every: every.max(1) }
+    }
+
+    /// Counts a request; returns the new workload when it is time to rebuild.
+    pub fn observe(&mut self, r: &Request) -> Option<Workload> {
+        *self.counts.entry(shape(r)).or_default() += 1;
+        self.total += 1;
+        (self.total % self.every == 0 || self.total < self.every && self.total.is_power_of_two())
+            .then(|| Workload::from_counts(self.counts.clone(), self.total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Card;
+
+    fn share(p: u32) -> SlotDemand {
+        SlotDemand::Share { percent: Some(p), mem: None }
+    }
+
+    /// The worked example of the reference (§3.3): T4 node, 8 CPUs, cards [1000, 300] milli.
+    #[test]
+    fn frag_matches_the_worked_example() {
+        let w = Workload {
+            types: vec![
+                Typical { cpu: 4000, k: 1, d: 50, models: None, p: 0.5 },
+                Typical { cpu: 2000, k: 1, d: 100, models: None, p: 0.3 },
+                Typical { cpu: 4000, k: 0, d: 0, models: None, p: 0.2 },
+            ],
+        };
+        let cards = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0)).collect();
+        let node = Node::new("t4", 8000, 0, cards);
+        let f = |free: &[u32], cpu| (w.frag(&node, free, cpu) * 10.0).round() / 10.0;
+        assert_eq!(f(&[100, 30], 8000), 50.0);
+        // The new pod (2000 cpu, 30 %) on card 0 and on card 1:
+        assert_eq!(f(&[70, 30], 6000), 65.0);
+        assert_eq!(f(&[100, 0], 6000), 20.0);
+    }
+
+    #[test]
+    fn typical_shapes_cover_95_percent_most_frequent_first() {
+        let mut reqs = vec![Request::new(1000, 0, vec![share(50)]); 60];
+        reqs.extend(vec![Request::new(2000, 0, vec![]); 36]);
+        reqs.extend(vec![Request::new(3000, 0, vec![share(10)]); 4]);
+        let w = Workload::from_requests(&reqs);
+        assert_eq!(w.types.len(), 2);
+        assert!((w.types[0].p - 60.0 / 96.0).abs() < 1e-9);
+        assert_eq!((w.types[1].k, w.types[1].cpu), (0, 2000));
+    }
+
+    #[test]
+    fn learner_rebuilds_periodically() {
+        let mut l = Learner::new(100);
+        let r = Request::new(1000, 0, vec![share(50)]);
+        let rebuilt = (0..300).filter(|_| l.observe(&r).is_some()).count();
+        // 1, 2, 4, …, 64 while warming up, then 100, 200, 300.
+        assert_eq!(rebuilt, 7 + 3);
+    }
+}
