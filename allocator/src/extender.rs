@@ -1,1 +1,322 @@
-//! placeholder
+//! The scheduler-extender decisions, pure: filter, prioritize and the card choice of bind, on top of
+//! the engine. The HTTP service decodes a request, calls these, and encodes the answer; `simulate
+//! --through-extender` calls them with exactly what kube-scheduler would send.
+//!
+//! - `filter` judges every candidate node on its own (kube-scheduler may send a single nominated or
+//!   hinted node): fits, or a reason; reasons preemption cannot fix go to `FailedAndUnresolvableNodes`.
+//! - `prioritize` gives 0..=10. kube-scheduler breaks ties among equal totals at random, which would
+//!   throw away the policy's own tie rule, so the node the engine would choose gets 10 alone; the others
+//!   are spread over 0..=9 by the policy's score.
+//! - `bind` picks the cards on the chosen node with the same evaluation and returns the assignment.
+
+use crate::engine::{Engine, NodeOrder};
+use crate::model::NodeId;
+use crate::request::{Grant, Request, SlotDemand};
+use crate::rng::Rng;
+use crate::sim::replay::Placer;
+use crate::sim::trace::TracePod;
+use k8s_openapi::api::core::v1::Pod;
+use nano_gpu_proto::annotations::{Assignment, CardGrant};
+use nano_gpu_proto::demand::{DemandOptions, PodDemand, pod_demand};
+use nano_gpu_proto::extender::{
+    ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY, MIN_PRIORITY,
+};
+use nano_gpu_proto::units::{MiB, Percent};
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// Why a bind cannot go ahead.
+#[derive(Debug, Error, PartialEq)]
+pub enum BindError {
+    /// The pod's request is invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The node is not known to nano-gpu.
+    #[error("node {0} has no nano-gpu inventory")]
+    UnknownNode(String),
+    /// The pod no longer fits on the node.
+    #[error("pod no longer fits on node {node}: {reason}")]
+    NoLongerFits {
+        /// Node name.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Extender decisions over one engine.
+pub struct Extender {
+    engine: Engine,
+    salt: u64,
+    order: NodeOrder,
+    demand: DemandOptions,
+}
+
+impl Extender {
+    /// Decisions over `engine`, with ties ordered by a hash of node names salted with `salt`.
+    pub fn new(engine: Engine, salt: u64, demand: DemandOptions) -> Self {
+        let order = NodeOrder::hashed(engine.cluster().nodes().iter().map(|n| n.name.as_str()), salt);
+        Extender { engine, salt, order, demand }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The engine, for cluster changes from watches.
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    fn refresh_order(&mut self) {
+        if self.order.0.len() != self.engine.cluster().nodes().len() {
+            let names = self.engine.cluster().nodes().iter().map(|n| n.name.as_str());
+            self.order = NodeOrder::hashed(names, self.salt);
+        }
+    }
+
+    /// The request of a pod, or the message that rejects it.
+    pub fn request(&self, pod: &Pod) -> Result<(PodDemand, Request), String> {
+        let demand = pod_demand(pod, &self.demand).map_err(|e| e.to_string())?;
+        let req = Request::from_demand(&demand, &self.engine.cluster().models);
+        Ok((demand, req))
+    }
+
+    /// `POST /filter`.
+    pub fn filter(&mut self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let mut result = ExtenderFilterResult { node_names: Some(Vec::new()), ..Default::default() };
+        let Some(pod) = args.pod.as_ref() else {
+            result.error = "request has no Pod".to_owned();
+            return result;
+        };
+        let req = match self.request(pod) {
+            Ok((_, req)) => req,
+            Err(message) => {
+                result.error = message;
+                return result;
+            }
+        };
+        let mut passed = Vec::new();
+        for name in args.candidate_names() {
+            let Some(id) = self.engine.cluster().id(&name) else {
+                result.failed_and_unresolvable_nodes.insert(name, "node has no nano-gpu inventory".to_owned());
+                continue;
+            };
+            match self.engine.evaluate(&req, id) {
+                Ok(_) => passed.push(name),
+                Err(reason) if reason.unresolvable() => {
+                    result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
+                }
+                Err(reason) => {
+                    result.failed_nodes.insert(name, reason.to_string());
+                }
+            }
+        }
+        if args.node_names.is_none() {
+            if let Some(list) = &args.nodes {
+                let mut nodes = list.clone();
+                nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
+                result.nodes = Some(nodes);
+            }
+        }
+        result.node_names = Some(passed);
+        result
+    }
+
+    /// `POST /prioritize`: 10 for the node the engine would choose, 0..=9 for the others.
+    pub fn prioritize(&mut self, args: &ExtenderArgs) -> HostPriorityList {
+        self.refresh_order();
+        let names = args.candidate_names();
+        let Some(Ok((_, req))) = args.pod.as_ref().map(|p| self.request(p)) else {
+            return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
+        };
+        let mut scored: Vec<(String, Option<(f64, f64, u32)>)> = Vec::with_capacity(names.len());
+        for name in names {
+            let value = self.engine.cluster().id(&name).and_then(|id| {
+                let rank = self.order.rank(id);
+                self.engine.evaluate(&req, id).as_ref().ok().map(|e| (e.score, e.tiebreak, rank))
+            });
+            scored.push((name, value));
+        }
+        let best = scored
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, v))| v.map(|v| (i, v)))
+            .max_by(|(_, a), (_, b)| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(b.2.cmp(&a.2)))
+            .map(|(i, _)| i);
+        let (lo, hi) = scored
+            .iter()
+            .filter_map(|(_, v)| v.map(|v| v.0))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| (lo.min(s), hi.max(s)));
+        scored
+            .into_iter()
+            .enumerate()
+            .map(|(i, (host, v))| {
+                let score = match v {
+                    _ if Some(i) == best => MAX_PRIORITY,
+                    None => MIN_PRIORITY,
+                    Some(_) if hi <= lo => MAX_PRIORITY - 1,
+                    Some((s, ..)) => (((s - lo) / (hi - lo)) * (MAX_PRIORITY - 1) as f64).floor() as i64,
+                };
+                HostPriority { host, score: score.clamp(MIN_PRIORITY, MAX_PRIORITY) }
+            })
+            .collect()
+    }
+
+    /// The card choice of `POST /bind`: takes the cards on `node` and returns what was taken and the
+    /// assignment to write. The caller writes it and binds; on failure it calls [`Extender::unbind`].
+    pub fn bind(&mut self, pod: &Pod, node: &str, at: &str) -> Result<Bound, BindError> {
+        let (demand, req) = self.request(pod).map_err(BindError::Invalid)?;
+        let id = self.engine.cluster().id(node).ok_or_else(|| BindError::UnknownNode(node.to_owned()))?;
+        let no_longer = |reason: String| BindError::NoLongerFits { node: node.to_owned(), reason };
+        let grants = match self.engine.evaluate(&req, id) {
+            Ok(eval) => eval.grants.clone(),
+            Err(reason) => return Err(no_longer(reason.to_string())),
+        };
+        self.engine.commit(&req, id, &grants).map_err(|e| no_longer(e.to_string()))?;
+        let cards = &self.engine.cluster().node(id).cards;
+        let mut containers = BTreeMap::new();
+        for (i, slot) in demand.slots.iter().enumerate() {
+            let asked_memory = matches!(
+                req.slots[i],
+                SlotDemand::Share { mem: Some(_), .. } | SlotDemand::Whole { mem: Some(_), .. }
+            );
+            let list: Vec<CardGrant> = grants
+                .iter()
+                .filter(|g| g.slot == i)
+                .map(|g| CardGrant {
+                    uuid: cards[g.card].uuid.clone(),
+                    index: cards[g.card].index,
+                    percent: Percent(g.percent),
+                    memory_mib: asked_memory.then_some(MiB(g.mem)),
+                })
+                .collect();
+            for name in &slot.containers {
+                containers.insert(name.clone(), list.clone());
+            }
+        }
+        Ok(Bound { node: id, assignment: Assignment::new(node, at, containers), req, grants })
+    }
+
+    /// Gives back what a bind took (the bind failed after all, or the pod is gone).
+    pub fn unbind(&mut self, bound: &Bound) {
+        self.engine.release(&bound.req, bound.node, &bound.grants);
+    }
+}
+
+/// What a bind took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bound {
+    /// The node.
+    pub node: NodeId,
+    /// The pod's request.
+    pub req: Request,
+    /// The cards taken.
+    pub grants: Vec<Grant>,
+    /// The annotation to write.
+    pub assignment: Assignment,
+}
+
+/// `simulate --through-extender`: every pod goes through what a real cluster does: a Pod object and
+/// the candidate node names as JSON, our filter, our 0..=10 scores, kube-scheduler's pick (highest
+/// score, ties uniformly at random as `selectHost`), then our bind and the assignment annotation.
+pub struct SimExtender {
+    extender: Extender,
+    names: Vec<String>,
+    rng: Rng,
+}
+
+impl SimExtender {
+    /// Over `engine`; `seed` salts the extender's node order and drives kube-scheduler's tie-breaks.
+    pub fn new(engine: Engine, seed: u64) -> Self {
+        let names = engine.cluster().nodes().iter().map(|n| n.name.clone()).collect();
+        SimExtender { extender: Extender::new(engine, seed, DemandOptions::default()), names, rng: Rng::new(seed ^ 0x5c4e_d01e) }
+    }
+}
+
+/// The Pod kube-scheduler would send for a trace pod: one container with CPU, memory and
+/// `nano-gpu/gpu-percent` limits, and the model annotation for `gpu_spec`.
+pub fn trace_pod(pod: &TracePod) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut limits = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(format!("{}m", pod.cpu_milli))),
+        ("memory".to_owned(), Quantity(format!("{}Mi", pod.memory_mib))),
+    ]);
+    if pod.num_gpu > 0 {
+        let percent = if pod.num_gpu == 1 && pod.gpu_milli < 1000 { u64::from(pod.gpu_milli / 10) } else { 100 * u64::from(pod.num_gpu) };
+        limits.insert(nano_gpu_proto::resources::GPU_PERCENT.to_owned(), Quantity(percent.to_string()));
+    }
+    let mut p = Pod {
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".to_owned(),
+                resources: Some(ResourceRequirements { limits: Some(limits), ..Default::default() }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    p.metadata.name = Some(pod.name.clone());
+    p.metadata.namespace = Some("default".to_owned());
+    if !pod.gpu_spec.is_empty() {
+        p.metadata.annotations =
+            Some(BTreeMap::from([(nano_gpu_proto::resources::GPU_MODEL_ANNOTATION.to_owned(), pod.gpu_spec.join("|"))]));
+    }
+    p
+}
+
+impl Placer for SimExtender {
+    fn place(&mut self, pod: &TracePod, _req: &Request) -> Option<NodeId> {
+        let k8s_pod = trace_pod(pod);
+        let args = ExtenderArgs { pod: Some(k8s_pod), nodes: None, node_names: Some(self.names.clone()) };
+        // What crosses the wire: JSON in, JSON out.
+        let wire = serde_json::to_string(&args).ok()?;
+        let args: ExtenderArgs = serde_json::from_str(&wire).ok()?;
+        let filtered = self.extender.filter(&args);
+        let feasible = filtered.node_names.unwrap_or_default();
+        if !filtered.error.is_empty() || feasible.is_empty() {
+            return None;
+        }
+        // kube-scheduler skips prioritize when only one node is feasible.
+        let chosen = if feasible.len() == 1 {
+            feasible[0].clone()
+        } else {
+            let args = ExtenderArgs { node_names: Some(feasible), ..args.clone() };
+            let scores = self.extender.prioritize(&args);
+            select_host(&scores, &mut self.rng)?
+        };
+        let bound = self.extender.bind(args.pod.as_ref()?, &chosen, "1970-01-01T00:00:00Z").ok()?;
+        // The agent reads the annotation back; it must decode to what was decided.
+        debug_assert_eq!(Assignment::decode(&bound.assignment.encode()).as_ref(), Ok(&bound.assignment));
+        Some(bound.node)
+    }
+
+    fn cluster(&self) -> &crate::model::Cluster {
+        self.extender.engine().cluster()
+    }
+}
+
+/// kube-scheduler's `selectHost`: the highest score, ties broken uniformly at random.
+pub fn select_host(scores: &[HostPriority], rng: &mut Rng) -> Option<String> {
+    let mut best: Option<&HostPriority> = None;
+    let mut equal = 0;
+    for h in scores {
+        match best {
+            Some(b) if h.score < b.score => {}
+            Some(b) if h.score == b.score => {
+                equal += 1;
+                if rng.below(equal) == 0 {
+                    best = Some(h);
+                }
+            }
+            _ => {
+                best = Some(h);
+                equal = 1;
+            }
+        }
+    }
+    best.map(|h| h.host.clone())
+}

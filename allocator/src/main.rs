@@ -1,1 +1,124 @@
-fn main() {}
+//! `nano-gpu-allocator`: command-line entry. Parses flags and hands over to the library.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use nano_gpu_allocator::sim::{self, Options, trace};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "nano-gpu-allocator", version, about = "nano-gpu allocator: placement engine and trace simulator")]
+struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value = "plain", env = "NANO_GPU_LOG_FORMAT", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a workload through the placement engine and report unallocated GPU per policy.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// Node list in the openb CSV format (sn,cpu_milli,memory_mib,gpu,model). Without it: a built-in
+    /// synthetic cluster.
+    #[arg(long, requires = "pods")]
+    nodes: Option<PathBuf>,
+    /// Pod list in the openb CSV format (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).
+    #[arg(long, requires = "nodes")]
+    pods: Option<PathBuf>,
+    /// Policy to replay (repeatable): a policy name, `default`, or `all`.
+    #[arg(long = "policy", default_value = "default")]
+    policies: Vec<String>,
+    /// Seeds: `42`, `42..51` (inclusive) or `1,5,9`.
+    #[arg(long, default_value = "42..51")]
+    seeds: String,
+    /// Decide through the extender path: filter, 0..=10 scores, kube-scheduler's pick, bind.
+    #[arg(long)]
+    through_extender: bool,
+    /// Arrived workload to top up to, as a multiple of GPU capacity.
+    #[arg(long, default_value_t = 1.3)]
+    tune: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Also write an SVG plot of unallocated GPU against arrived workload.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Worker threads (default: the number of CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn parse_seeds(text: &str) -> Result<Vec<u64>> {
+    let bad = || format!("--seeds {text:?}: expected N, A..B or a comma-separated list");
+    if let Some((a, b)) = text.split_once("..") {
+        let a: u64 = a.trim().parse().with_context(bad)?;
+        let b: u64 = b.trim_start_matches('=').trim().parse().with_context(bad)?;
+        if b < a || b - a > 10_000 {
+            bail!("{}", bad());
+        }
+        return Ok((a..=b).collect());
+    }
+    text.split(',').map(|s| s.trim().parse::<u64>().with_context(bad)).collect()
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn simulate(args: SimulateArgs) -> Result<()> {
+    let (nodes, pods) = match (&args.nodes, &args.pods) {
+        (Some(n), Some(p)) => (trace::read_nodes(n)?, trace::read_pods(p)?),
+        _ => trace::synthetic(42),
+    };
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = Options {
+        policies: sim::expand_policies(&args.policies)?,
+        seeds: parse_seeds(&args.seeds)?,
+        through_extender: args.through_extender,
+        tune: args.tune,
+        threads,
+    };
+    if !(args.tune > 0.0 && args.tune <= 10.0) {
+        bail!("--tune {} must be in (0, 10]", args.tune);
+    }
+    tracing::info!(nodes = nodes.len(), pods = pods.len(), policies = ?opts.policies, seeds = opts.seeds.len(), "simulating");
+    let report = sim::simulate(&nodes, &pods, &opts)?;
+    match args.format {
+        Format::Table => print!("{}", report.to_table()),
+        Format::Json => println!("{}", report.to_json()),
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, report.to_svg()).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    match cli.command {
+        Command::Simulate(args) => simulate(args),
+    }
+}

@@ -1,1 +1,139 @@
-//! placeholder
+//! `simulate`: replays a workload through the placement engine with the method of the FGD paper and
+//! reports, per policy, the unallocated GPU against the arrived workload (median over seeds).
+//!
+//! - [`trace`]: openb CSV files and the built-in synthetic trace.
+//! - [`replay`]: one seed of one policy, raw or through the extender.
+//! - [`report`]: medians over seeds, the table, the JSON document and the SVG plot.
+
+pub mod replay;
+pub mod report;
+pub mod trace;
+
+use crate::engine::Engine;
+use crate::extender::SimExtender;
+use crate::policy;
+use crate::rng::Rng;
+use crate::workload::Workload;
+use replay::{Placer, RawPlacer, Replay, arrivals, replay};
+use report::{PolicyReport, Report};
+use std::sync::Mutex;
+use std::time::Instant;
+use thiserror::Error;
+use trace::{TraceNode, TracePod, build_cluster};
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Policy names (already expanded: no `all`).
+    pub policies: Vec<String>,
+    /// Seeds, one replay each.
+    pub seeds: Vec<u64>,
+    /// Go through filter → prioritize → kube-scheduler's pick → bind instead of the raw engine.
+    pub through_extender: bool,
+    /// Arrived demand to top up to, as a multiple of GPU capacity.
+    pub tune: f64,
+    /// Worker threads.
+    pub threads: usize,
+}
+
+/// A simulation that cannot run.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// Unknown policy name.
+    #[error("unknown policy {0:?}; known: {known}, default, all", known = policy::NAMES.join(", "))]
+    UnknownPolicy(String),
+    /// The node list is unusable.
+    #[error("node list: {0}")]
+    Cluster(#[from] crate::model::ModelError),
+    /// Nothing to do.
+    #[error("{0}")]
+    Empty(&'static str),
+}
+
+/// Expands `all` and `default` and checks every name.
+pub fn expand_policies(names: &[String]) -> Result<Vec<String>, SimError> {
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        let expanded: Vec<String> = match n.as_str() {
+            "all" => policy::NAMES.iter().map(|s| s.to_string()).collect(),
+            "default" => vec![policy::DEFAULT.to_string()],
+            other if policy::by_name(other, 0).is_some() => vec![other.to_string()],
+            other => return Err(SimError::UnknownPolicy(other.to_string())),
+        };
+        for e in expanded {
+            if !out.contains(&e) {
+                out.push(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every policy over every seed; seeds of one policy run in parallel.
+pub fn simulate(nodes: &[TraceNode], pods: &[TracePod], opts: &Options) -> Result<Report, SimError> {
+    if opts.seeds.is_empty() || opts.policies.is_empty() {
+        return Err(SimError::Empty("nothing to simulate: give at least one policy and one seed"));
+    }
+    let base = build_cluster(nodes)?;
+    if base.card_count() == 0 {
+        return Err(SimError::Empty("the node list has no GPU cards"));
+    }
+    // The paper's target workload: typical shapes of the original pod list.
+    let measure = Workload::from_requests(&pods.iter().map(|p| p.request(&base)).collect::<Vec<_>>());
+    let mut report = Report::default();
+    for name in &opts.policies {
+        if policy::by_name(name, 0).is_none() {
+            return Err(SimError::UnknownPolicy(name.clone()));
+        }
+        let started = Instant::now();
+        let results: Mutex<Vec<(u64, Replay)>> = Mutex::new(Vec::new());
+        let next = Mutex::new(opts.seeds.iter());
+        std::thread::scope(|s| {
+            for _ in 0..opts.threads.clamp(1, opts.seeds.len()) {
+                s.spawn(|| {
+                    loop {
+                        let seed = match next.lock() {
+                            Ok(mut it) => it.next().copied(),
+                            Err(_) => None,
+                        };
+                        let Some(seed) = seed else { break };
+                        let r = run_one(&base, pods, name, seed, opts, &measure);
+                        if let Ok(mut all) = results.lock() {
+                            all.push((seed, r));
+                        }
+                    }
+                });
+            }
+        });
+        let mut results = results.into_inner().unwrap_or_default();
+        results.sort_by_key(|(seed, _)| *seed);
+        report.policies.push(PolicyReport::from_replays(
+            name,
+            opts.through_extender,
+            &results,
+            started.elapsed().as_millis() as u64,
+        ));
+    }
+    Ok(report)
+}
+
+fn run_one(
+    base: &crate::model::Cluster,
+    pods: &[TracePod],
+    name: &str,
+    seed: u64,
+    opts: &Options,
+    measure: &Workload,
+) -> Replay {
+    let (order, node_order) = arrivals(pods, base.card_count(), opts.tune, base.nodes().len(), seed);
+    let Some(policy) = policy::by_name(name, seed) else {
+        unreachable!("policy names are checked before the replays start")
+    };
+    let engine = Engine::new(base.clone(), policy, measure.clone());
+    let mut placer: Box<dyn Placer> = if opts.through_extender {
+        Box::new(SimExtender::new(engine, seed))
+    } else {
+        Box::new(RawPlacer { engine, order: node_order, rng: Rng::new(seed ^ 0x5eed) })
+    };
+    replay(pods, &order, placer.as_mut(), measure)
+}
