@@ -1,1 +1,70 @@
-//! placeholder
+//! The nano-gpu node agent: reads the node's cards (NVML for NVIDIA, sysfs drm for Intel), serves the
+//! kubelet device-plugin API for `nano-gpu/gpu-percent`, and hands each container the card(s) the
+//! allocator chose.
+//!
+//! Status: only the command-line flags exist so far; inventory and the device plugin are not
+//! implemented yet, and the binary says so and exits non-zero.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+/// Command-line flags of `nano-gpu-agent`. Every path and library name is a flag with the production
+/// default, so tests run in temp dirs.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "nano-gpu-agent",
+    version,
+    about = "nano-gpu node agent (device plugin for nano-gpu/gpu-percent)"
+)]
+pub struct Flags {
+    /// Name of this node (the Node object the agent annotates).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Directory of the kubelet's device-plugin sockets.
+    #[arg(
+        long,
+        env = "NANO_GPU_PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    pub plugin_dir: PathBuf,
+    /// The kubelet's pod-resources socket.
+    #[arg(
+        long,
+        env = "NANO_GPU_POD_RESOURCES",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pub pod_resources_socket: PathBuf,
+    /// NVML library to load.
+    #[arg(long, env = "NANO_GPU_NVML_LIB", default_value = "libnvidia-ml.so.1")]
+    pub nvml_lib: PathBuf,
+    /// Root of the sysfs tree for Intel cards.
+    #[arg(long, env = "NANO_GPU_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// A JSON file describing fake cards (local clusters and demos) instead of NVML and sysfs.
+    #[arg(long, env = "NANO_GPU_FAKE_INVENTORY")]
+    pub fake_inventory: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "NANO_GPU_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
+    pub log_format: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_production_paths() {
+        let f = Flags::try_parse_from(["nano-gpu-agent"]).unwrap();
+        assert_eq!(
+            f.plugin_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(f.nvml_lib, PathBuf::from("libnvidia-ml.so.1"));
+        assert_eq!(f.sysfs_root, PathBuf::from("/sys"));
+    }
+
+    #[test]
+    fn an_unknown_log_format_is_refused() {
+        assert!(Flags::try_parse_from(["nano-gpu-agent", "--log-format", "xml"]).is_err());
+    }
+}

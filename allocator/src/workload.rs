@@ -76,7 +76,13 @@ impl Workload {
         }
         let types = kept
             .into_iter()
-            .map(|((cpu, k, d, models), n)| Typical { cpu, k, d, models, p: n as f64 / covered as f64 })
+            .map(|((cpu, k, d, models), n)| Typical {
+                cpu,
+                k,
+                d,
+                models,
+                p: n as f64 / covered as f64,
+            })
             .collect();
         Workload { types }
     }
@@ -102,7 +108,11 @@ impl Workload {
                         small += r;
                     }
                 }
-                if cpu_free >= t.cpu && fits >= t.k { small } else { total }
+                if cpu_free >= t.cpu && fits >= t.k {
+                    small
+                } else {
+                    total
+                }
             };
             f += t.p * f64::from(fm);
         }
@@ -122,15 +132,20 @@ pub struct Learner {
 impl Learner {
     /// A learner that rebuilds after every `every` requests (at least 1).
     pub fn new(every: u64) -> Self {
-        Learner { counts: HashMap::new(), total: 0, every: every.max(1) }
+        Learner {
+            counts: HashMap::new(),
+            total: 0,
+            every: every.max(1),
+        }
     }
 
     /// Counts a request; returns the new workload when it is time to rebuild.
     pub fn observe(&mut self, r: &Request) -> Option<Workload> {
         *self.counts.entry(shape(r)).or_default() += 1;
         self.total += 1;
-        (self.total % self.every == 0 || self.total < self.every && self.total.is_power_of_two())
-            .then(|| Workload::from_counts(self.counts.clone(), self.total))
+        (self.total.is_multiple_of(self.every)
+            || self.total < self.every && self.total.is_power_of_two())
+        .then(|| Workload::from_counts(self.counts.clone(), self.total))
     }
 }
 
@@ -140,7 +155,10 @@ mod tests {
     use crate::model::Card;
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share { percent: Some(p), mem: None }
+        SlotDemand::Share {
+            percent: Some(p),
+            mem: None,
+        }
     }
 
     /// The worked example of the reference (§3.3): T4 node, 8 CPUs, cards [1000, 300] milli.
@@ -148,12 +166,32 @@ mod tests {
     fn frag_matches_the_worked_example() {
         let w = Workload {
             types: vec![
-                Typical { cpu: 4000, k: 1, d: 50, models: None, p: 0.5 },
-                Typical { cpu: 2000, k: 1, d: 100, models: None, p: 0.3 },
-                Typical { cpu: 4000, k: 0, d: 0, models: None, p: 0.2 },
+                Typical {
+                    cpu: 4000,
+                    k: 1,
+                    d: 50,
+                    models: None,
+                    p: 0.5,
+                },
+                Typical {
+                    cpu: 2000,
+                    k: 1,
+                    d: 100,
+                    models: None,
+                    p: 0.3,
+                },
+                Typical {
+                    cpu: 4000,
+                    k: 0,
+                    d: 0,
+                    models: None,
+                    p: 0.2,
+                },
             ],
         };
-        let cards = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0)).collect();
+        let cards = (0..2)
+            .map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0))
+            .collect();
         let node = Node::new("t4", 8000, 0, cards);
         let f = |free: &[u32], cpu| (w.frag(&node, free, cpu) * 10.0).round() / 10.0;
         assert_eq!(f(&[100, 30], 8000), 50.0);

@@ -42,12 +42,22 @@ impl CardChooser for LeastFrag<'_> {
 
 /// The fit by least fragmentation and the change of the node's fragmentation, in percent of a card.
 fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, f64), Reason> {
-    let mut chooser = LeastFrag { workload, scratch: Vec::with_capacity(node.cards.len()) };
+    let mut chooser = LeastFrag {
+        workload,
+        scratch: Vec::with_capacity(node.cards.len()),
+    };
     let (grants, hyp) = fit(node, req, &mut chooser)?;
     let before = workload.frag(node, &Hyp::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
     let free_after: u32 = hyp.free.iter().sum();
-    Ok((Eval { score: 0.0, tiebreak: -f64::from(free_after), grants }, after - before))
+    Ok((
+        Eval {
+            score: 0.0,
+            tiebreak: -f64::from(free_after),
+            grants,
+        },
+        after - before,
+    ))
 }
 
 /// `⌊100·σ(−Δ/1000)⌋` with Δ in milli-GPU (Δ here is in percent: 1 % = 10 milli).
@@ -62,7 +72,11 @@ impl Policy for Fgd {
 
     fn evaluate(&self, node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reason> {
         let (eval, delta) = descend(node, req, workload)?;
-        Ok(Eval { score: coarse_score(delta), tiebreak: 0.0, ..eval })
+        Ok(Eval {
+            score: coarse_score(delta),
+            tiebreak: 0.0,
+            ..eval
+        })
     }
 
     fn uses_workload(&self) -> bool {
@@ -77,7 +91,10 @@ impl Policy for FgdPack {
 
     fn evaluate(&self, node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reason> {
         let (eval, delta) = descend(node, req, workload)?;
-        Ok(Eval { score: coarse_score(delta), ..eval })
+        Ok(Eval {
+            score: coarse_score(delta),
+            ..eval
+        })
     }
 
     fn uses_workload(&self) -> bool {
@@ -104,15 +121,42 @@ mod tests {
     fn the_worked_example_picks_card_1_with_score_57() {
         let w = Workload {
             types: vec![
-                Typical { cpu: 4000, k: 1, d: 50, models: None, p: 0.5 },
-                Typical { cpu: 2000, k: 1, d: 100, models: None, p: 0.3 },
-                Typical { cpu: 4000, k: 0, d: 0, models: None, p: 0.2 },
+                Typical {
+                    cpu: 4000,
+                    k: 1,
+                    d: 50,
+                    models: None,
+                    p: 0.5,
+                },
+                Typical {
+                    cpu: 2000,
+                    k: 1,
+                    d: 100,
+                    models: None,
+                    p: 0.3,
+                },
+                Typical {
+                    cpu: 4000,
+                    k: 0,
+                    d: 0,
+                    models: None,
+                    p: 0.2,
+                },
             ],
         };
-        let mut cards: Vec<Card> = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0)).collect();
+        let mut cards: Vec<Card> = (0..2)
+            .map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0))
+            .collect();
         cards[1].free = 30;
         let node = Node::new("t4", 8000, 1000, cards);
-        let req = Request::new(2000, 0, vec![SlotDemand::Share { percent: Some(30), mem: None }]);
+        let req = Request::new(
+            2000,
+            0,
+            vec![SlotDemand::Share {
+                percent: Some(30),
+                mem: None,
+            }],
+        );
         let eval = Fgd.evaluate(&node, &req, &w).unwrap();
         assert_eq!(eval.grants[0].card, 1);
         assert_eq!(eval.score, 57.0);

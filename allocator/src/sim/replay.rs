@@ -35,8 +35,13 @@ pub struct RawPlacer {
 
 impl Placer for RawPlacer {
     fn place(&mut self, _pod: &TracePod, req: &Request) -> Option<NodeId> {
-        let decision = self.engine.decide(req, None, &self.order, &mut self.rng).ok()?;
-        self.engine.commit(req, decision.node, &decision.eval.grants).ok()?;
+        let decision = self
+            .engine
+            .decide(req, None, &self.order, &mut self.rng)
+            .ok()?;
+        self.engine
+            .commit(req, decision.node, &decision.eval.grants)
+            .ok()?;
         Some(decision.node)
     }
 
@@ -46,7 +51,13 @@ impl Placer for RawPlacer {
 }
 
 /// The pods of one seed in arrival order (indices into `pods`), and the per-seed node order.
-pub fn arrivals(pods: &[TracePod], cards: usize, tune: f64, nodes: usize, seed: u64) -> (Vec<usize>, NodeOrder) {
+pub fn arrivals(
+    pods: &[TracePod],
+    cards: usize,
+    tune: f64,
+    nodes: usize,
+    seed: u64,
+) -> (Vec<usize>, NodeOrder) {
     let mut rng = Rng::new(seed);
     let mut order: Vec<usize> = (0..pods.len()).collect();
     order.sort_by(|&a, &b| pods[a].name.cmp(&pods[b].name));
@@ -98,10 +109,19 @@ pub struct Replay {
 }
 
 /// Replays `order` through `placer`, measuring fragmentation under `measure` (the paper's M).
-pub fn replay(pods: &[TracePod], order: &[usize], placer: &mut dyn Placer, measure: &Workload) -> Replay {
+pub fn replay(
+    pods: &[TracePod],
+    order: &[usize],
+    placer: &mut dyn Placer,
+    measure: &Workload,
+) -> Replay {
     let cluster = placer.cluster();
     let cards = cluster.card_count().max(1) as f64;
-    let mut node_frag: Vec<f64> = cluster.nodes().iter().map(|n| measure.frag(n, &free_of(n), n.cpu_free)).collect();
+    let mut node_frag: Vec<f64> = cluster
+        .nodes()
+        .iter()
+        .map(|n| measure.frag(n, &free_of(n), n.cpu_free))
+        .collect();
     let mut frag_total: f64 = node_frag.iter().sum();
     let mut node_used: Vec<u32> = cluster.nodes().iter().map(|n| n.gpu_used()).collect();
     let mut used: f64 = node_used.iter().map(|&u| f64::from(u)).sum();
@@ -134,12 +154,25 @@ pub fn replay(pods: &[TracePod], order: &[usize], placer: &mut dyn Placer, measu
     }
     let curve = (0..=MAX_ARRIVED)
         .map(|x| {
-            let near = if bins[x].2 > 0 { x..=x } else { x.saturating_sub(1)..=x + 1 };
-            let (a, f, n) = bins[near].iter().fold((0.0, 0.0, 0), |acc, b| (acc.0 + b.0, acc.1 + b.1, acc.2 + b.2));
-            (n > 0).then(|| Point { unallocated: 100.0 - a / f64::from(n), frag: f / f64::from(n) })
+            let near = if bins[x].2 > 0 {
+                x..=x
+            } else {
+                x.saturating_sub(1)..=x + 1
+            };
+            let (a, f, n) = bins[near].iter().fold((0.0, 0.0, 0), |acc, b| {
+                (acc.0 + b.0, acc.1 + b.1, acc.2 + b.2)
+            });
+            (n > 0).then(|| Point {
+                unallocated: 100.0 - a / f64::from(n),
+                frag: f / f64::from(n),
+            })
         })
         .collect();
-    Replay { curve, failed, arrived: order.len() }
+    Replay {
+        curve,
+        failed,
+        arrived: order.len(),
+    }
 }
 
 fn free_of(n: &crate::model::Node) -> Vec<u32> {
@@ -151,7 +184,14 @@ mod tests {
     use super::*;
 
     fn pod(name: &str, k: u32, m: u32) -> TracePod {
-        TracePod { name: name.into(), cpu_milli: 1000, memory_mib: 1024, num_gpu: k, gpu_milli: m, gpu_spec: vec![] }
+        TracePod {
+            name: name.into(),
+            cpu_milli: 1000,
+            memory_mib: 1024,
+            num_gpu: k,
+            gpu_milli: m,
+            gpu_spec: vec![],
+        }
     }
 
     #[test]

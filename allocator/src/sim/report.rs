@@ -65,11 +65,22 @@ fn round(v: Option<f64>, places: i32) -> Option<f64> {
 
 impl PolicyReport {
     /// Aggregates the replays of one policy.
-    pub fn from_replays(policy: &str, through_extender: bool, replays: &[(u64, Replay)], wall_ms: u64) -> Self {
+    pub fn from_replays(
+        policy: &str,
+        through_extender: bool,
+        replays: &[(u64, Replay)],
+        wall_ms: u64,
+    ) -> Self {
         let curve = (0..=MAX_ARRIVED)
             .map(|x| {
-                let un: Vec<f64> = replays.iter().filter_map(|(_, r)| r.curve[x].map(|p| p.unallocated)).collect();
-                let fr: Vec<f64> = replays.iter().filter_map(|(_, r)| r.curve[x].map(|p| p.frag)).collect();
+                let un: Vec<f64> = replays
+                    .iter()
+                    .filter_map(|(_, r)| r.curve[x].map(|p| p.unallocated))
+                    .collect();
+                let fr: Vec<f64> = replays
+                    .iter()
+                    .filter_map(|(_, r)| r.curve[x].map(|p| p.frag))
+                    .collect();
                 CurvePoint {
                     arrived_pct: x,
                     unallocated_pct_median: round(quantile(&un, 0.5), 3),
@@ -94,7 +105,9 @@ impl PolicyReport {
 
     /// Median unallocated % at an arrived percent.
     pub fn unallocated_at(&self, arrived_pct: usize) -> Option<f64> {
-        self.curve.get(arrived_pct).and_then(|p| p.unallocated_pct_median)
+        self.curve
+            .get(arrived_pct)
+            .and_then(|p| p.unallocated_pct_median)
     }
 }
 
@@ -108,24 +121,42 @@ impl Report {
     pub fn to_table(&self) -> String {
         let cell = |p: &PolicyReport, x: usize| {
             let c = &p.curve[x];
-            match (c.unallocated_pct_median, c.unallocated_pct_q25, c.unallocated_pct_q75) {
+            match (
+                c.unallocated_pct_median,
+                c.unallocated_pct_q25,
+                c.unallocated_pct_q75,
+            ) {
                 (Some(m), Some(a), Some(b)) => format!("{m:6.2} [{a:5.2}–{b:5.2}]"),
                 _ => "     –".to_owned(),
             }
         };
         let mut out = String::new();
-        let _ = writeln!(out, "unallocated GPU % of capacity at arrived workload (median over seeds [q25–q75])");
+        let _ = writeln!(
+            out,
+            "unallocated GPU % of capacity at arrived workload (median over seeds [q25–q75])"
+        );
         let _ = writeln!(
             out,
             "{:<10} {:<9} {:>5} {:>22} {:>22} {:>22} {:>8} {:>8}",
-            "policy", "path", "seeds", "arrived 90%", "arrived 100%", "arrived 130%", "failed", "wall s"
+            "policy",
+            "path",
+            "seeds",
+            "arrived 90%",
+            "arrived 100%",
+            "arrived 130%",
+            "failed",
+            "wall s"
         );
         for p in &self.policies {
             let _ = writeln!(
                 out,
                 "{:<10} {:<9} {:>5} {:>22} {:>22} {:>22} {:>8} {:>8.1}",
                 p.policy,
-                if p.through_extender { "extender" } else { "raw" },
+                if p.through_extender {
+                    "extender"
+                } else {
+                    "raw"
+                },
                 p.seeds.len(),
                 cell(p, 90),
                 cell(p, 100),
@@ -145,45 +176,126 @@ impl Report {
         let y_max = self
             .policies
             .iter()
-            .flat_map(|p| p.curve[70..].iter().filter_map(|c| c.unallocated_pct_median))
+            .flat_map(|p| {
+                p.curve[70..]
+                    .iter()
+                    .filter_map(|c| c.unallocated_pct_median)
+            })
             .fold(10.0f64, f64::max)
             .min(35.0)
             .ceil();
         let px = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
         let py = |y: f64| top + (1.0 - y.clamp(0.0, y_max) / y_max) * (h - top - bottom);
-        let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+        let colors = [
+            "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        ];
         let mut s = String::new();
-        let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#);
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+        );
         let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
         // Axes, grid and ticks.
         for i in 0..=6 {
             let x = x0 + 10.0 * f64::from(i);
-            let _ = writeln!(s, r##"<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="#ddd"/><text x="{0}" y="{3}" text-anchor="middle">{4}</text>"##, px(x), top, h - bottom, h - bottom + 18.0, x);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="#ddd"/><text x="{0}" y="{3}" text-anchor="middle">{4}</text>"##,
+                px(x),
+                top,
+                h - bottom,
+                h - bottom + 18.0,
+                x
+            );
         }
         let step = if y_max > 20.0 { 5.0 } else { 2.0 };
         let mut y = 0.0;
         while y <= y_max {
-            let _ = writeln!(s, r##"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#ddd"/><text x="{3}" y="{4}" text-anchor="end">{5}</text>"##, left, py(y), w - right, left - 6.0, py(y) + 4.0, y);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#ddd"/><text x="{3}" y="{4}" text-anchor="end">{5}</text>"##,
+                left,
+                py(y),
+                w - right,
+                left - 6.0,
+                py(y) + 4.0,
+                y
+            );
             y += step;
         }
-        let _ = writeln!(s, r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##, w - left - right, h - top - bottom);
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">Arrived workloads (% of cluster GPU capacity)</text>"#, (left + w - right) / 2.0, h - 15.0);
-        let _ = writeln!(s, r#"<text transform="translate(18,{}) rotate(-90)" text-anchor="middle">Unallocated GPU (%)</text>"#, (top + h - bottom) / 2.0);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
+            w - left - right,
+            h - top - bottom
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">Arrived workloads (% of cluster GPU capacity)</text>"#,
+            (left + w - right) / 2.0,
+            h - 15.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text transform="translate(18,{}) rotate(-90)" text-anchor="middle">Unallocated GPU (%)</text>"#,
+            (top + h - bottom) / 2.0
+        );
         // Ideal line: everything that arrived is allocated.
-        let _ = writeln!(s, r##"<polyline fill="none" stroke="#999" stroke-dasharray="4 3" points="{},{} {},{}"/>"##, px(70.0), py(30.0), px(100.0), py(0.0));
-        let _ = writeln!(s, r##"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#999" stroke-dasharray="4 3"/>"##, px(100.0), py(0.0), px(130.0));
+        let _ = writeln!(
+            s,
+            r##"<polyline fill="none" stroke="#999" stroke-dasharray="4 3" points="{},{} {},{}"/>"##,
+            px(70.0),
+            py(30.0),
+            px(100.0),
+            py(0.0)
+        );
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#999" stroke-dasharray="4 3"/>"##,
+            px(100.0),
+            py(0.0),
+            px(130.0)
+        );
         for (i, p) in self.policies.iter().enumerate() {
             let color = colors[i % colors.len()];
             let points: Vec<String> = p.curve[70..]
                 .iter()
-                .filter_map(|c| c.unallocated_pct_median.map(|m| format!("{:.1},{:.1}", px(c.arrived_pct as f64), py(m))))
+                .filter_map(|c| {
+                    c.unallocated_pct_median
+                        .map(|m| format!("{:.1},{:.1}", px(c.arrived_pct as f64), py(m)))
+                })
                 .collect();
-            let _ = writeln!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, points.join(" "));
-            let label = format!("{}{}", p.policy, if p.through_extender { " (extender)" } else { "" });
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                points.join(" ")
+            );
+            let label = format!(
+                "{}{}",
+                p.policy,
+                if p.through_extender {
+                    " (extender)"
+                } else {
+                    ""
+                }
+            );
             let ly = top + 16.0 + 20.0 * i as f64;
-            let _ = writeln!(s, r#"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="{color}" stroke-width="2"/><text x="{3}" y="{4}">{label}</text>"#, w - right + 10.0, ly, w - right + 30.0, w - right + 36.0, ly + 4.0);
+            let _ = writeln!(
+                s,
+                r#"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="{color}" stroke-width="2"/><text x="{3}" y="{4}">{label}</text>"#,
+                w - right + 10.0,
+                ly,
+                w - right + 30.0,
+                w - right + 36.0,
+                ly + 4.0
+            );
         }
-        let _ = writeln!(s, r##"<text x="{}" y="{}" text-anchor="end" fill="#999">ideal</text>"##, px(128.0), py(0.0) - 4.0);
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" text-anchor="end" fill="#999">ideal</text>"##,
+            px(128.0),
+            py(0.0) - 4.0
+        );
         s.push_str("</svg>\n");
         s
     }
@@ -205,19 +317,38 @@ mod tests {
     #[test]
     fn report_takes_medians_over_seeds_and_renders() {
         let replay = |u: f64| Replay {
-            curve: (0..=MAX_ARRIVED).map(|_| Some(Point { unallocated: u, frag: u / 2.0 })).collect(),
+            curve: (0..=MAX_ARRIVED)
+                .map(|_| {
+                    Some(Point {
+                        unallocated: u,
+                        frag: u / 2.0,
+                    })
+                })
+                .collect(),
             failed: u as usize,
             arrived: 100,
         };
-        let p = PolicyReport::from_replays("fgd", false, &[(1, replay(4.0)), (2, replay(6.0)), (3, replay(5.0))], 7);
+        let p = PolicyReport::from_replays(
+            "fgd",
+            false,
+            &[(1, replay(4.0)), (2, replay(6.0)), (3, replay(5.0))],
+            7,
+        );
         assert_eq!(p.unallocated_at(100), Some(5.0));
         assert_eq!(p.failed_pods_median, 5.0);
         let report = Report { policies: vec![p] };
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["policies"][0]["curve"].as_array().unwrap().len(), 131);
-        assert_eq!(json["policies"][0]["curve"][100]["unallocated_pct_median"], 5.0);
+        assert_eq!(
+            json["policies"][0]["curve"][100]["unallocated_pct_median"],
+            5.0
+        );
         assert!(report.to_table().contains("fgd"));
         let svg = report.to_svg();
-        assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.trim_end().ends_with("</svg>"));
+        assert!(
+            svg.starts_with("<svg")
+                && svg.contains("polyline")
+                && svg.trim_end().ends_with("</svg>")
+        );
     }
 }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# README command 2: every test of the project, with the lint gates CI enforces.
+# Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test --workspace"
+cargo test --workspace --locked
