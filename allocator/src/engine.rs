@@ -5,7 +5,7 @@
 //! Randomness comes only from the `Rng` the caller passes; remaining ties go to the caller's node order.
 
 use crate::model::{Cluster, ModelError, NodeId};
-use crate::policy::{Eval, Policy, Ties};
+use crate::policy::{Context, Eval, Policy, Ties};
 use crate::request::{Grant, Reason, Request};
 use crate::rng::Rng;
 use crate::workload::Workload;
@@ -111,7 +111,9 @@ pub struct CacheStats {
 pub struct Engine {
     cluster: Cluster,
     policy: Box<dyn Policy>,
-    workload: Workload,
+    ctx: Context,
+    /// The model supply `ctx.pressure` was computed for.
+    supply: Vec<u32>,
     shapes: HashMap<Request, usize>,
     cache: Vec<Vec<Option<Cached>>>,
     /// Cache counters.
@@ -121,10 +123,16 @@ pub struct Engine {
 impl Engine {
     /// An engine for `cluster` under `policy` with target workload `workload`.
     pub fn new(cluster: Cluster, policy: Box<dyn Policy>, workload: Workload) -> Self {
+        let supply = cluster.supply().to_vec();
+        let ctx = Context {
+            pressure: workload.pressure(&supply),
+            workload,
+        };
         Engine {
             cluster,
             policy,
-            workload,
+            ctx,
+            supply,
             shapes: HashMap::new(),
             cache: Vec::new(),
             stats: CacheStats::default(),
@@ -149,16 +157,35 @@ impl Engine {
 
     /// The target workload.
     pub fn workload(&self) -> &Workload {
-        &self.workload
+        &self.ctx.workload
     }
 
     /// Replaces the target workload; cached values that depend on it are dropped.
     pub fn set_workload(&mut self, workload: Workload) {
-        if self.policy.uses_workload() && workload != self.workload {
+        if workload != self.ctx.workload {
+            self.ctx.pressure = workload.pressure(&self.supply);
+            self.ctx.workload = workload;
+            self.context_changed();
+        }
+    }
+
+    fn context_changed(&mut self) {
+        if self.policy.uses_workload() {
             self.cache.clear();
             self.shapes.clear();
         }
-        self.workload = workload;
+    }
+
+    /// Recomputes the model pressure when nodes brought new cards (a rare event: node add/remove).
+    fn refresh_supply(&mut self) {
+        if self.cluster.supply() != self.supply.as_slice() {
+            self.supply = self.cluster.supply().to_vec();
+            let pressure = self.ctx.workload.pressure(&self.supply);
+            if pressure != self.ctx.pressure {
+                self.ctx.pressure = pressure;
+                self.context_changed();
+            }
+        }
     }
 
     fn shape(&mut self, req: &Request) -> usize {
@@ -177,6 +204,7 @@ impl Engine {
 
     /// The policy's value of `req` on `node`, computed only if the node changed since last asked.
     pub fn evaluate(&mut self, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
+        self.refresh_supply();
         let shape = self.shape(req);
         self.evaluate_shape(shape, req, node)
     }
@@ -197,7 +225,7 @@ impl Engine {
             self.stats.hits += 1;
         } else {
             self.stats.misses += 1;
-            let result = self.policy.evaluate(n, req, &self.workload);
+            let result = self.policy.evaluate(n, req, &self.ctx);
             slots[node.0] = Some(Cached {
                 version: n.version,
                 result,
@@ -218,6 +246,7 @@ impl Engine {
         order: &NodeOrder,
         rng: &mut Rng,
     ) -> Result<Decision, Unschedulable> {
+        self.refresh_supply();
         let shape = self.shape(req);
         let all: Vec<NodeId>;
         let candidates = match candidates {
@@ -228,7 +257,7 @@ impl Engine {
             }
         };
         let uniform = self.policy.ties() == Ties::Uniform;
-        let mut best: Option<(NodeId, f64, f64, u32)> = None;
+        let mut best: Option<(NodeId, f64, [f64; 2], u32)> = None;
         let mut equal = 0usize;
         let mut failed = Unschedulable {
             nodes: candidates.len(),

@@ -158,7 +158,7 @@ impl Extender {
                 .collect();
         };
         // Per candidate: (score, tiebreak, rank in the node order), if it fits.
-        type Value = (f64, f64, u32);
+        type Value = (f64, [f64; 2], u32);
         let mut scored: Vec<(String, Option<Value>)> = Vec::with_capacity(names.len());
         for name in names {
             let value = self.engine.cluster().id(&name).and_then(|id| {
@@ -176,8 +176,10 @@ impl Extender {
             .enumerate()
             .filter_map(|(i, (_, v))| v.map(|v| (i, v)))
             .max_by(|(_, a), (_, b)| {
+                let tie =
+                    |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
                 a.0.total_cmp(&b.0)
-                    .then(a.1.total_cmp(&b.1))
+                    .then(tie(&a.1, &b.1))
                     .then(b.2.cmp(&a.2))
             })
             .map(|(i, _)| i);

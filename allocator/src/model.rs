@@ -154,6 +154,7 @@ pub struct Cluster {
     by_name: HashMap<String, NodeId>,
     /// Card model names.
     pub models: Models,
+    supply: Vec<u32>,
     clock: u64,
 }
 
@@ -170,6 +171,13 @@ impl Cluster {
         }
         self.clock += 1;
         node.version = self.clock;
+        for c in &node.cards {
+            let m = usize::from(c.model.0);
+            if self.supply.len() <= m {
+                self.supply.resize(m + 1, 0);
+            }
+            self.supply[m] += 1;
+        }
         let id = NodeId(self.nodes.len());
         self.by_name.insert(node.name.clone(), id);
         self.nodes.push(node);
@@ -262,6 +270,11 @@ impl Cluster {
                 }
             }
         });
+    }
+
+    /// Cards per model, indexed by [`ModelId`].
+    pub fn supply(&self) -> &[u32] {
+        &self.supply
     }
 
     /// Total cards in the cluster.

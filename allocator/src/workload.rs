@@ -47,9 +47,48 @@ fn shape(r: &Request) -> Shape {
 pub struct Workload {
     /// Typical shapes, most frequent first; probabilities sum to 1 (or the list is empty).
     pub types: Vec<Typical>,
+    /// Expected CPU (millicores) a GPU pod brings per card it uses.
+    pub cpu_per_card: f64,
+    /// Expected cards per pod that only cards of each model may serve, indexed by [`ModelId`]: the
+    /// demand of model-constrained pods (a pod allowing several models counts a share for each).
+    pub constrained: Vec<f64>,
 }
 
 impl Workload {
+    /// A workload of these shapes, with its derived values.
+    pub fn new(types: Vec<Typical>) -> Self {
+        let (mut cpu, mut cards) = (0.0, 0.0);
+        let mut constrained: Vec<f64> = Vec::new();
+        for t in types.iter().filter(|t| t.k > 0) {
+            let size = f64::from(t.k * t.d) / 100.0;
+            cpu += t.p * t.cpu as f64;
+            cards += t.p * size;
+            for m in t.models.iter().flatten() {
+                let i = usize::from(m.0);
+                if constrained.len() <= i {
+                    constrained.resize(i + 1, 0.0);
+                }
+                constrained[i] += t.p * size / t.models.as_ref().map_or(1, Vec::len) as f64;
+            }
+        }
+        let cpu_per_card = if cards > 0.0 { cpu / cards } else { 0.0 };
+        Workload {
+            types,
+            cpu_per_card,
+            constrained,
+        }
+    }
+
+    /// How much model-constrained demand weighs on each model: constrained cards asked per card of
+    /// the model in the cluster (`supply`, cards per [`ModelId`]).
+    pub fn pressure(&self, supply: &[u32]) -> Vec<f64> {
+        self.constrained
+            .iter()
+            .enumerate()
+            .map(|(m, d)| d / f64::from(supply.get(m).copied().unwrap_or(0).max(1)))
+            .collect()
+    }
+
     /// The typical shapes of `requests` under the popularity rule.
     pub fn from_requests<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Self {
         let mut counts: HashMap<Shape, u64> = HashMap::new();
@@ -84,7 +123,7 @@ impl Workload {
                 p: n as f64 / covered as f64,
             })
             .collect();
-        Workload { types }
+        Workload::new(types)
     }
 
     /// Expected fragmentation of a node (in percent of a card) if its free CPU were `cpu_free` and its
@@ -164,31 +203,29 @@ mod tests {
     /// The worked example of the reference (§3.3): T4 node, 8 CPUs, cards [1000, 300] milli.
     #[test]
     fn frag_matches_the_worked_example() {
-        let w = Workload {
-            types: vec![
-                Typical {
-                    cpu: 4000,
-                    k: 1,
-                    d: 50,
-                    models: None,
-                    p: 0.5,
-                },
-                Typical {
-                    cpu: 2000,
-                    k: 1,
-                    d: 100,
-                    models: None,
-                    p: 0.3,
-                },
-                Typical {
-                    cpu: 4000,
-                    k: 0,
-                    d: 0,
-                    models: None,
-                    p: 0.2,
-                },
-            ],
-        };
+        let w = Workload::new(vec![
+            Typical {
+                cpu: 4000,
+                k: 1,
+                d: 50,
+                models: None,
+                p: 0.5,
+            },
+            Typical {
+                cpu: 2000,
+                k: 1,
+                d: 100,
+                models: None,
+                p: 0.3,
+            },
+            Typical {
+                cpu: 4000,
+                k: 0,
+                d: 0,
+                models: None,
+                p: 0.2,
+            },
+        ]);
         let cards = (0..2)
             .map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0))
             .collect();
@@ -198,6 +235,40 @@ mod tests {
         // The new pod (2000 cpu, 30 %) on card 0 and on card 1:
         assert_eq!(f(&[70, 30], 6000), 65.0);
         assert_eq!(f(&[100, 0], 6000), 20.0);
+    }
+
+    #[test]
+    fn derived_values_weigh_shapes_by_probability() {
+        let t4 = ModelId(1);
+        let w = Workload::new(vec![
+            Typical {
+                cpu: 12_000,
+                k: 1,
+                d: 100,
+                models: None,
+                p: 0.5,
+            },
+            Typical {
+                cpu: 4_000,
+                k: 1,
+                d: 50,
+                models: Some(vec![t4]),
+                p: 0.25,
+            },
+            Typical {
+                cpu: 8_000,
+                k: 0,
+                d: 0,
+                models: None,
+                p: 0.25,
+            },
+        ]);
+        // (0.5·12000 + 0.25·4000) / (0.5·1 + 0.25·0.5) CPU per card; CPU-only shapes do not count.
+        assert!((w.cpu_per_card - 7000.0 / 0.625).abs() < 1e-9);
+        assert_eq!(w.constrained, vec![0.0, 0.125]);
+        assert_eq!(w.pressure(&[10, 5]), vec![0.0, 0.025]);
+        // A model with no cards yet does not divide by zero.
+        assert_eq!(w.pressure(&[]), vec![0.0, 0.125]);
     }
 
     #[test]

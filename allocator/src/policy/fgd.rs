@@ -1,11 +1,22 @@
-//! Fragmentation gradient descent (Weng et al., ATC '23) and our packing refinement of it.
+//! Fragmentation gradient descent (Weng et al., ATC '23) and `fgd-balance`, our refinement of it.
 //!
 //! FGD places a pod where the node's expected fragmentation under the target workload grows least
 //! (or shrinks most). Like the authors' scheduler it ranks nodes by the coarse integer score
 //! `⌊100·σ(−Δ/1000)⌋` (Δ in milli-GPU), which makes near-equal nodes tie; ties go to the first node
 //! in the node order. Shares go to the card whose use changes fragmentation least.
+//!
+//! `fgd-balance` keeps FGD's score and replaces the arbitrary tie order with what FGD's per-node
+//! measure cannot see, the cluster around the node:
+//! - a CPU-only pod goes where the CPU left after it is most in excess of what the node's idle cards
+//!   will need (the workload's CPU per card), so it does not strand GPUs for lack of CPU;
+//! - a GPU pod that accepts any model first avoids models that model-constrained pods depend on
+//!   (their demand per card of the model), then goes where the CPU left per idle card stays closest to
+//!   the workload's CPU per card, a shortfall counting [`SHORTFALL_WEIGHT`] times a surplus.
+//!
+//! On the openb trace this leaves about 0.4 points less GPU unallocated than FGD at 100 % arrived, and
+//! less than FGD's published result on every other pod list (see the issue notes for the numbers).
 
-use super::{Eval, Policy};
+use super::{Context, Eval, Policy};
 use crate::model::Node;
 use crate::request::{CardChooser, Hyp, Reason, Request, fit};
 use crate::workload::Workload;
@@ -13,9 +24,13 @@ use crate::workload::Workload;
 /// The paper's FGD.
 pub struct Fgd;
 
-/// FGD that resolves its ties by packing: among nodes with the same coarse score, the one left with
-/// the least free GPU wins (then the node order).
-pub struct FgdPack;
+/// FGD with ties resolved by CPU balance and model scarcity (see the module docs).
+pub struct FgdBalance;
+
+/// How much more a CPU shortfall (idle cards that will lack CPU) weighs than a CPU surplus when
+/// `fgd-balance` breaks ties. Chosen on the openb default and multigpu traces: 4 to 12 all beat FGD
+/// on default; below 6 the multi-GPU traces lose their margin.
+pub const SHORTFALL_WEIGHT: f64 = 8.0;
 
 /// Picks the card whose use leaves the node least fragmented (lowest position on ties).
 struct LeastFrag<'a> {
@@ -40,8 +55,8 @@ impl CardChooser for LeastFrag<'_> {
     }
 }
 
-/// The fit by least fragmentation and the change of the node's fragmentation, in percent of a card.
-fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, f64), Reason> {
+/// The fit by least fragmentation, the node after it, and the coarse FGD score.
+fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, Hyp), Reason> {
     let mut chooser = LeastFrag {
         workload,
         scratch: Vec::with_capacity(node.cards.len()),
@@ -49,15 +64,12 @@ fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, f64
     let (grants, hyp) = fit(node, req, &mut chooser)?;
     let before = workload.frag(node, &Hyp::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
-    let free_after: u32 = hyp.free.iter().sum();
-    Ok((
-        Eval {
-            score: 0.0,
-            tiebreak: -f64::from(free_after),
-            grants,
-        },
-        after - before,
-    ))
+    let eval = Eval {
+        score: coarse_score(after - before),
+        tiebreak: [0.0; 2],
+        grants,
+    };
+    Ok((eval, hyp))
 }
 
 /// `⌊100·σ(−Δ/1000)⌋` with Δ in milli-GPU (Δ here is in percent: 1 % = 10 milli).
@@ -70,13 +82,8 @@ impl Policy for Fgd {
         "fgd"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reason> {
-        let (eval, delta) = descend(node, req, workload)?;
-        Ok(Eval {
-            score: coarse_score(delta),
-            tiebreak: 0.0,
-            ..eval
-        })
+    fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
+        descend(node, req, &ctx.workload).map(|(eval, _)| eval)
     }
 
     fn uses_workload(&self) -> bool {
@@ -84,17 +91,40 @@ impl Policy for Fgd {
     }
 }
 
-impl Policy for FgdPack {
+impl Policy for FgdBalance {
     fn name(&self) -> &'static str {
-        "fgd-pack"
+        "fgd-balance"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reason> {
-        let (eval, delta) = descend(node, req, workload)?;
-        Ok(Eval {
-            score: coarse_score(delta),
-            ..eval
-        })
+    fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
+        let (mut eval, hyp) = descend(node, req, &ctx.workload)?;
+        // CPU left beyond what the idle cards will need.
+        let idle_cards = f64::from(hyp.free.iter().sum::<u32>()) / 100.0;
+        let excess = hyp.cpu_free as f64 - idle_cards * ctx.workload.cpu_per_card;
+        eval.tiebreak = if req.slots.is_empty() {
+            [excess, 0.0]
+        } else {
+            let pressure = if req.models.is_none() {
+                eval.grants
+                    .iter()
+                    .map(|g| {
+                        ctx.pressure
+                            .get(usize::from(node.cards[g.card].model.0))
+                            .copied()
+                            .unwrap_or(0.0)
+                    })
+                    .fold(0.0, f64::max)
+            } else {
+                0.0
+            };
+            let balance = if excess < 0.0 {
+                SHORTFALL_WEIGHT * excess
+            } else {
+                -excess
+            };
+            [-pressure, balance]
+        };
+        Ok(eval)
     }
 
     fn uses_workload(&self) -> bool {
@@ -109,6 +139,34 @@ mod tests {
     use crate::request::SlotDemand;
     use crate::workload::Typical;
 
+    fn ctx(types: Vec<Typical>) -> Context {
+        Context {
+            workload: Workload::new(types),
+            pressure: vec![],
+        }
+    }
+
+    fn node(name: &str, cpu: u64, frees: &[u32], model: ModelId) -> Node {
+        let cards = frees
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| Card {
+                free: f,
+                ..Card::new(format!("{name}-{i}"), i as u32, model, 0)
+            })
+            .collect();
+        let mut n = Node::new(name, cpu, 1 << 20, cards);
+        n.cpu_free = cpu;
+        n
+    }
+
+    fn share(p: u32) -> SlotDemand {
+        SlotDemand::Share {
+            percent: Some(p),
+            mem: None,
+        }
+    }
+
     #[test]
     fn coarse_score_matches_the_paper_examples() {
         // Δ = −1000, 0, +1000 milli → 73, 50, 26.
@@ -119,46 +177,124 @@ mod tests {
 
     #[test]
     fn the_worked_example_picks_card_1_with_score_57() {
-        let w = Workload {
-            types: vec![
-                Typical {
-                    cpu: 4000,
-                    k: 1,
-                    d: 50,
-                    models: None,
-                    p: 0.5,
-                },
-                Typical {
-                    cpu: 2000,
-                    k: 1,
-                    d: 100,
-                    models: None,
-                    p: 0.3,
-                },
-                Typical {
-                    cpu: 4000,
-                    k: 0,
-                    d: 0,
-                    models: None,
-                    p: 0.2,
-                },
-            ],
-        };
-        let mut cards: Vec<Card> = (0..2)
-            .map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0))
-            .collect();
-        cards[1].free = 30;
-        let node = Node::new("t4", 8000, 1000, cards);
+        let c = ctx(vec![
+            Typical {
+                cpu: 4000,
+                k: 1,
+                d: 50,
+                models: None,
+                p: 0.5,
+            },
+            Typical {
+                cpu: 2000,
+                k: 1,
+                d: 100,
+                models: None,
+                p: 0.3,
+            },
+            Typical {
+                cpu: 4000,
+                k: 0,
+                d: 0,
+                models: None,
+                p: 0.2,
+            },
+        ]);
+        let n = node("t4", 8000, &[100, 30], ModelId(0));
+        let req = Request::new(2000, 0, vec![share(30)]);
+        let eval = Fgd.evaluate(&n, &req, &c).unwrap();
+        assert_eq!(eval.grants[0].card, 1);
+        assert_eq!(eval.score, 57.0);
+    }
+
+    #[test]
+    fn a_cpu_only_pod_prefers_the_node_whose_idle_cards_need_the_cpu_least() {
+        // 10 CPUs per card in the workload.
+        let c = ctx(vec![Typical {
+            cpu: 10_000,
+            k: 1,
+            d: 100,
+            models: None,
+            p: 1.0,
+        }]);
+        let req = Request::new(8000, 0, vec![]);
+        let busy = node("busy", 40_000, &[0, 0], ModelId(0)); // no idle card: all CPU is spare
+        let idle = node("idle", 40_000, &[100, 100], ModelId(0)); // 20 CPUs spoken for
+        let a = FgdBalance.evaluate(&busy, &req, &c).unwrap();
+        let b = FgdBalance.evaluate(&idle, &req, &c).unwrap();
+        assert_eq!(a.score, b.score);
+        assert!(a.tiebreak > b.tiebreak, "{a:?} vs {b:?}");
+    }
+
+    #[test]
+    fn a_gpu_pod_avoids_starving_the_cards_left_of_cpu() {
+        let c = ctx(vec![Typical {
+            cpu: 10_000,
+            k: 1,
+            d: 100,
+            models: None,
+            p: 1.0,
+        }]);
         let req = Request::new(
-            2000,
+            10_000,
             0,
-            vec![SlotDemand::Share {
-                percent: Some(30),
+            vec![SlotDemand::Whole {
+                cards: 1,
                 mem: None,
             }],
         );
-        let eval = Fgd.evaluate(&node, &req, &w).unwrap();
-        assert_eq!(eval.grants[0].card, 1);
-        assert_eq!(eval.score, 57.0);
+        // After the pod: 2 idle cards with 20 CPUs (balanced) vs 2 idle cards with 5 CPUs (short).
+        let balanced = node("balanced", 30_000, &[100, 100, 100], ModelId(0));
+        let short = node("short", 15_000, &[100, 100, 100], ModelId(0));
+        let a = FgdBalance.evaluate(&balanced, &req, &c).unwrap();
+        let b = FgdBalance.evaluate(&short, &req, &c).unwrap();
+        assert!(a.tiebreak > b.tiebreak, "{a:?} vs {b:?}");
+    }
+
+    #[test]
+    fn an_unconstrained_pod_leaves_scarce_models_to_the_pods_that_need_them() {
+        let scarce = ModelId(1);
+        let mut c = ctx(vec![
+            Typical {
+                cpu: 1000,
+                k: 1,
+                d: 100,
+                models: None,
+                p: 0.5,
+            },
+            Typical {
+                cpu: 1000,
+                k: 1,
+                d: 100,
+                models: Some(vec![scarce]),
+                p: 0.5,
+            },
+        ]);
+        c.pressure = c.workload.pressure(&[100, 10]);
+        let req = Request::new(
+            1000,
+            0,
+            vec![SlotDemand::Whole {
+                cards: 1,
+                mem: None,
+            }],
+        );
+        let common = FgdBalance
+            .evaluate(&node("common", 8000, &[100, 100], ModelId(0)), &req, &c)
+            .unwrap();
+        let rare = FgdBalance
+            .evaluate(&node("rare", 8000, &[100, 100], scarce), &req, &c)
+            .unwrap();
+        assert!(common.tiebreak > rare.tiebreak, "{common:?} vs {rare:?}");
+        // A pod that asks for the scarce model is not pushed away from it.
+        let mut wants = req.clone();
+        wants.models = Some(vec![scarce]);
+        assert_eq!(
+            FgdBalance
+                .evaluate(&node("rare", 8000, &[100, 100], scarce), &wants, &c)
+                .unwrap()
+                .tiebreak[0],
+            0.0
+        );
     }
 }

@@ -1,9 +1,8 @@
 //! Policies without a workload model: `random`, `spread`, `binpack` and the paper's `bestfit`.
 
-use super::{Eval, Policy, Ties};
+use super::{Context, Eval, Policy, Ties};
 use crate::model::Node;
 use crate::request::{CardChooser, Hyp, Reason, Request, Tightest, fit};
-use crate::workload::Workload;
 
 /// A uniformly random feasible node, and a random feasible card on it (seeded).
 pub struct Random {
@@ -36,7 +35,7 @@ impl Policy for Random {
         "random"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, _: &Workload) -> Result<Eval, Reason> {
+    fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         // The card choice is random but a pure function of the seed and the node's state.
         let (grants, _) = fit(
             node,
@@ -45,7 +44,7 @@ impl Policy for Random {
         )?;
         Ok(Eval {
             score: 0.0,
-            tiebreak: 0.0,
+            tiebreak: [0.0; 2],
             grants,
         })
     }
@@ -73,12 +72,12 @@ impl Policy for Spread {
         "spread"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, _: &Workload) -> Result<Eval, Reason> {
+    fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Loosest)?;
         let free: u32 = hyp.free.iter().sum();
         Ok(Eval {
             score: f64::from(free),
-            tiebreak: hyp.cpu_free as f64,
+            tiebreak: [hyp.cpu_free as f64, 0.0],
             grants,
         })
     }
@@ -92,12 +91,12 @@ impl Policy for Binpack {
         "binpack"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, _: &Workload) -> Result<Eval, Reason> {
+    fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Tightest)?;
         let free: u32 = hyp.free.iter().sum();
         Ok(Eval {
             score: -f64::from(free),
-            tiebreak: -(hyp.cpu_free as f64),
+            tiebreak: [-(hyp.cpu_free as f64), 0.0],
             grants,
         })
     }
@@ -112,14 +111,14 @@ impl Policy for BestFit {
         "bestfit"
     }
 
-    fn evaluate(&self, node: &Node, req: &Request, _: &Workload) -> Result<Eval, Reason> {
+    fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, _) = fit(node, req, &mut Tightest)?;
         let gpu_left = f64::from(node.gpu_free()) - f64::from(req.gpu_size());
         let cpu_left = node.cpu_free as f64 - req.cpu as f64;
         let score = 100.0 * (1.0 - (0.5 * cpu_left / 128_000.0 + 0.5 * gpu_left / 800.0));
         Ok(Eval {
             score,
-            tiebreak: 0.0,
+            tiebreak: [0.0; 2],
             grants,
         })
     }
