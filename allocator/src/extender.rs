@@ -390,8 +390,12 @@ impl Placer for SimExtender {
         Some(bound.node)
     }
 
-    fn cluster(&self) -> &crate::model::Cluster {
-        self.extender.engine().cluster()
+    fn engine(&self) -> &Engine {
+        self.extender.engine()
+    }
+
+    fn engine_mut(&mut self) -> &mut Engine {
+        self.extender.engine_mut()
     }
 }
 

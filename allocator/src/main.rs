@@ -38,6 +38,12 @@ enum Command {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum WorkloadSource {
+    Given,
+    Online,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum Format {
     Table,
     Json,
@@ -64,6 +70,10 @@ struct SimulateArgs {
     /// Arrived workload to top up to, as a multiple of GPU capacity.
     #[arg(long, default_value_t = 1.3)]
     tune: f64,
+    /// Where fragmentation-aware policies get their target workload: `given` (the typical shapes of
+    /// the whole pod list, as the paper) or `online` (learned from the pods as they arrive).
+    #[arg(long, value_enum, default_value = "given")]
+    workload: WorkloadSource,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -116,6 +126,7 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         through_extender: args.through_extender,
         tune: args.tune,
         threads,
+        online_workload: args.workload == WorkloadSource::Online,
     };
     if !(args.tune > 0.0 && args.tune <= 10.0) {
         bail!("--tune {} must be in (0, 10]", args.tune);

@@ -13,7 +13,7 @@ use crate::engine::Engine;
 use crate::extender::SimExtender;
 use crate::policy;
 use crate::rng::Rng;
-use crate::workload::Workload;
+use crate::workload::{Learner, Workload};
 use replay::{Placer, RawPlacer, Replay, arrivals, replay};
 use report::{PolicyReport, Report};
 use std::sync::Mutex;
@@ -34,7 +34,13 @@ pub struct Options {
     pub tune: f64,
     /// Worker threads.
     pub threads: usize,
+    /// Learn the target workload online from the pods as they arrive (rebuilt every
+    /// [`LEARN_EVERY`] pods) instead of taking it from the whole pod list up front.
+    pub online_workload: bool,
 }
+
+/// How often an online target workload is rebuilt, in pods.
+pub const LEARN_EVERY: u64 = 100;
 
 /// A simulation that cannot run.
 #[derive(Debug, Error)]
@@ -137,7 +143,12 @@ fn run_one(
     let Some(policy) = policy::by_name(name, seed) else {
         unreachable!("policy names are checked before the replays start")
     };
-    let engine = Engine::new(base.clone(), policy, measure.clone());
+    let (workload, learner) = if opts.online_workload {
+        (Workload::default(), Some(Learner::new(LEARN_EVERY)))
+    } else {
+        (measure.clone(), None)
+    };
+    let engine = Engine::new(base.clone(), policy, workload);
     let mut placer: Box<dyn Placer> = if opts.through_extender {
         Box::new(SimExtender::new(engine, seed))
     } else {
@@ -147,5 +158,5 @@ fn run_one(
             rng: Rng::new(seed ^ 0x5eed),
         })
     };
-    replay(pods, &order, placer.as_mut(), measure)
+    replay(pods, &order, placer.as_mut(), measure, learner)
 }

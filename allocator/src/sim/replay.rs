@@ -8,7 +8,7 @@ use crate::engine::{Engine, NodeOrder};
 use crate::model::{Cluster, NodeId};
 use crate::request::Request;
 use crate::rng::Rng;
-use crate::workload::Workload;
+use crate::workload::{Learner, Workload};
 
 /// Largest arrived percent of the curve.
 pub const MAX_ARRIVED: usize = 130;
@@ -18,8 +18,16 @@ pub trait Placer {
     /// Places one pod; returns the node it went to, or `None` if it failed.
     fn place(&mut self, pod: &TracePod, req: &Request) -> Option<NodeId>;
 
+    /// The engine deciding.
+    fn engine(&self) -> &Engine;
+
+    /// The engine, to change its target workload.
+    fn engine_mut(&mut self) -> &mut Engine;
+
     /// The cluster as it is now.
-    fn cluster(&self) -> &Cluster;
+    fn cluster(&self) -> &Cluster {
+        self.engine().cluster()
+    }
 }
 
 /// The raw engine with the paper's tie rule: equal scores go to the first node in a per-seed random
@@ -45,8 +53,12 @@ impl Placer for RawPlacer {
         Some(decision.node)
     }
 
-    fn cluster(&self) -> &Cluster {
-        self.engine.cluster()
+    fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 }
 
@@ -108,12 +120,15 @@ pub struct Replay {
     pub arrived: usize,
 }
 
-/// Replays `order` through `placer`, measuring fragmentation under `measure` (the paper's M).
+/// Replays `order` through `placer`, measuring fragmentation under `measure` (the paper's M). With a
+/// `learner`, the placer's target workload is learned online from the pods as they arrive instead of
+/// given up front.
 pub fn replay(
     pods: &[TracePod],
     order: &[usize],
     placer: &mut dyn Placer,
     measure: &Workload,
+    mut learner: Option<Learner>,
 ) -> Replay {
     let cluster = placer.cluster();
     let cards = cluster.card_count().max(1) as f64;
@@ -133,6 +148,9 @@ pub fn replay(
         let pod = &pods[i];
         let req = pod.request(placer.cluster());
         arrived += pod.gpu_percent() as f64;
+        if let Some(workload) = learner.as_mut().and_then(|l| l.observe(&req)) {
+            placer.engine_mut().set_workload(workload);
+        }
         match placer.place(pod, &req) {
             Some(node) => {
                 let n = placer.cluster().node(node);
