@@ -21,11 +21,7 @@ pub struct Flags {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
     /// Directory of the kubelet's device-plugin sockets.
-    #[arg(
-        long,
-        env = "NANO_GPU_PLUGIN_DIR",
-        default_value = "/var/lib/kubelet/device-plugins"
-    )]
+    #[arg(long, env = "NANO_GPU_PLUGIN_DIR", default_value = "/var/lib/kubelet/device-plugins")]
     pub plugin_dir: PathBuf,
     /// The kubelet's pod-resources socket.
     #[arg(
@@ -55,10 +51,7 @@ mod tests {
     #[test]
     fn defaults_are_the_production_paths() {
         let f = Flags::try_parse_from(["nano-gpu-agent"]).unwrap();
-        assert_eq!(
-            f.plugin_dir,
-            PathBuf::from("/var/lib/kubelet/device-plugins")
-        );
+        assert_eq!(f.plugin_dir, PathBuf::from("/var/lib/kubelet/device-plugins"));
         assert_eq!(f.nvml_lib, PathBuf::from("libnvidia-ml.so.1"));
         assert_eq!(f.sysfs_root, PathBuf::from("/sys"));
     }

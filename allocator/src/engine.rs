@@ -124,10 +124,7 @@ impl Engine {
     /// An engine for `cluster` under `policy` with target workload `workload`.
     pub fn new(cluster: Cluster, policy: Box<dyn Policy>, workload: Workload) -> Self {
         let supply = cluster.supply().to_vec();
-        let ctx = Context {
-            pressure: workload.pressure(&supply),
-            workload,
-        };
+        let ctx = Context { pressure: workload.pressure(&supply), workload };
         Engine {
             cluster,
             policy,
@@ -209,12 +206,7 @@ impl Engine {
         self.evaluate_shape(shape, req, node)
     }
 
-    fn evaluate_shape(
-        &mut self,
-        shape: usize,
-        req: &Request,
-        node: NodeId,
-    ) -> &Result<Eval, Reason> {
+    fn evaluate_shape(&mut self, shape: usize, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
         let n = self.cluster.node(node);
         let slots = &mut self.cache[shape];
         if slots.len() <= node.0 {
@@ -226,10 +218,7 @@ impl Engine {
         } else {
             self.stats.misses += 1;
             let result = self.policy.evaluate(n, req, &self.ctx);
-            slots[node.0] = Some(Cached {
-                version: n.version,
-                result,
-            });
+            slots[node.0] = Some(Cached { version: n.version, result });
         }
         match &slots[node.0] {
             Some(c) => &c.result,
@@ -259,10 +248,7 @@ impl Engine {
         let uniform = self.policy.ties() == Ties::Uniform;
         let mut best: Option<(NodeId, f64, [f64; 2], u32)> = None;
         let mut equal = 0usize;
-        let mut failed = Unschedulable {
-            nodes: candidates.len(),
-            reasons: BTreeMap::new(),
-        };
+        let mut failed = Unschedulable { nodes: candidates.len(), reasons: BTreeMap::new() };
         for &node in candidates {
             match self.evaluate_shape(shape, req, node) {
                 Err(reason) => *failed.reasons.entry(reason.kind().to_owned()).or_default() += 1,
@@ -305,12 +291,7 @@ impl Engine {
     }
 
     /// Takes the resources of a decision.
-    pub fn commit(
-        &mut self,
-        req: &Request,
-        node: NodeId,
-        grants: &[Grant],
-    ) -> Result<(), ModelError> {
+    pub fn commit(&mut self, req: &Request, node: NodeId, grants: &[Grant]) -> Result<(), ModelError> {
         self.cluster.apply(node, req.cpu, req.mem, grants)
     }
 
@@ -331,33 +312,19 @@ mod tests {
         let mut c = Cluster::new();
         let m = c.models.intern("T4");
         for i in 0..n {
-            let cards = (0..2)
-                .map(|g| Card::new(format!("n{i}-g{g}"), g, m, 15_360))
-                .collect();
-            c.add_node(Node::new(format!("n{i}"), 16_000, 65_536, cards))
-                .unwrap();
+            let cards = (0..2).map(|g| Card::new(format!("n{i}-g{g}"), g, m, 15_360)).collect();
+            c.add_node(Node::new(format!("n{i}"), 16_000, 65_536, cards)).unwrap();
         }
         c
     }
 
     fn share(p: u32) -> Request {
-        Request::new(
-            1000,
-            1024,
-            vec![SlotDemand::Share {
-                percent: Some(p),
-                mem: None,
-            }],
-        )
+        Request::new(1000, 1024, vec![SlotDemand::Share { percent: Some(p), mem: None }])
     }
 
     #[test]
     fn after_a_placement_only_the_chosen_node_is_recomputed() {
-        let mut e = Engine::new(
-            cluster(50),
-            policy::by_name("binpack", 0).unwrap(),
-            Workload::default(),
-        );
+        let mut e = Engine::new(cluster(50), policy::by_name("binpack", 0).unwrap(), Workload::default());
         let order = NodeOrder::identity(50);
         let mut rng = Rng::new(1);
         let req = share(30);
@@ -371,25 +338,15 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_first_node_in_the_order() {
-        let mut e = Engine::new(
-            cluster(5),
-            policy::by_name("binpack", 0).unwrap(),
-            Workload::default(),
-        );
+        let mut e = Engine::new(cluster(5), policy::by_name("binpack", 0).unwrap(), Workload::default());
         let order = NodeOrder(vec![3, 1, 4, 0, 2]);
-        let d = e
-            .decide(&share(30), None, &order, &mut Rng::new(1))
-            .unwrap();
+        let d = e.decide(&share(30), None, &order, &mut Rng::new(1)).unwrap();
         assert_eq!(d.node, NodeId(3));
     }
 
     #[test]
     fn uniform_ties_spread_over_the_equal_nodes() {
-        let mut e = Engine::new(
-            cluster(4),
-            policy::by_name("random", 0).unwrap(),
-            Workload::default(),
-        );
+        let mut e = Engine::new(cluster(4), policy::by_name("random", 0).unwrap(), Workload::default());
         let order = NodeOrder::identity(4);
         let mut rng = Rng::new(9);
         let mut seen = [0; 4];
@@ -402,47 +359,22 @@ mod tests {
     #[test]
     fn unschedulable_counts_reasons_per_node() {
         let mut c = cluster(3);
-        c.add_node(Node::new("cpu-only", 64_000, 65_536, vec![]))
-            .unwrap();
+        c.add_node(Node::new("cpu-only", 64_000, 65_536, vec![])).unwrap();
         let mut e = Engine::new(c, policy::by_name("fgd", 0).unwrap(), Workload::default());
-        let big = Request::new(
-            1000,
-            0,
-            vec![SlotDemand::Whole {
-                cards: 4,
-                mem: None,
-            }],
-        );
-        let err = e
-            .decide(&big, None, &NodeOrder::identity(4), &mut Rng::new(1))
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "0/4 nodes are available: 3 larger than any card, 1 node has no GPU"
-        );
+        let big = Request::new(1000, 0, vec![SlotDemand::Whole { cards: 4, mem: None }]);
+        let err = e.decide(&big, None, &NodeOrder::identity(4), &mut Rng::new(1)).unwrap_err();
+        assert_eq!(err.to_string(), "0/4 nodes are available: 3 larger than any card, 1 node has no GPU");
     }
 
     #[test]
     fn model_restrictions_steer_to_the_allowed_cards() {
         let mut c = cluster(2);
         let a100 = c.models.intern("A100");
-        c.add_node(Node::new(
-            "big",
-            64_000,
-            65_536,
-            vec![Card::new("a", 0, a100, 81_920)],
-        ))
-        .unwrap();
-        let mut e = Engine::new(
-            c,
-            policy::by_name("spread", 0).unwrap(),
-            Workload::default(),
-        );
+        c.add_node(Node::new("big", 64_000, 65_536, vec![Card::new("a", 0, a100, 81_920)])).unwrap();
+        let mut e = Engine::new(c, policy::by_name("spread", 0).unwrap(), Workload::default());
         let mut req = share(10);
         req.models = Some(vec![ModelId(1)]);
-        let d = e
-            .decide(&req, None, &NodeOrder::identity(3), &mut Rng::new(1))
-            .unwrap();
+        let d = e.decide(&req, None, &NodeOrder::identity(3), &mut Rng::new(1)).unwrap();
         assert_eq!(e.cluster().node(d.node).name, "big");
     }
 }

@@ -55,16 +55,8 @@ pub struct Extender {
 impl Extender {
     /// Decisions over `engine`, with ties ordered by a hash of node names salted with `salt`.
     pub fn new(engine: Engine, salt: u64, demand: DemandOptions) -> Self {
-        let order = NodeOrder::hashed(
-            engine.cluster().nodes().iter().map(|n| n.name.as_str()),
-            salt,
-        );
-        Extender {
-            engine,
-            salt,
-            order,
-            demand,
-        }
+        let order = NodeOrder::hashed(engine.cluster().nodes().iter().map(|n| n.name.as_str()), salt);
+        Extender { engine, salt, order, demand }
     }
 
     /// The engine.
@@ -79,12 +71,7 @@ impl Extender {
 
     fn refresh_order(&mut self) {
         if self.order.0.len() != self.engine.cluster().nodes().len() {
-            let names = self
-                .engine
-                .cluster()
-                .nodes()
-                .iter()
-                .map(|n| n.name.as_str());
+            let names = self.engine.cluster().nodes().iter().map(|n| n.name.as_str());
             self.order = NodeOrder::hashed(names, self.salt);
         }
     }
@@ -98,10 +85,7 @@ impl Extender {
 
     /// `POST /filter`.
     pub fn filter(&mut self, args: &ExtenderArgs) -> ExtenderFilterResult {
-        let mut result = ExtenderFilterResult {
-            node_names: Some(Vec::new()),
-            ..Default::default()
-        };
+        let mut result = ExtenderFilterResult { node_names: Some(Vec::new()), ..Default::default() };
         let Some(pod) = args.pod.as_ref() else {
             result.error = "request has no Pod".to_owned();
             return result;
@@ -124,9 +108,7 @@ impl Extender {
             match self.engine.evaluate(&req, id) {
                 Ok(_) => passed.push(name),
                 Err(reason) if reason.unresolvable() => {
-                    result
-                        .failed_and_unresolvable_nodes
-                        .insert(name, reason.to_string());
+                    result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
                 }
                 Err(reason) => {
                     result.failed_nodes.insert(name, reason.to_string());
@@ -135,9 +117,7 @@ impl Extender {
         }
         if let (None, Some(list)) = (&args.node_names, &args.nodes) {
             let mut nodes = list.clone();
-            nodes
-                .items
-                .retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
+            nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
             result.nodes = Some(nodes);
         }
         result.node_names = Some(passed);
@@ -149,13 +129,7 @@ impl Extender {
         self.refresh_order();
         let names = args.candidate_names();
         let Some(Ok((_, req))) = args.pod.as_ref().map(|p| self.request(p)) else {
-            return names
-                .into_iter()
-                .map(|host| HostPriority {
-                    host,
-                    score: MIN_PRIORITY,
-                })
-                .collect();
+            return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
         };
         // Per candidate: (score, tiebreak, rank in the node order), if it fits.
         type Value = (f64, [f64; 2], u32);
@@ -163,11 +137,7 @@ impl Extender {
         for name in names {
             let value = self.engine.cluster().id(&name).and_then(|id| {
                 let rank = self.order.rank(id);
-                self.engine
-                    .evaluate(&req, id)
-                    .as_ref()
-                    .ok()
-                    .map(|e| (e.score, e.tiebreak, rank))
+                self.engine.evaluate(&req, id).as_ref().ok().map(|e| (e.score, e.tiebreak, rank))
             });
             scored.push((name, value));
         }
@@ -176,19 +146,14 @@ impl Extender {
             .enumerate()
             .filter_map(|(i, (_, v))| v.map(|v| (i, v)))
             .max_by(|(_, a), (_, b)| {
-                let tie =
-                    |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
-                a.0.total_cmp(&b.0)
-                    .then(tie(&a.1, &b.1))
-                    .then(b.2.cmp(&a.2))
+                let tie = |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
+                a.0.total_cmp(&b.0).then(tie(&a.1, &b.1)).then(b.2.cmp(&a.2))
             })
             .map(|(i, _)| i);
         let (lo, hi) = scored
             .iter()
             .filter_map(|(_, v)| v.map(|v| v.0))
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| {
-                (lo.min(s), hi.max(s))
-            });
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| (lo.min(s), hi.max(s)));
         scored
             .into_iter()
             .enumerate()
@@ -197,14 +162,9 @@ impl Extender {
                     _ if Some(i) == best => MAX_PRIORITY,
                     None => MIN_PRIORITY,
                     Some(_) if hi <= lo => MAX_PRIORITY - 1,
-                    Some((s, ..)) => {
-                        (((s - lo) / (hi - lo)) * (MAX_PRIORITY - 1) as f64).floor() as i64
-                    }
+                    Some((s, ..)) => (((s - lo) / (hi - lo)) * (MAX_PRIORITY - 1) as f64).floor() as i64,
                 };
-                HostPriority {
-                    host,
-                    score: score.clamp(MIN_PRIORITY, MAX_PRIORITY),
-                }
+                HostPriority { host, score: score.clamp(MIN_PRIORITY, MAX_PRIORITY) }
             })
             .collect()
     }
@@ -213,22 +173,13 @@ impl Extender {
     /// assignment to write. The caller writes it and binds; on failure it calls [`Extender::unbind`].
     pub fn bind(&mut self, pod: &Pod, node: &str, at: &str) -> Result<Bound, BindError> {
         let (demand, req) = self.request(pod).map_err(BindError::Invalid)?;
-        let id = self
-            .engine
-            .cluster()
-            .id(node)
-            .ok_or_else(|| BindError::UnknownNode(node.to_owned()))?;
-        let no_longer = |reason: String| BindError::NoLongerFits {
-            node: node.to_owned(),
-            reason,
-        };
+        let id = self.engine.cluster().id(node).ok_or_else(|| BindError::UnknownNode(node.to_owned()))?;
+        let no_longer = |reason: String| BindError::NoLongerFits { node: node.to_owned(), reason };
         let grants = match self.engine.evaluate(&req, id) {
             Ok(eval) => eval.grants.clone(),
             Err(reason) => return Err(no_longer(reason.to_string())),
         };
-        self.engine
-            .commit(&req, id, &grants)
-            .map_err(|e| no_longer(e.to_string()))?;
+        self.engine.commit(&req, id, &grants).map_err(|e| no_longer(e.to_string()))?;
         let cards = &self.engine.cluster().node(id).cards;
         let mut containers = BTreeMap::new();
         for (i, slot) in demand.slots.iter().enumerate() {
@@ -250,12 +201,7 @@ impl Extender {
                 containers.insert(name.clone(), list.clone());
             }
         }
-        Ok(Bound {
-            node: id,
-            assignment: Assignment::new(node, at, containers),
-            req,
-            grants,
-        })
+        Ok(Bound { node: id, assignment: Assignment::new(node, at, containers), req, grants })
     }
 
     /// Gives back what a bind took (the bind failed after all, or the pod is gone).
@@ -289,12 +235,7 @@ pub struct SimExtender {
 impl SimExtender {
     /// Over `engine`; `seed` salts the extender's node order and drives kube-scheduler's tie-breaks.
     pub fn new(engine: Engine, seed: u64) -> Self {
-        let names = engine
-            .cluster()
-            .nodes()
-            .iter()
-            .map(|n| n.name.clone())
-            .collect();
+        let names = engine.cluster().nodes().iter().map(|n| n.name.clone()).collect();
         SimExtender {
             extender: Extender::new(engine, seed, DemandOptions::default()),
             names,
@@ -310,10 +251,7 @@ pub fn trace_pod(pod: &TracePod) -> Pod {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let mut limits = BTreeMap::from([
         ("cpu".to_owned(), Quantity(format!("{}m", pod.cpu_milli))),
-        (
-            "memory".to_owned(),
-            Quantity(format!("{}Mi", pod.memory_mib)),
-        ),
+        ("memory".to_owned(), Quantity(format!("{}Mi", pod.memory_mib))),
     ]);
     if pod.num_gpu > 0 {
         let percent = if pod.num_gpu == 1 && pod.gpu_milli < 1000 {
@@ -321,19 +259,13 @@ pub fn trace_pod(pod: &TracePod) -> Pod {
         } else {
             100 * u64::from(pod.num_gpu)
         };
-        limits.insert(
-            nano_gpu_proto::resources::GPU_PERCENT.to_owned(),
-            Quantity(percent.to_string()),
-        );
+        limits.insert(nano_gpu_proto::resources::GPU_PERCENT.to_owned(), Quantity(percent.to_string()));
     }
     let mut p = Pod {
         spec: Some(PodSpec {
             containers: vec![Container {
                 name: "main".to_owned(),
-                resources: Some(ResourceRequirements {
-                    limits: Some(limits),
-                    ..Default::default()
-                }),
+                resources: Some(ResourceRequirements { limits: Some(limits), ..Default::default() }),
                 ..Default::default()
             }],
             ..Default::default()
@@ -354,11 +286,7 @@ pub fn trace_pod(pod: &TracePod) -> Pod {
 impl Placer for SimExtender {
     fn place(&mut self, pod: &TracePod, _req: &Request) -> Option<NodeId> {
         let k8s_pod = trace_pod(pod);
-        let args = ExtenderArgs {
-            pod: Some(k8s_pod),
-            nodes: None,
-            node_names: Some(self.names.clone()),
-        };
+        let args = ExtenderArgs { pod: Some(k8s_pod), nodes: None, node_names: Some(self.names.clone()) };
         // What crosses the wire: JSON in, JSON out.
         let wire = serde_json::to_string(&args).ok()?;
         let args: ExtenderArgs = serde_json::from_str(&wire).ok()?;
@@ -371,22 +299,13 @@ impl Placer for SimExtender {
         let chosen = if feasible.len() == 1 {
             feasible[0].clone()
         } else {
-            let args = ExtenderArgs {
-                node_names: Some(feasible),
-                ..args.clone()
-            };
+            let args = ExtenderArgs { node_names: Some(feasible), ..args.clone() };
             let scores = self.extender.prioritize(&args);
             select_host(&scores, &mut self.rng)?
         };
-        let bound = self
-            .extender
-            .bind(args.pod.as_ref()?, &chosen, "1970-01-01T00:00:00Z")
-            .ok()?;
+        let bound = self.extender.bind(args.pod.as_ref()?, &chosen, "1970-01-01T00:00:00Z").ok()?;
         // The agent reads the annotation back; it must decode to what was decided.
-        debug_assert_eq!(
-            Assignment::decode(&bound.assignment.encode()).as_ref(),
-            Ok(&bound.assignment)
-        );
+        debug_assert_eq!(Assignment::decode(&bound.assignment.encode()).as_ref(), Ok(&bound.assignment));
         Some(bound.node)
     }
 
@@ -434,21 +353,11 @@ mod tests {
         let t4 = c.models.intern("T4");
         let a100 = c.models.intern("NVIDIA A100-SXM4-80GB");
         for i in 0..3 {
-            let cards = (0..2)
-                .map(|g| Card::new(format!("GPU-t{i}{g}"), g, t4, 15_360))
-                .collect();
-            c.add_node(Node::new(format!("t4-{i}"), 16_000, 65_536, cards))
-                .unwrap();
+            let cards = (0..2).map(|g| Card::new(format!("GPU-t{i}{g}"), g, t4, 15_360)).collect();
+            c.add_node(Node::new(format!("t4-{i}"), 16_000, 65_536, cards)).unwrap();
         }
-        c.add_node(Node::new(
-            "a100",
-            64_000,
-            262_144,
-            vec![Card::new("GPU-a", 0, a100, 81_920)],
-        ))
-        .unwrap();
-        c.add_node(Node::new("cpu", 64_000, 262_144, vec![]))
-            .unwrap();
+        c.add_node(Node::new("a100", 64_000, 262_144, vec![Card::new("GPU-a", 0, a100, 81_920)])).unwrap();
+        c.add_node(Node::new("cpu", 64_000, 262_144, vec![])).unwrap();
         Extender::new(
             Engine::new(c, policy::by_name("fgd", 0).unwrap(), Workload::default()),
             7,
@@ -471,23 +380,13 @@ mod tests {
     fn filter_separates_unresolvable_nodes_and_keeps_the_input_subset() {
         let mut e = extender();
         let r = e.filter(&args("200", json!({}), &ALL));
-        assert_eq!(
-            r.node_names,
-            Some(vec![
-                "t4-0".to_string(),
-                "t4-1".to_string(),
-                "t4-2".to_string()
-            ])
-        );
+        assert_eq!(r.node_names, Some(vec!["t4-0".to_string(), "t4-1".to_string(), "t4-2".to_string()]));
         assert_eq!(
             r.failed_and_unresolvable_nodes["a100"],
             "larger than any card: 2 whole cards asked, 1 cards here could hold them"
         );
         assert_eq!(r.failed_and_unresolvable_nodes["cpu"], "node has no GPU");
-        assert_eq!(
-            r.failed_and_unresolvable_nodes["ghost"],
-            "node has no nano-gpu inventory"
-        );
+        assert_eq!(r.failed_and_unresolvable_nodes["ghost"], "node has no nano-gpu inventory");
         assert!(r.failed_nodes.is_empty() && r.error.is_empty());
     }
 
@@ -495,36 +394,20 @@ mod tests {
     fn filter_reports_busy_cards_as_resolvable() {
         let mut e = extender();
         for _ in 0..2 {
-            let b = e
-                .bind(
-                    args("60", json!({}), &[]).pod.as_ref().unwrap(),
-                    "t4-0",
-                    "t",
-                )
-                .unwrap();
+            let b = e.bind(args("60", json!({}), &[]).pod.as_ref().unwrap(), "t4-0", "t").unwrap();
             assert_eq!(b.assignment.containers["train"][0].percent, Percent(60));
         }
         let r = e.filter(&args("50", json!({}), &["t4-0"]));
         assert_eq!(r.node_names, Some(vec![]));
-        assert_eq!(
-            r.failed_nodes["t4-0"],
-            "GPU busy: no card has 50% free (most free: 40%)"
-        );
+        assert_eq!(r.failed_nodes["t4-0"], "GPU busy: no card has 50% free (most free: 40%)");
     }
 
     #[test]
     fn a_model_annotation_leaves_only_nodes_with_that_model() {
         let mut e = extender();
-        let r = e.filter(&args(
-            "30",
-            json!({"nano-gpu/gpu-model": "NVIDIA-A100-SXM4-80GB"}),
-            &ALL,
-        ));
+        let r = e.filter(&args("30", json!({"nano-gpu/gpu-model": "NVIDIA-A100-SXM4-80GB"}), &ALL));
         assert_eq!(r.node_names, Some(vec!["a100".to_string()]));
-        assert_eq!(
-            r.failed_and_unresolvable_nodes["t4-1"],
-            "no card of an allowed model"
-        );
+        assert_eq!(r.failed_and_unresolvable_nodes["t4-1"], "no card of an allowed model");
     }
 
     #[test]
@@ -543,33 +426,19 @@ mod tests {
     #[test]
     fn prioritize_gives_10_to_exactly_the_engines_choice() {
         let mut e = extender();
-        e.bind(
-            args("50", json!({}), &[]).pod.as_ref().unwrap(),
-            "t4-2",
-            "t",
-        )
-        .unwrap();
+        e.bind(args("50", json!({}), &[]).pod.as_ref().unwrap(), "t4-2", "t").unwrap();
         let a = args("30", json!({}), &["t4-0", "t4-1", "t4-2", "a100"]);
         let scores = e.prioritize(&a);
         assert_eq!(scores.len(), 4);
-        assert!(
-            scores
-                .iter()
-                .all(|h| (MIN_PRIORITY..=MAX_PRIORITY).contains(&h.score))
-        );
+        assert!(scores.iter().all(|h| (MIN_PRIORITY..=MAX_PRIORITY).contains(&h.score)));
         let tens: Vec<_> = scores.iter().filter(|h| h.score == MAX_PRIORITY).collect();
         assert_eq!(tens.len(), 1, "{scores:?}");
         // The engine, with the extender's own node order, decides the same node.
         let (_, req) = e.request(a.pod.as_ref().unwrap()).unwrap();
-        let ids: Vec<NodeId> = ["t4-0", "t4-1", "t4-2", "a100"]
-            .iter()
-            .map(|n| e.engine().cluster().id(n).unwrap())
-            .collect();
+        let ids: Vec<NodeId> =
+            ["t4-0", "t4-1", "t4-2", "a100"].iter().map(|n| e.engine().cluster().id(n).unwrap()).collect();
         let order = e.order.clone();
-        let d = e
-            .engine_mut()
-            .decide(&req, Some(&ids), &order, &mut Rng::new(0))
-            .unwrap();
+        let d = e.engine_mut().decide(&req, Some(&ids), &order, &mut Rng::new(0)).unwrap();
         assert_eq!(tens[0].host, e.engine().cluster().node(d.node).name);
     }
 
@@ -587,20 +456,11 @@ mod tests {
         let b = e.bind(&pod, "t4-0", "2026-11-21T00:00:00Z").unwrap();
         let app = &b.assignment.containers["app"];
         assert_eq!(app, &b.assignment.containers["warm"]);
-        assert_eq!(
-            (app[0].percent, app[0].memory_mib),
-            (Percent(40), Some(MiB(4096)))
-        );
-        assert_eq!(
-            Assignment::decode(&b.assignment.encode()).unwrap(),
-            b.assignment
-        );
+        assert_eq!((app[0].percent, app[0].memory_mib), (Percent(40), Some(MiB(4096))));
+        assert_eq!(Assignment::decode(&b.assignment.encode()).unwrap(), b.assignment);
         e.unbind(&b);
         let after = e.engine().cluster().node(NodeId(0));
-        assert_eq!(
-            (after.cards.clone(), after.cpu_free),
-            (before.cards, before.cpu_free)
-        );
+        assert_eq!((after.cards.clone(), after.cpu_free), (before.cards, before.cpu_free));
     }
 
     #[test]
@@ -610,26 +470,16 @@ mod tests {
         e.bind(&pod, "a100", "t").unwrap();
         let err = e.bind(&pod, "a100", "t").unwrap_err();
         assert!(matches!(err, BindError::NoLongerFits { .. }), "{err}");
-        assert_eq!(
-            e.bind(&pod, "nowhere", "t").unwrap_err(),
-            BindError::UnknownNode("nowhere".into())
-        );
+        assert_eq!(e.bind(&pod, "nowhere", "t").unwrap_err(), BindError::UnknownNode("nowhere".into()));
     }
 
     #[test]
     fn select_host_breaks_ties_at_random_and_otherwise_takes_the_max() {
-        let h = |host: &str, score| HostPriority {
-            host: host.into(),
-            score,
-        };
+        let h = |host: &str, score| HostPriority { host: host.into(), score };
         let mut rng = Rng::new(3);
-        assert_eq!(
-            select_host(&[h("a", 3), h("b", 10), h("c", 9)], &mut rng).unwrap(),
-            "b"
-        );
-        let picks: std::collections::BTreeSet<_> = (0..50)
-            .map(|_| select_host(&[h("a", 5), h("b", 5)], &mut rng).unwrap())
-            .collect();
+        assert_eq!(select_host(&[h("a", 3), h("b", 10), h("c", 9)], &mut rng).unwrap(), "b");
+        let picks: std::collections::BTreeSet<_> =
+            (0..50).map(|_| select_host(&[h("a", 5), h("b", 5)], &mut rng).unwrap()).collect();
         assert_eq!(picks.len(), 2);
         assert_eq!(select_host(&[], &mut rng), None);
     }

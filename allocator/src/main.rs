@@ -13,13 +13,7 @@ use std::path::PathBuf;
 )]
 struct Cli {
     /// Log format.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "plain",
-        env = "NANO_GPU_LOG_FORMAT",
-        global = true
-    )]
+    #[arg(long, value_enum, default_value = "plain", env = "NANO_GPU_LOG_FORMAT", global = true)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -95,17 +89,12 @@ fn parse_seeds(text: &str) -> Result<Vec<u64>> {
         }
         return Ok((a..=b).collect());
     }
-    text.split(',')
-        .map(|s| s.trim().parse::<u64>().with_context(bad))
-        .collect()
+    text.split(',').map(|s| s.trim().parse::<u64>().with_context(bad)).collect()
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -117,9 +106,7 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         (Some(n), Some(p)) => (trace::read_nodes(n)?, trace::read_pods(p)?),
         _ => trace::synthetic(42),
     };
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let opts = Options {
         policies: sim::expand_policies(&args.policies)?,
         seeds: parse_seeds(&args.seeds)?,
@@ -138,8 +125,7 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         Format::Json => println!("{}", report.to_json()),
     }
     if let Some(path) = &args.plot {
-        std::fs::write(path, report.to_svg())
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, report.to_svg()).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -67,15 +67,7 @@ pub struct Card {
 impl Card {
     /// A free, healthy card.
     pub fn new(uuid: impl Into<String>, index: u32, model: ModelId, mem_total: u64) -> Self {
-        Card {
-            uuid: uuid.into(),
-            index,
-            model,
-            free: 100,
-            mem_total,
-            mem_free: mem_total,
-            healthy: true,
-        }
+        Card { uuid: uuid.into(), index, model, free: 100, mem_total, mem_free: mem_total, healthy: true }
     }
 
     /// Percent this card can still hand out (an unhealthy card hands out nothing).
@@ -208,18 +200,9 @@ impl Cluster {
     }
 
     /// Takes the resources of a placement; refuses (changing nothing) if anything would over-commit.
-    pub fn apply(
-        &mut self,
-        node: NodeId,
-        cpu: u64,
-        mem: u64,
-        grants: &[Grant],
-    ) -> Result<(), ModelError> {
+    pub fn apply(&mut self, node: NodeId, cpu: u64, mem: u64, grants: &[Grant]) -> Result<(), ModelError> {
         let n = &self.nodes[node.0];
-        let over = |what: String| ModelError::Overcommit {
-            node: n.name.clone(),
-            what,
-        };
+        let over = |what: String| ModelError::Overcommit { node: n.name.clone(), what };
         if cpu > n.cpu_free {
             return Err(over(format!("cpu {cpu}m > {}m free", n.cpu_free)));
         }
@@ -233,10 +216,7 @@ impl Cluster {
             e.1 += g.mem;
         }
         for (&card, &(percent, mem)) in &want {
-            let c = n
-                .cards
-                .get(card)
-                .ok_or_else(|| over(format!("no card at position {card}")))?;
+            let c = n.cards.get(card).ok_or_else(|| over(format!("no card at position {card}")))?;
             if percent > c.usable() || (c.mem_total > 0 && mem > c.mem_free) {
                 return Err(over(format!(
                     "card {}: {percent}% and {mem} MiB asked, {}% and {} MiB free",

@@ -66,14 +66,7 @@ pub trait Policy: Send + Sync {
 }
 
 /// Every policy name, in the order tables list them.
-pub const NAMES: [&str; 6] = [
-    "random",
-    "spread",
-    "binpack",
-    "bestfit",
-    "fgd",
-    "fgd-balance",
-];
+pub const NAMES: [&str; 6] = ["random", "spread", "binpack", "bestfit", "fgd", "fgd-balance"];
 
 /// The policy a cluster gets unless told otherwise: the best one on the openb benchmark.
 pub const DEFAULT: &str = "fgd-balance";

@@ -33,27 +33,18 @@ impl SlotDemand {
     /// share on a card of unknown memory, or more memory than the card has).
     pub fn percent_on(&self, card: &Card) -> Option<u32> {
         match *self {
-            SlotDemand::Share {
-                percent: Some(p),
-                mem,
-            } => match mem {
+            SlotDemand::Share { percent: Some(p), mem } => match mem {
                 Some(m) if card.mem_total > 0 && m > card.mem_total => None,
                 _ => Some(p),
             },
-            SlotDemand::Share {
-                percent: None,
-                mem: Some(m),
-            } => {
+            SlotDemand::Share { percent: None, mem: Some(m) } => {
                 if card.mem_total == 0 || m > card.mem_total {
                     None
                 } else {
                     Some(((m * 100).div_ceil(card.mem_total)).clamp(1, 100) as u32)
                 }
             }
-            SlotDemand::Share {
-                percent: None,
-                mem: None,
-            } => Some(0),
+            SlotDemand::Share { percent: None, mem: None } => Some(0),
             SlotDemand::Whole { mem, .. } => match mem {
                 Some(m) if card.mem_total > 0 && m > card.mem_total => None,
                 _ => Some(100),
@@ -102,12 +93,7 @@ pub struct Request {
 impl Request {
     /// A request with no model restriction.
     pub fn new(cpu: u64, mem: u64, slots: Vec<SlotDemand>) -> Self {
-        Request {
-            cpu,
-            mem,
-            slots,
-            models: None,
-        }
+        Request { cpu, mem, slots, models: None }
     }
 
     /// The request for a pod demand; model names unknown to `models` match nothing.
@@ -116,14 +102,10 @@ impl Request {
             .slots
             .iter()
             .map(|s| match s.demand {
-                CardDemand::Share { percent, memory } => SlotDemand::Share {
-                    percent: percent.map(|p| p.0),
-                    mem: memory.map(|m| m.0),
-                },
-                CardDemand::Whole { cards, memory } => SlotDemand::Whole {
-                    cards,
-                    mem: memory.map(|m| m.0),
-                },
+                CardDemand::Share { percent, memory } => {
+                    SlotDemand::Share { percent: percent.map(|p| p.0), mem: memory.map(|m| m.0) }
+                }
+                CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory.map(|m| m.0) },
             })
             .collect();
         let allowed = (!d.models.is_empty()).then(|| {
@@ -132,19 +114,12 @@ impl Request {
             ids.dedup();
             ids
         });
-        Request {
-            cpu: d.cpu.0,
-            mem: d.memory.0,
-            slots,
-            models: allowed,
-        }
+        Request { cpu: d.cpu.0, mem: d.memory.0, slots, models: allowed }
     }
 
     /// Whether a card of model `m` may serve this request.
     pub fn allows(&self, m: ModelId) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|ms| ms.binary_search(&m).is_ok())
+        self.models.as_ref().is_none_or(|ms| ms.binary_search(&m).is_ok())
     }
 
     /// Total GPU asked in percent of one card.
@@ -273,9 +248,7 @@ pub struct Tightest;
 
 impl CardChooser for Tightest {
     fn share(&mut self, _node: &Node, hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
-        (0..feasible.len())
-            .min_by_key(|&i| (hyp.free[feasible[i]], i))
-            .unwrap_or(0)
+        (0..feasible.len()).min_by_key(|&i| (hyp.free[feasible[i]], i)).unwrap_or(0)
     }
 }
 
@@ -283,20 +256,12 @@ impl CardChooser for Tightest {
 ///
 /// Slots are placed whole-card first, then shares largest first; if the chooser's greedy choices
 /// leave a slot without a card, the fit is retried best-fit before giving up.
-pub fn fit(
-    node: &Node,
-    req: &Request,
-    chooser: &mut dyn CardChooser,
-) -> Result<(Vec<Grant>, Hyp), Reason> {
+pub fn fit(node: &Node, req: &Request, chooser: &mut dyn CardChooser) -> Result<(Vec<Grant>, Hyp), Reason> {
     check_node(node, req)?;
     let mut order: Vec<usize> = (0..req.slots.len()).collect();
     order.sort_by_key(|&i| {
         let s = &req.slots[i];
-        (
-            !matches!(s, SlotDemand::Whole { .. }),
-            std::cmp::Reverse(s.size()),
-            i,
-        )
+        (!matches!(s, SlotDemand::Whole { .. }), std::cmp::Reverse(s.size()), i)
     });
     match place(node, req, &order, chooser) {
         Ok(done) => Ok(done),
@@ -315,11 +280,8 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
             return Err(Reason::ModelMismatch);
         }
         for s in &req.slots {
-            let usable = node
-                .cards
-                .iter()
-                .filter(|c| req.allows(c.model) && s.percent_on(c).is_some())
-                .count();
+            let usable =
+                node.cards.iter().filter(|c| req.allows(c.model) && s.percent_on(c).is_some()).count();
             if usable < s.cards() as usize {
                 return Err(Reason::NeverFits(match *s {
                     SlotDemand::Whole { cards, .. } => {
@@ -371,11 +333,7 @@ fn place(
             let mem = s.mem_on(c);
             let whole = matches!(s, SlotDemand::Whole { .. });
             let mem_ok = c.mem_total == 0
-                || if whole {
-                    hyp.card_mem_free[i] == c.mem_total
-                } else {
-                    mem <= hyp.card_mem_free[i]
-                };
+                || if whole { hyp.card_mem_free[i] == c.mem_total } else { mem <= hyp.card_mem_free[i] };
             if p <= hyp.free[i] && mem_ok {
                 feasible.push(i);
                 percents.push(p);
@@ -383,9 +341,7 @@ fn place(
         }
         let k = s.cards() as usize;
         let chosen: Vec<usize> = match s {
-            SlotDemand::Whole { .. } if feasible.len() >= k => {
-                chooser.whole(node, &hyp, &feasible, k)
-            }
+            SlotDemand::Whole { .. } if feasible.len() >= k => chooser.whole(node, &hyp, &feasible, k),
             SlotDemand::Share { .. } if !feasible.is_empty() => {
                 let i = chooser.share(node, &hyp, &feasible, &percents);
                 vec![feasible[i]]
@@ -406,9 +362,9 @@ fn place(
                     .max()
                     .unwrap_or(0);
                 return Err(Reason::CardsBusy(match s {
-                    SlotDemand::Share {
-                        percent: Some(p), ..
-                    } => format!("no card has {p}% free (most free: {most}%)"),
+                    SlotDemand::Share { percent: Some(p), .. } => {
+                        format!("no card has {p}% free (most free: {most}%)")
+                    }
                     _ => "no card has the GPU memory asked free".to_owned(),
                 }));
             }
@@ -419,12 +375,7 @@ fn place(
             let mem = s.mem_on(c);
             hyp.free[card] -= percent;
             hyp.card_mem_free[card] = hyp.card_mem_free[card].saturating_sub(mem);
-            grants.push(Grant {
-                slot,
-                card,
-                percent,
-                mem,
-            });
+            grants.push(Grant { slot, card, percent, mem });
         }
     }
     grants.sort_by_key(|g| (g.slot, g.card));
@@ -440,57 +391,29 @@ mod tests {
         let cards = frees
             .iter()
             .enumerate()
-            .map(|(i, &f)| Card {
-                free: f,
-                ..Card::new(format!("GPU-{i}"), i as u32, ModelId(0), 16384)
-            })
+            .map(|(i, &f)| Card { free: f, ..Card::new(format!("GPU-{i}"), i as u32, ModelId(0), 16384) })
             .collect();
         Node::new("n", 32_000, 65_536, cards)
     }
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share {
-            percent: Some(p),
-            mem: None,
-        }
+        SlotDemand::Share { percent: Some(p), mem: None }
     }
 
     #[test]
     fn best_fit_takes_the_tightest_card_that_fits() {
-        let (grants, hyp) = fit(
-            &node(&[100, 40, 20]),
-            &Request::new(1000, 0, vec![share(30)]),
-            &mut Tightest,
-        )
-        .unwrap();
-        assert_eq!(
-            grants,
-            vec![Grant {
-                slot: 0,
-                card: 1,
-                percent: 30,
-                mem: 0
-            }]
-        );
+        let (grants, hyp) =
+            fit(&node(&[100, 40, 20]), &Request::new(1000, 0, vec![share(30)]), &mut Tightest).unwrap();
+        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: 30, mem: 0 }]);
         assert_eq!(hyp.free, vec![100, 10, 20]);
         assert_eq!(hyp.cpu_free, 31_000);
     }
 
     #[test]
     fn whole_cards_take_the_lowest_free_cards() {
-        let req = Request::new(
-            0,
-            0,
-            vec![SlotDemand::Whole {
-                cards: 2,
-                mem: None,
-            }],
-        );
+        let req = Request::new(0, 0, vec![SlotDemand::Whole { cards: 2, mem: None }]);
         let (grants, _) = fit(&node(&[90, 100, 100, 100]), &req, &mut Tightest).unwrap();
-        assert_eq!(
-            grants.iter().map(|g| g.card).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
+        assert_eq!(grants.iter().map(|g| g.card).collect::<Vec<_>>(), vec![1, 2]);
         assert!(grants.iter().all(|g| g.percent == 100 && g.mem == 16384));
     }
 
@@ -513,54 +436,23 @@ mod tests {
     fn reasons_separate_never_from_not_now() {
         let n = node(&[20, 10]);
         let r = fit(&n, &Request::new(0, 0, vec![share(30)]), &mut Tightest).unwrap_err();
-        assert_eq!(
-            r.to_string(),
-            "GPU busy: no card has 30% free (most free: 20%)"
-        );
+        assert_eq!(r.to_string(), "GPU busy: no card has 30% free (most free: 20%)");
         assert!(!r.unresolvable());
-        let r = fit(
-            &n,
-            &Request::new(
-                0,
-                0,
-                vec![SlotDemand::Whole {
-                    cards: 3,
-                    mem: None,
-                }],
-            ),
-            &mut Tightest,
-        )
-        .unwrap_err();
+        let r = fit(&n, &Request::new(0, 0, vec![SlotDemand::Whole { cards: 3, mem: None }]), &mut Tightest)
+            .unwrap_err();
         assert!(r.unresolvable(), "{r}");
         let r = fit(&n, &Request::new(64_000, 0, vec![]), &mut Tightest).unwrap_err();
         assert_eq!(r, Reason::CpuCapacity);
         let mut other_model = Request::new(0, 0, vec![share(10)]);
         other_model.models = Some(vec![ModelId(3)]);
-        assert_eq!(
-            fit(&n, &other_model, &mut Tightest).unwrap_err(),
-            Reason::ModelMismatch
-        );
-        let big_mem = Request::new(
-            0,
-            0,
-            vec![SlotDemand::Share {
-                percent: Some(10),
-                mem: Some(20_000),
-            }],
-        );
+        assert_eq!(fit(&n, &other_model, &mut Tightest).unwrap_err(), Reason::ModelMismatch);
+        let big_mem = Request::new(0, 0, vec![SlotDemand::Share { percent: Some(10), mem: Some(20_000) }]);
         assert!(fit(&n, &big_mem, &mut Tightest).unwrap_err().unresolvable());
     }
 
     #[test]
     fn memory_only_share_takes_the_percent_of_the_card_it_is() {
-        let req = Request::new(
-            0,
-            0,
-            vec![SlotDemand::Share {
-                percent: None,
-                mem: Some(4096),
-            }],
-        );
+        let req = Request::new(0, 0, vec![SlotDemand::Share { percent: None, mem: Some(4096) }]);
         let (grants, hyp) = fit(&node(&[100]), &req, &mut Tightest).unwrap();
         assert_eq!((grants[0].percent, grants[0].mem), (25, 4096));
         assert_eq!(hyp.card_mem_free, vec![16384 - 4096]);

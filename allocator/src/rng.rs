@@ -20,9 +20,7 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng {
-            s: [next(), next(), next(), next()],
-        }
+        Rng { s: [next(), next(), next(), next()] }
     }
 
     /// The next 64 random bits.
@@ -78,10 +76,7 @@ mod tests {
         for _ in 0..50_000 {
             counts[r.below(5)] += 1;
         }
-        assert!(
-            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
-            "{counts:?}"
-        );
+        assert!(counts.iter().all(|&c| (9_000..11_000).contains(&c)), "{counts:?}");
     }
 
     #[test]

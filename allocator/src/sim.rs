@@ -76,23 +76,16 @@ pub fn expand_policies(names: &[String]) -> Result<Vec<String>, SimError> {
 }
 
 /// Runs every policy over every seed; seeds of one policy run in parallel.
-pub fn simulate(
-    nodes: &[TraceNode],
-    pods: &[TracePod],
-    opts: &Options,
-) -> Result<Report, SimError> {
+pub fn simulate(nodes: &[TraceNode], pods: &[TracePod], opts: &Options) -> Result<Report, SimError> {
     if opts.seeds.is_empty() || opts.policies.is_empty() {
-        return Err(SimError::Empty(
-            "nothing to simulate: give at least one policy and one seed",
-        ));
+        return Err(SimError::Empty("nothing to simulate: give at least one policy and one seed"));
     }
     let base = build_cluster(nodes)?;
     if base.card_count() == 0 {
         return Err(SimError::Empty("the node list has no GPU cards"));
     }
     // The paper's target workload: typical shapes of the original pod list.
-    let measure =
-        Workload::from_requests(&pods.iter().map(|p| p.request(&base)).collect::<Vec<_>>());
+    let measure = Workload::from_requests(&pods.iter().map(|p| p.request(&base)).collect::<Vec<_>>());
     let mut report = Report::default();
     for name in &opts.policies {
         if policy::by_name(name, 0).is_none() {
@@ -138,8 +131,7 @@ fn run_one(
     opts: &Options,
     measure: &Workload,
 ) -> Replay {
-    let (order, node_order) =
-        arrivals(pods, base.card_count(), opts.tune, base.nodes().len(), seed);
+    let (order, node_order) = arrivals(pods, base.card_count(), opts.tune, base.nodes().len(), seed);
     let Some(policy) = policy::by_name(name, seed) else {
         unreachable!("policy names are checked before the replays start")
     };
@@ -152,11 +144,7 @@ fn run_one(
     let mut placer: Box<dyn Placer> = if opts.through_extender {
         Box::new(SimExtender::new(engine, seed))
     } else {
-        Box::new(RawPlacer {
-            engine,
-            order: node_order,
-            rng: Rng::new(seed ^ 0x5eed),
-        })
+        Box::new(RawPlacer { engine, order: node_order, rng: Rng::new(seed ^ 0x5eed) })
     };
     replay(pods, &order, placer.as_mut(), measure, learner)
 }

@@ -72,11 +72,7 @@ impl Workload {
             }
         }
         let cpu_per_card = if cards > 0.0 { cpu / cards } else { 0.0 };
-        Workload {
-            types,
-            cpu_per_card,
-            constrained,
-        }
+        Workload { types, cpu_per_card, constrained }
     }
 
     /// How much model-constrained demand weighs on each model: constrained cards asked per card of
@@ -115,13 +111,7 @@ impl Workload {
         }
         let types = kept
             .into_iter()
-            .map(|((cpu, k, d, models), n)| Typical {
-                cpu,
-                k,
-                d,
-                models,
-                p: n as f64 / covered as f64,
-            })
+            .map(|((cpu, k, d, models), n)| Typical { cpu, k, d, models, p: n as f64 / covered as f64 })
             .collect();
         Workload::new(types)
     }
@@ -147,11 +137,7 @@ impl Workload {
                         small += r;
                     }
                 }
-                if cpu_free >= t.cpu && fits >= t.k {
-                    small
-                } else {
-                    total
-                }
+                if cpu_free >= t.cpu && fits >= t.k { small } else { total }
             };
             f += t.p * f64::from(fm);
         }
@@ -171,21 +157,26 @@ pub struct Learner {
 impl Learner {
     /// A learner that rebuilds after every `every` requests (at least 1).
     pub fn new(every: u64) -> Self {
-        Learner {
-            counts: HashMap::new(),
-            total: 0,
-            every: every.max(1),
-        }
+        Learner { counts: HashMap::new(), total: 0, every: every.max(1) }
     }
 
     /// Counts a request; returns the new workload when it is time to rebuild.
     pub fn observe(&mut self, r: &Request) -> Option<Workload> {
         *self.counts.entry(shape(r)).or_default() += 1;
         self.total += 1;
-        (self.total.is_multiple_of(self.every)
-            || self.total < self.every && self.total.is_power_of_two())
-        .then(|| Workload::from_counts(self.counts.clone(), self.total))
+        (self.total.is_multiple_of(self.every) || self.total < self.every && self.total.is_power_of_two())
+            .then(|| Workload::from_counts(self.counts.clone(), self.total))
     }
+}
+
+/// The target workload of the reference's worked example (§3.3), for tests.
+#[cfg(test)]
+pub(crate) fn worked_example() -> Workload {
+    Workload::new(vec![
+        Typical { cpu: 4000, k: 1, d: 50, models: None, p: 0.5 },
+        Typical { cpu: 2000, k: 1, d: 100, models: None, p: 0.3 },
+        Typical { cpu: 4000, k: 0, d: 0, models: None, p: 0.2 },
+    ])
 }
 
 #[cfg(test)]
@@ -194,41 +185,14 @@ mod tests {
     use crate::model::Card;
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share {
-            percent: Some(p),
-            mem: None,
-        }
+        SlotDemand::Share { percent: Some(p), mem: None }
     }
 
     /// The worked example of the reference (§3.3): T4 node, 8 CPUs, cards [1000, 300] milli.
     #[test]
     fn frag_matches_the_worked_example() {
-        let w = Workload::new(vec![
-            Typical {
-                cpu: 4000,
-                k: 1,
-                d: 50,
-                models: None,
-                p: 0.5,
-            },
-            Typical {
-                cpu: 2000,
-                k: 1,
-                d: 100,
-                models: None,
-                p: 0.3,
-            },
-            Typical {
-                cpu: 4000,
-                k: 0,
-                d: 0,
-                models: None,
-                p: 0.2,
-            },
-        ]);
-        let cards = (0..2)
-            .map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0))
-            .collect();
+        let w = worked_example();
+        let cards = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0)).collect();
         let node = Node::new("t4", 8000, 0, cards);
         let f = |free: &[u32], cpu| (w.frag(&node, free, cpu) * 10.0).round() / 10.0;
         assert_eq!(f(&[100, 30], 8000), 50.0);
@@ -241,27 +205,9 @@ mod tests {
     fn derived_values_weigh_shapes_by_probability() {
         let t4 = ModelId(1);
         let w = Workload::new(vec![
-            Typical {
-                cpu: 12_000,
-                k: 1,
-                d: 100,
-                models: None,
-                p: 0.5,
-            },
-            Typical {
-                cpu: 4_000,
-                k: 1,
-                d: 50,
-                models: Some(vec![t4]),
-                p: 0.25,
-            },
-            Typical {
-                cpu: 8_000,
-                k: 0,
-                d: 0,
-                models: None,
-                p: 0.25,
-            },
+            Typical { cpu: 12_000, k: 1, d: 100, models: None, p: 0.5 },
+            Typical { cpu: 4_000, k: 1, d: 50, models: Some(vec![t4]), p: 0.25 },
+            Typical { cpu: 8_000, k: 0, d: 0, models: None, p: 0.25 },
         ]);
         // (0.5·12000 + 0.25·4000) / (0.5·1 + 0.25·0.5) CPU per card; CPU-only shapes do not count.
         assert!((w.cpu_per_card - 7000.0 / 0.625).abs() < 1e-9);

@@ -9,17 +9,10 @@ fn allocator() -> Command {
 #[test]
 fn simulate_prints_one_json_document_with_a_point_per_arrived_percent() {
     let out = allocator()
-        .args([
-            "simulate", "--policy", "fgd", "--policy", "bestfit", "--seeds", "42..43", "--format",
-            "json",
-        ])
+        .args(["simulate", "--policy", "fgd", "--policy", "bestfit", "--seeds", "42..43", "--format", "json"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let policies = doc["policies"].as_array().unwrap();
     assert_eq!(policies.len(), 2);
@@ -34,11 +27,7 @@ fn simulate_prints_one_json_document_with_a_point_per_arrived_percent() {
     // At 50 % arrived on the synthetic cluster everything fits: unallocated is 50 % within binning.
     let at50 = curve[50]["unallocated_pct_median"].as_f64().unwrap();
     assert!((at50 - 50.0).abs() < 1.5, "{at50}");
-    for key in [
-        "unallocated_pct_q25",
-        "unallocated_pct_q75",
-        "frag_pct_median",
-    ] {
+    for key in ["unallocated_pct_q25", "unallocated_pct_q75", "frag_pct_median"] {
         assert!(curve[100][key].is_number(), "{key}");
     }
     assert!(policies[0]["wall_ms"].is_u64() && policies[0]["failed_pods_median"].is_number());
@@ -54,23 +43,13 @@ fn simulate_writes_an_svg_plot_and_a_readable_table() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
     for name in nano_gpu_allocator::policy::NAMES {
-        assert!(
-            table.lines().any(|l| l.starts_with(name)),
-            "{name} missing from\n{table}"
-        );
+        assert!(table.lines().any(|l| l.starts_with(name)), "{name} missing from\n{table}");
     }
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert_eq!(
-        plot.matches("<polyline").count(),
-        nano_gpu_allocator::policy::NAMES.len() + 1
-    );
+    assert_eq!(plot.matches("<polyline").count(), nano_gpu_allocator::policy::NAMES.len() + 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -80,30 +59,18 @@ fn a_malformed_csv_row_is_an_error_naming_file_and_line() {
     std::fs::create_dir_all(&dir).unwrap();
     let nodes = dir.join("nodes.csv");
     let pods = dir.join("pods.csv");
-    std::fs::write(
-        &nodes,
-        "sn,cpu_milli,memory_mib,gpu,model\nn1,32000,65536,2,T4\n",
-    )
-    .unwrap();
+    std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn1,32000,65536,2,T4\n").unwrap();
     std::fs::write(
         &pods,
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\np2,1000,lots,1,500\n",
     )
     .unwrap();
-    let out = allocator()
-        .args(["simulate", "--nodes"])
-        .arg(&nodes)
-        .arg("--pods")
-        .arg(&pods)
-        .output()
-        .unwrap();
+    let out =
+        allocator().args(["simulate", "--nodes"]).arg(&nodes).arg("--pods").arg(&pods).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!(
-            "{}:3: memory_mib \"lots\" is not a non-negative integer",
-            pods.display()
-        )),
+        err.contains(&format!("{}:3: memory_mib \"lots\" is not a non-negative integer", pods.display())),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
@@ -112,16 +79,10 @@ fn a_malformed_csv_row_is_an_error_naming_file_and_line() {
 
 #[test]
 fn unknown_policies_and_bad_seeds_are_refused_clearly() {
-    let out = allocator()
-        .args(["simulate", "--policy", "magic"])
-        .output()
-        .unwrap();
+    let out = allocator().args(["simulate", "--policy", "magic"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"magic\""));
-    let out = allocator()
-        .args(["simulate", "--seeds", "9..3"])
-        .output()
-        .unwrap();
+    let out = allocator().args(["simulate", "--seeds", "9..3"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seeds \"9..3\""));
 }

@@ -19,14 +19,9 @@ enum Op {
 
 fn slot() -> impl Strategy<Value = SlotDemand> {
     prop_oneof![
-        (1u32..=99, proptest::option::of(0u64..20_000)).prop_map(|(p, mem)| SlotDemand::Share {
-            percent: Some(p),
-            mem
-        }),
-        (1u64..20_000).prop_map(|m| SlotDemand::Share {
-            percent: None,
-            mem: Some(m)
-        }),
+        (1u32..=99, proptest::option::of(0u64..20_000))
+            .prop_map(|(p, mem)| SlotDemand::Share { percent: Some(p), mem }),
+        (1u64..20_000).prop_map(|m| SlotDemand::Share { percent: None, mem: Some(m) }),
         (1u32..=4, proptest::option::of(0u64..40_000))
             .prop_map(|(cards, mem)| SlotDemand::Whole { cards, mem }),
     ]
@@ -44,10 +39,7 @@ fn request() -> impl Strategy<Value = Request> {
             mem,
             slots,
             models: models.map(|m| {
-                let mut ids: Vec<_> = m
-                    .into_iter()
-                    .map(nano_gpu_allocator::model::ModelId)
-                    .collect();
+                let mut ids: Vec<_> = m.into_iter().map(nano_gpu_allocator::model::ModelId).collect();
                 ids.sort();
                 ids.dedup();
                 ids
@@ -74,16 +66,10 @@ fn cluster(shapes: &[Shape]) -> Cluster {
             .iter()
             .enumerate()
             .map(|(g, &(m, card_mem))| {
-                Card::new(
-                    format!("n{i}-g{g}"),
-                    g as u32,
-                    models[usize::from(m)],
-                    card_mem,
-                )
+                Card::new(format!("n{i}-g{g}"), g as u32, models[usize::from(m)], card_mem)
             })
             .collect();
-        c.add_node(Node::new(format!("n{i}"), *cpu, *mem, cards))
-            .unwrap();
+        c.add_node(Node::new(format!("n{i}"), *cpu, *mem, cards)).unwrap();
     }
     c
 }
@@ -105,42 +91,16 @@ fn check(c: &Cluster, live: &[(Request, NodeId, Vec<Grant>)]) {
         let mine: Vec<_> = live.iter().filter(|(_, node, _)| node.0 == i).collect();
         let cpu: u64 = mine.iter().map(|(r, ..)| r.cpu).sum();
         let mem: u64 = mine.iter().map(|(r, ..)| r.mem).sum();
-        assert_eq!(
-            n.cpu_free + cpu,
-            n.cpu_total,
-            "cpu accounting of {}",
-            n.name
-        );
-        assert_eq!(
-            n.mem_free + mem,
-            n.mem_total,
-            "memory accounting of {}",
-            n.name
-        );
+        assert_eq!(n.cpu_free + cpu, n.cpu_total, "cpu accounting of {}", n.name);
+        assert_eq!(n.mem_free + mem, n.mem_total, "memory accounting of {}", n.name);
         for (g, card) in n.cards.iter().enumerate() {
-            let grants = mine
-                .iter()
-                .flat_map(|(_, _, gs)| gs.iter().filter(|x| x.card == g));
+            let grants = mine.iter().flat_map(|(_, _, gs)| gs.iter().filter(|x| x.card == g));
             let (p, m) = grants.fold((0u32, 0u64), |(p, m), x| (p + x.percent, m + x.mem));
             assert!(p <= 100, "card {g} of {} over-committed: {p}%", n.name);
-            assert_eq!(
-                card.free + p,
-                100,
-                "percent accounting of card {g} of {}",
-                n.name
-            );
+            assert_eq!(card.free + p, 100, "percent accounting of card {g} of {}", n.name);
             if card.mem_total > 0 {
-                assert!(
-                    m <= card.mem_total,
-                    "card {g} of {} memory over-committed",
-                    n.name
-                );
-                assert_eq!(
-                    card.mem_free + m,
-                    card.mem_total,
-                    "memory accounting of card {g} of {}",
-                    n.name
-                );
+                assert!(m <= card.mem_total, "card {g} of {} memory over-committed", n.name);
+                assert_eq!(card.mem_free + m, card.mem_total, "memory accounting of card {g} of {}", n.name);
             }
         }
     }

@@ -40,20 +40,13 @@ pub struct DecodeError {
 }
 
 fn decode<T: DeserializeOwned>(annotation: &'static str, text: &str) -> Result<T, DecodeError> {
-    let err = |field: String, message: String| DecodeError {
-        annotation,
-        field,
-        message,
-    };
+    let err = |field: String, message: String| DecodeError { annotation, field, message };
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| err(".".into(), format!("not JSON: {e}")))?;
     match value.get("v") {
         Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
         Some(v) => {
-            return Err(err(
-                "v".into(),
-                format!("unsupported version {v} (this build reads {VERSION})"),
-            ));
+            return Err(err("v".into(), format!("unsupported version {v} (this build reads {VERSION})")));
         }
         None => return Err(err("v".into(), "missing version".into())),
     }
@@ -118,21 +111,15 @@ impl NodeInventory {
     /// Reads and checks an annotation value.
     pub fn decode(text: &str) -> Result<Self, DecodeError> {
         let inv: NodeInventory = decode(GPUS_ANNOTATION, text)?;
-        let err = |field: String, message: String| DecodeError {
-            annotation: GPUS_ANNOTATION,
-            field,
-            message,
-        };
+        let err =
+            |field: String, message: String| DecodeError { annotation: GPUS_ANNOTATION, field, message };
         let mut seen = std::collections::BTreeSet::new();
         for (i, g) in inv.gpus.iter().enumerate() {
             if g.uuid.is_empty() {
                 return Err(err(format!("gpus[{i}].uuid"), "empty".into()));
             }
             if !seen.insert(g.uuid.as_str()) {
-                return Err(err(
-                    format!("gpus[{i}].uuid"),
-                    format!("{} appears twice", g.uuid),
-                ));
+                return Err(err(format!("gpus[{i}].uuid"), format!("{} appears twice", g.uuid)));
             }
         }
         Ok(inv)
@@ -174,12 +161,7 @@ impl Assignment {
         at: impl Into<String>,
         containers: BTreeMap<String, Vec<CardGrant>>,
     ) -> Self {
-        Assignment {
-            v: VERSION,
-            node: node.into(),
-            at: at.into(),
-            containers,
-        }
+        Assignment { v: VERSION, node: node.into(), at: at.into(), containers }
     }
 
     /// The annotation value.
@@ -211,10 +193,7 @@ impl Assignment {
                     ));
                 }
                 if g.uuid.is_empty() || !seen.insert(g.uuid.as_str()) {
-                    return Err(err(
-                        format!("containers.{name}[{i}].uuid"),
-                        "empty or repeated".into(),
-                    ));
+                    return Err(err(format!("containers.{name}[{i}].uuid"), "empty or repeated".into()));
                 }
             }
         }
@@ -227,18 +206,10 @@ impl Assignment {
 pub fn label_value(text: &str) -> String {
     let mapped: String = text
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' })
         .take(63)
         .collect();
-    mapped
-        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_owned()
+    mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned()
 }
 
 /// The labels an agent puts on its Node for this inventory.
@@ -250,10 +221,7 @@ pub fn node_labels(inv: &NodeInventory) -> BTreeMap<String, String> {
         counts.entry(g.model.as_str()).or_insert((0, i)).0 += 1;
     }
     // Most cards wins; on a tie, the model of the lowest index.
-    if let Some((model, _)) = counts
-        .iter()
-        .max_by_key(|(_, (n, first))| (*n, std::cmp::Reverse(*first)))
-    {
+    if let Some((model, _)) = counts.iter().max_by_key(|(_, (n, first))| (*n, std::cmp::Reverse(*first))) {
         labels.insert(MODEL_LABEL.to_owned(), label_value(model));
     }
     let vendors: std::collections::BTreeSet<Vendor> = inv.gpus.iter().map(|g| g.vendor).collect();
@@ -312,14 +280,8 @@ mod tests {
             "n1",
             "2026-11-21T10:00:00Z",
             [
-                (
-                    "train".to_string(),
-                    vec![grant("GPU-a", 0, 30, Some(MiB(8192)))],
-                ),
-                (
-                    "infer".to_string(),
-                    vec![grant("GPU-b", 1, 100, None), grant("GPU-c", 2, 100, None)],
-                ),
+                ("train".to_string(), vec![grant("GPU-a", 0, 30, Some(MiB(8192)))]),
+                ("infer".to_string(), vec![grant("GPU-b", 1, 100, None), grant("GPU-c", 2, 100, None)]),
             ]
             .into(),
         )
@@ -328,10 +290,7 @@ mod tests {
     #[test]
     fn inventory_encodes_to_the_golden_json_and_back() {
         assert_eq!(inventory().encode(), INVENTORY_GOLDEN);
-        assert_eq!(
-            NodeInventory::decode(INVENTORY_GOLDEN).unwrap(),
-            inventory()
-        );
+        assert_eq!(NodeInventory::decode(INVENTORY_GOLDEN).unwrap(), inventory());
     }
 
     #[test]
@@ -343,10 +302,7 @@ mod tests {
     #[test]
     fn a_future_version_is_refused_not_guessed() {
         let e = Assignment::decode(&ASSIGNMENT_GOLDEN.replace(r#""v":1"#, r#""v":2"#)).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nano-gpu/assignment: v: unsupported version 2 (this build reads 1)"
-        );
+        assert_eq!(e.to_string(), "nano-gpu/assignment: v: unsupported version 2 (this build reads 1)");
         let e = NodeInventory::decode(r#"{"gpus":[]}"#).unwrap_err();
         assert_eq!(e.field, "v");
     }
@@ -361,35 +317,25 @@ mod tests {
         assert!(e.to_string().contains("missing field `memoryMiB`"), "{e}");
         assert_eq!(e.field, "gpus[1]");
         let e = NodeInventory::decode("not json").unwrap_err();
-        assert!(
-            e.to_string().starts_with("nano-gpu/gpus: .: not JSON"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("nano-gpu/gpus: .: not JSON"), "{e}");
     }
 
     #[test]
     fn assignment_shares_must_be_in_range() {
         let bad = ASSIGNMENT_GOLDEN.replace(r#""percent":30"#, r#""percent":130"#);
         let e = Assignment::decode(&bad).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nano-gpu/assignment: containers.train[0].percent: 130 is not in 1..=100"
-        );
+        assert_eq!(e.to_string(), "nano-gpu/assignment: containers.train[0].percent: 130 is not in 1..=100");
     }
 
     #[test]
     fn inventory_refuses_a_repeated_uuid() {
         let bad = INVENTORY_GOLDEN.replace("0000:03:00.0", "GPU-8a1c");
-        assert_eq!(
-            NodeInventory::decode(&bad).unwrap_err().field,
-            "gpus[1].uuid"
-        );
+        assert_eq!(NodeInventory::decode(&bad).unwrap_err().field, "gpus[1].uuid");
     }
 
     #[test]
     fn unknown_fields_from_a_newer_agent_are_ignored() {
-        let newer =
-            INVENTORY_GOLDEN.replace(r#""healthy":true"#, r#""healthy":true,"migMode":false"#);
+        let newer = INVENTORY_GOLDEN.replace(r#""healthy":true"#, r#""healthy":true,"migMode":false"#);
         assert_eq!(NodeInventory::decode(&newer).unwrap(), inventory());
     }
 

@@ -111,72 +111,49 @@ fn invalid(container: &str, what: impl std::fmt::Display) -> InvalidDemand {
 /// Reads one extended resource as a whole number: limits win; requests alone are accepted; both must agree.
 fn extended(c: &Container, name: &str) -> Result<Option<u64>, InvalidDemand> {
     let res = c.resources.as_ref();
-    let get =
-        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            m.and_then(|m| m.get(name))
-                .map(|q| quantity::whole(&q.0).map_err(|e| invalid(&c.name, format!("{name} {e}"))))
-        };
+    let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+        m.and_then(|m| m.get(name))
+            .map(|q| quantity::whole(&q.0).map_err(|e| invalid(&c.name, format!("{name} {e}"))))
+    };
     let limit = get(res.and_then(|r| r.limits.as_ref())).transpose()?;
     let request = get(res.and_then(|r| r.requests.as_ref())).transpose()?;
     match (limit, request) {
         (Some(l), Some(r)) if l != r => Err(invalid(
             &c.name,
-            format!(
-                "{name} request {r} differs from limit {l}; extended resources cannot be overcommitted"
-            ),
+            format!("{name} request {r} differs from limit {l}; extended resources cannot be overcommitted"),
         )),
         (l, r) => Ok(l.or(r)),
     }
 }
 
-fn container_demand(
-    c: &Container,
-    opts: &DemandOptions,
-) -> Result<Option<ContainerDemand>, InvalidDemand> {
+fn container_demand(c: &Container, opts: &DemandOptions) -> Result<Option<ContainerDemand>, InvalidDemand> {
     let percent = extended(c, GPU_PERCENT)?;
     let mut memory = extended(c, GPU_MEMORY)?.filter(|m| *m > 0);
     let gpushare = match opts.gpushare {
-        Some(unit) => extended(c, GPUSHARE_MEMORY)?
-            .filter(|m| *m > 0)
-            .map(|m| (unit, m)),
+        Some(unit) => extended(c, GPUSHARE_MEMORY)?.filter(|m| *m > 0).map(|m| (unit, m)),
         None => None,
     };
     if let Some((unit, m)) = gpushare {
         if memory.is_some() {
-            return Err(invalid(
-                &c.name,
-                format!("asks both {GPU_MEMORY} and {GPUSHARE_MEMORY}; use one"),
-            ));
+            return Err(invalid(&c.name, format!("asks both {GPU_MEMORY} and {GPUSHARE_MEMORY}; use one")));
         }
         let mib = match unit {
             GpushareUnit::GiB => m.checked_mul(1024),
             GpushareUnit::MiB => Some(m),
         };
-        memory = Some(
-            mib.ok_or_else(|| invalid(&c.name, format!("{GPUSHARE_MEMORY} {m} is too large")))?,
-        );
+        memory = Some(mib.ok_or_else(|| invalid(&c.name, format!("{GPUSHARE_MEMORY} {m} is too large")))?);
     }
     let gpu = match percent {
         None | Some(0) => match memory {
             None => return Ok(None),
-            Some(m) => CardDemand::Share {
-                percent: None,
-                memory: Some(MiB(m)),
-            },
+            Some(m) => CardDemand::Share { percent: None, memory: Some(MiB(m)) },
         },
-        Some(p @ 1..=99) => CardDemand::Share {
-            percent: Some(Percent(p as u32)),
-            memory: memory.map(MiB),
-        },
-        Some(p) if p % 100 == 0 && p / 100 <= 64 => CardDemand::Whole {
-            cards: (p / 100) as u32,
-            memory: memory.map(MiB),
-        },
+        Some(p @ 1..=99) => CardDemand::Share { percent: Some(Percent(p as u32)), memory: memory.map(MiB) },
+        Some(p) if p % 100 == 0 && p / 100 <= 64 => {
+            CardDemand::Whole { cards: (p / 100) as u32, memory: memory.map(MiB) }
+        }
         Some(p) if p % 100 == 0 => {
-            return Err(invalid(
-                &c.name,
-                format!("{GPU_PERCENT} {p} asks more than 64 whole cards"),
-            ));
+            return Err(invalid(&c.name, format!("{GPU_PERCENT} {p} asks more than 64 whole cards")));
         }
         Some(p) => {
             return Err(invalid(
@@ -185,10 +162,7 @@ fn container_demand(
             ));
         }
     };
-    Ok(Some(ContainerDemand {
-        name: c.name.clone(),
-        gpu,
-    }))
+    Ok(Some(ContainerDemand { name: c.name.clone(), gpu }))
 }
 
 /// Host requests of one container: requests, else limits (as the API server defaults them).
@@ -210,17 +184,9 @@ fn host_request(c: &Container) -> Result<(u64, u64), InvalidDemand> {
 }
 
 /// Folds init container demands into the app slots (see the module docs).
-fn combine(
-    app: Vec<ContainerDemand>,
-    init: Vec<ContainerDemand>,
-) -> Result<Vec<Slot>, InvalidDemand> {
-    let mut slots: Vec<Slot> = app
-        .into_iter()
-        .map(|c| Slot {
-            demand: c.gpu,
-            containers: vec![c.name],
-        })
-        .collect();
+fn combine(app: Vec<ContainerDemand>, init: Vec<ContainerDemand>) -> Result<Vec<Slot>, InvalidDemand> {
+    let mut slots: Vec<Slot> =
+        app.into_iter().map(|c| Slot { demand: c.gpu, containers: vec![c.name] }).collect();
     for c in init {
         let largest = |whole: bool| {
             slots
@@ -245,51 +211,23 @@ fn combine(
             },
         };
         let Some(i) = target else {
-            slots.push(Slot {
-                demand: c.gpu,
-                containers: vec![c.name],
-            });
+            slots.push(Slot { demand: c.gpu, containers: vec![c.name] });
             continue;
         };
         let slot = &mut slots[i];
         slot.demand = match (&slot.demand, &c.gpu) {
             (
-                CardDemand::Share {
-                    percent: p1,
-                    memory: m1,
-                },
-                CardDemand::Share {
-                    percent: p2,
-                    memory: m2,
-                },
-            ) => CardDemand::Share {
-                percent: (*p1).max(*p2),
-                memory: (*m1).max(*m2),
-            },
-            (
-                CardDemand::Whole {
-                    cards: k1,
-                    memory: m1,
-                },
-                CardDemand::Whole {
-                    cards: k2,
-                    memory: m2,
-                },
-            ) => CardDemand::Whole {
-                cards: (*k1).max(*k2),
-                memory: (*m1).max(*m2),
-            },
+                CardDemand::Share { percent: p1, memory: m1 },
+                CardDemand::Share { percent: p2, memory: m2 },
+            ) => CardDemand::Share { percent: (*p1).max(*p2), memory: (*m1).max(*m2) },
+            (CardDemand::Whole { cards: k1, memory: m1 }, CardDemand::Whole { cards: k2, memory: m2 }) => {
+                CardDemand::Whole { cards: (*k1).max(*k2), memory: (*m1).max(*m2) }
+            }
             (CardDemand::Whole { cards, memory: m1 }, CardDemand::Share { memory: m2, .. }) => {
-                CardDemand::Whole {
-                    cards: *cards,
-                    memory: (*m1).max(*m2),
-                }
+                CardDemand::Whole { cards: *cards, memory: (*m1).max(*m2) }
             }
             (CardDemand::Share { .. }, CardDemand::Whole { .. }) => {
-                return Err(invalid(
-                    &c.name,
-                    "cannot combine whole cards with a shared card",
-                ));
+                return Err(invalid(&c.name, "cannot combine whole cards with a shared card"));
             }
         };
         slot.containers.push(c.name);
@@ -328,15 +266,12 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
     }
     let (mut cpu, mut memory) = (cpu_sum.max(cpu_init), mem_sum.max(mem_init));
     if let Some(overhead) = spec.overhead.as_ref() {
-        let err = |what: &str, e: quantity::QuantityError| {
-            InvalidDemand(format!("pod overhead {what} {e}"))
-        };
+        let err = |what: &str, e: quantity::QuantityError| InvalidDemand(format!("pod overhead {what} {e}"));
         if let Some(q) = overhead.get("cpu") {
             cpu = cpu.saturating_add(quantity::cpu_milli(&q.0).map_err(|e| err("cpu", e))?);
         }
         if let Some(q) = overhead.get("memory") {
-            memory =
-                memory.saturating_add(quantity::mebibytes(&q.0).map_err(|e| err("memory", e))?);
+            memory = memory.saturating_add(quantity::mebibytes(&q.0).map_err(|e| err("memory", e))?);
         }
     }
     let models = pod
@@ -344,20 +279,9 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
         .annotations
         .as_ref()
         .and_then(|a| a.get(GPU_MODEL_ANNOTATION))
-        .map(|v| {
-            v.split('|')
-                .map(str::trim)
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
+        .map(|v| v.split('|').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned).collect())
         .unwrap_or_default();
-    Ok(PodDemand {
-        slots: combine(app, init)?,
-        cpu: CpuMilli(cpu),
-        memory: MiB(memory),
-        models,
-    })
+    Ok(PodDemand { slots: combine(app, init)?, cpu: CpuMilli(cpu), memory: MiB(memory), models })
 }
 
 #[cfg(test)]
@@ -366,8 +290,7 @@ mod tests {
     use serde_json::json;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}))
-            .unwrap()
+        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})).unwrap()
     }
 
     fn container(name: &str, limits: serde_json::Value) -> serde_json::Value {
@@ -384,10 +307,7 @@ mod tests {
         assert_eq!(
             d.slots,
             vec![Slot {
-                demand: CardDemand::Share {
-                    percent: Some(Percent(30)),
-                    memory: None
-                },
+                demand: CardDemand::Share { percent: Some(Percent(30)), memory: None },
                 containers: vec!["train".into()],
             }]
         );
@@ -397,21 +317,13 @@ mod tests {
     #[test]
     fn a_multiple_of_100_is_whole_cards() {
         let d = read(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "200", "nano-gpu/gpu-memory": "40000"}))]})).unwrap();
-        assert_eq!(
-            d.slots[0].demand,
-            CardDemand::Whole {
-                cards: 2,
-                memory: Some(MiB(40000))
-            }
-        );
+        assert_eq!(d.slots[0].demand, CardDemand::Whole { cards: 2, memory: Some(MiB(40000)) });
     }
 
     #[test]
     fn percent_150_is_rejected_with_a_message_naming_the_container() {
-        let e = read(
-            json!({"containers": [container("train", json!({"nano-gpu/gpu-percent": "150"}))]}),
-        )
-        .unwrap_err();
+        let e = read(json!({"containers": [container("train", json!({"nano-gpu/gpu-percent": "150"}))]}))
+            .unwrap_err();
         assert_eq!(
             e.to_string(),
             "container \"train\": nano-gpu/gpu-percent 150 is neither 1..=100 nor a multiple of 100"
@@ -420,18 +332,15 @@ mod tests {
 
     #[test]
     fn a_malformed_quantity_is_an_error_not_a_panic() {
-        let e =
-            read(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "lots"}))]}))
-                .unwrap_err();
+        let e = read(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "lots"}))]}))
+            .unwrap_err();
         assert!(
-            e.to_string().starts_with(
-                "container \"c\": nano-gpu/gpu-percent \"lots\" is not a valid quantity"
-            ),
+            e.to_string()
+                .starts_with("container \"c\": nano-gpu/gpu-percent \"lots\" is not a valid quantity"),
             "{e}"
         );
-        let e =
-            read(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "0.5"}))]}))
-                .unwrap_err();
+        let e = read(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "0.5"}))]}))
+            .unwrap_err();
         assert!(e.to_string().contains("not a whole number"), "{e}");
     }
 
@@ -460,13 +369,7 @@ mod tests {
         .unwrap();
         let names: Vec<_> = d.slots.iter().map(|s| s.containers.clone()).collect();
         assert_eq!(names, vec![vec!["a".to_string()], vec!["b".to_string()]]);
-        assert_eq!(
-            d.slots[1].demand,
-            CardDemand::Whole {
-                cards: 1,
-                memory: None
-            }
-        );
+        assert_eq!(d.slots[1].demand, CardDemand::Whole { cards: 1, memory: None });
     }
 
     #[test]
@@ -478,17 +381,8 @@ mod tests {
             container("b", json!({"nano-gpu/gpu-percent": "30", "cpu": "1"})),
         ]}))
         .unwrap();
-        assert_eq!(
-            d.slots[1].containers,
-            vec!["b".to_string(), "init".to_string()]
-        );
-        assert_eq!(
-            d.slots[1].demand,
-            CardDemand::Share {
-                percent: Some(Percent(50)),
-                memory: None
-            }
-        );
+        assert_eq!(d.slots[1].containers, vec!["b".to_string(), "init".to_string()]);
+        assert_eq!(d.slots[1].demand, CardDemand::Share { percent: Some(Percent(50)), memory: None });
         assert_eq!(d.slots[0].demand.size(), 20);
         // max(init 4, sum of app 2)
         assert_eq!(d.cpu, CpuMilli(4000));
@@ -510,11 +404,7 @@ mod tests {
             "initContainers": [container("init", json!({"nano-gpu/gpu-percent": "100"}))],
             "containers": [container("app", json!({"nano-gpu/gpu-percent": "30"}))]}))
         .unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("container \"init\": init container asks whole cards"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("container \"init\": init container asks whole cards"), "{e}");
     }
 
     #[test]
@@ -530,30 +420,16 @@ mod tests {
     fn gpushare_memory_is_read_in_gib_only_when_enabled() {
         let spec = json!({"containers": [container("c", json!({"aliyun.com/gpu-mem": "3"}))]});
         assert!(!read(spec.clone()).unwrap().wants_gpu());
-        let opts = DemandOptions {
-            gpushare: Some(GpushareUnit::GiB),
-        };
+        let opts = DemandOptions { gpushare: Some(GpushareUnit::GiB) };
         let d = pod_demand(&pod(spec), &opts).unwrap();
-        assert_eq!(
-            d.slots[0].demand,
-            CardDemand::Share {
-                percent: None,
-                memory: Some(MiB(3072))
-            }
-        );
+        assert_eq!(d.slots[0].demand, CardDemand::Share { percent: None, memory: Some(MiB(3072)) });
     }
 
     #[test]
     fn model_annotation_lists_allowed_models() {
-        let mut p =
-            pod(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "10"}))]}));
-        p.metadata.annotations = Some(
-            [(
-                GPU_MODEL_ANNOTATION.to_string(),
-                "T4| V100M32 |".to_string(),
-            )]
-            .into(),
-        );
+        let mut p = pod(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "10"}))]}));
+        p.metadata.annotations =
+            Some([(GPU_MODEL_ANNOTATION.to_string(), "T4| V100M32 |".to_string())].into());
         let d = pod_demand(&p, &DemandOptions::default()).unwrap();
         assert_eq!(d.models, vec!["T4".to_string(), "V100M32".to_string()]);
     }

@@ -52,14 +52,7 @@ mod tests {
 
     #[test]
     fn foreign_ids_are_refused() {
-        for id in [
-            "",
-            "GPU-abc",
-            "GPU-abc-7",
-            "GPU-abc-x7",
-            "-07",
-            "GPU-abc-100",
-        ] {
+        for id in ["", "GPU-abc", "GPU-abc-7", "GPU-abc-x7", "-07", "GPU-abc-100"] {
             assert!(decode(id).is_err(), "{id}");
         }
     }

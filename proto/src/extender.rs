@@ -56,11 +56,7 @@ impl ExtenderArgs {
     pub fn candidate_names(&self) -> Vec<String> {
         match (&self.node_names, &self.nodes) {
             (Some(names), _) => names.clone(),
-            (None, Some(list)) => list
-                .items
-                .iter()
-                .filter_map(|n| n.metadata.name.clone())
-                .collect(),
+            (None, Some(list)) => list.items.iter().filter_map(|n| n.metadata.name.clone()).collect(),
             (None, None) => Vec::new(),
         }
     }
@@ -190,9 +186,7 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn roundtrip<T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug>(
-        golden: Value,
-    ) -> T {
+    fn roundtrip<T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug>(golden: Value) -> T {
         let t: T = serde_json::from_value(golden.clone()).unwrap();
         assert_eq!(serde_json::to_value(&t).unwrap(), golden);
         t
@@ -237,16 +231,13 @@ mod tests {
 
     #[test]
     fn host_priority_list_uses_go_field_names() {
-        roundtrip::<HostPriorityList>(
-            json!([{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}]),
-        );
+        roundtrip::<HostPriorityList>(json!([{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}]));
     }
 
     #[test]
     fn binding_args_spell_pod_uid_as_go_does() {
-        let b: ExtenderBindingArgs = roundtrip(
-            json!({"PodName": "p", "PodNamespace": "ns", "PodUID": "8c2e", "Node": "n1"}),
-        );
+        let b: ExtenderBindingArgs =
+            roundtrip(json!({"PodName": "p", "PodNamespace": "ns", "PodUID": "8c2e", "Node": "n1"}));
         assert_eq!(b.pod_uid, "8c2e");
         roundtrip::<ExtenderBindingResult>(json!({"Error": "no card"}));
     }

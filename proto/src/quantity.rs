@@ -21,10 +21,7 @@ struct Parsed {
 }
 
 fn parse(text: &str) -> Result<Parsed, QuantityError> {
-    let err = |why| QuantityError {
-        text: text.to_owned(),
-        why,
-    };
+    let err = |why| QuantityError { text: text.to_owned(), why };
     let s = text.trim();
     if s.is_empty() {
         return Err(err("empty"));
@@ -33,9 +30,7 @@ fn parse(text: &str) -> Result<Parsed, QuantityError> {
     if s.starts_with('-') {
         return Err(err("negative"));
     }
-    let num_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (number, suffix) = s.split_at(num_end);
     if number.is_empty() || number == "." {
         return Err(err("no number"));
@@ -77,38 +72,26 @@ fn parse(text: &str) -> Result<Parsed, QuantityError> {
             exp10 += exp;
         }
     }
-    Ok(Parsed {
-        digits,
-        exp10,
-        exp2,
-    })
+    Ok(Parsed { digits, exp10, exp2 })
 }
 
 /// `value × scale`, rounded up, as an integer; errors if it does not fit in a u64.
 fn scaled_ceil(text: &str, scale_exp10: i32, divisor_exp2: u32) -> Result<u64, QuantityError> {
     let p = parse(text)?;
-    let too_large = || QuantityError {
-        text: text.to_owned(),
-        why: "too large",
-    };
+    let too_large = || QuantityError { text: text.to_owned(), why: "too large" };
     let exp10 = p.exp10 + scale_exp10;
     let mut num = p.digits;
     let mut den: u128 = 1;
     if exp10 >= 0 {
-        num = num
-            .checked_mul(10u128.checked_pow(exp10 as u32).ok_or_else(too_large)?)
-            .ok_or_else(too_large)?;
+        num =
+            num.checked_mul(10u128.checked_pow(exp10 as u32).ok_or_else(too_large)?).ok_or_else(too_large)?;
     } else {
         den = 10u128.checked_pow((-exp10) as u32).ok_or_else(too_large)?;
     }
     if p.exp2 >= divisor_exp2 {
-        num = num
-            .checked_mul(1u128 << (p.exp2 - divisor_exp2))
-            .ok_or_else(too_large)?;
+        num = num.checked_mul(1u128 << (p.exp2 - divisor_exp2)).ok_or_else(too_large)?;
     } else {
-        den = den
-            .checked_mul(1u128 << (divisor_exp2 - p.exp2))
-            .ok_or_else(too_large)?;
+        den = den.checked_mul(1u128 << (divisor_exp2 - p.exp2)).ok_or_else(too_large)?;
     }
     u64::try_from(num.div_ceil(den)).map_err(|_| too_large())
 }
@@ -127,10 +110,7 @@ pub fn mebibytes(text: &str) -> Result<u64, QuantityError> {
 pub fn whole(text: &str) -> Result<u64, QuantityError> {
     let milli = scaled_ceil(text, 3, 0)?;
     if milli % 1000 != 0 {
-        return Err(QuantityError {
-            text: text.to_owned(),
-            why: "not a whole number",
-        });
+        return Err(QuantityError { text: text.to_owned(), why: "not a whole number" });
     }
     Ok(milli / 1000)
 }
@@ -161,12 +141,7 @@ mod tests {
     fn extended_resources_must_be_whole_numbers() {
         assert_eq!(whole("30"), Ok(30));
         assert_eq!(whole("1k"), Ok(1000));
-        assert!(
-            whole("1.5")
-                .unwrap_err()
-                .to_string()
-                .contains("not a whole number")
-        );
+        assert!(whole("1.5").unwrap_err().to_string().contains("not a whole number"));
         assert!(whole("500m").is_err());
     }
 
@@ -177,11 +152,6 @@ mod tests {
         assert_eq!(whole("10x").unwrap_err().why, "unknown suffix");
         assert_eq!(whole("").unwrap_err().why, "empty");
         assert_eq!(whole("1.2.3").unwrap_err().why, "two decimal points");
-        assert_eq!(
-            whole("99999999999999999999999999999999999999999")
-                .unwrap_err()
-                .why,
-            "too large"
-        );
+        assert_eq!(whole("99999999999999999999999999999999999999999").unwrap_err().why, "too large");
     }
 }

@@ -14,8 +14,8 @@ use nano_gpu_tests::openb_dir;
 
 fn load(pods: &str) -> (Vec<trace::TraceNode>, Vec<trace::TracePod>) {
     let dir = openb_dir();
-    let nodes = trace::read_nodes(&dir.join("openb_node_list_gpu_node.csv"))
-        .expect("openb node list (../shared)");
+    let nodes =
+        trace::read_nodes(&dir.join("openb_node_list_gpu_node.csv")).expect("openb node list (../shared)");
     let pods = trace::read_pods(&dir.join(pods)).expect("openb pod list (../shared)");
     (nodes, pods)
 }
@@ -52,30 +52,20 @@ fn our_fgd_reproduces_the_papers_4_77_within_0_3() {
     let fgd = median_at_100("openb_pod_list_default.csv", "fgd");
     let paper = published("openb_pod_list_default.csv", "06-FGD");
     assert_eq!(paper, 4.77);
-    assert!(
-        (fgd - paper).abs() <= 0.3,
-        "FGD median unallocated at 100 % arrived: {fgd}"
-    );
+    assert!((fgd - paper).abs() <= 0.3, "FGD median unallocated at 100 % arrived: {fgd}");
 }
 
 #[test]
 fn our_bestfit_reproduces_the_papers_7_09_within_0_5() {
     let bestfit = median_at_100("openb_pod_list_default.csv", "bestfit");
     let paper = published("openb_pod_list_default.csv", "05-BestFit");
-    assert!(
-        (bestfit - paper).abs() <= 0.5,
-        "BestFit median unallocated at 100 % arrived: {bestfit}"
-    );
+    assert!((bestfit - paper).abs() <= 0.5, "BestFit median unallocated at 100 % arrived: {bestfit}");
 }
 
 #[test]
 fn the_default_policy_leaves_at_most_4_4_percent_unallocated_on_the_default_trace() {
     let ours = median_at_100("openb_pod_list_default.csv", policy::DEFAULT);
-    assert!(
-        ours <= 4.4,
-        "{} median unallocated at 100 % arrived: {ours}",
-        policy::DEFAULT
-    );
+    assert!(ours <= 4.4, "{} median unallocated at 100 % arrived: {ours}", policy::DEFAULT);
 }
 
 #[test]
@@ -90,10 +80,7 @@ fn the_default_policy_is_not_worse_than_published_fgd_on_any_pod_list() {
     for list in &lists {
         let ours = median_at_100(list, policy::DEFAULT);
         let fgd = published(list, "06-FGD");
-        eprintln!(
-            "{list}: {} {ours:.2} vs published FGD {fgd:.2}",
-            policy::DEFAULT
-        );
+        eprintln!("{list}: {} {ours:.2} vs published FGD {fgd:.2}", policy::DEFAULT);
         if ours > fgd {
             worse.push(format!("{list}: {ours:.2} > {fgd:.2}"));
         }
@@ -105,26 +92,15 @@ fn the_default_policy_is_not_worse_than_published_fgd_on_any_pod_list() {
 fn the_extender_path_decides_exactly_as_the_engine_with_the_same_node_order() {
     let (nodes, pods) = load("openb_pod_list_gpuspec20.csv");
     let base = build_cluster(&nodes).unwrap();
-    let measure =
-        Workload::from_requests(&pods.iter().map(|p| p.request(&base)).collect::<Vec<_>>());
+    let measure = Workload::from_requests(&pods.iter().map(|p| p.request(&base)).collect::<Vec<_>>());
     for name in ["fgd", policy::DEFAULT, "bestfit"] {
         let seed = 44;
         let (order, _) = arrivals(&pods, base.card_count(), 1.3, base.nodes().len(), seed);
         // Only the first 3,000 arrivals: enough to fill part of the cluster and keep the test quick.
         let order = &order[..3000];
         let hashed = NodeOrder::hashed(base.nodes().iter().map(|n| n.name.as_str()), seed);
-        let engine = || {
-            Engine::new(
-                base.clone(),
-                policy::by_name(name, seed).unwrap(),
-                measure.clone(),
-            )
-        };
-        let mut raw = RawPlacer {
-            engine: engine(),
-            order: hashed,
-            rng: Rng::new(0),
-        };
+        let engine = || Engine::new(base.clone(), policy::by_name(name, seed).unwrap(), measure.clone());
+        let mut raw = RawPlacer { engine: engine(), order: hashed, rng: Rng::new(0) };
         let mut ext = SimExtender::new(engine(), seed);
         let a = replay(&pods, order, &mut raw, &measure, None);
         let b = replay(&pods, order, &mut ext, &measure, None);

@@ -57,18 +57,11 @@ impl CardChooser for LeastFrag<'_> {
 
 /// The fit by least fragmentation, the node after it, and the coarse FGD score.
 fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, Hyp), Reason> {
-    let mut chooser = LeastFrag {
-        workload,
-        scratch: Vec::with_capacity(node.cards.len()),
-    };
+    let mut chooser = LeastFrag { workload, scratch: Vec::with_capacity(node.cards.len()) };
     let (grants, hyp) = fit(node, req, &mut chooser)?;
     let before = workload.frag(node, &Hyp::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
-    let eval = Eval {
-        score: coarse_score(after - before),
-        tiebreak: [0.0; 2],
-        grants,
-    };
+    let eval = Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants };
     Ok((eval, hyp))
 }
 
@@ -108,20 +101,13 @@ impl Policy for FgdBalance {
                 eval.grants
                     .iter()
                     .map(|g| {
-                        ctx.pressure
-                            .get(usize::from(node.cards[g.card].model.0))
-                            .copied()
-                            .unwrap_or(0.0)
+                        ctx.pressure.get(usize::from(node.cards[g.card].model.0)).copied().unwrap_or(0.0)
                     })
                     .fold(0.0, f64::max)
             } else {
                 0.0
             };
-            let balance = if excess < 0.0 {
-                SHORTFALL_WEIGHT * excess
-            } else {
-                -excess
-            };
+            let balance = if excess < 0.0 { SHORTFALL_WEIGHT * excess } else { -excess };
             [-pressure, balance]
         };
         Ok(eval)
@@ -140,20 +126,14 @@ mod tests {
     use crate::workload::Typical;
 
     fn ctx(types: Vec<Typical>) -> Context {
-        Context {
-            workload: Workload::new(types),
-            pressure: vec![],
-        }
+        Context { workload: Workload::new(types), pressure: vec![] }
     }
 
     fn node(name: &str, cpu: u64, frees: &[u32], model: ModelId) -> Node {
         let cards = frees
             .iter()
             .enumerate()
-            .map(|(i, &f)| Card {
-                free: f,
-                ..Card::new(format!("{name}-{i}"), i as u32, model, 0)
-            })
+            .map(|(i, &f)| Card { free: f, ..Card::new(format!("{name}-{i}"), i as u32, model, 0) })
             .collect();
         let mut n = Node::new(name, cpu, 1 << 20, cards);
         n.cpu_free = cpu;
@@ -161,10 +141,7 @@ mod tests {
     }
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share {
-            percent: Some(p),
-            mem: None,
-        }
+        SlotDemand::Share { percent: Some(p), mem: None }
     }
 
     #[test]
@@ -177,29 +154,7 @@ mod tests {
 
     #[test]
     fn the_worked_example_picks_card_1_with_score_57() {
-        let c = ctx(vec![
-            Typical {
-                cpu: 4000,
-                k: 1,
-                d: 50,
-                models: None,
-                p: 0.5,
-            },
-            Typical {
-                cpu: 2000,
-                k: 1,
-                d: 100,
-                models: None,
-                p: 0.3,
-            },
-            Typical {
-                cpu: 4000,
-                k: 0,
-                d: 0,
-                models: None,
-                p: 0.2,
-            },
-        ]);
+        let c = Context { workload: crate::workload::worked_example(), pressure: vec![] };
         let n = node("t4", 8000, &[100, 30], ModelId(0));
         let req = Request::new(2000, 0, vec![share(30)]);
         let eval = Fgd.evaluate(&n, &req, &c).unwrap();
@@ -210,13 +165,7 @@ mod tests {
     #[test]
     fn a_cpu_only_pod_prefers_the_node_whose_idle_cards_need_the_cpu_least() {
         // 10 CPUs per card in the workload.
-        let c = ctx(vec![Typical {
-            cpu: 10_000,
-            k: 1,
-            d: 100,
-            models: None,
-            p: 1.0,
-        }]);
+        let c = ctx(vec![Typical { cpu: 10_000, k: 1, d: 100, models: None, p: 1.0 }]);
         let req = Request::new(8000, 0, vec![]);
         let busy = node("busy", 40_000, &[0, 0], ModelId(0)); // no idle card: all CPU is spare
         let idle = node("idle", 40_000, &[100, 100], ModelId(0)); // 20 CPUs spoken for
@@ -228,21 +177,8 @@ mod tests {
 
     #[test]
     fn a_gpu_pod_avoids_starving_the_cards_left_of_cpu() {
-        let c = ctx(vec![Typical {
-            cpu: 10_000,
-            k: 1,
-            d: 100,
-            models: None,
-            p: 1.0,
-        }]);
-        let req = Request::new(
-            10_000,
-            0,
-            vec![SlotDemand::Whole {
-                cards: 1,
-                mem: None,
-            }],
-        );
+        let c = ctx(vec![Typical { cpu: 10_000, k: 1, d: 100, models: None, p: 1.0 }]);
+        let req = Request::new(10_000, 0, vec![SlotDemand::Whole { cards: 1, mem: None }]);
         // After the pod: 2 idle cards with 20 CPUs (balanced) vs 2 idle cards with 5 CPUs (short).
         let balanced = node("balanced", 30_000, &[100, 100, 100], ModelId(0));
         let short = node("short", 15_000, &[100, 100, 100], ModelId(0));
@@ -255,45 +191,19 @@ mod tests {
     fn an_unconstrained_pod_leaves_scarce_models_to_the_pods_that_need_them() {
         let scarce = ModelId(1);
         let mut c = ctx(vec![
-            Typical {
-                cpu: 1000,
-                k: 1,
-                d: 100,
-                models: None,
-                p: 0.5,
-            },
-            Typical {
-                cpu: 1000,
-                k: 1,
-                d: 100,
-                models: Some(vec![scarce]),
-                p: 0.5,
-            },
+            Typical { cpu: 1000, k: 1, d: 100, models: None, p: 0.5 },
+            Typical { cpu: 1000, k: 1, d: 100, models: Some(vec![scarce]), p: 0.5 },
         ]);
         c.pressure = c.workload.pressure(&[100, 10]);
-        let req = Request::new(
-            1000,
-            0,
-            vec![SlotDemand::Whole {
-                cards: 1,
-                mem: None,
-            }],
-        );
-        let common = FgdBalance
-            .evaluate(&node("common", 8000, &[100, 100], ModelId(0)), &req, &c)
-            .unwrap();
-        let rare = FgdBalance
-            .evaluate(&node("rare", 8000, &[100, 100], scarce), &req, &c)
-            .unwrap();
+        let req = Request::new(1000, 0, vec![SlotDemand::Whole { cards: 1, mem: None }]);
+        let common = FgdBalance.evaluate(&node("common", 8000, &[100, 100], ModelId(0)), &req, &c).unwrap();
+        let rare = FgdBalance.evaluate(&node("rare", 8000, &[100, 100], scarce), &req, &c).unwrap();
         assert!(common.tiebreak > rare.tiebreak, "{common:?} vs {rare:?}");
         // A pod that asks for the scarce model is not pushed away from it.
         let mut wants = req.clone();
         wants.models = Some(vec![scarce]);
         assert_eq!(
-            FgdBalance
-                .evaluate(&node("rare", 8000, &[100, 100], scarce), &wants, &c)
-                .unwrap()
-                .tiebreak[0],
+            FgdBalance.evaluate(&node("rare", 8000, &[100, 100], scarce), &wants, &c).unwrap().tiebreak[0],
             0.0
         );
     }

@@ -37,16 +37,8 @@ impl Policy for Random {
 
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         // The card choice is random but a pure function of the seed and the node's state.
-        let (grants, _) = fit(
-            node,
-            req,
-            &mut HashPick(self.seed ^ node.version.wrapping_mul(0x9E37_79B9)),
-        )?;
-        Ok(Eval {
-            score: 0.0,
-            tiebreak: [0.0; 2],
-            grants,
-        })
+        let (grants, _) = fit(node, req, &mut HashPick(self.seed ^ node.version.wrapping_mul(0x9E37_79B9)))?;
+        Ok(Eval { score: 0.0, tiebreak: [0.0; 2], grants })
     }
 
     fn ties(&self) -> Ties {
@@ -61,9 +53,7 @@ struct Loosest;
 
 impl CardChooser for Loosest {
     fn share(&mut self, _node: &Node, hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
-        (0..feasible.len())
-            .max_by_key(|&i| (hyp.free[feasible[i]], std::cmp::Reverse(i)))
-            .unwrap_or(0)
+        (0..feasible.len()).max_by_key(|&i| (hyp.free[feasible[i]], std::cmp::Reverse(i))).unwrap_or(0)
     }
 }
 
@@ -75,11 +65,7 @@ impl Policy for Spread {
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Loosest)?;
         let free: u32 = hyp.free.iter().sum();
-        Ok(Eval {
-            score: f64::from(free),
-            tiebreak: [hyp.cpu_free as f64, 0.0],
-            grants,
-        })
+        Ok(Eval { score: f64::from(free), tiebreak: [hyp.cpu_free as f64, 0.0], grants })
     }
 }
 
@@ -94,11 +80,7 @@ impl Policy for Binpack {
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Tightest)?;
         let free: u32 = hyp.free.iter().sum();
-        Ok(Eval {
-            score: -f64::from(free),
-            tiebreak: [-(hyp.cpu_free as f64), 0.0],
-            grants,
-        })
+        Ok(Eval { score: -f64::from(free), tiebreak: [-(hyp.cpu_free as f64), 0.0], grants })
     }
 }
 
@@ -116,10 +98,6 @@ impl Policy for BestFit {
         let gpu_left = f64::from(node.gpu_free()) - f64::from(req.gpu_size());
         let cpu_left = node.cpu_free as f64 - req.cpu as f64;
         let score = 100.0 * (1.0 - (0.5 * cpu_left / 128_000.0 + 0.5 * gpu_left / 800.0));
-        Ok(Eval {
-            score,
-            tiebreak: [0.0; 2],
-            grants,
-        })
+        Ok(Eval { score, tiebreak: [0.0; 2], grants })
     }
 }

@@ -43,13 +43,8 @@ pub struct RawPlacer {
 
 impl Placer for RawPlacer {
     fn place(&mut self, _pod: &TracePod, req: &Request) -> Option<NodeId> {
-        let decision = self
-            .engine
-            .decide(req, None, &self.order, &mut self.rng)
-            .ok()?;
-        self.engine
-            .commit(req, decision.node, &decision.eval.grants)
-            .ok()?;
+        let decision = self.engine.decide(req, None, &self.order, &mut self.rng).ok()?;
+        self.engine.commit(req, decision.node, &decision.eval.grants).ok()?;
         Some(decision.node)
     }
 
@@ -132,11 +127,8 @@ pub fn replay(
 ) -> Replay {
     let cluster = placer.cluster();
     let cards = cluster.card_count().max(1) as f64;
-    let mut node_frag: Vec<f64> = cluster
-        .nodes()
-        .iter()
-        .map(|n| measure.frag(n, &free_of(n), n.cpu_free))
-        .collect();
+    let mut node_frag: Vec<f64> =
+        cluster.nodes().iter().map(|n| measure.frag(n, &free_of(n), n.cpu_free)).collect();
     let mut frag_total: f64 = node_frag.iter().sum();
     let mut node_used: Vec<u32> = cluster.nodes().iter().map(|n| n.gpu_used()).collect();
     let mut used: f64 = node_used.iter().map(|&u| f64::from(u)).sum();
@@ -172,25 +164,13 @@ pub fn replay(
     }
     let curve = (0..=MAX_ARRIVED)
         .map(|x| {
-            let near = if bins[x].2 > 0 {
-                x..=x
-            } else {
-                x.saturating_sub(1)..=x + 1
-            };
-            let (a, f, n) = bins[near].iter().fold((0.0, 0.0, 0), |acc, b| {
-                (acc.0 + b.0, acc.1 + b.1, acc.2 + b.2)
-            });
-            (n > 0).then(|| Point {
-                unallocated: 100.0 - a / f64::from(n),
-                frag: f / f64::from(n),
-            })
+            let near = if bins[x].2 > 0 { x..=x } else { x.saturating_sub(1)..=x + 1 };
+            let (a, f, n) =
+                bins[near].iter().fold((0.0, 0.0, 0), |acc, b| (acc.0 + b.0, acc.1 + b.1, acc.2 + b.2));
+            (n > 0).then(|| Point { unallocated: 100.0 - a / f64::from(n), frag: f / f64::from(n) })
         })
         .collect();
-    Replay {
-        curve,
-        failed,
-        arrived: order.len(),
-    }
+    Replay { curve, failed, arrived: order.len() }
 }
 
 fn free_of(n: &crate::model::Node) -> Vec<u32> {

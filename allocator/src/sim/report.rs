@@ -73,14 +73,9 @@ impl PolicyReport {
     ) -> Self {
         let curve = (0..=MAX_ARRIVED)
             .map(|x| {
-                let un: Vec<f64> = replays
-                    .iter()
-                    .filter_map(|(_, r)| r.curve[x].map(|p| p.unallocated))
-                    .collect();
-                let fr: Vec<f64> = replays
-                    .iter()
-                    .filter_map(|(_, r)| r.curve[x].map(|p| p.frag))
-                    .collect();
+                let un: Vec<f64> =
+                    replays.iter().filter_map(|(_, r)| r.curve[x].map(|p| p.unallocated)).collect();
+                let fr: Vec<f64> = replays.iter().filter_map(|(_, r)| r.curve[x].map(|p| p.frag)).collect();
                 CurvePoint {
                     arrived_pct: x,
                     unallocated_pct_median: round(quantile(&un, 0.5), 3),
@@ -105,9 +100,7 @@ impl PolicyReport {
 
     /// Median unallocated % at an arrived percent.
     pub fn unallocated_at(&self, arrived_pct: usize) -> Option<f64> {
-        self.curve
-            .get(arrived_pct)
-            .and_then(|p| p.unallocated_pct_median)
+        self.curve.get(arrived_pct).and_then(|p| p.unallocated_pct_median)
     }
 }
 
@@ -121,42 +114,25 @@ impl Report {
     pub fn to_table(&self) -> String {
         let cell = |p: &PolicyReport, x: usize| {
             let c = &p.curve[x];
-            match (
-                c.unallocated_pct_median,
-                c.unallocated_pct_q25,
-                c.unallocated_pct_q75,
-            ) {
+            match (c.unallocated_pct_median, c.unallocated_pct_q25, c.unallocated_pct_q75) {
                 (Some(m), Some(a), Some(b)) => format!("{m:6.2} [{a:5.2}–{b:5.2}]"),
                 _ => "     –".to_owned(),
             }
         };
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "unallocated GPU % of capacity at arrived workload (median over seeds [q25–q75])"
-        );
+        let _ =
+            writeln!(out, "unallocated GPU % of capacity at arrived workload (median over seeds [q25–q75])");
         let _ = writeln!(
             out,
             "{:<12} {:<9} {:>5} {:>22} {:>22} {:>22} {:>8} {:>8}",
-            "policy",
-            "path",
-            "seeds",
-            "arrived 90%",
-            "arrived 100%",
-            "arrived 130%",
-            "failed",
-            "wall s"
+            "policy", "path", "seeds", "arrived 90%", "arrived 100%", "arrived 130%", "failed", "wall s"
         );
         for p in &self.policies {
             let _ = writeln!(
                 out,
                 "{:<12} {:<9} {:>5} {:>22} {:>22} {:>22} {:>8} {:>8.1}",
                 p.policy,
-                if p.through_extender {
-                    "extender"
-                } else {
-                    "raw"
-                },
+                if p.through_extender { "extender" } else { "raw" },
                 p.seeds.len(),
                 cell(p, 90),
                 cell(p, 100),
@@ -176,19 +152,13 @@ impl Report {
         let y_max = self
             .policies
             .iter()
-            .flat_map(|p| {
-                p.curve[70..]
-                    .iter()
-                    .filter_map(|c| c.unallocated_pct_median)
-            })
+            .flat_map(|p| p.curve[70..].iter().filter_map(|c| c.unallocated_pct_median))
             .fold(10.0f64, f64::max)
             .min(35.0)
             .ceil();
         let px = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
         let py = |y: f64| top + (1.0 - y.clamp(0.0, y_max) / y_max) * (h - top - bottom);
-        let colors = [
-            "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-        ];
+        let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -261,8 +231,7 @@ impl Report {
             let points: Vec<String> = p.curve[70..]
                 .iter()
                 .filter_map(|c| {
-                    c.unallocated_pct_median
-                        .map(|m| format!("{:.1},{:.1}", px(c.arrived_pct as f64), py(m)))
+                    c.unallocated_pct_median.map(|m| format!("{:.1},{:.1}", px(c.arrived_pct as f64), py(m)))
                 })
                 .collect();
             let _ = writeln!(
@@ -270,15 +239,7 @@ impl Report {
                 r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
                 points.join(" ")
             );
-            let label = format!(
-                "{}{}",
-                p.policy,
-                if p.through_extender {
-                    " (extender)"
-                } else {
-                    ""
-                }
-            );
+            let label = format!("{}{}", p.policy, if p.through_extender { " (extender)" } else { "" });
             let ly = top + 16.0 + 20.0 * i as f64;
             let _ = writeln!(
                 s,
@@ -317,14 +278,7 @@ mod tests {
     #[test]
     fn report_takes_medians_over_seeds_and_renders() {
         let replay = |u: f64| Replay {
-            curve: (0..=MAX_ARRIVED)
-                .map(|_| {
-                    Some(Point {
-                        unallocated: u,
-                        frag: u / 2.0,
-                    })
-                })
-                .collect(),
+            curve: (0..=MAX_ARRIVED).map(|_| Some(Point { unallocated: u, frag: u / 2.0 })).collect(),
             failed: u as usize,
             arrived: 100,
         };
@@ -339,16 +293,9 @@ mod tests {
         let report = Report { policies: vec![p] };
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["policies"][0]["curve"].as_array().unwrap().len(), 131);
-        assert_eq!(
-            json["policies"][0]["curve"][100]["unallocated_pct_median"],
-            5.0
-        );
+        assert_eq!(json["policies"][0]["curve"][100]["unallocated_pct_median"], 5.0);
         assert!(report.to_table().contains("fgd"));
         let svg = report.to_svg();
-        assert!(
-            svg.starts_with("<svg")
-                && svg.contains("polyline")
-                && svg.trim_end().ends_with("</svg>")
-        );
+        assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.trim_end().ends_with("</svg>"));
     }
 }

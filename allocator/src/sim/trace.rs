@@ -76,35 +76,20 @@ impl TracePod {
     pub fn slots(&self) -> Vec<SlotDemand> {
         match (self.num_gpu, self.gpu_milli) {
             (0, _) | (_, 0) => vec![],
-            (1, m) if m < 1000 => vec![SlotDemand::Share {
-                percent: Some(m / 10),
-                mem: None,
-            }],
-            (k, _) => vec![SlotDemand::Whole {
-                cards: k,
-                mem: None,
-            }],
+            (1, m) if m < 1000 => vec![SlotDemand::Share { percent: Some(m / 10), mem: None }],
+            (k, _) => vec![SlotDemand::Whole { cards: k, mem: None }],
         }
     }
 
     /// The engine request of this pod in `cluster` (unknown models match nothing).
     pub fn request(&self, cluster: &Cluster) -> Request {
         let models = (!self.gpu_spec.is_empty()).then(|| {
-            let mut ids: Vec<_> = self
-                .gpu_spec
-                .iter()
-                .filter_map(|m| cluster.models.get(m))
-                .collect();
+            let mut ids: Vec<_> = self.gpu_spec.iter().filter_map(|m| cluster.models.get(m)).collect();
             ids.sort();
             ids.dedup();
             ids
         });
-        Request {
-            cpu: self.cpu_milli,
-            mem: self.memory_mib,
-            slots: self.slots(),
-            models,
-        }
+        Request { cpu: self.cpu_milli, mem: self.memory_mib, slots: self.slots(), models }
     }
 }
 
@@ -125,14 +110,7 @@ pub fn build_cluster(nodes: &[TraceNode]) -> Result<Cluster, crate::model::Model
     for n in nodes {
         let model = cluster.models.intern(&n.model);
         let cards = (0..n.gpus)
-            .map(|i| {
-                Card::new(
-                    format!("{}-gpu{i}", n.name),
-                    i,
-                    model,
-                    card_memory(&n.model),
-                )
-            })
+            .map(|i| Card::new(format!("{}-gpu{i}", n.name), i, model, card_memory(&n.model)))
             .collect();
         cluster.add_node(Node::new(n.name.clone(), n.cpu_milli, n.memory_mib, cards))?;
     }
@@ -147,10 +125,7 @@ struct Csv<'a> {
 
 impl<'a> Csv<'a> {
     fn parse(file: &'a str, text: &'a str) -> Result<Self, TraceError> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
         let Some((_, header)) = lines.next() else {
             return Err(TraceError::Row {
                 file: file.into(),
@@ -159,9 +134,7 @@ impl<'a> Csv<'a> {
             });
         };
         let header: Vec<&str> = header.split(',').map(str::trim).collect();
-        let rows = lines
-            .map(|(i, l)| (i + 1, l.split(',').map(str::trim).collect()))
-            .collect();
+        let rows = lines.map(|(i, l)| (i + 1, l.split(',').map(str::trim).collect())).collect();
         Ok(Csv { file, header, rows })
     }
 
@@ -178,11 +151,7 @@ impl<'a> Csv<'a> {
     }
 
     fn err(&self, line: usize, message: String) -> TraceError {
-        TraceError::Row {
-            file: self.file.into(),
-            line,
-            message,
-        }
+        TraceError::Row { file: self.file.into(), line, message }
     }
 
     fn text<'r>(
@@ -193,29 +162,21 @@ impl<'a> Csv<'a> {
         name: &str,
     ) -> Result<&'r str, TraceError> {
         if row.len() != self.header.len() {
-            return Err(self.err(
-                line,
-                format!("{} fields, the header has {}", row.len(), self.header.len()),
-            ));
+            return Err(self.err(line, format!("{} fields, the header has {}", row.len(), self.header.len())));
         }
-        row.get(col)
-            .copied()
-            .ok_or_else(|| self.err(line, format!("missing {name}")))
+        row.get(col).copied().ok_or_else(|| self.err(line, format!("missing {name}")))
     }
 
     fn number(&self, line: usize, row: &[&str], col: usize, name: &str) -> Result<u64, TraceError> {
         let t = self.text(line, row, col, name)?;
-        t.parse()
-            .map_err(|_| self.err(line, format!("{name} {t:?} is not a non-negative integer")))
+        t.parse().map_err(|_| self.err(line, format!("{name} {t:?} is not a non-negative integer")))
     }
 }
 
 fn read(path: &Path) -> Result<(String, String), TraceError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-        file: file.clone(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| TraceError::Io { file: file.clone(), source })?;
     Ok((file, text))
 }
 
@@ -229,12 +190,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<TraceNode>, TraceError> {
 pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceError> {
     let csv = Csv::parse(file, text)?;
     let [sn, cpu, mem, gpu] = ["sn", "cpu_milli", "memory_mib", "gpu"].map(|c| csv.column(c, true));
-    let (sn, cpu, mem, gpu) = (
-        sn?.unwrap_or(0),
-        cpu?.unwrap_or(0),
-        mem?.unwrap_or(0),
-        gpu?.unwrap_or(0),
-    );
+    let (sn, cpu, mem, gpu) = (sn?.unwrap_or(0), cpu?.unwrap_or(0), mem?.unwrap_or(0), gpu?.unwrap_or(0));
     let model = csv.column("model", false)?;
     let mut seen = std::collections::HashSet::new();
     let mut nodes = Vec::with_capacity(csv.rows.len());
@@ -247,11 +203,7 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceError>
         if gpus > 64 {
             return Err(csv.err(*line, format!("gpu {gpus} is more than 64 cards")));
         }
-        let model = model
-            .map(|c| csv.text(*line, row, c, "model"))
-            .transpose()?
-            .unwrap_or("")
-            .to_owned();
+        let model = model.map(|c| csv.text(*line, row, c, "model")).transpose()?.unwrap_or("").to_owned();
         nodes.push(TraceNode {
             name,
             cpu_milli: csv.number(*line, row, cpu, "cpu_milli")?,
@@ -272,8 +224,7 @@ pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
 /// Parses a pod list; `file` names it in errors.
 pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>, TraceError> {
     let csv = Csv::parse(file, text)?;
-    let cols =
-        ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"].map(|c| csv.column(c, true));
+    let cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"].map(|c| csv.column(c, true));
     let [name, cpu, mem, num_gpu, gpu_milli] = cols;
     let (name, cpu, mem) = (name?.unwrap_or(0), cpu?.unwrap_or(0), mem?.unwrap_or(0));
     let (num_gpu, gpu_milli) = (num_gpu?.unwrap_or(0), gpu_milli?.unwrap_or(0));
@@ -289,22 +240,17 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>, TraceError> {
         if k == 0 {
             m = 0;
         } else if m == 0 || m > 1000 || (k > 1 && m != 1000) {
-            return Err(csv.err(line, format!("gpu_milli {m} with num_gpu {k}: expected 1..=1000 per card, 1000 for several cards")));
-        } else if m % 10 != 0 {
             return Err(csv.err(
                 line,
-                format!("gpu_milli {m} is not a whole percent (a multiple of 10)"),
+                format!("gpu_milli {m} with num_gpu {k}: expected 1..=1000 per card, 1000 for several cards"),
             ));
+        } else if m % 10 != 0 {
+            return Err(csv.err(line, format!("gpu_milli {m} is not a whole percent (a multiple of 10)")));
         }
         let gpu_spec = spec
             .map(|c| csv.text(line, row, c, "gpu_spec"))
             .transpose()?
-            .map(|s| {
-                s.split('|')
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
+            .map(|s| s.split('|').filter(|m| !m.is_empty()).map(str::to_owned).collect())
             .unwrap_or_default();
         pods.push(TracePod {
             name: csv.text(line, row, name, "name")?.to_owned(),
@@ -351,8 +297,7 @@ pub fn synthetic(seed: u64) -> (Vec<TraceNode>, Vec<TracePod>) {
             53..=96 => (1, 1000),
             _ => ([2, 4, 8][rng.below(3)], 1000),
         };
-        let cpu =
-            [2000, 4000, 6000, 8000, 12_000, 16_000][rng.below(6)] * u64::from(num_gpu.max(1)) / 2;
+        let cpu = [2000, 4000, 6000, 8000, 12_000, 16_000][rng.below(6)] * u64::from(num_gpu.max(1)) / 2;
         let gpu_spec = if num_gpu > 0 && rng.below(10) == 0 {
             vec![["A100", "T4", "V100M32"][rng.below(3)].to_owned()]
         } else {
@@ -385,81 +330,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pods.len(), 3);
-        assert_eq!(
-            pods[0].slots(),
-            vec![SlotDemand::Share {
-                percent: Some(46),
-                mem: None
-            }]
-        );
-        assert_eq!(
-            pods[1].slots(),
-            vec![SlotDemand::Whole {
-                cards: 2,
-                mem: None
-            }]
-        );
-        assert_eq!(
-            pods[1].gpu_spec,
-            vec!["V100M16".to_string(), "V100M32".to_string()]
-        );
+        assert_eq!(pods[0].slots(), vec![SlotDemand::Share { percent: Some(46), mem: None }]);
+        assert_eq!(pods[1].slots(), vec![SlotDemand::Whole { cards: 2, mem: None }]);
+        assert_eq!(pods[1].gpu_spec, vec!["V100M16".to_string(), "V100M32".to_string()]);
         assert!(pods[2].slots().is_empty());
         assert_eq!(pods[1].gpu_percent(), 200);
     }
 
     #[test]
     fn a_malformed_row_names_file_and_line() {
-        let e = parse_pods(
-            "pods.csv",
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,x,1,1,500\n",
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "pods.csv:3: cpu_milli \"x\" is not a non-negative integer"
-        );
-        let e = parse_pods(
-            "pods.csv",
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1\n",
-        )
-        .unwrap_err();
+        let e =
+            parse_pods("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,500\nb,x,1,1,500\n")
+                .unwrap_err();
+        assert_eq!(e.to_string(), "pods.csv:3: cpu_milli \"x\" is not a non-negative integer");
+        let e = parse_pods("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1\n").unwrap_err();
         assert_eq!(e.to_string(), "pods.csv:2: 4 fields, the header has 5");
-        let e = parse_pods(
-            "pods.csv",
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,2,500\n",
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("pods.csv:2: gpu_milli 500 with num_gpu 2"),
-            "{e}"
-        );
-        let e = parse_pods(
-            "pods.csv",
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,325\n",
-        )
-        .unwrap_err();
+        let e =
+            parse_pods("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,2,500\n").unwrap_err();
+        assert!(e.to_string().starts_with("pods.csv:2: gpu_milli 500 with num_gpu 2"), "{e}");
+        let e =
+            parse_pods("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,325\n").unwrap_err();
         assert!(e.to_string().contains("not a whole percent"), "{e}");
         let e = parse_nodes("nodes.csv", "sn,cpu_milli,memory_mib\nn,1,1\n").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nodes.csv:1: no column \"gpu\" in the header"
-        );
-        let e = parse_nodes(
-            "nodes.csv",
-            "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,2,T4\nn,1,1,2,T4\n",
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nodes.csv:3: node name \"n\" is empty or repeated"
-        );
-        assert!(
-            parse_nodes("nodes.csv", "")
-                .unwrap_err()
-                .to_string()
-                .contains("empty file")
-        );
+        assert_eq!(e.to_string(), "nodes.csv:1: no column \"gpu\" in the header");
+        let e = parse_nodes("nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,2,T4\nn,1,1,2,T4\n")
+            .unwrap_err();
+        assert_eq!(e.to_string(), "nodes.csv:3: node name \"n\" is empty or repeated");
+        assert!(parse_nodes("nodes.csv", "").unwrap_err().to_string().contains("empty file"));
     }
 
     #[test]
