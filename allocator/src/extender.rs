@@ -182,6 +182,7 @@ impl Extender {
         self.engine.commit(&req, id, &grants).map_err(|e| no_longer(e.to_string()))?;
         let cards = &self.engine.cluster().node(id).cards;
         let mut containers = BTreeMap::new();
+        let mut reuse = Vec::new();
         for (i, slot) in demand.slots.iter().enumerate() {
             let asked_memory = matches!(
                 req.slots[i],
@@ -200,8 +201,12 @@ impl Extender {
             for name in &slot.containers {
                 containers.insert(name.clone(), list.clone());
             }
+            // The first container of a slot holds its cards; the init containers after it reuse them.
+            reuse.extend(slot.containers.iter().skip(1).cloned());
         }
-        Ok(Bound { node: id, assignment: Assignment::new(node, at, containers), req, grants })
+        let mut assignment = Assignment::new(node, at, containers);
+        assignment.reuse = reuse;
+        Ok(Bound { node: id, assignment, req, grants })
     }
 
     /// Gives back what a bind took (the bind failed after all, or the pod is gone).
@@ -456,6 +461,7 @@ mod tests {
         let b = e.bind(&pod, "t4-0", "2026-11-21T00:00:00Z").unwrap();
         let app = &b.assignment.containers["app"];
         assert_eq!(app, &b.assignment.containers["warm"]);
+        assert_eq!(b.assignment.reuse, vec!["warm".to_string()]);
         assert_eq!((app[0].percent, app[0].memory_mib), (Percent(40), Some(MiB(4096))));
         assert_eq!(Assignment::decode(&b.assignment.encode()).unwrap(), b.assignment);
         e.unbind(&b);

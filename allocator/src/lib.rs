@@ -14,4 +14,5 @@ pub mod policy;
 pub mod request;
 pub mod rng;
 pub mod sim;
+pub mod state;
 pub mod workload;

@@ -91,6 +91,8 @@ pub struct Node {
     pub mem_free: u64,
     /// Cards in index order.
     pub cards: Vec<Card>,
+    /// Whether the node takes new pods (false once it is gone from the API).
+    pub schedulable: bool,
     /// Changes whenever anything above changes; unique across the cluster's life.
     pub version: u64,
 }
@@ -105,6 +107,7 @@ impl Node {
             mem_total,
             mem_free: mem_total,
             cards,
+            schedulable: true,
             version: 0,
         }
     }
@@ -157,23 +160,51 @@ impl Cluster {
     }
 
     /// Adds a node; its version is fresh.
-    pub fn add_node(&mut self, mut node: Node) -> Result<NodeId, ModelError> {
+    pub fn add_node(&mut self, node: Node) -> Result<NodeId, ModelError> {
         if self.by_name.contains_key(&node.name) {
             return Err(ModelError::DuplicateNode(node.name));
         }
+        Ok(self.upsert_node(node))
+    }
+
+    /// Adds a node, or replaces the node of the same name (keeping its id); its version is fresh.
+    pub fn upsert_node(&mut self, mut node: Node) -> NodeId {
         self.clock += 1;
         node.version = self.clock;
+        self.count_supply(&node, 1);
+        match self.by_name.get(&node.name) {
+            Some(&id) => {
+                let old = std::mem::replace(&mut self.nodes[id.0], node);
+                self.count_supply(&old, -1);
+                id
+            }
+            None => {
+                let id = NodeId(self.nodes.len());
+                self.by_name.insert(node.name.clone(), id);
+                self.nodes.push(node);
+                id
+            }
+        }
+    }
+
+    /// Marks a node gone: it keeps its id (and name) but has no cards and takes no pods.
+    pub fn remove_node(&mut self, name: &str) {
+        if let Some(&id) = self.by_name.get(name) {
+            let mut gone = Node::new(name, 0, 0, Vec::new());
+            gone.schedulable = false;
+            self.upsert_node(gone);
+            debug_assert_eq!(self.by_name.get(name), Some(&id));
+        }
+    }
+
+    fn count_supply(&mut self, node: &Node, sign: i64) {
         for c in &node.cards {
             let m = usize::from(c.model.0);
             if self.supply.len() <= m {
                 self.supply.resize(m + 1, 0);
             }
-            self.supply[m] += 1;
+            self.supply[m] = (i64::from(self.supply[m]) + sign).max(0) as u32;
         }
-        let id = NodeId(self.nodes.len());
-        self.by_name.insert(node.name.clone(), id);
-        self.nodes.push(node);
-        Ok(id)
     }
 
     /// All nodes, indexed by [`NodeId`].

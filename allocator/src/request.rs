@@ -144,6 +144,8 @@ pub struct Grant {
 /// Why a node cannot take a request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
+    /// The node is gone from the API.
+    Gone,
     /// The request wants GPUs and the node has none.
     NoGpu,
     /// No card of an allowed model on the node.
@@ -167,7 +169,8 @@ impl Reason {
     pub fn unresolvable(&self) -> bool {
         matches!(
             self,
-            Reason::NoGpu
+            Reason::Gone
+                | Reason::NoGpu
                 | Reason::ModelMismatch
                 | Reason::NeverFits(_)
                 | Reason::CpuCapacity
@@ -180,6 +183,7 @@ impl Reason {
     /// The reason without its details, for counting nodes per reason.
     pub fn kind(&self) -> &'static str {
         match self {
+            Reason::Gone => "node is gone",
             Reason::NoGpu => "node has no GPU",
             Reason::ModelMismatch => "no card of an allowed model",
             Reason::NeverFits(_) => "larger than any card",
@@ -195,6 +199,7 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Reason::Gone => f.write_str("node is gone"),
             Reason::NoGpu => f.write_str("node has no GPU"),
             Reason::ModelMismatch => f.write_str("no card of an allowed model"),
             Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
@@ -272,6 +277,9 @@ pub fn fit(node: &Node, req: &Request, chooser: &mut dyn CardChooser) -> Result<
 
 /// The node-level checks: GPUs present, model, CPU and memory.
 pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
+    if !node.schedulable {
+        return Err(Reason::Gone);
+    }
     if !req.slots.is_empty() {
         if node.cards.is_empty() {
             return Err(Reason::NoGpu);

@@ -152,6 +152,10 @@ pub struct Assignment {
     pub at: String,
     /// Per container name, its card grants.
     pub containers: BTreeMap<String, Vec<CardGrant>>,
+    /// Containers (init containers) that run on the cards of another container of the pod, as the
+    /// kubelet reuses their device IDs: their grants do not add to what the pod holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reuse: Vec<String>,
 }
 
 impl Assignment {
@@ -161,7 +165,12 @@ impl Assignment {
         at: impl Into<String>,
         containers: BTreeMap<String, Vec<CardGrant>>,
     ) -> Self {
-        Assignment { v: VERSION, node: node.into(), at: at.into(), containers }
+        Assignment { v: VERSION, node: node.into(), at: at.into(), containers, reuse: Vec::new() }
+    }
+
+    /// What the pod holds: the grants of every container that does not reuse another's cards.
+    pub fn held(&self) -> impl Iterator<Item = &CardGrant> {
+        self.containers.iter().filter(|(name, _)| !self.reuse.contains(name)).flat_map(|(_, grants)| grants)
     }
 
     /// The annotation value.
@@ -195,6 +204,11 @@ impl Assignment {
                 if g.uuid.is_empty() || !seen.insert(g.uuid.as_str()) {
                     return Err(err(format!("containers.{name}[{i}].uuid"), "empty or repeated".into()));
                 }
+            }
+        }
+        for (i, name) in a.reuse.iter().enumerate() {
+            if !a.containers.contains_key(name) {
+                return Err(err(format!("reuse[{i}]"), format!("{name:?} is not among the containers")));
             }
         }
         Ok(a)
@@ -318,6 +332,16 @@ mod tests {
         assert_eq!(e.field, "gpus[1]");
         let e = NodeInventory::decode("not json").unwrap_err();
         assert!(e.to_string().starts_with("nano-gpu/gpus: .: not JSON"), "{e}");
+    }
+
+    #[test]
+    fn reusing_containers_do_not_add_to_what_the_pod_holds() {
+        let golden = r#"{"v":1,"node":"n1","at":"t","containers":{"app":[{"uuid":"GPU-a","index":0,"percent":40}],"warm":[{"uuid":"GPU-a","index":0,"percent":40}]},"reuse":["warm"]}"#;
+        let a = Assignment::decode(golden).unwrap();
+        assert_eq!(a.encode(), golden);
+        assert_eq!(a.held().map(|g| g.percent.0).sum::<u32>(), 40);
+        let e = Assignment::decode(&golden.replace(r#"["warm"]"#, r#"["cold"]"#)).unwrap_err();
+        assert_eq!(e.field, "reuse[0]");
     }
 
     #[test]
