@@ -1,0 +1,152 @@
+//! Prometheus text metrics: decisions by verb and result, latency histograms per verb, and per-card
+//! allocated percent and memory (read from the cluster view at scrape time).
+
+use crate::model::Cluster;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Extender verbs that are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// `POST /filter`.
+    Filter,
+    /// `POST /prioritize`.
+    Prioritize,
+    /// `POST /bind`.
+    Bind,
+}
+
+impl Verb {
+    const ALL: [Verb; 3] = [Verb::Filter, Verb::Prioritize, Verb::Bind];
+
+    fn name(self) -> &'static str {
+        match self {
+            Verb::Filter => "filter",
+            Verb::Prioritize => "prioritize",
+            Verb::Bind => "bind",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5];
+
+#[derive(Default)]
+struct VerbStats {
+    ok: AtomicU64,
+    error: AtomicU64,
+    buckets: [AtomicU64; BUCKETS.len()],
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+/// Counters shared by the handlers.
+#[derive(Default)]
+pub struct Metrics {
+    verbs: [VerbStats; 3],
+}
+
+impl Metrics {
+    /// Counts one call of `verb`.
+    pub fn observe(&self, verb: Verb, ok: bool, took: Duration) {
+        let v = &self.verbs[verb as usize];
+        if ok { &v.ok } else { &v.error }.fetch_add(1, Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&v.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        v.sum_nanos.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        v.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text.
+    pub fn render(&self, cluster: &Cluster) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP nano_gpu_decisions_total Extender calls by verb and result.");
+        let _ = writeln!(out, "# TYPE nano_gpu_decisions_total counter");
+        for verb in Verb::ALL {
+            let v = &self.verbs[verb as usize];
+            for (result, n) in [("ok", &v.ok), ("error", &v.error)] {
+                let _ = writeln!(
+                    out,
+                    "nano_gpu_decisions_total{{verb=\"{}\",result=\"{result}\"}} {}",
+                    verb.name(),
+                    n.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP nano_gpu_decision_seconds Extender call latency.");
+        let _ = writeln!(out, "# TYPE nano_gpu_decision_seconds histogram");
+        for verb in Verb::ALL {
+            let v = &self.verbs[verb as usize];
+            for (bound, bucket) in BUCKETS.iter().zip(&v.buckets) {
+                let _ = writeln!(
+                    out,
+                    "nano_gpu_decision_seconds_bucket{{verb=\"{}\",le=\"{bound}\"}} {}",
+                    verb.name(),
+                    bucket.load(Ordering::Relaxed)
+                );
+            }
+            let count = v.count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "nano_gpu_decision_seconds_bucket{{verb=\"{}\",le=\"+Inf\"}} {count}",
+                verb.name()
+            );
+            let sum = v.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "nano_gpu_decision_seconds_sum{{verb=\"{}\"}} {sum}", verb.name());
+            let _ = writeln!(out, "nano_gpu_decision_seconds_count{{verb=\"{}\"}} {count}", verb.name());
+        }
+        let _ =
+            writeln!(out, "# HELP nano_gpu_card_allocated_percent Percent of each card allocated to pods.");
+        let _ = writeln!(out, "# TYPE nano_gpu_card_allocated_percent gauge");
+        let _ = writeln!(
+            out,
+            "# HELP nano_gpu_card_allocated_memory_mib GPU memory of each card allocated to pods."
+        );
+        let _ = writeln!(out, "# TYPE nano_gpu_card_allocated_memory_mib gauge");
+        for n in cluster.nodes().iter().filter(|n| n.schedulable) {
+            for c in &n.cards {
+                let labels = format!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
+                let _ = writeln!(out, "nano_gpu_card_allocated_percent{{{labels}}} {}", 100 - c.free);
+                let _ = writeln!(
+                    out,
+                    "nano_gpu_card_allocated_memory_mib{{{labels}}} {}",
+                    c.mem_total.saturating_sub(c.mem_free)
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Card, ModelId, Node};
+
+    #[test]
+    fn calls_are_counted_into_buckets_and_cards_are_listed() {
+        let m = Metrics::default();
+        m.observe(Verb::Filter, true, Duration::from_micros(700));
+        m.observe(Verb::Bind, false, Duration::from_millis(30));
+        let mut c = Cluster::new();
+        let mut card = Card::new("GPU-a", 0, ModelId(0), 1000);
+        card.free = 70;
+        card.mem_free = 400;
+        c.add_node(Node::new("n1", 1, 1, vec![card])).unwrap();
+        let text = m.render(&c);
+        assert!(text.contains("nano_gpu_decisions_total{verb=\"filter\",result=\"ok\"} 1"), "{text}");
+        assert!(text.contains("nano_gpu_decisions_total{verb=\"bind\",result=\"error\"} 1"));
+        assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"filter\",le=\"0.0005\"} 0"));
+        assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"filter\",le=\"0.001\"} 1"));
+        assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"bind\",le=\"+Inf\"} 1"));
+        assert!(text.contains("nano_gpu_card_allocated_percent{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 30"));
+        assert!(
+            text.contains("nano_gpu_card_allocated_memory_mib{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 600")
+        );
+    }
+}

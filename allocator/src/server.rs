@@ -1,0 +1,500 @@
+//! The extender HTTP service: decode, call the cluster view, encode.
+//!
+//! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs), `GET /healthz`, `/readyz`
+//! (ready once the watches have listed everything), `/metrics` (Prometheus text), `/inspect` (JSON per
+//! node and card). `POST /preempt` answers 501: preemption is not implemented yet.
+
+use crate::binder::{ApiError, Binder};
+use crate::metrics::{Metrics, Verb};
+use crate::state::{ClusterState, Reservation};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use k8s_openapi::api::core::v1::Pod;
+use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
+use nano_gpu_proto::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult};
+use serde::de::DeserializeOwned;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+/// Pods seen in filter calls, kept so that bind (which gets only names) need not read the API.
+const RECENT_PODS: usize = 8192;
+
+/// Conflicting annotation writes retried before a bind gives up.
+const CONFLICT_RETRIES: usize = 5;
+
+/// Everything the handlers share.
+pub struct Shared<B> {
+    state: Mutex<ClusterState>,
+    binder: B,
+    /// Call counters and latencies.
+    pub metrics: Metrics,
+    /// Set once the node and pod watches have listed everything.
+    pub synced: AtomicBool,
+    recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
+}
+
+impl<B: Binder> Shared<B> {
+    /// Handlers over `state`, binding through `binder`.
+    pub fn new(state: ClusterState, binder: B) -> Arc<Self> {
+        Arc::new(Shared {
+            state: Mutex::new(state),
+            binder,
+            metrics: Metrics::default(),
+            synced: AtomicBool::new(false),
+            recent: Mutex::new((HashMap::new(), VecDeque::new())),
+        })
+    }
+
+    /// The cluster view (the watches write through this).
+    pub fn state(&self) -> MutexGuard<'_, ClusterState> {
+        // A panic while holding the lock cannot leave the view half-changed in a way that matters more
+        // than stopping every decision would, so a poisoned lock is used as is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else { return };
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *recent;
+        if map.insert(uid.clone(), pod.clone()).is_none() {
+            order.push_back(uid);
+            if order.len() > RECENT_PODS {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn recent(&self, uid: &str) -> Option<Pod> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner()).0.get(uid).cloned()
+    }
+}
+
+/// The routes.
+pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
+    Router::new()
+        .route("/filter", post(filter::<B>))
+        .route("/prioritize", post(prioritize::<B>))
+        .route("/bind", post(bind::<B>))
+        .route("/preempt", post(preempt))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz::<B>))
+        .route("/metrics", get(metrics::<B>))
+        .route("/inspect", get(inspect::<B>))
+        .with_state(shared)
+}
+
+fn decode<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, Response> {
+    serde_json::from_slice(body)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid {what}: {e}\n")).into_response())
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
+        Ok(a) => a,
+        Err(r) => {
+            s.metrics.observe(Verb::Filter, false, started.elapsed());
+            return r;
+        }
+    };
+    if let Some(pod) = &args.pod {
+        s.remember(pod);
+    }
+    let result = s.state().filter(&args);
+    s.metrics.observe(Verb::Filter, result.error.is_empty(), started.elapsed());
+    json(&result)
+}
+
+async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
+        Ok(a) => a,
+        Err(r) => {
+            s.metrics.observe(Verb::Prioritize, false, started.elapsed());
+            return r;
+        }
+    };
+    let result = s.state().prioritize(&args);
+    s.metrics.observe(Verb::Prioritize, true, started.elapsed());
+    json(&result)
+}
+
+async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let args: ExtenderBindingArgs = match decode(&body, "ExtenderBindingArgs") {
+        Ok(a) => a,
+        Err(r) => {
+            s.metrics.observe(Verb::Bind, false, started.elapsed());
+            return r;
+        }
+    };
+    let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let result = bind_pod(&s, &args).await;
+    s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
+    let error = match result {
+        Ok(()) => {
+            tracing::info!(verb = "bind", %pod, node = %args.node, "bound");
+            String::new()
+        }
+        Err(e) => {
+            tracing::warn!(verb = "bind", %pod, node = %args.node, error = %e, "bind failed");
+            e
+        }
+    };
+    json(&ExtenderBindingResult { error })
+}
+
+/// Reserve, annotate (retrying conflicts), bind; on failure remove the annotation and the reservation.
+async fn bind_pod<B: Binder>(s: &Shared<B>, args: &ExtenderBindingArgs) -> Result<(), String> {
+    let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
+    let mut pod = match s.recent(uid) {
+        Some(p) => p,
+        None => s.binder.get_pod(ns, name).await.map_err(|e| format!("reading pod {ns}/{name}: {e}"))?,
+    };
+    if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
+        return Err(format!("pod {ns}/{name} is not the pod with uid {uid}"));
+    }
+    let reservation =
+        s.state().reserve(&pod, node, &rfc3339(SystemTime::now())).map_err(|e| e.to_string())?;
+    let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());
+    if !reservation.fresh && already_bound {
+        return Ok(()); // kube-scheduler retried a bind that had succeeded
+    }
+    let value = reservation.assignment.encode();
+    let mut attempt = 0;
+    let annotated = loop {
+        let rv = pod.metadata.resource_version.clone();
+        match s.binder.annotate(ns, name, uid, rv.as_deref(), Some(&value)).await {
+            Ok(()) => break Ok(()),
+            Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
+                attempt += 1;
+                match s.binder.get_pod(ns, name).await {
+                    Ok(fresh) if fresh.metadata.uid.as_deref() == Some(uid.as_str()) => pod = fresh,
+                    Ok(_) => break Err(format!("pod {ns}/{name} was replaced")),
+                    Err(e) => break Err(format!("re-reading pod {ns}/{name}: {e}")),
+                }
+            }
+            Err(e) => break Err(format!("writing {ASSIGNMENT_ANNOTATION} on {ns}/{name}: {e}")),
+        }
+    };
+    let result = match annotated {
+        Ok(()) => s
+            .binder
+            .bind(ns, name, uid, node)
+            .await
+            .map_err(|e| format!("binding {ns}/{name} to {node}: {e}")),
+        Err(e) => Err(e),
+    };
+    if result.is_err() {
+        roll_back(s, ns, name, uid, &reservation).await;
+    }
+    result
+}
+
+async fn roll_back<B: Binder>(s: &Shared<B>, ns: &str, name: &str, uid: &str, reservation: &Reservation) {
+    if reservation.fresh {
+        if let Err(e) = s.binder.annotate(ns, name, uid, None, None).await {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
+        }
+    }
+    s.state().release(reservation);
+}
+
+async fn preempt() -> Response {
+    (StatusCode::NOT_IMPLEMENTED, "preempt is not implemented yet; do not configure preemptVerb\n")
+        .into_response()
+}
+
+async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
+    if s.synced.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the node and pod watches to list everything\n")
+            .into_response()
+    }
+}
+
+async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
+    let text = {
+        let state = s.state();
+        s.metrics.render(state.extender().engine().cluster())
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
+    let value = s.state().inspect();
+    json(&value)
+}
+
+/// A UTC time as RFC 3339 with second precision (`2026-11-21T10:00:00Z`).
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+    use crate::policy;
+    use crate::workload::Workload;
+    use axum::body::Body;
+    use http::Request;
+    use nano_gpu_proto::demand::DemandOptions;
+    use serde_json::{Value, json};
+    use std::sync::atomic::AtomicUsize;
+    use tower::ServiceExt;
+
+    /// A hand-written fake of the API calls: records them, and fails on demand.
+    #[derive(Default)]
+    struct FakeBinder {
+        calls: Mutex<Vec<String>>,
+        pods: Mutex<HashMap<String, Pod>>,
+        conflicts: AtomicUsize,
+        fail_bind: AtomicBool,
+    }
+
+    impl FakeBinder {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Binder for FakeBinder {
+        async fn get_pod(&self, ns: &str, name: &str) -> Result<Pod, ApiError> {
+            self.calls.lock().unwrap().push(format!("get {ns}/{name}"));
+            self.pods.lock().unwrap().get(name).cloned().ok_or_else(|| ApiError::NotFound(name.into()))
+        }
+
+        async fn annotate(
+            &self,
+            _: &str,
+            name: &str,
+            _: &str,
+            rv: Option<&str>,
+            value: Option<&str>,
+        ) -> Result<(), ApiError> {
+            let what = if value.is_some() { "annotate" } else { "unannotate" };
+            self.calls.lock().unwrap().push(format!("{what} {name} rv={}", rv.unwrap_or("-")));
+            if value.is_some() && self.conflicts.load(Ordering::SeqCst) > 0 {
+                self.conflicts.fetch_sub(1, Ordering::SeqCst);
+                return Err(ApiError::Conflict("the object has been modified".into()));
+            }
+            Ok(())
+        }
+
+        async fn bind(&self, _: &str, name: &str, _: &str, node: &str) -> Result<(), ApiError> {
+            self.calls.lock().unwrap().push(format!("bind {name} {node}"));
+            if self.fail_bind.load(Ordering::SeqCst) {
+                return Err(ApiError::Other("binding refused".into()));
+            }
+            Ok(())
+        }
+    }
+
+    fn pod(uid: &str, rv: &str, node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": rv},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": "60"}}}]}
+        }))
+        .unwrap()
+    }
+
+    fn shared() -> Arc<Shared<FakeBinder>> {
+        let engine = Engine::new(
+            crate::model::Cluster::new(),
+            policy::by_name("fgd-balance", 0).unwrap(),
+            Workload::default(),
+        );
+        let mut state = ClusterState::new(engine, 1, DemandOptions::default());
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "annotations": {"nano-gpu/gpus":
+                r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-0","vendor":"nvidia","model":"T4","memoryMiB":15360,"healthy":true}]}"#}},
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}
+        }))
+        .unwrap();
+        state.apply_node(&node);
+        Shared::new(state, FakeBinder::default())
+    }
+
+    async fn call(
+        s: &Arc<Shared<FakeBinder>>,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> (StatusCode, String) {
+        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_string())).unwrap();
+        let resp = router(s.clone()).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn free(s: &Arc<Shared<FakeBinder>>) -> u32 {
+        s.state().extender().engine().cluster().node(crate::model::NodeId(0)).cards[0].free
+    }
+
+    fn binding(uid: &str) -> Value {
+        json!({"PodName": uid, "PodNamespace": "ns", "PodUID": uid, "Node": "n1"})
+    }
+
+    #[tokio::test]
+    async fn bad_json_is_a_400_with_a_message() {
+        let s = shared();
+        let req = Request::builder().method("POST").uri("/filter").body(Body::from("{nope")).unwrap();
+        let resp = router(s.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).starts_with("invalid ExtenderArgs: key must be a string"));
+        let (status, _) = call(&s, "POST", "/bind", json!({"PodName": 3})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn filter_prioritize_and_bind_place_a_pod_and_write_its_assignment() {
+        let s = shared();
+        let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1", "n2"]});
+        let (status, body) = call(&s, "POST", "/filter", args.clone()).await;
+        assert_eq!(status, StatusCode::OK);
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["NodeNames"], json!(["n1"]));
+        assert_eq!(r["FailedAndUnresolvableNodes"]["n2"], "node has no nano-gpu inventory");
+        let (_, body) = call(&s, "POST", "/prioritize", args).await;
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap(),
+            json!([{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}])
+        );
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        // The pod came from the filter call: no read; the annotation carries the read resourceVersion.
+        assert_eq!(s.binder.calls(), vec!["annotate a rv=7", "bind a n1"]);
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_annotation_write_is_retried_on_the_fresh_pod() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "8", None));
+        s.binder.conflicts.store(1, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        assert_eq!(
+            s.binder.calls(),
+            vec!["get ns/a", "annotate a rv=8", "get ns/a", "annotate a rv=8", "bind a n1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_binding_removes_the_annotation_and_the_reservation() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.fail_bind.store(true, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["Error"], "binding ns/a to n1: binding refused");
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=1", "bind a n1", "unannotate a rv=-"]);
+        assert_eq!(free(&s), 100);
+    }
+
+    #[tokio::test]
+    async fn endless_conflicts_give_up_and_roll_back() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.conflicts.store(100, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert!(body.contains("the object has been modified"), "{body}");
+        assert_eq!(free(&s), 100);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_bind_of_a_bound_pod_succeeds_without_api_calls() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        call(&s, "POST", "/bind", binding("a")).await;
+        // The watch shows the pod bound and annotated; kube-scheduler retries after a timeout.
+        let assignment = s.binder.calls().len();
+        let mut bound = pod("a", "2", Some("n1"));
+        let reserved = s.state().reserve(&pod("a", "1", None), "n1", "t").unwrap();
+        bound.metadata.annotations =
+            Some([(ASSIGNMENT_ANNOTATION.to_string(), reserved.assignment.encode())].into());
+        s.state().apply_pod(&bound);
+        s.binder.pods.lock().unwrap().insert("a".into(), bound);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        assert_eq!(s.binder.calls().len(), assignment + 1, "only the read: {:?}", s.binder.calls());
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_does_not_fit_is_refused_at_bind_without_writing() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.pods.lock().unwrap().insert("b".into(), pod("b", "1", None));
+        call(&s, "POST", "/bind", binding("a")).await;
+        let (_, body) = call(&s, "POST", "/bind", binding("b")).await;
+        assert!(body.contains("no longer fits on node n1"), "{body}");
+        assert!(!s.binder.calls().iter().any(|c| c.starts_with("annotate b")));
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_the_watches_and_preempt_says_it_is_not_implemented() {
+        let s = shared();
+        assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        s.synced.store(true, Ordering::Relaxed);
+        assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::OK);
+        assert_eq!(call(&s, "GET", "/healthz", json!(null)).await, (StatusCode::OK, "ok".to_string()));
+        assert_eq!(call(&s, "POST", "/preempt", json!({})).await.0, StatusCode::NOT_IMPLEMENTED);
+    }
+
+    #[tokio::test]
+    async fn metrics_and_inspect_describe_the_cards() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        call(&s, "POST", "/bind", binding("a")).await;
+        let (_, text) = call(&s, "GET", "/metrics", json!(null)).await;
+        assert!(
+            text.contains("nano_gpu_card_allocated_percent{node=\"n1\",gpu=\"GPU-0\",index=\"0\"} 60"),
+            "{text}"
+        );
+        assert!(text.contains("nano_gpu_decisions_total{verb=\"bind\",result=\"ok\"} 1"));
+        let (_, body) = call(&s, "GET", "/inspect", json!(null)).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["nodes"][0]["cards"][0]["percentUsed"], 60);
+        assert_eq!(v["nodes"][0]["cards"][0]["pods"], json!(["ns/a"]));
+    }
+
+    #[test]
+    fn rfc3339_formats_utc_dates() {
+        let t = |secs| rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        assert_eq!(t(0), "1970-01-01T00:00:00Z");
+        assert_eq!(t(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(t(1_795_305_600 + 3661), "2026-11-22T01:01:01Z");
+    }
+}
