@@ -64,10 +64,10 @@ impl<B: Binder> Shared<B> {
         let (map, order) = &mut *recent;
         if map.insert(uid.clone(), pod.clone()).is_none() {
             order.push_back(uid);
-            if order.len() > RECENT_PODS {
-                if let Some(old) = order.pop_front() {
-                    map.remove(&old);
-                }
+            if order.len() > RECENT_PODS
+                && let Some(old) = order.pop_front()
+            {
+                map.remove(&old);
             }
         }
     }
@@ -91,9 +91,14 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .with_state(shared)
 }
 
-fn decode<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, Response> {
-    serde_json::from_slice(body)
-        .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid {what}: {e}\n")).into_response())
+fn decode<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, String> {
+    serde_json::from_slice(body).map_err(|e| format!("invalid {what}: {e}\n"))
+}
+
+/// A body that is not what the verb takes: counted as an error, answered 400 with the reason.
+fn rejected<B>(s: &Shared<B>, verb: Verb, started: Instant, message: String) -> Response {
+    s.metrics.observe(verb, false, started.elapsed());
+    (StatusCode::BAD_REQUEST, message).into_response()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
@@ -107,10 +112,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
     let started = Instant::now();
     let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
         Ok(a) => a,
-        Err(r) => {
-            s.metrics.observe(Verb::Filter, false, started.elapsed());
-            return r;
-        }
+        Err(e) => return rejected(&s, Verb::Filter, started, e),
     };
     if let Some(pod) = &args.pod {
         s.remember(pod);
@@ -124,10 +126,7 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
     let started = Instant::now();
     let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
         Ok(a) => a,
-        Err(r) => {
-            s.metrics.observe(Verb::Prioritize, false, started.elapsed());
-            return r;
-        }
+        Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
     let result = s.state().prioritize(&args);
     s.metrics.observe(Verb::Prioritize, true, started.elapsed());
@@ -138,10 +137,7 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
     let started = Instant::now();
     let args: ExtenderBindingArgs = match decode(&body, "ExtenderBindingArgs") {
         Ok(a) => a,
-        Err(r) => {
-            s.metrics.observe(Verb::Bind, false, started.elapsed());
-            return r;
-        }
+        Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
     let result = bind_pod(&s, &args).await;
@@ -207,10 +203,10 @@ async fn bind_pod<B: Binder>(s: &Shared<B>, args: &ExtenderBindingArgs) -> Resul
 }
 
 async fn roll_back<B: Binder>(s: &Shared<B>, ns: &str, name: &str, uid: &str, reservation: &Reservation) {
-    if reservation.fresh {
-        if let Err(e) = s.binder.annotate(ns, name, uid, None, None).await {
-            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
-        }
+    if reservation.fresh
+        && let Err(e) = s.binder.annotate(ns, name, uid, None, None).await
+    {
+        tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
     }
     s.state().release(reservation);
 }
