@@ -131,3 +131,112 @@ impl Binder for KubeBinder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The exact requests the real binder sends, against a fake API server (tower-test).
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn client() -> (KubeBinder, Handle) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (KubeBinder::new(kube::Client::new(svc, "default")), handle)
+    }
+
+    async fn body(req: Request<Body>) -> (String, String, Option<String>, Value) {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+        let ctype = req.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        (method, path, ctype, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    fn respond(code: u16, value: Value) -> Response<Body> {
+        Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
+    }
+
+    fn pod() -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}})
+    }
+
+    #[tokio::test]
+    async fn annotate_sends_a_merge_patch_with_uid_and_resource_version_preconditions() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            let (method, path, ctype, body) = body(req).await;
+            assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/api/v1/namespaces/ns/pods/p"));
+            assert_eq!(ctype.as_deref(), Some("application/merge-patch+json"));
+            assert_eq!(
+                body,
+                json!({"metadata": {"uid": "u1", "resourceVersion": "42",
+                "annotations": {"nano-gpu/assignment": "{\"v\":1}"}}})
+            );
+            send.send_response(respond(200, pod()));
+        });
+        binder.annotate("ns", "p", "u1", Some("42"), Some("{\"v\":1}")).await.unwrap();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn removing_the_annotation_patches_it_to_null() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            let (_, _, _, body) = body(req).await;
+            assert_eq!(
+                body,
+                json!({"metadata": {"uid": "u1", "annotations": {"nano-gpu/assignment": null}}})
+            );
+            send.send_response(respond(200, pod()));
+        });
+        binder.annotate("ns", "p", "u1", None, None).await.unwrap();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_409_is_a_conflict_and_a_404_is_not_found() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            for code in [409, 404] {
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(respond(
+                    code,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": code}),
+                ));
+            }
+        });
+        let e = binder.annotate("ns", "p", "u1", Some("1"), Some("x")).await.unwrap_err();
+        assert!(matches!(e, ApiError::Conflict(ref m) if m == "the object has been modified"), "{e:?}");
+        let e = binder.get_pod("ns", "p").await.unwrap_err();
+        assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bind_posts_the_binding_subresource() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            let (method, path, _, body) = body(req).await;
+            assert_eq!((method.as_str(), path.as_str()), ("POST", "/api/v1/namespaces/ns/pods/p/binding"));
+            assert_eq!(
+                body,
+                json!({"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "target": {"kind": "Node", "name": "n1"}})
+            );
+            send.send_response(respond(
+                201,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+            ));
+        });
+        binder.bind("ns", "p", "u1", "n1").await.unwrap();
+        server.await.unwrap();
+    }
+}
