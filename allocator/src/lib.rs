@@ -20,4 +20,5 @@ pub mod rng;
 pub mod server;
 pub mod sim;
 pub mod state;
+pub mod watch;
 pub mod workload;

@@ -27,8 +27,35 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the scheduler extender (filter, prioritize, bind) over a cluster view built from watches.
+    Serve(ServeArgs),
     /// Replay a workload through the placement engine and report unallocated GPU per policy.
     Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address of the extender HTTP endpoint.
+    #[arg(long, env = "NANO_GPU_LISTEN", default_value = "0.0.0.0:8888")]
+    listen: std::net::SocketAddr,
+    /// Placement policy (`default` is the best on the openb benchmark).
+    #[arg(long, env = "NANO_GPU_POLICY", default_value = "default")]
+    policy: String,
+    /// Accept gpushare's `aliyun.com/gpu-mem` as GPU memory, in this unit.
+    #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
+    gpushare: Option<GpushareUnitArg>,
+    /// Rebuild the learned target workload every this many binds.
+    #[arg(long, default_value_t = 100)]
+    learn_every: u64,
+    /// This replica's name, for the Events it records.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum GpushareUnitArg {
+    Gib,
+    Mib,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -130,10 +157,60 @@ fn simulate(args: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+fn serve(args: ServeArgs) -> Result<()> {
+    use nano_gpu_allocator::{
+        binder::KubeBinder, engine::Engine, model::Cluster, policy, server, state, watch,
+    };
+    use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
+    let policy = policy::by_name(&args.policy, 0)
+        .with_context(|| format!("unknown policy {:?}; known: {}", args.policy, policy::NAMES.join(", ")))?;
+    let demand = DemandOptions {
+        gpushare: args.gpushare.map(|u| match u {
+            GpushareUnitArg::Gib => GpushareUnit::GiB,
+            GpushareUnitArg::Mib => GpushareUnit::MiB,
+        }),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        let engine = Engine::new(Cluster::new(), policy, Default::default());
+        let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
+        let shared = server::Shared::new(view, KubeBinder::new(client.clone()));
+        let watches = tokio::spawn(watch::run(client, shared.clone(), args.pod_name));
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, "serving the scheduler extender");
+        let app = server::router(shared);
+        tokio::select! {
+            served = axum::serve(listener, app).with_graceful_shutdown(shutdown()) => served.context("serving HTTP")?,
+            _ = watches => bail!("the watches stopped"),
+        }
+        Ok(())
+    })
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     match cli.command {
         Command::Simulate(args) => simulate(args),
+        Command::Serve(args) => serve(args),
     }
 }

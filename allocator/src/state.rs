@@ -17,6 +17,7 @@
 use crate::engine::Engine;
 use crate::extender::{BindError, Bound, Extender};
 use crate::model::{Card, Node};
+use crate::workload::Learner;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
@@ -74,6 +75,7 @@ struct PodRecord {
 /// The cluster view: node and pod records, and the extender deciding over them.
 pub struct ClusterState {
     extender: Extender,
+    learner: Option<Learner>,
     nodes: BTreeMap<String, NodeRecord>,
     pods: HashMap<String, PodRecord>,
     warnings: Vec<Warning>,
@@ -92,10 +94,17 @@ impl ClusterState {
     pub fn new(engine: Engine, salt: u64, demand: DemandOptions) -> Self {
         ClusterState {
             extender: Extender::new(engine, salt, demand),
+            learner: None,
             nodes: BTreeMap::new(),
             pods: HashMap::new(),
             warnings: Vec::new(),
         }
+    }
+
+    /// Learns the target workload from the pods it binds (rebuilt every `every` binds).
+    pub fn learn_workload(mut self, every: u64) -> Self {
+        self.learner = Some(Learner::new(every));
+        self
     }
 
     /// The extender deciding over this view.
@@ -335,6 +344,9 @@ impl ClusterState {
             self.forget_pod(&uid);
         }
         let Bound { assignment, req, .. } = self.extender.bind(pod, node, at)?;
+        if let Some(workload) = self.learner.as_mut().and_then(|l| l.observe(&req)) {
+            self.extender.engine_mut().set_workload(workload);
+        }
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let record = PodRecord {

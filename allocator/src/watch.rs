@@ -1,0 +1,159 @@
+//! Watches on Nodes and Pods that feed the cluster view, and the warning Events it raises.
+//!
+//! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
+//! by one; a watch that breaks re-lists with backoff. The service is ready once both have listed.
+
+use crate::binder::Binder;
+use crate::server::Shared;
+use crate::state::{ClusterState, Warning};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// How a kind of object enters the view.
+trait Feed: Clone + Send + 'static {
+    fn apply(state: &mut ClusterState, obj: &Self);
+    fn delete(state: &mut ClusterState, obj: &Self);
+    fn reset(state: &mut ClusterState, all: &[Self]);
+}
+
+impl Feed for Node {
+    fn apply(state: &mut ClusterState, obj: &Self) {
+        state.apply_node(obj);
+    }
+    fn delete(state: &mut ClusterState, obj: &Self) {
+        if let Some(name) = obj.metadata.name.as_deref() {
+            state.delete_node(name);
+        }
+    }
+    fn reset(state: &mut ClusterState, all: &[Self]) {
+        state.reset_nodes(all);
+    }
+}
+
+impl Feed for Pod {
+    fn apply(state: &mut ClusterState, obj: &Self) {
+        state.apply_pod(obj);
+    }
+    fn delete(state: &mut ClusterState, obj: &Self) {
+        state.delete_pod(obj);
+    }
+    fn reset(state: &mut ClusterState, all: &[Self]) {
+        state.reset_pods(all);
+    }
+}
+
+/// Applies one watch event to the view; returns whether a full list just completed.
+fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>, buffer: &mut Vec<K>) -> bool {
+    match event {
+        Event::Init => buffer.clear(),
+        Event::InitApply(o) => buffer.push(o),
+        Event::InitDone => {
+            K::reset(state, buffer);
+            buffer.clear();
+            return true;
+        }
+        Event::Apply(o) => K::apply(state, &o),
+        Event::Delete(o) => K::delete(state, &o),
+    }
+    false
+}
+
+async fn run_watch<K, B>(api: Api<K>, shared: Arc<Shared<B>>, listed: Arc<AtomicU8>, recorder: Recorder)
+where
+    K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
+    B: Binder,
+{
+    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut buffer = Vec::new();
+    loop {
+        match stream.try_next().await {
+            Ok(Some(event)) => {
+                let (done, warnings) = {
+                    let mut state = shared.state();
+                    let done = apply_event(&mut state, event, &mut buffer);
+                    (done, state.take_warnings())
+                };
+                if done && listed.fetch_add(1, Ordering::SeqCst) + 1 >= 2 {
+                    shared.synced.store(true, Ordering::SeqCst);
+                    tracing::info!("nodes and pods listed; ready");
+                }
+                for w in warnings {
+                    publish(&recorder, &w).await;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => tracing::warn!(error = %e, "watch failed; retrying with backoff"),
+        }
+    }
+}
+
+async fn publish(recorder: &Recorder, w: &Warning) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some(w.kind.into()),
+        name: Some(w.name.clone()),
+        namespace: (!w.namespace.is_empty()).then(|| w.namespace.clone()),
+        ..Default::default()
+    };
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: w.reason.into(),
+        note: Some(w.message.chars().take(1000).collect()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, object = %w.name, "could not record a warning event");
+    }
+}
+
+/// Runs the node and pod watches until they end (they only end with the process).
+pub async fn run<B: Binder>(client: Client, shared: Arc<Shared<B>>, instance: Option<String>) {
+    let listed = Arc::new(AtomicU8::new(0));
+    let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let nodes = run_watch(Api::<Node>::all(client.clone()), shared.clone(), listed.clone(), recorder.clone());
+    let pods = run_watch(Api::<Pod>::all(client), shared, listed, recorder);
+    futures::join!(nodes, pods);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+    use crate::policy;
+    use crate::workload::Workload;
+    use nano_gpu_proto::demand::DemandOptions;
+    use serde_json::json;
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(
+            json!({"metadata": {"name": name}, "status": {"allocatable": {"cpu": "4", "memory": "1Gi"}}}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_relist_replaces_the_nodes_and_reports_completion() {
+        let engine = Engine::new(
+            crate::model::Cluster::new(),
+            policy::by_name("fgd", 0).unwrap(),
+            Workload::default(),
+        );
+        let mut state = ClusterState::new(engine, 0, DemandOptions::default());
+        let mut buffer = Vec::new();
+        assert!(!apply_event(&mut state, Event::Apply(node("old")), &mut buffer));
+        assert!(!apply_event(&mut state, Event::Init, &mut buffer));
+        assert!(!apply_event(&mut state, Event::InitApply(node("new")), &mut buffer));
+        assert!(apply_event(&mut state, Event::InitDone, &mut buffer));
+        let names: Vec<_> =
+            state.inspect()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect();
+        assert_eq!(names, vec![json!("new")]);
+    }
+}
