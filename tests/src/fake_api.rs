@@ -1,0 +1,142 @@
+//! A fake Kubernetes API server on loopback, just enough for `nano-gpu-allocator serve`: lists of
+//! Nodes and Pods (their watches stay open and quiet), reading a pod, the assignment PATCH, the
+//! `pods/binding` POST and Events. Every write is recorded so tests can check what was sent.
+//!
+//! For benchmarks and service tests only; end-to-end tests use the real kube-apiserver.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+/// The objects the fake serves.
+#[derive(Default)]
+pub struct Objects {
+    /// Node objects.
+    pub nodes: Vec<Value>,
+    /// Pod objects.
+    pub pods: Vec<Value>,
+}
+
+struct Inner {
+    nodes: Value,
+    pods: Value,
+    by_name: HashMap<(String, String), Value>,
+    writes: Mutex<Vec<(String, String, Value)>>,
+}
+
+/// A running fake API server.
+pub struct FakeApi {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+impl FakeApi {
+    /// Starts serving `objects` on 127.0.0.1 (an ephemeral port), on the current tokio runtime.
+    pub async fn start(objects: Objects) -> std::io::Result<FakeApi> {
+        let by_name = objects
+            .pods
+            .iter()
+            .map(|p| {
+                let key = (
+                    p["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                    p["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                );
+                (key, p.clone())
+            })
+            .collect();
+        let list = |kind: &str, items: Vec<Value>| json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items});
+        let inner = Arc::new(Inner {
+            nodes: list("NodeList", objects.nodes),
+            pods: list("PodList", objects.pods),
+            by_name,
+            writes: Mutex::new(Vec::new()),
+        });
+        let app = Router::new().fallback(handle).with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(FakeApi { addr, inner })
+    }
+
+    /// A kubeconfig pointing at this server.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\n",
+            self.addr
+        )
+    }
+
+    /// Every write so far: (method, path, body).
+    pub fn writes(&self) -> Vec<(String, String, Value)> {
+        self.inner.writes.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": if code < 300 { "Success" } else { "Failure" },
+        "reason": reason, "message": message, "code": code});
+    (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body))
+        .into_response()
+}
+
+async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let watch =
+        req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let body = axum::body::to_bytes(req.into_body(), 64 << 20).await.unwrap_or_default();
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (&method, parts.as_slice()) {
+        (&Method::GET, ["api", "v1", kind @ ("nodes" | "pods")]) => {
+            if watch {
+                // A quiet watch: stays open, never sends an event.
+                let pending = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+                return Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from_stream(pending))
+                    .unwrap_or_default();
+            }
+            axum::Json(if *kind == "nodes" { inner.nodes.clone() } else { inner.pods.clone() })
+                .into_response()
+        }
+        (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match inner.by_name.get(&(ns.to_string(), name.to_string())) {
+                Some(p) => axum::Json(p.clone()).into_response(),
+                None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+            }
+        }
+        (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name])
+        | (&Method::POST, ["api", "v1", "namespaces", ns, "pods", name, "binding"]) => {
+            let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            inner.writes.lock().unwrap_or_else(|e| e.into_inner()).push((
+                method.to_string(),
+                path.clone(),
+                value,
+            ));
+            if parts.len() == 7 {
+                return status(201, "", "");
+            }
+            let pod = inner.by_name.get(&(ns.to_string(), name.to_string())).cloned().unwrap_or_else(
+                || json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}}),
+            );
+            axum::Json(pod).into_response()
+        }
+        (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
+            let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            inner.writes.lock().unwrap_or_else(|e| e.into_inner()).push((
+                method.to_string(),
+                path.clone(),
+                value.clone(),
+            ));
+            (StatusCode::CREATED, axum::Json(value)).into_response()
+        }
+        _ => status(404, "NotFound", &format!("{method} {path} is not served by the fake API server")),
+    }
+}

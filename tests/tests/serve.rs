@@ -1,0 +1,102 @@
+//! The extender service end to end over real sockets: the watches list a (fake) API server, the
+//! service becomes ready, and a filter → prioritize → bind round writes the assignment and the binding.
+
+use nano_gpu_allocator::binder::KubeBinder;
+use nano_gpu_allocator::engine::Engine;
+use nano_gpu_allocator::model::Cluster;
+use nano_gpu_allocator::state::ClusterState;
+use nano_gpu_allocator::{policy, server, watch};
+use nano_gpu_proto::demand::DemandOptions;
+use nano_gpu_tests::fake_api::{FakeApi, Objects};
+use nano_gpu_tests::http_client::Conn;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+fn node(name: &str, cards: usize) -> Value {
+    let gpus: Vec<Value> = (0..cards)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "Tesla T4", "memoryMiB": 15360, "healthy": true}))
+        .collect();
+    let mut n = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "resourceVersion": "1"},
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}});
+    if cards > 0 {
+        n["metadata"]["annotations"] = json!({"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()});
+    }
+    n
+}
+
+fn pod(name: &str, percent: u32, node: Option<&str>, assignment: Option<Value>) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "resourceVersion": "5"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1"}}}]},
+        "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}});
+    if let Some(n) = node {
+        p["spec"]["nodeName"] = n.into();
+    }
+    if let Some(a) = assignment {
+        p["metadata"]["annotations"] = json!({"nano-gpu/assignment": a.to_string()});
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
+    let old = json!({"v": 1, "node": "n1", "at": "t", "containers": {"main": [{"uuid": "GPU-n1-0", "index": 0, "percent": 60}]}});
+    let api = FakeApi::start(Objects {
+        nodes: vec![node("n1", 2), node("cpu-only", 0)],
+        pods: vec![pod("old", 60, Some("n1"), Some(old)), pod("new", 50, None, None)],
+    })
+    .await
+    .unwrap();
+    let config = kube::Config::new(format!("http://{}", api.addr).parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let engine =
+        Engine::new(Cluster::new(), policy::by_name(policy::DEFAULT, 0).unwrap(), Default::default());
+    let shared = server::Shared::new(
+        ClusterState::new(engine, 0, DemandOptions::default()),
+        KubeBinder::new(client.clone()),
+    );
+    tokio::spawn(watch::run(client, shared.clone(), None));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, server::router(shared)).await });
+
+    let mut conn = Conn::open(&addr).await.unwrap();
+    let ready = async {
+        loop {
+            if conn.call("GET", "/readyz", vec![]).await.unwrap().0 == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), ready).await.expect("ready within 20 s");
+
+    let args = json!({"Pod": pod("new", 50, None, None), "NodeNames": ["n1", "cpu-only"]});
+    let (status, body) = conn.call("POST", "/filter", args.to_string().into_bytes()).await.unwrap();
+    assert_eq!(status, 200);
+    let filtered: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(filtered["NodeNames"], json!(["n1"]));
+    assert_eq!(filtered["FailedAndUnresolvableNodes"]["cpu-only"], "node has no GPU");
+    let bind = json!({"PodName": "new", "PodNamespace": "default", "PodUID": "uid-new", "Node": "n1"});
+    let (_, body) = conn.call("POST", "/bind", bind.to_string().into_bytes()).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&body), r#"{"Error":""}"#);
+
+    let writes = api.writes();
+    let (method, path, patch) = &writes[0];
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/api/v1/namespaces/default/pods/new"));
+    assert_eq!(patch["metadata"]["resourceVersion"], "5");
+    let assignment: Value =
+        serde_json::from_str(patch["metadata"]["annotations"]["nano-gpu/assignment"].as_str().unwrap())
+            .unwrap();
+    // Card 0 has 40 % left, so the 50 % share goes to card 1.
+    assert_eq!(assignment["containers"]["main"][0]["uuid"], "GPU-n1-1");
+    assert_eq!(writes[1].1, "/api/v1/namespaces/default/pods/new/binding");
+    assert_eq!(writes[1].2["target"], json!({"kind": "Node", "name": "n1"}));
+
+    let (_, body) = conn.call("GET", "/inspect", vec![]).await.unwrap();
+    let view: Value = serde_json::from_slice(&body).unwrap();
+    let n1 = view["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "n1").unwrap();
+    assert_eq!(n1["cards"][0]["percentUsed"], 60);
+    assert_eq!(n1["cards"][0]["pods"], json!(["default/old"]));
+    assert_eq!(n1["cards"][1]["percentUsed"], 50);
+}
