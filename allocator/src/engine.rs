@@ -98,6 +98,10 @@ struct Cached {
     result: Result<Eval, Reason>,
 }
 
+/// A request looked up in the cache, ready to be evaluated on many nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prepared(usize);
+
 /// Cache hit and miss counts, to check that decisions are incremental.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -201,9 +205,24 @@ impl Engine {
 
     /// The policy's value of `req` on `node`, computed only if the node changed since last asked.
     pub fn evaluate(&mut self, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
+        let prepared = self.prepare(req);
+        self.evaluate_prepared(prepared, req, node)
+    }
+
+    /// Looks `req` up once before evaluating it on many nodes with [`Engine::evaluate_prepared`].
+    pub fn prepare(&mut self, req: &Request) -> Prepared {
         self.refresh_supply();
-        let shape = self.shape(req);
-        self.evaluate_shape(shape, req, node)
+        Prepared(self.shape(req))
+    }
+
+    /// [`Engine::evaluate`] for a request [`Engine::prepare`]d just before (the same `req`).
+    pub fn evaluate_prepared(
+        &mut self,
+        prepared: Prepared,
+        req: &Request,
+        node: NodeId,
+    ) -> &Result<Eval, Reason> {
+        self.evaluate_shape(prepared.0, req, node)
     }
 
     fn evaluate_shape(&mut self, shape: usize, req: &Request, node: NodeId) -> &Result<Eval, Reason> {

@@ -98,6 +98,7 @@ impl Extender {
             }
         };
         let mut passed = Vec::new();
+        let prepared = self.engine.prepare(&req);
         for name in args.candidate_names() {
             let Some(id) = self.engine.cluster().id(&name) else {
                 result
@@ -105,7 +106,7 @@ impl Extender {
                     .insert(name, "node has no nano-gpu inventory".to_owned());
                 continue;
             };
-            match self.engine.evaluate(&req, id) {
+            match self.engine.evaluate_prepared(prepared, &req, id) {
                 Ok(_) => passed.push(name),
                 Err(reason) if reason.unresolvable() => {
                     result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
@@ -134,10 +135,15 @@ impl Extender {
         // Per candidate: (score, tiebreak, rank in the node order), if it fits.
         type Value = (f64, [f64; 2], u32);
         let mut scored: Vec<(String, Option<Value>)> = Vec::with_capacity(names.len());
+        let prepared = self.engine.prepare(&req);
         for name in names {
             let value = self.engine.cluster().id(&name).and_then(|id| {
                 let rank = self.order.rank(id);
-                self.engine.evaluate(&req, id).as_ref().ok().map(|e| (e.score, e.tiebreak, rank))
+                self.engine
+                    .evaluate_prepared(prepared, &req, id)
+                    .as_ref()
+                    .ok()
+                    .map(|e| (e.score, e.tiebreak, rank))
             });
             scored.push((name, value));
         }

@@ -4,6 +4,29 @@
 
 use crate::request::Grant;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a: a fast hash for short keys such as node names, looked up thousands of times per decision.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// A map keyed by short strings, with [`Fnv`].
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
 
 /// Index of a card model in the cluster's [`Models`] table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -17,7 +40,7 @@ pub struct NodeId(pub usize);
 #[derive(Clone, Debug, Default)]
 pub struct Models {
     names: Vec<String>,
-    by_name: HashMap<String, ModelId>,
+    by_name: FastMap<String, ModelId>,
 }
 
 impl Models {
@@ -146,7 +169,7 @@ pub enum ModelError {
 #[derive(Clone, Debug, Default)]
 pub struct Cluster {
     nodes: Vec<Node>,
-    by_name: HashMap<String, NodeId>,
+    by_name: FastMap<String, NodeId>,
     /// Card model names.
     pub models: Models,
     supply: Vec<u32>,

@@ -25,7 +25,7 @@ use nano_gpu_proto::annotations::{
 use nano_gpu_proto::demand::{DemandOptions, pod_demand};
 use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList};
 use nano_gpu_proto::quantity;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Something wrong with an object that a person should hear about (becomes a warning Event).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +78,11 @@ pub struct ClusterState {
     learner: Option<Learner>,
     nodes: BTreeMap<String, NodeRecord>,
     pods: HashMap<String, PodRecord>,
+    /// Node name → uids of the pods on it.
+    by_node: HashMap<String, HashSet<String>>,
+    /// During a re-list: the names and uids seen so far.
+    relisting_nodes: Option<HashSet<String>>,
+    relisting_pods: Option<HashSet<String>>,
     warnings: Vec<Warning>,
 }
 
@@ -97,6 +102,9 @@ impl ClusterState {
             learner: None,
             nodes: BTreeMap::new(),
             pods: HashMap::new(),
+            by_node: HashMap::new(),
+            relisting_nodes: None,
+            relisting_pods: None,
             warnings: Vec::new(),
         }
     }
@@ -131,6 +139,9 @@ impl ClusterState {
     /// A Node was added or changed.
     pub fn apply_node(&mut self, node: &KubeNode) {
         let Some(name) = node.metadata.name.clone() else { return };
+        if let Some(seen) = self.relisting_nodes.as_mut() {
+            seen.insert(name.clone());
+        }
         let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
         let read = |key: &str, parse: fn(&str) -> Result<u64, quantity::QuantityError>| {
             alloc.and_then(|a| a.get(key)).and_then(|q| parse(&q.0).ok()).unwrap_or(0)
@@ -162,22 +173,35 @@ impl ClusterState {
         }
     }
 
-    /// Replaces every node (a re-list).
-    pub fn reset_nodes(&mut self, nodes: &[KubeNode]) {
-        let keep: std::collections::BTreeSet<&str> =
-            nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-        let gone: Vec<String> = self.nodes.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+    /// A re-list of nodes starts: nodes not applied before [`ClusterState::end_node_relist`] are gone.
+    pub fn begin_node_relist(&mut self) {
+        self.relisting_nodes = Some(HashSet::new());
+    }
+
+    /// The re-list of nodes is complete.
+    pub fn end_node_relist(&mut self) {
+        let Some(seen) = self.relisting_nodes.take() else { return };
+        let gone: Vec<String> = self.nodes.keys().filter(|n| !seen.contains(*n)).cloned().collect();
         for name in gone {
             self.delete_node(&name);
         }
+    }
+
+    /// Replaces every node (a re-list in one go).
+    pub fn reset_nodes(&mut self, nodes: &[KubeNode]) {
+        self.begin_node_relist();
         for n in nodes {
             self.apply_node(n);
         }
+        self.end_node_relist();
     }
 
     /// A Pod was added or changed.
     pub fn apply_pod(&mut self, pod: &Pod) {
         let Some(uid) = pod_uid(pod).map(str::to_owned) else { return };
+        if let Some(seen) = self.relisting_pods.as_mut() {
+            seen.insert(uid.clone());
+        }
         if is_terminal(pod) {
             self.forget_pod(&uid);
             return;
@@ -223,7 +247,7 @@ impl ClusterState {
             Err(_) => (0, 0),
         };
         let record = PodRecord { key: (ns, name), node: node.clone(), cpu, mem, holding, reserved: false };
-        let previous = self.pods.insert(uid, record.clone());
+        let previous = self.insert_pod(uid, record.clone());
         if previous.as_ref() != Some(&record) {
             if let Some(p) = previous.filter(|p| p.node != node) {
                 self.rebuild(&p.node);
@@ -240,26 +264,65 @@ impl ClusterState {
     }
 
     fn forget_pod(&mut self, uid: &str) {
-        if let Some(p) = self.pods.remove(uid) {
+        if let Some(p) = self.remove_pod(uid) {
             self.rebuild(&p.node);
         }
     }
 
-    /// Replaces every pod (a re-list). Reservations of binds in flight are kept.
-    pub fn reset_pods(&mut self, pods: &[Pod]) {
-        let keep: std::collections::HashSet<&str> = pods.iter().filter_map(pod_uid).collect();
+    /// Records a pod, keeping the node index; returns the record it replaces.
+    fn insert_pod(&mut self, uid: String, record: PodRecord) -> Option<PodRecord> {
+        self.by_node.entry(record.node.clone()).or_default().insert(uid.clone());
+        let previous = self.pods.insert(uid.clone(), record);
+        if let Some(p) = &previous {
+            if self.pods.get(&uid).is_some_and(|now| now.node != p.node) {
+                self.unindex(&uid, &p.node);
+            }
+        }
+        previous
+    }
+
+    fn remove_pod(&mut self, uid: &str) -> Option<PodRecord> {
+        let p = self.pods.remove(uid)?;
+        self.unindex(uid, &p.node);
+        Some(p)
+    }
+
+    fn unindex(&mut self, uid: &str, node: &str) {
+        if let Some(set) = self.by_node.get_mut(node) {
+            set.remove(uid);
+            if set.is_empty() {
+                self.by_node.remove(node);
+            }
+        }
+    }
+
+    /// A re-list of pods starts: pods not applied before [`ClusterState::end_pod_relist`] are gone
+    /// (reservations of binds in flight are kept).
+    pub fn begin_pod_relist(&mut self) {
+        self.relisting_pods = Some(HashSet::new());
+    }
+
+    /// The re-list of pods is complete.
+    pub fn end_pod_relist(&mut self) {
+        let Some(seen) = self.relisting_pods.take() else { return };
         let gone: Vec<String> = self
             .pods
             .iter()
-            .filter(|(uid, p)| !p.reserved && !keep.contains(uid.as_str()))
+            .filter(|(uid, p)| !p.reserved && !seen.contains(*uid))
             .map(|(u, _)| u.clone())
             .collect();
         for uid in gone {
             self.forget_pod(&uid);
         }
+    }
+
+    /// Replaces every pod (a re-list in one go).
+    pub fn reset_pods(&mut self, pods: &[Pod]) {
+        self.begin_pod_relist();
         for p in pods {
             self.apply_pod(p);
         }
+        self.end_pod_relist();
     }
 
     /// Recomputes one node of the engine's cluster from its record and the pods on it.
@@ -282,7 +345,8 @@ impl ClusterState {
         let mut node = Node::new(name, record.cpu, record.mem, cards);
         let mut poisoned = false;
         let mut overcommit = Vec::new();
-        for p in self.pods.values().filter(|p| p.node == name) {
+        let on_node = self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid));
+        for p in on_node {
             node.cpu_free = node.cpu_free.saturating_sub(p.cpu);
             node.mem_free = node.mem_free.saturating_sub(p.mem);
             match &p.holding {
@@ -357,7 +421,7 @@ impl ClusterState {
             holding: Holding::Cards(assignment.clone()),
             reserved: true,
         };
-        self.pods.insert(uid.clone(), record);
+        self.insert_pod(uid.clone(), record);
         self.rebuild(node);
         Ok(Reservation { uid, assignment, fresh: true })
     }
@@ -381,14 +445,18 @@ impl ClusterState {
                 .iter()
                 .map(|c| {
                     let pods: Vec<String> = self
-                        .pods
-                        .values()
-                        .filter(|p| p.node == *name)
+                        .by_node
+                        .get(name)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|uid| self.pods.get(uid))
                         .filter(
                             |p| matches!(&p.holding, Holding::Cards(a) if a.held().any(|g| g.uuid == c.uuid)),
                         )
                         .map(|p| format!("{}/{}", p.key.0, p.key.1))
                         .collect();
+                    let mut pods = pods;
+                    pods.sort();
                     serde_json::json!({
                         "index": c.index, "uuid": c.uuid, "model": cluster.models.name(c.model),
                         "healthy": c.healthy, "percentUsed": 100 - c.free, "percentFree": c.free,

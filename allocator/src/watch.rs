@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 trait Feed: Clone + Send + 'static {
     fn apply(state: &mut ClusterState, obj: &Self);
     fn delete(state: &mut ClusterState, obj: &Self);
-    fn reset(state: &mut ClusterState, all: &[Self]);
+    fn begin_relist(state: &mut ClusterState);
+    fn end_relist(state: &mut ClusterState);
 }
 
 impl Feed for Node {
@@ -31,8 +32,11 @@ impl Feed for Node {
             state.delete_node(name);
         }
     }
-    fn reset(state: &mut ClusterState, all: &[Self]) {
-        state.reset_nodes(all);
+    fn begin_relist(state: &mut ClusterState) {
+        state.begin_node_relist();
+    }
+    fn end_relist(state: &mut ClusterState) {
+        state.end_node_relist();
     }
 }
 
@@ -43,19 +47,23 @@ impl Feed for Pod {
     fn delete(state: &mut ClusterState, obj: &Self) {
         state.delete_pod(obj);
     }
-    fn reset(state: &mut ClusterState, all: &[Self]) {
-        state.reset_pods(all);
+    fn begin_relist(state: &mut ClusterState) {
+        state.begin_pod_relist();
+    }
+    fn end_relist(state: &mut ClusterState) {
+        state.end_pod_relist();
     }
 }
 
-/// Applies one watch event to the view; returns whether a full list just completed.
-fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>, buffer: &mut Vec<K>) -> bool {
+/// Applies one watch event to the view; returns whether a full list just completed. A re-list is
+/// applied object by object as it arrives (never buffered whole), and what it did not mention is
+/// removed at its end.
+fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     match event {
-        Event::Init => buffer.clear(),
-        Event::InitApply(o) => buffer.push(o),
+        Event::Init => K::begin_relist(state),
+        Event::InitApply(o) => K::apply(state, &o),
         Event::InitDone => {
-            K::reset(state, buffer);
-            buffer.clear();
+            K::end_relist(state);
             return true;
         }
         Event::Apply(o) => K::apply(state, &o),
@@ -70,13 +78,12 @@ where
     B: Binder,
 {
     let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-    let mut buffer = Vec::new();
     loop {
         match stream.try_next().await {
             Ok(Some(event)) => {
                 let (done, warnings) = {
                     let mut state = shared.state();
-                    let done = apply_event(&mut state, event, &mut buffer);
+                    let done = apply_event(&mut state, event);
                     (done, state.take_warnings())
                 };
                 if done && listed.fetch_add(1, Ordering::SeqCst) + 1 >= 2 {
@@ -147,11 +154,10 @@ mod tests {
             Workload::default(),
         );
         let mut state = ClusterState::new(engine, 0, DemandOptions::default());
-        let mut buffer = Vec::new();
-        assert!(!apply_event(&mut state, Event::Apply(node("old")), &mut buffer));
-        assert!(!apply_event(&mut state, Event::Init, &mut buffer));
-        assert!(!apply_event(&mut state, Event::InitApply(node("new")), &mut buffer));
-        assert!(apply_event(&mut state, Event::InitDone, &mut buffer));
+        assert!(!apply_event(&mut state, Event::Apply(node("old"))));
+        assert!(!apply_event(&mut state, Event::<Node>::Init));
+        assert!(!apply_event(&mut state, Event::InitApply(node("new"))));
+        assert!(apply_event(&mut state, Event::<Node>::InitDone));
         let names: Vec<_> =
             state.inspect()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect();
         assert_eq!(names, vec![json!("new")]);

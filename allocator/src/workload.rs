@@ -152,20 +152,45 @@ pub struct Learner {
     counts: HashMap<Shape, u64>,
     total: u64,
     every: u64,
+    last: Option<Workload>,
+}
+
+/// A rebuilt workload replaces the last one only if some shape's probability moved by more than this
+/// (or the set of shapes changed): a stable mix keeps the policies' cached scores.
+pub const LEARN_TOLERANCE: f64 = 0.01;
+
+fn close(a: &Workload, b: &Workload) -> bool {
+    a.types.len() == b.types.len()
+        && a.types.iter().all(|t| {
+            b.types.iter().any(|u| {
+                (t.cpu, t.k, t.d, &t.models) == (u.cpu, u.k, u.d, &u.models)
+                    && (t.p - u.p).abs() <= LEARN_TOLERANCE
+            })
+        })
 }
 
 impl Learner {
     /// A learner that rebuilds after every `every` requests (at least 1).
     pub fn new(every: u64) -> Self {
-        Learner { counts: HashMap::new(), total: 0, every: every.max(1) }
+        Learner { counts: HashMap::new(), total: 0, every: every.max(1), last: None }
     }
 
-    /// Counts a request; returns the new workload when it is time to rebuild.
+    /// Counts a request; returns the new workload when it is time to rebuild and the mix has moved
+    /// (see [`LEARN_TOLERANCE`]).
     pub fn observe(&mut self, r: &Request) -> Option<Workload> {
         *self.counts.entry(shape(r)).or_default() += 1;
         self.total += 1;
-        (self.total.is_multiple_of(self.every) || self.total < self.every && self.total.is_power_of_two())
-            .then(|| Workload::from_counts(self.counts.clone(), self.total))
+        let due =
+            self.total.is_multiple_of(self.every) || self.total < self.every && self.total.is_power_of_two();
+        if !due {
+            return None;
+        }
+        let next = Workload::from_counts(self.counts.clone(), self.total);
+        if self.last.as_ref().is_some_and(|last| close(last, &next)) {
+            return None;
+        }
+        self.last = Some(next.clone());
+        Some(next)
     }
 }
 
@@ -233,7 +258,10 @@ mod tests {
         let mut l = Learner::new(100);
         let r = Request::new(1000, 0, vec![share(50)]);
         let rebuilt = (0..300).filter(|_| l.observe(&r).is_some()).count();
-        // 1, 2, 4, …, 64 while warming up, then 100, 200, 300.
-        assert_eq!(rebuilt, 7 + 3);
+        // One shape only: the first rebuild, then nothing moves.
+        assert_eq!(rebuilt, 1);
+        let other = Request::new(2000, 0, vec![]);
+        // A new shape moves the mix at the next due point.
+        assert!((0..100).any(|_| l.observe(&other).is_some()));
     }
 }

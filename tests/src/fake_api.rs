@@ -24,8 +24,8 @@ pub struct Objects {
 }
 
 struct Inner {
-    nodes: Value,
-    pods: Value,
+    nodes: Vec<Value>,
+    pods: Vec<Value>,
     by_name: HashMap<(String, String), Value>,
     writes: Mutex<Vec<(String, String, Value)>>,
 }
@@ -51,10 +51,9 @@ impl FakeApi {
                 (key, p.clone())
             })
             .collect();
-        let list = |kind: &str, items: Vec<Value>| json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items});
         let inner = Arc::new(Inner {
-            nodes: list("NodeList", objects.nodes),
-            pods: list("PodList", objects.pods),
+            nodes: objects.nodes,
+            pods: objects.pods,
             by_name,
             writes: Mutex::new(Vec::new()),
         });
@@ -89,8 +88,15 @@ fn status(code: u16, reason: &str, message: &str) -> Response {
 async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let watch =
-        req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
     let body = axum::body::to_bytes(req.into_body(), 64 << 20).await.unwrap_or_default();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (&method, parts.as_slice()) {
@@ -103,7 +109,19 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
                     .body(Body::from_stream(pending))
                     .unwrap_or_default();
             }
-            axum::Json(if *kind == "nodes" { inner.nodes.clone() } else { inner.pods.clone() })
+            // Paged like the real API server: `limit` items from the `continue` offset.
+            let (items, list_kind) =
+                if *kind == "nodes" { (&inner.nodes, "NodeList") } else { (&inner.pods, "PodList") };
+            let from: usize = query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+            let limit: usize =
+                query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+            let to = from.saturating_add(limit).min(items.len());
+            let mut meta = json!({"resourceVersion": "1"});
+            if to < items.len() {
+                meta["continue"] = to.to_string().into();
+            }
+            let page = items.get(from..to).unwrap_or_default();
+            axum::Json(json!({"kind": list_kind, "apiVersion": "v1", "metadata": meta, "items": page}))
                 .into_response()
         }
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {

@@ -1,0 +1,255 @@
+//! Benchmark of the extender service: starts the real `nano-gpu-allocator serve` on loopback against a
+//! fake API server holding a synthetic cluster (default 5,000 nodes × 8 cards, 40,000 placed pods),
+//! drives filter (all nodes by name) → prioritize → bind for new pods (default 10,000) the way
+//! kube-scheduler does, one pod at a time over one keep-alive connection, and prints one JSON line:
+//! `{"nodes":…,"filter_p99_ms":…,"prioritize_p99_ms":…,"bind_p99_ms":…,"pods_per_s":…,"rss_mib":…}`.
+//!
+//! `rss_mib` is the allocator's peak resident memory (VmHWM). Usage:
+//! `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--allocator PATH]`.
+
+use anyhow::{Context, Result, bail};
+use nano_gpu_tests::fake_api::{FakeApi, Objects};
+use nano_gpu_tests::http_client::Conn;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Args {
+    nodes: usize,
+    cards: usize,
+    placed: usize,
+    pods: usize,
+    allocator: PathBuf,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        nodes: 5000,
+        cards: 8,
+        placed: 40_000,
+        pods: 10_000,
+        allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--nodes" => a.nodes = value.parse()?,
+            "--cards" => a.cards = value.parse()?,
+            "--placed" => a.placed = value.parse()?,
+            "--pods" => a.pods = value.parse()?,
+            "--allocator" => a.allocator = value.into(),
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+/// Shares the synthetic pods ask, in percent.
+const SHARES: [u32; 6] = [10, 20, 25, 30, 40, 50];
+
+fn objects(a: &Args) -> Objects {
+    let nodes = (0..a.nodes)
+        .map(|n| {
+            let gpus: Vec<Value> = (0..a.cards)
+                .map(|i| {
+                    json!({"index": i, "uuid": format!("GPU-{n:05}-{i}"), "vendor": "nvidia",
+                    "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "healthy": true})
+                })
+                .collect();
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": format!("node-{n:05}"), "resourceVersion": "1",
+                    "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
+                "status": {"allocatable": {"cpu": "128", "memory": "1Ti"}}})
+        })
+        .collect();
+    let pods = (0..a.placed)
+        .map(|i| {
+            let (n, card) = (i % a.nodes, (i / a.nodes) % a.cards);
+            let percent = SHARES[i % SHARES.len()];
+            let assignment = json!({"v": 1, "node": format!("node-{n:05}"), "at": "2026-11-21T00:00:00Z",
+                "containers": {"main": [{"uuid": format!("GPU-{n:05}-{card}"), "index": card, "percent": percent}]}});
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("placed-{i}"), "namespace": "bench", "uid": format!("placed-{i}"),
+                    "resourceVersion": "1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},
+                "spec": {"nodeName": format!("node-{n:05}"), "containers": [{"name": "main", "resources":
+                    {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
+                "status": {"phase": "Running"}})
+        })
+        .collect();
+    Objects { nodes, pods }
+}
+
+fn new_pod(i: usize) -> Value {
+    let percent = SHARES[(i * 7) % SHARES.len()];
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("new-{i}"), "namespace": "bench", "uid": format!("new-{i}"), "resourceVersion": "1"},
+        "spec": {"schedulerName": "nano-gpu-scheduler", "containers": [{"name": "main", "resources":
+            {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
+        "status": {"phase": "Pending"}})
+}
+
+fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64) * 0.99).ceil() as usize;
+    v[i.clamp(1, v.len()) - 1]
+}
+
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[derive(serde::Deserialize)]
+struct FilterResult {
+    #[serde(rename = "NodeNames")]
+    node_names: Option<Vec<String>>,
+}
+
+#[derive(serde::Deserialize)]
+struct HostPriority {
+    #[serde(rename = "Host")]
+    host: String,
+    #[serde(rename = "Score")]
+    score: i64,
+}
+
+#[derive(serde::Deserialize)]
+struct BindResult {
+    #[serde(rename = "Error", default)]
+    error: String,
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
+async fn main() -> Result<()> {
+    let a = args()?;
+    if !a.allocator.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release -p nano-gpu-allocator)",
+            a.allocator.display()
+        );
+    }
+    let api = FakeApi::start(objects(&a)).await?;
+    let dir = std::env::temp_dir().join(format!("nano-gpu-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(&a.allocator)
+        .args(["serve", "--listen", &addr])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", a.allocator.display()))?;
+    let server = Killed(child);
+    let pid = server.0.id();
+
+    // Ready once the 5,000 nodes and 40,000 pods are listed.
+    let started = Instant::now();
+    let mut conn = loop {
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("the allocator was not ready within 300 s");
+        }
+        if let Ok(mut c) = Conn::open(&addr).await {
+            if matches!(c.call("GET", "/readyz", vec![]).await, Ok((200, _))) {
+                break c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ready_s = started.elapsed().as_secs_f64();
+
+    // The driver plays kube-scheduler: it must not be the bottleneck, so bodies are assembled from
+    // pre-serialized parts and answers are read into typed structs.
+    let names: Vec<String> = (0..a.nodes).map(|n| format!("node-{n:05}")).collect();
+    let all_names = serde_json::to_string(&names)?;
+    let (mut filter, mut prioritize, mut bind) = (Vec::new(), Vec::new(), Vec::new());
+    let mut failed = 0usize;
+    let run = Instant::now();
+    for i in 0..a.pods {
+        let pod = new_pod(i).to_string();
+        let body = format!(r#"{{"Pod":{pod},"NodeNames":{all_names}}}"#).into_bytes();
+        let t = Instant::now();
+        let (_, answer) = conn.call("POST", "/filter", body).await?;
+        filter.push(t.elapsed().as_secs_f64() * 1000.0);
+        let result: FilterResult = serde_json::from_slice(&answer)?;
+        let feasible = result.node_names.unwrap_or_default();
+        if feasible.is_empty() {
+            failed += 1;
+            continue;
+        }
+        let chosen = if feasible.len() == 1 {
+            feasible[0].clone()
+        } else {
+            let list = if feasible.len() == names.len() {
+                all_names.clone()
+            } else {
+                serde_json::to_string(&feasible)?
+            };
+            let body = format!(r#"{{"Pod":{pod},"NodeNames":{list}}}"#).into_bytes();
+            let t = Instant::now();
+            let (_, answer) = conn.call("POST", "/prioritize", body).await?;
+            prioritize.push(t.elapsed().as_secs_f64() * 1000.0);
+            let scores: Vec<HostPriority> = serde_json::from_slice(&answer)?;
+            scores.into_iter().max_by_key(|h| h.score).context("no scores")?.host
+        };
+        let body =
+            format!(r#"{{"PodName":"new-{i}","PodNamespace":"bench","PodUID":"new-{i}","Node":"{chosen}"}}"#);
+        let t = Instant::now();
+        let (_, answer) = conn.call("POST", "/bind", body.into_bytes()).await?;
+        bind.push(t.elapsed().as_secs_f64() * 1000.0);
+        let result: BindResult = serde_json::from_slice(&answer)?;
+        if !result.error.is_empty() {
+            failed += 1;
+        }
+    }
+    let wall = run.elapsed().as_secs_f64();
+    let rss = peak_rss_mib(pid);
+    // Server-side mean time per verb, from its own histogram, to tell server time from driver time.
+    let (_, metrics) = conn.call("GET", "/metrics", vec![]).await?;
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    let sample = |name: &str, verb: &str| {
+        let key = format!("{name}{{verb=\"{verb}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    let server_mean_ms = |verb: &str| {
+        let count = sample("nano_gpu_decision_seconds_count", verb);
+        if count > 0.0 { sample("nano_gpu_decision_seconds_sum", verb) / count * 1000.0 } else { 0.0 }
+    };
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let round = |v: f64| (v * 1000.0).round() / 1000.0;
+    println!(
+        "{}",
+        json!({
+            "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "new_pods": a.pods,
+            "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
+            "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
+            "ready_s": round(ready_s), "bind_writes": api.writes().len(),
+            "server_mean_ms": {"filter": round(server_mean_ms("filter")), "prioritize": round(server_mean_ms("prioritize")),
+                "bind": round(server_mean_ms("bind"))},
+        })
+    );
+    Ok(())
+}
