@@ -273,10 +273,10 @@ impl ClusterState {
     fn insert_pod(&mut self, uid: String, record: PodRecord) -> Option<PodRecord> {
         self.by_node.entry(record.node.clone()).or_default().insert(uid.clone());
         let previous = self.pods.insert(uid.clone(), record);
-        if let Some(p) = &previous {
-            if self.pods.get(&uid).is_some_and(|now| now.node != p.node) {
-                self.unindex(&uid, &p.node);
-            }
+        if let Some(p) = &previous
+            && self.pods.get(&uid).is_some_and(|now| now.node != p.node)
+        {
+            self.unindex(&uid, &p.node);
         }
         previous
     }

@@ -171,10 +171,10 @@ async fn main() -> Result<()> {
         if started.elapsed() > Duration::from_secs(300) {
             bail!("the allocator was not ready within 300 s");
         }
-        if let Ok(mut c) = Conn::open(&addr).await {
-            if matches!(c.call("GET", "/readyz", vec![]).await, Ok((200, _))) {
-                break c;
-            }
+        if let Ok(mut c) = Conn::open(&addr).await
+            && matches!(c.call("GET", "/readyz", vec![]).await, Ok((200, _)))
+        {
+            break c;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
