@@ -29,6 +29,9 @@ enum LogFormat {
 enum Command {
     /// Serve the scheduler extender (filter, prioritize, bind) over a cluster view built from watches.
     Serve(ServeArgs),
+    /// Show every node's cards: model, percent and memory used and free, the pods on each (reads the
+    /// cluster with the kubeconfig, like kubectl).
+    Inspect(InspectArgs),
     /// Replay a workload through the placement engine and report unallocated GPU per policy.
     Simulate(SimulateArgs),
 }
@@ -50,6 +53,16 @@ struct ServeArgs {
     /// This replica's name, for the Events it records.
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// Only this node.
+    #[arg(long)]
+    node: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -190,6 +203,40 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
+fn inspect(args: InspectArgs) -> Result<()> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams};
+    use nano_gpu_allocator::{engine::Engine, inspect, model::Cluster, policy, state::ClusterState};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let view = runtime.block_on(async {
+        let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        let nodes =
+            Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
+        let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("listing pods")?;
+        let policy = policy::by_name(policy::DEFAULT, 0).context("default policy")?;
+        let mut state =
+            ClusterState::new(Engine::new(Cluster::new(), policy, Default::default()), 0, Default::default());
+        state.reset_nodes(&nodes.items);
+        state.reset_pods(&pods.items);
+        for w in state.take_warnings() {
+            eprintln!(
+                "warning: {} {}{}: {}",
+                w.kind,
+                if w.namespace.is_empty() { String::new() } else { format!("{}/", w.namespace) },
+                w.name,
+                w.message
+            );
+        }
+        anyhow::Ok(state.inspect())
+    })?;
+    let view = inspect::only_node(view, args.node.as_deref());
+    match args.format {
+        Format::Table => print!("{}", inspect::table(&view)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+    }
+    Ok(())
+}
+
 async fn shutdown() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -212,5 +259,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Simulate(args) => simulate(args),
         Command::Serve(args) => serve(args),
+        Command::Inspect(args) => inspect(args),
     }
 }
