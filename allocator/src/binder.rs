@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
+use std::collections::BTreeMap;
 use std::future::Future;
 use thiserror::Error;
 
@@ -38,15 +38,15 @@ pub trait Binder: Send + Sync + 'static {
     /// Reads a pod.
     fn get_pod(&self, ns: &str, name: &str) -> impl Future<Output = Result<Pod, ApiError>> + Send;
 
-    /// Sets (or, with `None`, removes) the assignment annotation, only if the pod still has
-    /// `resource_version` (when given) and `uid`.
+    /// Sets annotations (a `None` value removes one), only if the pod still has `uid` and, when
+    /// given, `resource_version`.
     fn annotate(
         &self,
         ns: &str,
         name: &str,
         uid: &str,
         resource_version: Option<&str>,
-        value: Option<&str>,
+        annotations: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Binds the pod to the node.
@@ -76,13 +76,14 @@ impl KubeBinder {
     }
 }
 
-/// The merge patch that sets or removes the annotation, with the uid (and resourceVersion) as
+/// The merge patch that sets or removes (`None`) annotations, with the uid (and resourceVersion) as
 /// preconditions: the API server refuses it with 409 if either changed.
-pub fn annotation_patch(uid: &str, resource_version: Option<&str>, value: Option<&str>) -> serde_json::Value {
-    let mut meta = serde_json::json!({
-        "uid": uid,
-        "annotations": { ASSIGNMENT_ANNOTATION: value },
-    });
+pub fn annotation_patch(
+    uid: &str,
+    resource_version: Option<&str>,
+    annotations: &BTreeMap<String, Option<String>>,
+) -> serde_json::Value {
+    let mut meta = serde_json::json!({ "uid": uid, "annotations": annotations });
     if let Some(rv) = resource_version {
         meta["resourceVersion"] = rv.into();
     }
@@ -117,9 +118,9 @@ impl Binder for KubeBinder {
         name: &str,
         uid: &str,
         resource_version: Option<&str>,
-        value: Option<&str>,
+        annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<(), ApiError> {
-        let patch = annotation_patch(uid, resource_version, value);
+        let patch = annotation_patch(uid, resource_version, annotations);
         self.pods(ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
     }
@@ -178,7 +179,8 @@ mod tests {
             );
             send.send_response(respond(200, pod()));
         });
-        binder.annotate("ns", "p", "u1", Some("42"), Some("{\"v\":1}")).await.unwrap();
+        let set = BTreeMap::from([("nano-gpu/assignment".to_string(), Some("{\"v\":1}".to_string()))]);
+        binder.annotate("ns", "p", "u1", Some("42"), &set).await.unwrap();
         server.await.unwrap();
     }
 
@@ -194,7 +196,10 @@ mod tests {
             );
             send.send_response(respond(200, pod()));
         });
-        binder.annotate("ns", "p", "u1", None, None).await.unwrap();
+        binder
+            .annotate("ns", "p", "u1", None, &BTreeMap::from([("nano-gpu/assignment".to_string(), None)]))
+            .await
+            .unwrap();
         server.await.unwrap();
     }
 
@@ -211,7 +216,8 @@ mod tests {
                 ));
             }
         });
-        let e = binder.annotate("ns", "p", "u1", Some("1"), Some("x")).await.unwrap_err();
+        let set = BTreeMap::from([("nano-gpu/assignment".to_string(), Some("x".to_string()))]);
+        let e = binder.annotate("ns", "p", "u1", Some("1"), &set).await.unwrap_err();
         assert!(matches!(e, ApiError::Conflict(ref m) if m == "the object has been modified"), "{e:?}");
         let e = binder.get_pod("ns", "p").await.unwrap_err();
         assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");

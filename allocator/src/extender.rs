@@ -59,6 +59,11 @@ impl Extender {
         Extender { engine, salt, order, demand }
     }
 
+    /// How pods are read (gpushare compatibility).
+    pub fn demand_options(&self) -> &DemandOptions {
+        &self.demand
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine

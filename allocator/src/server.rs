@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult};
 use serde::de::DeserializeOwned;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
@@ -165,17 +165,17 @@ async fn bind_pod<B: Binder>(s: &Shared<B>, args: &ExtenderBindingArgs) -> Resul
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
         return Err(format!("pod {ns}/{name} is not the pod with uid {uid}"));
     }
-    let reservation =
-        s.state().reserve(&pod, node, &rfc3339(SystemTime::now())).map_err(|e| e.to_string())?;
+    let reservation = s.state().reserve(&pod, node, SystemTime::now()).map_err(|e| e.to_string())?;
     let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());
     if !reservation.fresh && already_bound {
         return Ok(()); // kube-scheduler retried a bind that had succeeded
     }
-    let value = reservation.assignment.encode();
+    let set: BTreeMap<String, Option<String>> =
+        reservation.annotations.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
     let mut attempt = 0;
     let annotated = loop {
         let rv = pod.metadata.resource_version.clone();
-        match s.binder.annotate(ns, name, uid, rv.as_deref(), Some(&value)).await {
+        match s.binder.annotate(ns, name, uid, rv.as_deref(), &set).await {
             Ok(()) => break Ok(()),
             Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
                 attempt += 1;
@@ -203,8 +203,9 @@ async fn bind_pod<B: Binder>(s: &Shared<B>, args: &ExtenderBindingArgs) -> Resul
 }
 
 async fn roll_back<B: Binder>(s: &Shared<B>, ns: &str, name: &str, uid: &str, reservation: &Reservation) {
+    let remove = reservation.annotations.keys().map(|k| (k.clone(), None)).collect();
     if reservation.fresh
-        && let Err(e) = s.binder.annotate(ns, name, uid, None, None).await
+        && let Err(e) = s.binder.annotate(ns, name, uid, None, &remove).await
     {
         tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
     }
@@ -238,23 +239,6 @@ async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
     json(&value)
 }
 
-/// A UTC time as RFC 3339 with second precision (`2026-11-21T10:00:00Z`).
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +259,7 @@ mod tests {
         pods: Mutex<HashMap<String, Pod>>,
         conflicts: AtomicUsize,
         fail_bind: AtomicBool,
+        written: Mutex<Vec<BTreeMap<String, Option<String>>>>,
     }
 
     impl FakeBinder {
@@ -295,8 +280,10 @@ mod tests {
             name: &str,
             _: &str,
             rv: Option<&str>,
-            value: Option<&str>,
+            annotations: &BTreeMap<String, Option<String>>,
         ) -> Result<(), ApiError> {
+            self.written.lock().unwrap().push(annotations.clone());
+            let value = annotations.get(ASSIGNMENT_ANNOTATION).cloned().flatten();
             let what = if value.is_some() { "annotate" } else { "unannotate" };
             self.calls.lock().unwrap().push(format!("{what} {name} rv={}", rv.unwrap_or("-")));
             if value.is_some() && self.conflicts.load(Ordering::SeqCst) > 0 {
@@ -324,12 +311,16 @@ mod tests {
     }
 
     fn shared() -> Arc<Shared<FakeBinder>> {
+        shared_with(DemandOptions::default())
+    }
+
+    fn shared_with(demand: DemandOptions) -> Arc<Shared<FakeBinder>> {
         let engine = Engine::new(
             crate::model::Cluster::new(),
             policy::by_name("fgd-balance", 0).unwrap(),
             Workload::default(),
         );
-        let mut state = ClusterState::new(engine, 1, DemandOptions::default());
+        let mut state = ClusterState::new(engine, 1, demand);
         let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "annotations": {"nano-gpu/gpus":
                 r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-0","vendor":"nvidia","model":"T4","memoryMiB":15360,"healthy":true}]}"#}},
@@ -359,6 +350,33 @@ mod tests {
 
     fn binding(uid: &str) -> Value {
         json!({"PodName": uid, "PodNamespace": "ns", "PodUID": uid, "Node": "n1"})
+    }
+
+    #[tokio::test]
+    async fn a_gpushare_pod_gets_the_annotations_gpushare_wrote_and_loses_them_on_failure() {
+        let s = shared_with(DemandOptions { gpushare: Some(nano_gpu_proto::demand::GpushareUnit::GiB) });
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "g", "namespace": "ns", "uid": "g", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "3"}}}]}
+        }))
+        .unwrap();
+        s.binder.pods.lock().unwrap().insert("g".into(), p);
+        s.binder.fail_bind.store(true, Ordering::SeqCst);
+        call(&s, "POST", "/bind", binding("g")).await;
+        let written = s.binder.written.lock().unwrap().clone();
+        let set = &written[0];
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_IDX"].as_deref(), Some("0"));
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_POD"].as_deref(), Some("3"));
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_DEV"].as_deref(), Some("15"));
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_ASSIGNED"].as_deref(), Some("false"));
+        assert!(set["ALIYUN_COM_GPU_MEM_ASSUME_TIME"].as_deref().is_some_and(|t| t.len() >= 19));
+        let assignment: Value = serde_json::from_str(set[ASSIGNMENT_ANNOTATION].as_deref().unwrap()).unwrap();
+        // 3 GiB of a 15 GiB card: 20 %.
+        assert_eq!(assignment["containers"]["c"][0]["percent"], 20);
+        // The failed bind removes every annotation it wrote.
+        let removed = &written[1];
+        assert_eq!(removed.len(), 6);
+        assert!(removed.values().all(Option::is_none));
     }
 
     #[tokio::test]
@@ -437,7 +455,7 @@ mod tests {
         // The watch shows the pod bound and annotated; kube-scheduler retries after a timeout.
         let assignment = s.binder.calls().len();
         let mut bound = pod("a", "2", Some("n1"));
-        let reserved = s.state().reserve(&pod("a", "1", None), "n1", "t").unwrap();
+        let reserved = s.state().reserve(&pod("a", "1", None), "n1", SystemTime::UNIX_EPOCH).unwrap();
         bound.metadata.annotations =
             Some([(ASSIGNMENT_ANNOTATION.to_string(), reserved.assignment.encode())].into());
         s.state().apply_pod(&bound);
@@ -484,13 +502,5 @@ mod tests {
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["nodes"][0]["cards"][0]["percentUsed"], 60);
         assert_eq!(v["nodes"][0]["cards"][0]["pods"], json!(["ns/a"]));
-    }
-
-    #[test]
-    fn rfc3339_formats_utc_dates() {
-        let t = |secs| rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs));
-        assert_eq!(t(0), "1970-01-01T00:00:00Z");
-        assert_eq!(t(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(t(1_795_305_600 + 3661), "2026-11-22T01:01:01Z");
     }
 }

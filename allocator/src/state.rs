@@ -19,13 +19,16 @@ use crate::extender::{BindError, Bound, Extender};
 use crate::model::{Card, Node};
 use crate::workload::Learner;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use nano_gpu_proto::annotations::rfc3339;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
-use nano_gpu_proto::demand::{DemandOptions, pod_demand};
+use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, pod_demand};
 use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList};
+use nano_gpu_proto::gpushare;
 use nano_gpu_proto::quantity;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::SystemTime;
 
 /// Something wrong with an object that a person should hear about (becomes a warning Event).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -399,15 +402,16 @@ impl ClusterState {
 
     /// Chooses the cards for `pod` on `node` and reserves them. A pod that already holds cards on that
     /// node (kube-scheduler retrying a bind) gets the same assignment again.
-    pub fn reserve(&mut self, pod: &Pod, node: &str, at: &str) -> Result<Reservation, BindError> {
+    pub fn reserve(&mut self, pod: &Pod, node: &str, now: SystemTime) -> Result<Reservation, BindError> {
         let uid = pod_uid(pod).ok_or_else(|| BindError::Invalid("pod has no uid".into()))?.to_owned();
         if let Some(existing) = self.pods.get(&uid) {
             if let (Holding::Cards(a), true) = (&existing.holding, existing.node == node) {
-                return Ok(Reservation { uid, assignment: a.clone(), fresh: false });
+                let annotations = self.annotations(pod, a, now);
+                return Ok(Reservation { uid, assignment: a.clone(), annotations, fresh: false });
             }
             self.forget_pod(&uid);
         }
-        let Bound { assignment, req, .. } = self.extender.bind(pod, node, at)?;
+        let Bound { assignment, req, .. } = self.extender.bind(pod, node, &rfc3339(now))?;
         if let Some(workload) = self.learner.as_mut().and_then(|l| l.observe(&req)) {
             self.extender.engine_mut().set_workload(workload);
         }
@@ -423,7 +427,30 @@ impl ClusterState {
         };
         self.insert_pod(uid.clone(), record);
         self.rebuild(node);
-        Ok(Reservation { uid, assignment, fresh: true })
+        let annotations = self.annotations(pod, &assignment, now);
+        Ok(Reservation { uid, assignment, annotations, fresh: true })
+    }
+
+    /// The annotations a bind writes: the assignment, and gpushare's for pods that ask
+    /// `aliyun.com/gpu-mem` when compatibility is on.
+    fn annotations(&self, pod: &Pod, assignment: &Assignment, now: SystemTime) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_owned(), assignment.encode())]);
+        let Some(unit) = self.extender.demand_options().gpushare else { return out };
+        let units = gpushare::pod_units(pod);
+        let cluster = self.extender.engine().cluster();
+        let card = cluster.id(&assignment.node).and_then(|id| {
+            let first = assignment.held().next()?;
+            cluster.node(id).cards.iter().find(|c| c.uuid == first.uuid)
+        });
+        if let (true, Some(card)) = (units > 0, card) {
+            let dev = match unit {
+                GpushareUnit::GiB => card.mem_total / 1024,
+                GpushareUnit::MiB => card.mem_total,
+            };
+            let ns = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            out.extend(gpushare::annotations(card.index, units, dev, ns));
+        }
+        out
     }
 
     /// Gives back a reservation whose bind failed.
@@ -478,8 +505,10 @@ impl ClusterState {
 pub struct Reservation {
     /// Pod UID.
     pub uid: String,
-    /// The annotation to write.
+    /// The assignment.
     pub assignment: Assignment,
+    /// Every annotation to write: the encoded assignment, and gpushare's when they apply.
+    pub annotations: BTreeMap<String, String>,
     /// False when the pod already held this assignment (a repeated bind): nothing to give back.
     pub fresh: bool,
 }
@@ -592,17 +621,17 @@ mod tests {
         let mut s = state();
         s.apply_node(&node("n1", 1));
         let p = pod("a", "60", None, None);
-        let r = s.reserve(&p, "n1", "t").unwrap();
+        let r = s.reserve(&p, "n1", SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(free(&s, "n1"), vec![40]);
         // A watch event from before the PATCH must not drop the reservation.
         s.apply_pod(&p);
         assert_eq!(free(&s, "n1"), vec![40]);
         // Another pod cannot double-book the card.
-        assert!(s.reserve(&pod("b", "60", None, None), "n1", "t").is_err());
+        assert!(s.reserve(&pod("b", "60", None, None), "n1", SystemTime::UNIX_EPOCH).is_err());
         // The annotated, bound pod confirms it; a repeated bind returns the same assignment.
         s.apply_pod(&pod("a", "60", Some("n1"), Some(r.assignment.encode())));
         assert_eq!(free(&s, "n1"), vec![40]);
-        let again = s.reserve(&p, "n1", "later").unwrap();
+        let again = s.reserve(&p, "n1", SystemTime::now()).unwrap();
         assert_eq!((again.assignment, again.fresh), (r.assignment, false));
     }
 
@@ -610,7 +639,7 @@ mod tests {
     fn a_failed_bind_gives_its_reservation_back() {
         let mut s = state();
         s.apply_node(&node("n1", 1));
-        let r = s.reserve(&pod("a", "60", None, None), "n1", "t").unwrap();
+        let r = s.reserve(&pod("a", "60", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap();
         s.release(&r);
         assert_eq!(free(&s, "n1"), vec![100]);
     }

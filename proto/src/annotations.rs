@@ -215,6 +215,23 @@ impl Assignment {
     }
 }
 
+/// A UTC time as RFC 3339 with second precision (`2026-11-21T10:00:00Z`).
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// A model name as a label value: characters outside `[A-Za-z0-9_.-]` become `-`, trimmed to 63
 /// characters and to alphanumerics at both ends (`NVIDIA H100 80GB HBM3` → `NVIDIA-H100-80GB-HBM3`).
 pub fn label_value(text: &str) -> String {
@@ -361,6 +378,14 @@ mod tests {
     fn unknown_fields_from_a_newer_agent_are_ignored() {
         let newer = INVENTORY_GOLDEN.replace(r#""healthy":true"#, r#""healthy":true,"migMode":false"#);
         assert_eq!(NodeInventory::decode(&newer).unwrap(), inventory());
+    }
+
+    #[test]
+    fn rfc3339_formats_utc_dates() {
+        let t = |secs| rfc3339(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        assert_eq!(t(0), "1970-01-01T00:00:00Z");
+        assert_eq!(t(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(t(1_795_305_600 + 3661), "2026-11-22T01:01:01Z");
     }
 
     #[test]

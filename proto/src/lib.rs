@@ -14,6 +14,7 @@ pub mod annotations;
 pub mod demand;
 pub mod device_id;
 pub mod extender;
+pub mod gpushare;
 pub mod quantity;
 pub mod resources;
 pub mod units;
