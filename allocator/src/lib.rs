@@ -13,6 +13,7 @@ pub mod binder;
 pub mod engine;
 pub mod extender;
 pub mod inspect;
+pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod policy;

@@ -50,9 +50,21 @@ struct ServeArgs {
     /// Rebuild the learned target workload every this many binds.
     #[arg(long, default_value_t = 100)]
     learn_every: u64,
-    /// This replica's name, for the Events it records.
+    /// This replica's name, for the Events it records and the Lease it holds.
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
+    /// Elect one leader among replicas with a Lease; only the leader decides and is ready.
+    #[arg(long, env = "NANO_GPU_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "nano-gpu-system")]
+    lease_namespace: String,
+    /// Name of the Lease.
+    #[arg(long, default_value = "nano-gpu-allocator")]
+    lease_name: String,
+    /// Lease duration in seconds (renew deadline 2/3 of it, retry every 1/7 of it).
+    #[arg(long, default_value_t = 15)]
+    lease_seconds: u64,
 }
 
 #[derive(Args)]
@@ -189,6 +201,15 @@ fn serve(args: ServeArgs) -> Result<()> {
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
         let shared = server::Shared::new(view, KubeBinder::new(client.clone()));
+        if args.leader_elect {
+            use nano_gpu_allocator::leader;
+            shared.leader.store(false, std::sync::atomic::Ordering::SeqCst);
+            let identity = args.pod_name.clone().unwrap_or_else(|| format!("nano-gpu-allocator-{}", std::process::id()));
+            let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
+            let timing = leader::Timing { lease, renew_deadline: lease * 2 / 3, retry: lease / 7 };
+            let api = kube::Api::namespaced(client.clone(), &args.lease_namespace);
+            tokio::spawn(leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone()));
+        }
         let watches = tokio::spawn(watch::run(client, shared.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

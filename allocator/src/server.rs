@@ -15,7 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
-use nano_gpu_proto::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult};
+use nano_gpu_proto::extender::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+};
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +26,9 @@ use std::time::{Instant, SystemTime};
 
 /// Pods seen in filter calls, kept so that bind (which gets only names) need not read the API.
 const RECENT_PODS: usize = 8192;
+
+/// What a replica that is not the leader answers.
+const NOT_LEADER: &str = "this allocator replica is not the leader; retry";
 
 /// Conflicting annotation writes retried before a bind gives up.
 const CONFLICT_RETRIES: usize = 5;
@@ -36,6 +41,8 @@ pub struct Shared<B> {
     pub metrics: Metrics,
     /// Set once the node and pod watches have listed everything.
     pub synced: AtomicBool,
+    /// Whether this replica may decide (true unless leader election says otherwise).
+    pub leader: Arc<AtomicBool>,
     recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
 }
 
@@ -47,6 +54,7 @@ impl<B: Binder> Shared<B> {
             binder,
             metrics: Metrics::default(),
             synced: AtomicBool::new(false),
+            leader: Arc::new(AtomicBool::new(true)),
             recent: Mutex::new((HashMap::new(), VecDeque::new())),
         })
     }
@@ -117,6 +125,11 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
     if let Some(pod) = &args.pod {
         s.remember(pod);
     }
+    if !s.leader.load(Ordering::SeqCst) {
+        s.metrics.observe(Verb::Filter, false, started.elapsed());
+        let error = NOT_LEADER.to_owned();
+        return json(&ExtenderFilterResult { node_names: Some(Vec::new()), error, ..Default::default() });
+    }
     let result = s.state().filter(&args);
     s.metrics.observe(Verb::Filter, result.error.is_empty(), started.elapsed());
     json(&result)
@@ -128,6 +141,10 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
+    if !s.leader.load(Ordering::SeqCst) {
+        s.metrics.observe(Verb::Prioritize, false, started.elapsed());
+        return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
+    }
     let result = s.state().prioritize(&args);
     s.metrics.observe(Verb::Prioritize, true, started.elapsed());
     json(&result)
@@ -140,7 +157,8 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result = bind_pod(&s, &args).await;
+    let result =
+        if s.leader.load(Ordering::SeqCst) { bind_pod(&s, &args).await } else { Err(NOT_LEADER.to_owned()) };
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
@@ -218,7 +236,9 @@ async fn preempt() -> Response {
 }
 
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    if s.synced.load(Ordering::Relaxed) {
+    if !s.leader.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response()
+    } else if s.synced.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the node and pod watches to list everything\n")
@@ -377,6 +397,23 @@ mod tests {
         let removed = &written[1];
         assert_eq!(removed.len(), 6);
         assert!(removed.values().all(Option::is_none));
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_is_not_the_leader_decides_nothing_and_is_not_ready() {
+        let s = shared();
+        s.synced.store(true, Ordering::Relaxed);
+        s.leader.store(false, Ordering::SeqCst);
+        assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1"]});
+        let (_, body) = call(&s, "POST", "/filter", args.clone()).await;
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((r["Error"].as_str(), r["NodeNames"].clone()), (Some(NOT_LEADER), json!([])));
+        assert_eq!(call(&s, "POST", "/prioritize", args).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert!(body.contains("not the leader"));
+        assert!(s.binder.calls().is_empty());
+        assert_eq!(free(&s), 100);
     }
 
     #[tokio::test]
