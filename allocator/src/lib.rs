@@ -9,6 +9,7 @@
 //!   watches, the API calls of a bind, the HTTP routes, the Prometheus text.
 //! - [`sim`]: trace replay with the method of the FGD paper, for measuring policies.
 
+pub mod admission;
 pub mod binder;
 pub mod engine;
 pub mod extender;

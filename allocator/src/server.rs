@@ -4,6 +4,7 @@
 //! (ready once the watches have listed everything), `/metrics` (Prometheus text), `/inspect` (JSON per
 //! node and card). `POST /preempt` answers 501: preemption is not implemented yet.
 
+use crate::admission::Admission;
 use crate::binder::{ApiError, Binder};
 use crate::metrics::{Metrics, Verb};
 use crate::state::{ClusterState, Reservation};
@@ -14,6 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
+use nano_gpu_proto::admission::AdmissionReview;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
@@ -26,6 +28,9 @@ use std::time::{Instant, SystemTime};
 
 /// Pods seen in filter calls, kept so that bind (which gets only names) need not read the API.
 const RECENT_PODS: usize = 8192;
+
+/// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
+pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
 
 /// What a replica that is not the leader answers.
 const NOT_LEADER: &str = "this allocator replica is not the leader; retry";
@@ -44,12 +49,18 @@ pub struct Shared<B> {
     /// Whether this replica may decide (true unless leader election says otherwise).
     pub leader: Arc<AtomicBool>,
     recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
+    admission: Admission,
 }
 
 impl<B: Binder> Shared<B> {
     /// Handlers over `state`, binding through `binder`.
     pub fn new(state: ClusterState, binder: B) -> Arc<Self> {
+        let admission = Admission {
+            scheduler_name: SCHEDULER_NAME.to_owned(),
+            demand: *state.extender().demand_options(),
+        };
         Arc::new(Shared {
+            admission,
             state: Mutex::new(state),
             binder,
             metrics: Metrics::default(),
@@ -92,6 +103,7 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/prioritize", post(prioritize::<B>))
         .route("/bind", post(bind::<B>))
         .route("/preempt", post(preempt))
+        .route("/mutate", post(mutate::<B>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<B>))
         .route("/metrics", get(metrics::<B>))
@@ -228,6 +240,14 @@ async fn roll_back<B: Binder>(s: &Shared<B>, ns: &str, name: &str, uid: &str, re
         tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
     }
     s.state().release(reservation);
+}
+
+/// The mutating admission webhook (served here over plain HTTP; TLS is not implemented yet).
+async fn mutate<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
+    match decode::<AdmissionReview>(&body, "AdmissionReview") {
+        Ok(review) => json(&s.admission.review(&review)),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+    }
 }
 
 async fn preempt() -> Response {
@@ -414,6 +434,22 @@ mod tests {
         assert!(body.contains("not the leader"));
         assert!(s.binder.calls().is_empty());
         assert_eq!(free(&s), 100);
+    }
+
+    #[tokio::test]
+    async fn the_webhook_route_answers_reviews() {
+        let s = shared();
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r1", "operation": "CREATE", "object": pod("a", "1", None)}});
+        let (status, body) = call(&s, "POST", "/mutate", review).await;
+        assert_eq!(status, StatusCode::OK);
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (r["response"]["uid"].as_str(), r["response"]["allowed"].as_bool()),
+            (Some("r1"), Some(true))
+        );
+        assert_eq!(r["response"]["patchType"], "JSONPatch");
+        assert_eq!(call(&s, "POST", "/mutate", json!("nonsense")).await.0, StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]

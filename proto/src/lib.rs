@@ -10,6 +10,7 @@
 //!
 //! Nothing in this crate does I/O; everything is a value with an encoder, a decoder and golden tests.
 
+pub mod admission;
 pub mod annotations;
 pub mod demand;
 pub mod device_id;
