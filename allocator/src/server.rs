@@ -2,7 +2,8 @@
 //!
 //! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs), `GET /healthz`, `/readyz`
 //! (ready once the watches have listed everything), `/metrics` (Prometheus text), `/inspect` (JSON per
-//! node and card). `POST /preempt` answers 501: preemption is not implemented yet.
+//! node and card), `POST /preempt` (only nodes where eviction really frees a card, only the victims
+//! needed), `POST /mutate` (the admission webhook).
 
 use crate::admission::Admission;
 use crate::binder::{ApiError, Binder};
@@ -18,7 +19,8 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::admission::AdmissionReview;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
+    ExtenderPreemptionResult, MetaPod, MetaVictims,
 };
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -102,7 +104,7 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/filter", post(filter::<B>))
         .route("/prioritize", post(prioritize::<B>))
         .route("/bind", post(bind::<B>))
-        .route("/preempt", post(preempt))
+        .route("/preempt", post(preempt::<B>))
         .route("/mutate", post(mutate::<B>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<B>))
@@ -250,9 +252,41 @@ async fn mutate<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
     }
 }
 
-async fn preempt() -> Response {
-    (StatusCode::NOT_IMPLEMENTED, "preempt is not implemented yet; do not configure preemptVerb\n")
-        .into_response()
+/// `POST /preempt`: keeps only the nodes (and victims) where eviction really frees a card.
+async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
+    let args: ExtenderPreemptionArgs = match decode(&body, "ExtenderPreemptionArgs") {
+        Ok(a) => a,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    if !s.leader.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
+    }
+    let Some(pod) = args.pod.as_ref() else {
+        return (StatusCode::BAD_REQUEST, "ExtenderPreemptionArgs has no Pod\n").into_response();
+    };
+    // nodeCacheCapable sends victims by UID; otherwise whole pods, reduced here to their UIDs.
+    let proposed: BTreeMap<String, MetaVictims> =
+        match (&args.node_name_to_meta_victims, &args.node_name_to_victims) {
+            (Some(meta), _) => meta.clone(),
+            (None, Some(full)) => full
+                .iter()
+                .map(|(node, v)| {
+                    let pods = v
+                        .pods
+                        .iter()
+                        .filter_map(|p| p.metadata.uid.clone())
+                        .map(|uid| MetaPod { uid })
+                        .collect();
+                    (node.clone(), MetaVictims { pods, num_pdb_violations: v.num_pdb_violations })
+                })
+                .collect(),
+            (None, None) => BTreeMap::new(),
+        };
+    let result = s.state().preempt(pod, &proposed);
+    match result {
+        Ok(kept) => json(&ExtenderPreemptionResult { node_name_to_meta_victims: Some(kept) }),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+    }
 }
 
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
@@ -551,13 +585,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readiness_waits_for_the_watches_and_preempt_says_it_is_not_implemented() {
+    async fn readiness_waits_for_the_watches_and_preempt_answers() {
         let s = shared();
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
         s.synced.store(true, Ordering::Relaxed);
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::OK);
         assert_eq!(call(&s, "GET", "/healthz", json!(null)).await, (StatusCode::OK, "ok".to_string()));
-        assert_eq!(call(&s, "POST", "/preempt", json!({})).await.0, StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(call(&s, "POST", "/preempt", json!({})).await.0, StatusCode::BAD_REQUEST);
+        let (status, body) = call(
+            &s,
+            "POST",
+            "/preempt",
+            json!({"Pod": pod("p", "1", None),
+            "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "nobody"}], "NumPDBViolations": 0}}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        // The card is free already, so the unknown victim is kept (it may hold CPU kube-scheduler counted).
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap(),
+            json!({"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "nobody"}], "NumPDBViolations": 0}}})
+        );
     }
 
     #[tokio::test]

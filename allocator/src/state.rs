@@ -17,6 +17,7 @@
 use crate::engine::Engine;
 use crate::extender::{BindError, Bound, Extender};
 use crate::model::{Card, Node};
+use crate::request::{Tightest, fit};
 use crate::workload::Learner;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::annotations::rfc3339;
@@ -24,7 +25,7 @@ use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, pod_demand};
-use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList};
+use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList, MetaVictims};
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::quantity;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -460,6 +461,52 @@ impl ClusterState {
         }
     }
 
+    /// `POST /preempt`: for each node kube-scheduler proposes, keeps it only if evicting its victims
+    /// really frees a card (or cards) the pod fits on, and drops the victims that are not needed for
+    /// that. Victims this view does not know are kept (they hold no card, but may hold CPU or memory
+    /// kube-scheduler counted).
+    pub fn preempt(
+        &self,
+        pod: &Pod,
+        proposed: &BTreeMap<String, MetaVictims>,
+    ) -> Result<BTreeMap<String, MetaVictims>, String> {
+        let (_, req) = self.extender.request(pod)?;
+        let cluster = self.extender.engine().cluster();
+        let mut out = BTreeMap::new();
+        for (node, victims) in proposed {
+            let Some(id) = cluster.id(node) else { continue };
+            let base = cluster.node(id);
+            let fits_without = |evicted: &[&str]| {
+                let mut n = base.clone();
+                for uid in evicted {
+                    if let Some(p) = self.pods.get(*uid).filter(|p| p.node == *node) {
+                        free_record(&mut n, p);
+                    }
+                }
+                fit(&n, &req, &mut Tightest).is_ok()
+            };
+            let mut evict: Vec<&str> = victims.pods.iter().map(|v| v.uid.as_str()).collect();
+            if !fits_without(&evict) {
+                continue; // evicting them would not make room on any card: no preemption here
+            }
+            // Keep every victim whose eviction is not needed, largest holders last.
+            let mut order = evict.clone();
+            order.sort_by_key(|uid| std::cmp::Reverse(self.pods.get(*uid).map_or(0, held_percent)));
+            for uid in order.into_iter().rev() {
+                if !self.pods.contains_key(uid) {
+                    continue;
+                }
+                let without: Vec<&str> = evict.iter().copied().filter(|v| *v != uid).collect();
+                if fits_without(&without) {
+                    evict = without;
+                }
+            }
+            let pods = victims.pods.iter().filter(|v| evict.contains(&v.uid.as_str())).cloned().collect();
+            out.insert(node.clone(), MetaVictims { pods, num_pdb_violations: victims.num_pdb_violations });
+        }
+        Ok(out)
+    }
+
     /// Per node and card, for `/inspect`.
     pub fn inspect(&self) -> serde_json::Value {
         let cluster = self.extender.engine().cluster();
@@ -497,6 +544,28 @@ impl ClusterState {
             }));
         }
         serde_json::json!({ "nodes": nodes })
+    }
+}
+
+/// Percent of cards a pod holds.
+fn held_percent(p: &PodRecord) -> u32 {
+    match &p.holding {
+        Holding::Cards(a) => a.held().map(|g| g.percent.0).sum(),
+        _ => 0,
+    }
+}
+
+/// Gives a pod's CPU, memory and cards back to a copy of its node.
+fn free_record(n: &mut Node, p: &PodRecord) {
+    n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
+    n.mem_free = (n.mem_free + p.mem).min(n.mem_total);
+    if let Holding::Cards(a) = &p.holding {
+        for g in a.held() {
+            if let Some(c) = n.cards.iter_mut().find(|c| c.uuid == g.uuid) {
+                c.free = (c.free + g.percent.0).min(100);
+                c.mem_free = (c.mem_free + g.memory_mib.map_or(0, |m| m.0)).min(c.mem_total);
+            }
+        }
     }
 }
 
@@ -633,6 +702,39 @@ mod tests {
         assert_eq!(free(&s, "n1"), vec![40]);
         let again = s.reserve(&p, "n1", SystemTime::now()).unwrap();
         assert_eq!((again.assignment, again.fresh), (r.assignment, false));
+    }
+
+    #[test]
+    fn preemption_keeps_only_nodes_where_a_card_really_frees_and_only_the_victims_needed() {
+        use nano_gpu_proto::extender::MetaPod;
+        let mut s = state();
+        s.apply_node(&node("n1", 2));
+        s.apply_node(&node("n2", 2));
+        // n1: 60 % + 30 % on card 0, 70 % on card 1. n2: 40 % + 30 % on card 0, 40 % on card 1.
+        s.apply_pod(&pod("a", "60", Some("n1"), Some(assignment("n1", 0, 60))));
+        s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+        s.apply_pod(&pod("c", "70", Some("n1"), Some(assignment("n1", 1, 70))));
+        s.apply_pod(&pod("d", "40", Some("n2"), Some(assignment("n2", 0, 40))));
+        s.apply_pod(&pod("e", "40", Some("n2"), Some(assignment("n2", 1, 40))));
+        s.apply_pod(&pod("f", "30", Some("n2"), Some(assignment("n2", 0, 30))));
+        let victims = |uids: &[&str]| MetaVictims {
+            pods: uids.iter().map(|u| MetaPod { uid: u.to_string() }).collect(),
+            num_pdb_violations: 0,
+        };
+        let proposed = BTreeMap::from([
+            ("n1".to_string(), victims(&["a", "b", "c"])),
+            ("n2".to_string(), victims(&["d"])),
+        ]);
+        // A 70 % pod: on n1 evicting c alone frees card 1 (a and b need not go); on n2 evicting d
+        // frees card 0.
+        let out = s.preempt(&pod("p", "70", None, None), &proposed).unwrap();
+        let uids = |n: &str| out[n].pods.iter().map(|p| p.uid.clone()).collect::<Vec<_>>();
+        assert_eq!(uids("n1"), vec!["c"]);
+        assert_eq!(uids("n2"), vec!["d"]);
+        // Evicting only f's 30 % on n2 leaves 60 % free on each card: n2 is dropped.
+        let proposed = BTreeMap::from([("n2".to_string(), victims(&["f"]))]);
+        let out = s.preempt(&pod("p", "70", None, None), &proposed).unwrap();
+        assert_eq!(out.get("n2").map(|v| v.pods.len()), None);
     }
 
     #[test]
