@@ -23,5 +23,6 @@ pub mod rng;
 pub mod server;
 pub mod sim;
 pub mod state;
+pub mod tls;
 pub mod watch;
 pub mod workload;

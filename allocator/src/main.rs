@@ -65,6 +65,26 @@ struct ServeArgs {
     /// Lease duration in seconds (renew deadline 2/3 of it, retry every 1/7 of it).
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
+    /// Address of the HTTPS endpoint (the admission webhook, and the extender for `enableHTTPS`).
+    #[arg(long, env = "NANO_GPU_TLS_LISTEN")]
+    tls_listen: Option<std::net::SocketAddr>,
+    /// Mounted serving certificate (PEM); re-read when it changes. Without it a CA and certificate are
+    /// generated at start.
+    #[arg(long, env = "NANO_GPU_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Mounted serving key (PEM).
+    #[arg(long, env = "NANO_GPU_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// DNS names of the generated certificate (the Service's names).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "nano-gpu-allocator.nano-gpu-system.svc,nano-gpu-allocator.nano-gpu-system.svc.cluster.local"
+    )]
+    tls_dns_names: Vec<String>,
+    /// MutatingWebhookConfiguration whose caBundle gets the generated CA.
+    #[arg(long, default_value = "nano-gpu-allocator")]
+    webhook_config: String,
 }
 
 #[derive(Args)]
@@ -198,6 +218,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
         let shared = server::Shared::new(view, KubeBinder::new(client.clone()));
@@ -216,6 +237,23 @@ fn serve(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         tracing::info!(listen = %args.listen, "serving the scheduler extender");
         let app = server::router(shared);
+        if let Some(addr) = args.tls_listen {
+            use nano_gpu_allocator::tls;
+            let certs = match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => tls::CertSource::files(cert.clone(), key.clone())?,
+                _ => {
+                    let generated = tls::generate(&args.tls_dns_names)?;
+                    match tls::publish_ca_bundle(client_for_tls.clone(), &args.webhook_config, &generated.ca_pem).await {
+                        Ok(()) => tracing::info!(webhook = %args.webhook_config, "CA written into the webhook configuration"),
+                        Err(e) => tracing::warn!(webhook = %args.webhook_config, error = %e, "could not write the CA into the webhook configuration"),
+                    }
+                    tls::CertSource::Fixed(tls::server_config(generated.cert_pem.as_bytes(), generated.key_pem.as_bytes())?)
+                }
+            };
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+            tracing::info!(listen = %addr, "serving HTTPS (webhook and extender)");
+            tokio::spawn(tls::serve(listener, app.clone(), std::sync::Arc::new(certs)));
+        }
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown()) => served.context("serving HTTP")?,
             _ = watches => bail!("the watches stopped"),

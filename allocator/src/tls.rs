@@ -1,0 +1,283 @@
+//! HTTPS for the webhook and the extender: a certificate authority and serving certificate generated
+//! at start (the CA goes into the webhook configuration's `caBundle`), or mounted certificate files
+//! that are re-read when they change.
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+
+/// A certificate problem.
+#[derive(Debug, Error)]
+pub enum TlsError {
+    /// Generating a certificate failed.
+    #[error("generating a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// The PEM files cannot be read or used.
+    #[error("{0}")]
+    Pem(String),
+}
+
+/// A serving certificate, its key, and the CA that signed it (all PEM).
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// The CA certificate, for `caBundle`.
+    pub ca_pem: String,
+    /// The serving certificate.
+    pub cert_pem: String,
+    /// The serving key.
+    pub key_pem: String,
+}
+
+/// A new CA and a serving certificate for `dns_names` signed by it.
+pub fn generate(dns_names: &[String]) -> Result<Generated, TlsError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "nano-gpu-allocator CA");
+    ca.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_key = KeyPair::generate()?;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+    let mut leaf = CertificateParams::new(dns_names.to_vec())?;
+    leaf.distinguished_name.push(DnType::CommonName, dns_names.first().cloned().unwrap_or_default());
+    let leaf_key = KeyPair::generate()?;
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
+    Ok(Generated { ca_pem: ca_cert.pem(), cert_pem: leaf_cert.pem(), key_pem: leaf_key.serialize_pem() })
+}
+
+/// A rustls server configuration from PEM text.
+pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem(format!("certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem("certificate: no CERTIFICATE block".into()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Pem(format!("key: {e}")))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Pem(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| TlsError::Pem(format!("certificate and key: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Where the serving certificate comes from.
+pub enum CertSource {
+    /// Generated at start; never changes.
+    Fixed(Arc<ServerConfig>),
+    /// Mounted files, re-read when either changes.
+    Files {
+        /// Certificate chain (PEM).
+        cert: PathBuf,
+        /// Private key (PEM).
+        key: PathBuf,
+        /// The configuration in use and the modification times it was read at.
+        current: RwLock<(Arc<ServerConfig>, Option<SystemTime>, Option<SystemTime>)>,
+    },
+}
+
+fn modified(path: &PathBuf) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl CertSource {
+    /// Mounted files (read now: a bad pair is an error at start).
+    pub fn files(cert: PathBuf, key: PathBuf) -> Result<Self, TlsError> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| TlsError::Pem(format!("{}: {e}", p.display())));
+        let config = server_config(&read(&cert)?, &read(&key)?)?;
+        let times = (modified(&cert), modified(&key));
+        Ok(CertSource::Files { current: RwLock::new((config, times.0, times.1)), cert, key })
+    }
+
+    /// The configuration for the next connection, re-reading changed files (a bad new pair is logged
+    /// and the previous one kept).
+    pub fn config(&self) -> Arc<ServerConfig> {
+        match self {
+            CertSource::Fixed(c) => c.clone(),
+            CertSource::Files { cert, key, current } => {
+                let times = (modified(cert), modified(key));
+                let (config, c_at, k_at) =
+                    current.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone());
+                if (c_at, k_at) == times {
+                    return config;
+                }
+                let fresh = std::fs::read(cert)
+                    .and_then(|c| std::fs::read(key).map(|k| (c, k)))
+                    .map_err(|e| TlsError::Pem(e.to_string()))
+                    .and_then(|(c, k)| server_config(&c, &k));
+                match fresh {
+                    Ok(new) => {
+                        tracing::info!(cert = %cert.display(), "serving certificate reloaded");
+                        if let Ok(mut g) = current.write() {
+                            *g = (new.clone(), times.0, times.1);
+                        }
+                        new
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "new certificate files unusable; keeping the previous ones");
+                        config
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The webhook configuration with every webhook trusting `ca_pem`.
+pub fn with_ca_bundle(
+    mut config: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+    ca_pem: &str,
+) -> k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration {
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.as_bytes().to_vec()));
+    }
+    config
+}
+
+/// Writes `ca_pem` into the `caBundle` of every webhook of the named MutatingWebhookConfiguration.
+pub async fn publish_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<(), kube::Error> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let api: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(client);
+    let current = api.get(name).await?;
+    api.replace(name, &kube::api::PostParams::default(), &with_ca_bundle(current, ca_pem)).await?;
+    Ok(())
+}
+
+/// Serves `router` over TLS on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, router: Router, certs: Arc<CertSource>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let acceptor = TlsAcceptor::from(certs.config());
+        let router = router.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(stream).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            let service = TowerToHyperService::new(router);
+            if let Err(e) =
+                Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_pair_makes_a_server_config() {
+        let g = generate(&["nano-gpu-allocator.nano-gpu-system.svc".into()]).unwrap();
+        assert!(g.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(g.key_pem.contains("PRIVATE KEY"));
+        assert!(server_config(g.cert_pem.as_bytes(), g.key_pem.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn every_webhook_gets_the_ca_bundle() {
+        let config: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "w"}, "webhooks": [
+                {"name": "pods.nano-gpu.io", "clientConfig": {"service": {"name": "s", "namespace": "n"}},
+                 "admissionReviewVersions": ["v1"], "sideEffects": "None"}]}))
+            .unwrap();
+        let out = serde_json::to_value(with_ca_bundle(config, "PEM")).unwrap();
+        // caBundle travels as base64 of the PEM.
+        assert_eq!(out["webhooks"][0]["clientConfig"]["caBundle"], "UEVN");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_trusts_the_generated_ca_gets_an_answer_over_tls() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+        let g = generate(&["localhost".into()]).unwrap();
+        let config = server_config(g.cert_pem.as_bytes(), g.key_pem.as_bytes()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(serve(listener, router, Arc::new(CertSource::Fixed(config))));
+
+        let mut roots = RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(g.ca_pem.as_bytes()) {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tls.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+    }
+
+    #[test]
+    fn bad_pem_is_a_clear_error() {
+        let e = server_config(b"nothing", b"nothing").unwrap_err();
+        assert!(e.to_string().contains("certificate"), "{e}");
+    }
+
+    #[test]
+    fn changed_files_are_reloaded_and_bad_ones_ignored() {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let first = generate(&["a.example".into()]).unwrap();
+        std::fs::write(&cert, &first.cert_pem).unwrap();
+        std::fs::write(&key, &first.key_pem).unwrap();
+        let source = CertSource::files(cert.clone(), key.clone()).unwrap();
+        let before = source.config();
+        assert!(Arc::ptr_eq(&before, &source.config()));
+        // Files rewritten with explicit, later modification times (no waiting on the clock).
+        let rewrite = |path: &PathBuf, text: &str, secs: u64| {
+            std::fs::write(path, text).unwrap();
+            let later = SystemTime::now() + std::time::Duration::from_secs(secs);
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(later).unwrap();
+        };
+        // A rotation.
+        let second = generate(&["a.example".into()]).unwrap();
+        rewrite(&cert, &second.cert_pem, 10);
+        rewrite(&key, &second.key_pem, 10);
+        let after = source.config();
+        assert!(!Arc::ptr_eq(&before, &after));
+        // A broken write keeps the last good configuration.
+        rewrite(&key, "broken", 20);
+        assert!(Arc::ptr_eq(&after, &source.config()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
