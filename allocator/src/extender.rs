@@ -88,8 +88,8 @@ impl Extender {
         Ok((demand, req))
     }
 
-    /// `POST /filter`.
-    pub fn filter(&mut self, args: &ExtenderArgs) -> ExtenderFilterResult {
+    /// `POST /filter`. Takes the arguments by value: the candidate names move into the answer.
+    pub fn filter(&mut self, mut args: ExtenderArgs) -> ExtenderFilterResult {
         let mut result = ExtenderFilterResult { node_names: Some(Vec::new()), ..Default::default() };
         let Some(pod) = args.pod.as_ref() else {
             result.error = "request has no Pod".to_owned();
@@ -102,9 +102,11 @@ impl Extender {
                 return result;
             }
         };
-        let mut passed = Vec::new();
+        let by_name = args.node_names.is_some();
+        let names = args.take_candidate_names();
+        let mut passed = Vec::with_capacity(names.len());
         let prepared = self.engine.prepare(&req);
-        for name in args.candidate_names() {
+        for name in names {
             let Some(id) = self.engine.cluster().id(&name) else {
                 result
                     .failed_and_unresolvable_nodes
@@ -121,7 +123,7 @@ impl Extender {
                 }
             }
         }
-        if let (None, Some(list)) = (&args.node_names, &args.nodes) {
+        if let (false, Some(list)) = (by_name, &args.nodes) {
             let mut nodes = list.clone();
             nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
             result.nodes = Some(nodes);
@@ -131,9 +133,9 @@ impl Extender {
     }
 
     /// `POST /prioritize`: 10 for the node the engine would choose, 0..=9 for the others.
-    pub fn prioritize(&mut self, args: &ExtenderArgs) -> HostPriorityList {
+    pub fn prioritize(&mut self, mut args: ExtenderArgs) -> HostPriorityList {
         self.refresh_order();
-        let names = args.candidate_names();
+        let names = args.take_candidate_names();
         let Some(Ok((_, req))) = args.pod.as_ref().map(|p| self.request(p)) else {
             return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
         };
@@ -306,7 +308,8 @@ impl Placer for SimExtender {
         // What crosses the wire: JSON in, JSON out.
         let wire = serde_json::to_string(&args).ok()?;
         let args: ExtenderArgs = serde_json::from_str(&wire).ok()?;
-        let filtered = self.extender.filter(&args);
+        let k8s_pod = args.pod.clone();
+        let filtered = self.extender.filter(args);
         let feasible = filtered.node_names.unwrap_or_default();
         if !filtered.error.is_empty() || feasible.is_empty() {
             return None;
@@ -315,11 +318,11 @@ impl Placer for SimExtender {
         let chosen = if feasible.len() == 1 {
             feasible[0].clone()
         } else {
-            let args = ExtenderArgs { node_names: Some(feasible), ..args.clone() };
-            let scores = self.extender.prioritize(&args);
+            let args = ExtenderArgs { pod: k8s_pod.clone(), nodes: None, node_names: Some(feasible) };
+            let scores = self.extender.prioritize(args);
             select_host(&scores, &mut self.rng)?
         };
-        let bound = self.extender.bind(args.pod.as_ref()?, &chosen, "1970-01-01T00:00:00Z").ok()?;
+        let bound = self.extender.bind(k8s_pod.as_ref()?, &chosen, "1970-01-01T00:00:00Z").ok()?;
         // The agent reads the annotation back; it must decode to what was decided.
         debug_assert_eq!(Assignment::decode(&bound.assignment.encode()).as_ref(), Ok(&bound.assignment));
         Some(bound.node)
@@ -395,7 +398,7 @@ mod tests {
     #[test]
     fn filter_separates_unresolvable_nodes_and_keeps_the_input_subset() {
         let mut e = extender();
-        let r = e.filter(&args("200", json!({}), &ALL));
+        let r = e.filter(args("200", json!({}), &ALL));
         assert_eq!(r.node_names, Some(vec!["t4-0".to_string(), "t4-1".to_string(), "t4-2".to_string()]));
         assert_eq!(
             r.failed_and_unresolvable_nodes["a100"],
@@ -413,7 +416,7 @@ mod tests {
             let b = e.bind(args("60", json!({}), &[]).pod.as_ref().unwrap(), "t4-0", "t").unwrap();
             assert_eq!(b.assignment.containers["train"][0].percent, Percent(60));
         }
-        let r = e.filter(&args("50", json!({}), &["t4-0"]));
+        let r = e.filter(args("50", json!({}), &["t4-0"]));
         assert_eq!(r.node_names, Some(vec![]));
         assert_eq!(r.failed_nodes["t4-0"], "GPU busy: no card has 50% free (most free: 40%)");
     }
@@ -421,7 +424,7 @@ mod tests {
     #[test]
     fn a_model_annotation_leaves_only_nodes_with_that_model() {
         let mut e = extender();
-        let r = e.filter(&args("30", json!({"nano-gpu/gpu-model": "NVIDIA-A100-SXM4-80GB"}), &ALL));
+        let r = e.filter(args("30", json!({"nano-gpu/gpu-model": "NVIDIA-A100-SXM4-80GB"}), &ALL));
         assert_eq!(r.node_names, Some(vec!["a100".to_string()]));
         assert_eq!(r.failed_and_unresolvable_nodes["t4-1"], "no card of an allowed model");
     }
@@ -429,13 +432,13 @@ mod tests {
     #[test]
     fn an_invalid_request_fails_the_filter_with_the_users_message() {
         let mut e = extender();
-        let r = e.filter(&args("150", json!({}), &ALL));
+        let r = e.filter(args("150", json!({}), &ALL));
         assert_eq!(
             r.error,
             "container \"train\": nano-gpu/gpu-percent 150 is neither 1..=100 nor a multiple of 100"
         );
         assert_eq!(r.node_names, Some(vec![]));
-        let r = e.filter(&ExtenderArgs::default());
+        let r = e.filter(ExtenderArgs::default());
         assert_eq!(r.error, "request has no Pod");
     }
 
@@ -444,7 +447,7 @@ mod tests {
         let mut e = extender();
         e.bind(args("50", json!({}), &[]).pod.as_ref().unwrap(), "t4-2", "t").unwrap();
         let a = args("30", json!({}), &["t4-0", "t4-1", "t4-2", "a100"]);
-        let scores = e.prioritize(&a);
+        let scores = e.prioritize(a.clone());
         assert_eq!(scores.len(), 4);
         assert!(scores.iter().all(|h| (MIN_PRIORITY..=MAX_PRIORITY).contains(&h.score)));
         let tens: Vec<_> = scores.iter().filter(|h| h.score == MAX_PRIORITY).collect();

@@ -144,7 +144,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
         let error = NOT_LEADER.to_owned();
         return json(&ExtenderFilterResult { node_names: Some(Vec::new()), error, ..Default::default() });
     }
-    let result = s.state().filter(&args);
+    let result = s.state().filter(args);
     s.metrics.observe(Verb::Filter, result.error.is_empty(), started.elapsed());
     json(&result)
 }
@@ -159,7 +159,7 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         s.metrics.observe(Verb::Prioritize, false, started.elapsed());
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
     }
-    let result = s.state().prioritize(&args);
+    let result = s.state().prioritize(args);
     s.metrics.observe(Verb::Prioritize, true, started.elapsed());
     json(&result)
 }

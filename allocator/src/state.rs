@@ -392,12 +392,12 @@ impl ClusterState {
     }
 
     /// `POST /filter`.
-    pub fn filter(&mut self, args: &ExtenderArgs) -> ExtenderFilterResult {
+    pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
         self.extender.filter(args)
     }
 
     /// `POST /prioritize`.
-    pub fn prioritize(&mut self, args: &ExtenderArgs) -> HostPriorityList {
+    pub fn prioritize(&mut self, args: ExtenderArgs) -> HostPriorityList {
         self.extender.prioritize(args)
     }
 
@@ -680,7 +680,7 @@ mod tests {
         let w = s.take_warnings();
         assert_eq!((w[0].kind, w[0].reason), ("Node", "InvalidInventory"));
         let r = s.filter(
-            &serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
+            serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
         );
         assert_eq!(r.node_names, Some(vec![]));
     }
@@ -754,7 +754,7 @@ mod tests {
         s.delete_node("n1");
         let args: ExtenderArgs =
             serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap();
-        assert_eq!(s.filter(&args).failed_and_unresolvable_nodes["n1"], "node is gone");
+        assert_eq!(s.filter(args).failed_and_unresolvable_nodes["n1"], "node is gone");
         s.apply_node(&node("n1", 1));
         assert_eq!(free(&s, "n1"), vec![70]);
     }

@@ -52,6 +52,14 @@ pub struct ExtenderArgs {
 }
 
 impl ExtenderArgs {
+    /// Moves the candidate node names out (copying them only from a full `Nodes` list).
+    pub fn take_candidate_names(&mut self) -> Vec<String> {
+        match self.node_names.take() {
+            Some(names) => names,
+            None => self.candidate_names(),
+        }
+    }
+
     /// The candidate node names, from whichever of `NodeNames` and `Nodes` was sent.
     pub fn candidate_names(&self) -> Vec<String> {
         match (&self.node_names, &self.nodes) {
