@@ -2,10 +2,14 @@
 //! kubelet device-plugin API for `nano-gpu/gpu-percent`, and hands each container the card(s) the
 //! allocator chose.
 //!
-//! Status: only the command-line flags exist so far; inventory and the device plugin are not
-//! implemented yet, and the binary says so and exits non-zero.
+//! Status: the inventory backends for Intel (sysfs drm) and fake cards exist (`nano-gpu-agent
+//! inventory` prints them); NVML and the device plugin are not implemented yet, and running the agent
+//! says so and exits non-zero.
 
-use clap::Parser;
+pub mod inventory;
+
+use clap::{Parser, Subcommand};
+use inventory::{FakeFile, GpuInventory, SysfsDrm};
 use std::path::PathBuf;
 
 /// Command-line flags of `nano-gpu-agent`. Every path and library name is a flag with the production
@@ -42,6 +46,33 @@ pub struct Flags {
     /// Log format.
     #[arg(long, env = "NANO_GPU_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,
+    /// Root of the device nodes (`/dev`).
+    #[arg(long, env = "NANO_GPU_DEV_ROOT", default_value = "/dev")]
+    pub dev_root: PathBuf,
+    /// What to do (default: run the agent).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Clone, Debug, Subcommand)]
+pub enum Command {
+    /// Print the cards this node has, as the `nano-gpu/gpus` annotation and labels would carry them.
+    Inventory,
+}
+
+impl Flags {
+    /// The inventory backends these flags select: the fake file alone when given, otherwise sysfs drm
+    /// (NVML is not implemented yet).
+    pub fn backends(&self) -> Vec<Box<dyn GpuInventory>> {
+        match &self.fake_inventory {
+            Some(path) => vec![Box::new(FakeFile { path: path.clone() })],
+            None => vec![Box::new(SysfsDrm {
+                sysfs_root: self.sysfs_root.clone(),
+                dev_root: self.dev_root.clone(),
+            })],
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,67 @@
+//! The node's GPU cards, from one or more backends behind one trait: NVML for NVIDIA (not built yet),
+//! sysfs drm for Intel, and a JSON file for local clusters and demos. NVIDIA and Intel cards on one
+//! node are both served: backends are read one after another and their cards listed together.
+
+mod fake;
+mod sysfs;
+
+pub use fake::FakeFile;
+pub use sysfs::SysfsDrm;
+
+use nano_gpu_proto::annotations::GpuInfo;
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// One card as the agent serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Card {
+    /// What the allocator sees (published in `nano-gpu/gpus`).
+    pub info: GpuInfo,
+    /// Host device nodes a container needs for this card (Intel: `/dev/dri/cardN`, `renderD*`).
+    pub device_nodes: Vec<PathBuf>,
+    /// PCI address, where known.
+    pub pci_address: Option<String>,
+}
+
+/// A backend that cannot be read.
+#[derive(Debug, Error)]
+pub enum InventoryError {
+    /// A file or directory cannot be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// What was read.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A file has unexpected content.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// What was read.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A source of cards.
+pub trait GpuInventory: Send + Sync {
+    /// Backend name, for logs.
+    fn name(&self) -> &'static str;
+
+    /// The cards now.
+    fn cards(&self) -> Result<Vec<Card>, InventoryError>;
+}
+
+/// Every backend's cards, in backend order; a backend that fails is reported, the others still count.
+pub fn read_all(backends: &[Box<dyn GpuInventory>]) -> (Vec<Card>, Vec<(String, InventoryError)>) {
+    let mut cards = Vec::new();
+    let mut errors = Vec::new();
+    for b in backends {
+        match b.cards() {
+            Ok(c) => cards.extend(c),
+            Err(e) => errors.push((b.name().to_owned(), e)),
+        }
+    }
+    (cards, errors)
+}
