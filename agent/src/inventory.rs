@@ -1,11 +1,13 @@
-//! The node's GPU cards, from one or more backends behind one trait: NVML for NVIDIA (not built yet),
-//! sysfs drm for Intel, and a JSON file for local clusters and demos. NVIDIA and Intel cards on one
+//! The node's GPU cards, from one or more backends behind one trait: NVML for NVIDIA, sysfs drm for
+//! Intel, and a JSON file for local clusters and demos. NVIDIA and Intel cards on one
 //! node are both served: backends are read one after another and their cards listed together.
 
 mod fake;
+mod nvml;
 mod sysfs;
 
 pub use fake::FakeFile;
+pub use nvml::NvmlInventory;
 pub use sysfs::SysfsDrm;
 
 use nano_gpu_proto::annotations::GpuInfo;

@@ -2,14 +2,14 @@
 //! kubelet device-plugin API for `nano-gpu/gpu-percent`, and hands each container the card(s) the
 //! allocator chose.
 //!
-//! Status: the inventory backends for Intel (sysfs drm) and fake cards exist (`nano-gpu-agent
-//! inventory` prints them); NVML and the device plugin are not implemented yet, and running the agent
-//! says so and exits non-zero.
+//! Status: the inventory backends (NVML, sysfs drm, a fake file) exist and `nano-gpu-agent inventory`
+//! prints what they find; the device plugin is not implemented yet, and running the agent says so and
+//! exits non-zero.
 
 pub mod inventory;
 
 use clap::{Parser, Subcommand};
-use inventory::{FakeFile, GpuInventory, SysfsDrm};
+use inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
 use std::path::PathBuf;
 
 /// Command-line flags of `nano-gpu-agent`. Every path and library name is a flag with the production
@@ -62,15 +62,15 @@ pub enum Command {
 }
 
 impl Flags {
-    /// The inventory backends these flags select: the fake file alone when given, otherwise sysfs drm
-    /// (NVML is not implemented yet).
+    /// The inventory backends these flags select: the fake file alone when given, otherwise NVML and
+    /// sysfs drm (NVIDIA and Intel cards on one node are both served).
     pub fn backends(&self) -> Vec<Box<dyn GpuInventory>> {
         match &self.fake_inventory {
             Some(path) => vec![Box::new(FakeFile { path: path.clone() })],
-            None => vec![Box::new(SysfsDrm {
-                sysfs_root: self.sysfs_root.clone(),
-                dev_root: self.dev_root.clone(),
-            })],
+            None => vec![
+                Box::new(NvmlInventory::new(self.nvml_lib.clone())),
+                Box::new(SysfsDrm { sysfs_root: self.sysfs_root.clone(), dev_root: self.dev_root.clone() }),
+            ],
         }
     }
 }

@@ -34,3 +34,57 @@ fn running_the_agent_says_it_is_not_implemented_yet() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
 }
+
+/// `libfakenvml.so`, built next to this test because `fakenvml` is a dev-dependency.
+fn fake_nvml() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join("libfakenvml.so"), deps.join("../libfakenvml.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("libfakenvml.so is built")
+}
+
+#[test]
+fn inventory_reads_nvidia_cards_through_the_real_nvml_ffi_path() {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-agent-nvml-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("nvml.json");
+    std::fs::write(&config, r#"{"cards":[
+        {"uuid":"GPU-4b6a1f5e-0c61-6f0e-2a5c-3e1f0bb2d9a7","name":"Tesla T4","memoryMiB":15360,"pciBusId":"00000000:3B:00.0"},
+        {"uuid":"GPU-9c1d2e3f-0000-1111-2222-333344445555","name":"NVIDIA A100-SXM4-80GB","memoryMiB":81920}]}"#).unwrap();
+    let out = agent()
+        .arg("--nvml-lib")
+        .arg(fake_nvml())
+        .arg("--sysfs-root")
+        .arg(dir.join("no-sysfs"))
+        .arg("inventory")
+        .env("FAKE_NVML_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let inv: serde_json::Value = serde_json::from_str(doc["annotation"].as_str().unwrap()).unwrap();
+    let gpus = inv["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus[0]["uuid"], "GPU-4b6a1f5e-0c61-6f0e-2a5c-3e1f0bb2d9a7");
+    assert_eq!((gpus[0]["model"].as_str(), gpus[0]["memoryMiB"].as_u64()), (Some("Tesla T4"), Some(15360)));
+    assert_eq!((gpus[1]["index"].as_u64(), gpus[1]["vendor"].as_str()), (Some(1), Some("nvidia")));
+    // Mixed models: the label names the first of the tied models.
+    assert_eq!(doc["labels"]["nano-gpu/gpu.model"], "Tesla-T4");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_nvml_library_is_reported_not_a_crash() {
+    let out = agent()
+        .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "--sysfs-root", "/nonexistent", "inventory"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nvml: /nonexistent/libnvidia-ml.so.1:") && !err.contains("panicked"), "{err}");
+    // The other backends still report (here: no cards).
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["labels"]["nano-gpu/gpu.count"], "0");
+}

@@ -1,0 +1,201 @@
+//! A fake `libnvidia-ml.so.1` for tests on machines without a GPU: it exports the NVML symbols that
+//! nvml-wrapper resolves for inventory (init, shutdown, error strings, driver version, device count,
+//! handles, UUID, name, memory, minor number, PCI info, index), with the struct layouts taken from
+//! nvml-wrapper-sys itself so they match exactly. The cards come from the JSON file named by the
+//! environment variable `FAKE_NVML_CONFIG`, read at `nvmlInit`:
+//! `{"cards":[{"uuid":"GPU-…","name":"Tesla T4","memoryMiB":15360,"minor":0,"pciBusId":"00000000:3B:00.0"}]}`.
+//! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
+#![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
+
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+};
+use std::os::raw::{c_char, c_uint};
+use std::sync::Mutex;
+
+struct Card {
+    uuid: String,
+    name: String,
+    memory_mib: u64,
+    minor: u32,
+    bus_id: String,
+}
+
+static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
+
+fn load() -> Vec<Card> {
+    let Some(path) = std::env::var_os("FAKE_NVML_CONFIG") else { return Vec::new() };
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else { return Vec::new() };
+    doc["cards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| Card {
+            uuid: c["uuid"].as_str().unwrap_or("GPU-fake").to_owned(),
+            name: c["name"].as_str().unwrap_or("Fake GPU").to_owned(),
+            memory_mib: c["memoryMiB"].as_u64().unwrap_or(16_384),
+            minor: c["minor"].as_u64().map_or(i as u32, |m| m as u32),
+            bus_id: c["pciBusId"]
+                .as_str()
+                .map_or_else(|| format!("00000000:{:02X}:00.0", i + 1), str::to_owned),
+        })
+        .collect()
+}
+
+fn with_card<T>(device: nvmlDevice_t, f: impl FnOnce(&Card) -> T) -> Result<T, nvmlReturn_t> {
+    let guard = CARDS.lock().map_err(|_| nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let cards = guard.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let index = (device as usize).checked_sub(1).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    cards.get(index).map(f).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// Copies `text` and a NUL into a caller's buffer of `len` bytes.
+unsafe fn write_c_string(text: &str, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
+    let bytes = text.as_bytes();
+    if buf.is_null() || bytes.len() + 1 > len as usize {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+fn status<T>(r: Result<T, nvmlReturn_t>, store: impl FnOnce(T)) -> nvmlReturn_t {
+    match r {
+        Ok(v) => {
+            store(v);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    if let Ok(mut cards) = CARDS.lock() {
+        *cards = Some(load());
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(_result: nvmlReturn_t) -> *const c_char {
+    c"fake NVML error".as_ptr()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    unsafe { write_c_string("550.54.15", version, length) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    let n = CARDS.lock().ok().and_then(|c| c.as_ref().map(Vec::len));
+    match (n, count.is_null()) {
+        (Some(n), false) => {
+            unsafe { *count = n as c_uint };
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        (None, _) => nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+        (_, true) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    let handle = (index as usize + 1) as nvmlDevice_t;
+    status(with_card(handle, |_| handle), |h| unsafe { *device = h })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
+    status(with_card(device, |_| (device as usize - 1) as c_uint), |i| unsafe { *index = i })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    match with_card(device, |c| c.uuid.clone()) {
+        Ok(text) => unsafe { write_c_string(&text, uuid, length) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    match with_card(device, |c| c.name.clone()) {
+        Ok(text) => unsafe { write_c_string(&text, name, length) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    let Some(m) = (unsafe { memory.as_mut() }) else { return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT };
+    if m.version >> 24 != 2 {
+        return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    status(with_card(device, |c| c.memory_mib << 20), |total| {
+        m.total = total;
+        m.reserved = 0;
+        m.used = 0;
+        m.free = total;
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> nvmlReturn_t {
+    status(with_card(device, |c| c.minor), |m| unsafe { *minor = m })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    let Some(p) = (unsafe { pci.as_mut() }) else { return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT };
+    status(with_card(device, |c| c.bus_id.clone()), |bus_id| {
+        p.busId = [0; 32];
+        p.busIdLegacy = [0; 16];
+        for (dst, src) in p.busId.iter_mut().zip(bus_id.bytes().take(31)) {
+            *dst = src as c_char;
+        }
+        for (dst, src) in p.busIdLegacy.iter_mut().zip(bus_id.bytes().skip(4).take(15)) {
+            *dst = src as c_char;
+        }
+        p.domain = 0;
+        p.bus = 0;
+        p.device = 0;
+        p.pciDeviceId = 0x1eb8_10de;
+        p.pciSubSystemId = 0;
+    })
+}
