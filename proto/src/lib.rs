@@ -16,6 +16,7 @@ pub mod demand;
 pub mod device_id;
 pub mod extender;
 pub mod gpushare;
+pub mod kubelet;
 pub mod quantity;
 pub mod resources;
 pub mod units;
