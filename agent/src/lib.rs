@@ -7,6 +7,7 @@
 //! exits non-zero.
 
 pub mod inventory;
+pub mod plugin;
 
 use clap::{Parser, Subcommand};
 use inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
