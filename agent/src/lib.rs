@@ -2,12 +2,13 @@
 //! kubelet device-plugin API for `nano-gpu/gpu-percent`, and hands each container the card(s) the
 //! allocator chose.
 //!
-//! Status: the inventory backends (NVML, sysfs drm, a fake file) exist and `nano-gpu-agent inventory`
-//! prints what they find; the device plugin is not implemented yet, and running the agent says so and
-//! exits non-zero.
+//! Status: inventory (NVML, sysfs drm, a fake file), the device-plugin server and the kubelet
+//! registration loop run; steering by the pod's assignment, PreStart verify-and-repair and publishing
+//! the node annotation are not implemented yet.
 
 pub mod inventory;
 pub mod plugin;
+pub mod run;
 
 use clap::{Parser, Subcommand};
 use inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
@@ -47,6 +48,9 @@ pub struct Flags {
     /// Log format.
     #[arg(long, env = "NANO_GPU_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,
+    /// Seconds between inventory refreshes.
+    #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
+    pub refresh_seconds: u64,
     /// Root of the device nodes (`/dev`).
     #[arg(long, env = "NANO_GPU_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,

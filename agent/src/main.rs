@@ -1,31 +1,73 @@
-//! `nano-gpu-agent`: parses its flags; `inventory` prints the node's cards; running the device plugin
-//! is not implemented yet.
+//! `nano-gpu-agent`: serves the device plugin for `nano-gpu/gpu-percent`; `inventory` prints the
+//! node's cards.
 
 use clap::Parser;
-use nano_gpu_agent::{Command, Flags, inventory};
+use nano_gpu_agent::{Command, Flags, inventory, run};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
+fn print_inventory(flags: &Flags) -> ExitCode {
+    let (cards, errors) = inventory::read_all(&flags.backends());
+    for (backend, e) in &errors {
+        eprintln!("nano-gpu-agent: {backend}: {e}");
+    }
+    let inv = NodeInventory::new(cards.into_iter().map(|c| c.info).collect());
+    let doc = serde_json::json!({"annotation": inv.encode(), "labels": node_labels(&inv)});
+    println!("{doc:#}");
+    if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn serve(flags: &Flags) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if flags.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let timing = run::Timing {
+        refresh: std::time::Duration::from_secs(flags.refresh_seconds.max(1)),
+        ..Default::default()
+    };
+    let result = runtime.block_on(async {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let term = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term => {}
+            }
+            let _ = stop.send(true);
+        });
+        run::run(flags.plugin_dir.clone(), flags.backends(), timing, stopped).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
     let flags = Flags::parse();
     match flags.command {
-        Some(Command::Inventory) => {
-            let (cards, errors) = inventory::read_all(&flags.backends());
-            for (backend, e) in &errors {
-                eprintln!("nano-gpu-agent: {backend}: {e}");
-            }
-            let inv = NodeInventory::new(cards.into_iter().map(|c| c.info).collect());
-            let doc = serde_json::json!({"annotation": inv.encode(), "labels": node_labels(&inv)});
-            println!("{doc:#}");
-            if errors.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
-        }
-        None => {
-            eprintln!(
-                "nano-gpu-agent: not implemented yet: the device plugin (and the NVML backend) are still to be built; \
-                 `nano-gpu-agent inventory` prints the cards found (plugin dir {}, NVML library {})",
-                flags.plugin_dir.display(),
-                flags.nvml_lib.display()
-            );
-            std::process::ExitCode::FAILURE
-        }
+        Some(Command::Inventory) => print_inventory(&flags),
+        None => serve(&flags),
     }
 }

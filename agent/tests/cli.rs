@@ -29,10 +29,45 @@ fn inventory_prints_the_annotation_and_labels_of_a_fake_node() {
 }
 
 #[test]
-fn running_the_agent_says_it_is_not_implemented_yet() {
-    let out = agent().arg("--sysfs-root").arg("/nonexistent").output().unwrap();
+fn a_refused_registration_ends_the_agent_with_the_kubelets_reason() {
+    use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
+    use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
+
+    struct Refusing;
+    #[tonic::async_trait]
+    impl Registration for Refusing {
+        async fn register(
+            &self,
+            _: tonic::Request<RegisterRequest>,
+        ) -> Result<tonic::Response<Empty>, tonic::Status> {
+            Err(tonic::Status::invalid_argument("unsupported version"))
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("nano-gpu-agent-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("gpus.json"), r#"{"v":1,"gpus":[]}"#).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener =
+        runtime.block_on(async { tokio::net::UnixListener::bind(dir.join("kubelet.sock")) }).unwrap();
+    runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(Refusing))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let out = agent()
+        .arg("--plugin-dir")
+        .arg(&dir)
+        .arg("--fake-inventory")
+        .arg(dir.join("gpus.json"))
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the kubelet refused the registration: unsupported version"), "{err}");
+    drop(runtime);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `libfakenvml.so`, built next to this test because `fakenvml` is a dev-dependency.

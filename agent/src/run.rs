@@ -1,0 +1,173 @@
+//! The agent's main loop: read the cards (and re-read them periodically), serve the device plugin on
+//! `<plugin_dir>/nano-gpu.sock`, register with the kubelet (retrying with backoff while it is not
+//! there), and start over when the kubelet restarts: its `kubelet.sock` is re-created, or our socket
+//! disappears (a new kubelet deletes every socket in the directory).
+//!
+//! A registration the kubelet refuses ends the agent with the kubelet's reason. A backend that cannot
+//! be read (no NVML on this node, say) leaves its cards out and is retried at the next refresh, with
+//! the reason in the log.
+
+use crate::inventory::{GpuInventory, read_all};
+use crate::plugin::{self, Plugin, Snapshot};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::watch;
+
+/// The plugin's socket file name in the kubelet's device-plugin directory.
+pub const SOCKET: &str = "nano-gpu.sock";
+
+/// Why the agent stopped.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The kubelet answered the registration with an error.
+    #[error("the kubelet refused the registration: {0}")]
+    Refused(String),
+    /// The plugin socket could not be served.
+    #[error("serving {path}: {message}")]
+    Serve {
+        /// Socket path.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Timing of the loop.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// How often the sockets are checked for a kubelet restart.
+    pub check: Duration,
+    /// How often the cards are re-read.
+    pub refresh: Duration,
+    /// Longest wait between registration attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            check: Duration::from_millis(500),
+            refresh: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(8),
+        }
+    }
+}
+
+/// Identity of a file: inode and change time, so a re-created file differs.
+fn identity(path: &Path) -> Option<(u64, i64, i64)> {
+    std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+fn read(backends: &[Box<dyn GpuInventory>]) -> Snapshot {
+    let (cards, errors) = read_all(backends);
+    for (backend, e) in errors {
+        tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
+    }
+    Arc::new(cards)
+}
+
+/// Runs until `shutdown` flips to true or the kubelet refuses the registration.
+pub async fn run(
+    plugin_dir: PathBuf,
+    backends: Vec<Box<dyn GpuInventory>>,
+    timing: Timing,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let (cards, snapshot) = watch::channel(read(&backends));
+    let backends = Arc::new(backends);
+    let refresher = {
+        let backends = backends.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(timing.refresh);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let fresh = read(&backends);
+                cards.send_if_modified(|current| {
+                    let changed = **current != *fresh;
+                    if changed {
+                        *current = fresh;
+                    }
+                    changed
+                });
+            }
+        })
+    };
+    let socket = plugin_dir.join(SOCKET);
+    let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
+    let result = loop {
+        if *shutdown.borrow() {
+            break Ok(());
+        }
+        // Serve.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = {
+            let socket = socket.clone();
+            let plugin = Plugin::new(snapshot.clone());
+            tokio::spawn(async move {
+                plugin::serve(&socket, plugin, async { stopped.await.unwrap_or(()) })
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        };
+        while plugin::connect(socket.clone()).await.is_err() {
+            if server.is_finished() {
+                let message = match server.await {
+                    Ok(Err(m)) => m,
+                    _ => "the server stopped".into(),
+                };
+                refresher.abort();
+                return Err(RunError::Serve { path: socket, message });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Register, with backoff while the kubelet is not there.
+        let mut backoff = Duration::from_millis(250);
+        let registered = loop {
+            // The kubelet's socket as it was before this attempt: a kubelet that restarts while we
+            // register shows up as a change, and we register again (never the other way round).
+            let before = identity(&kubelet);
+            match plugin::register(kubelet.clone(), SOCKET).await {
+                Ok(()) => break Ok(before),
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => break Ok(None),
+                    }
+                    backoff = (backoff * 2).min(timing.max_backoff);
+                }
+                Err(s) => break Err(RunError::Refused(s.message().to_owned())),
+            }
+        };
+        let kubelet_identity = match registered {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = stop.send(());
+                break Err(e);
+            }
+        };
+        tracing::info!(socket = %socket.display(), "registered with the kubelet");
+        // Watch for a kubelet restart.
+        let restarted = loop {
+            tokio::select! {
+                _ = tokio::time::sleep(timing.check) => {}
+                _ = shutdown.changed() => break false,
+            }
+            if identity(&socket).is_none() || identity(&kubelet) != kubelet_identity {
+                break true;
+            }
+        };
+        let _ = stop.send(());
+        server.abort();
+        if !restarted {
+            break Ok(());
+        }
+        tracing::info!("kubelet restarted; serving and registering again");
+    };
+    refresher.abort();
+    result
+}

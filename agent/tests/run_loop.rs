@@ -1,0 +1,120 @@
+//! The agent's main loop against a fake kubelet over real unix sockets: registration, re-registration
+//! after a kubelet restart (kubelet.sock re-created, or our socket deleted) within 2 s, and a refused
+//! registration ending the agent with the kubelet's reason.
+
+use nano_gpu_agent::inventory::{FakeFile, GpuInventory};
+use nano_gpu_agent::run::{self, RunError, Timing};
+use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
+use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::{Request, Response, Status};
+
+struct FakeKubelet {
+    seen: mpsc::UnboundedSender<RegisterRequest>,
+    refuse: bool,
+}
+
+#[tonic::async_trait]
+impl Registration for FakeKubelet {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let _ = self.seen.send(request.into_inner());
+        if self.refuse {
+            return Err(Status::invalid_argument("resource nano-gpu/gpu-percent is already registered"));
+        }
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// Starts a fake kubelet on `dir/kubelet.sock`; dropping the returned sender stops it.
+fn kubelet(dir: &Path, refuse: bool) -> (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>) {
+    let path = dir.join("kubelet.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let (seen, registrations) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(FakeKubelet { seen, refuse }))
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async {
+                stopped.await.unwrap_or(())
+            }),
+    );
+    (registrations, stop)
+}
+
+fn setup(name: &str) -> (PathBuf, Vec<Box<dyn GpuInventory>>) {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gpus = dir.join("gpus.json");
+    std::fs::write(&gpus, r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":15360,"healthy":true}]}"#).unwrap();
+    (dir, vec![Box::new(FakeFile { path: gpus })])
+}
+
+const TIMING: Timing = Timing {
+    check: Duration::from_millis(100),
+    refresh: Duration::from_secs(60),
+    max_backoff: Duration::from_millis(400),
+};
+
+async fn within(limit: Duration, rx: &mut mpsc::UnboundedReceiver<RegisterRequest>) -> RegisterRequest {
+    tokio::time::timeout(limit, rx.recv()).await.expect("registered in time").expect("kubelet alive")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
+    let (dir, backends) = setup("restart");
+    let (mut first, stop_first) = kubelet(&dir, false);
+    let (shutdown, stopped) = watch::channel(false);
+    let agent = tokio::spawn(run::run(dir.clone(), backends, TIMING, stopped));
+    let r = within(Duration::from_secs(10), &mut first).await;
+    assert_eq!((r.endpoint.as_str(), r.resource_name.as_str()), ("nano-gpu.sock", "nano-gpu/gpu-percent"));
+
+    // A new kubelet: kubelet.sock is re-created.
+    stop_first.send(()).unwrap();
+    let (mut second, _keep) = kubelet(&dir, false);
+    within(Duration::from_secs(2), &mut second).await;
+
+    // A new kubelet deletes every socket in the directory, ours included.
+    std::fs::remove_file(dir.join("nano-gpu.sock")).unwrap();
+    within(Duration::from_secs(2), &mut second).await;
+    assert!(dir.join("nano-gpu.sock").exists());
+
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
+    let (dir, backends) = setup("late");
+    let (shutdown, stopped) = watch::channel(false);
+    let agent = tokio::spawn(run::run(dir.clone(), backends, TIMING, stopped));
+    // The agent is up (its socket answers) before any kubelet exists.
+    while !dir.join("nano-gpu.sock").exists() {
+        tokio::task::yield_now().await;
+    }
+    let (mut late, _keep) = kubelet(&dir, false);
+    within(Duration::from_secs(5), &mut late).await;
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_stops_the_agent_with_the_reason() {
+    let (dir, backends) = setup("refused");
+    let (_seen, _keep) = kubelet(&dir, true);
+    let (_shutdown, stopped) = watch::channel(false);
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), run::run(dir.clone(), backends, TIMING, stopped))
+            .await
+            .unwrap();
+    match result {
+        Err(RunError::Refused(reason)) => assert!(reason.contains("already registered"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
