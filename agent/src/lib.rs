@@ -8,6 +8,7 @@
 
 pub mod inventory;
 pub mod plugin;
+pub mod publish;
 pub mod run;
 
 use clap::{Parser, Subcommand};

@@ -53,7 +53,19 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             let _ = stop.send(true);
         });
-        run::run(flags.plugin_dir.clone(), flags.backends(), timing, stopped).await
+        let publisher = match &flags.node_name {
+            Some(node) => match kube::Client::try_default().await {
+                Ok(client) => Some(nano_gpu_agent::publish::Publisher::new(client, node.clone())),
+                Err(e) => return Err(format!("connecting to the API server to publish node {node}: {e}")),
+            },
+            None => {
+                tracing::warn!("no --node-name: the node inventory is not published");
+                None
+            }
+        };
+        run::run(flags.plugin_dir.clone(), flags.backends(), timing, publisher, stopped)
+            .await
+            .map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-//! The agent's main loop: read the cards (and re-read them periodically), serve the device plugin on
+//! The agent's main loop: read the cards (and re-read them periodically, publishing them on the Node
+//! when they change), serve the device plugin on
 //! `<plugin_dir>/nano-gpu.sock`, register with the kubelet (retrying with backoff while it is not
 //! there), and start over when the kubelet restarts: its `kubelet.sock` is re-created, or our socket
 //! disappears (a new kubelet deletes every socket in the directory).
@@ -9,6 +10,7 @@
 
 use crate::inventory::{GpuInventory, read_all};
 use crate::plugin::{self, Plugin, Snapshot};
+use crate::publish::Publisher;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,22 +76,34 @@ pub async fn run(
     plugin_dir: PathBuf,
     backends: Vec<Box<dyn GpuInventory>>,
     timing: Timing,
+    mut publisher: Option<Publisher>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     let (cards, snapshot) = watch::channel(read(&backends));
     let backends = Arc::new(backends);
     let refresher = {
         let backends = backends.clone();
+        let first = snapshot.borrow().clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
+            let mut fresh = first;
             loop {
+                if let Some(p) = publisher.as_mut() {
+                    match p.publish(&fresh).await {
+                        Ok(true) => tracing::info!(cards = fresh.len(), "node inventory published"),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "publishing the node inventory failed; retrying at the next refresh")
+                        }
+                    }
+                }
                 tick.tick().await;
-                let fresh = read(&backends);
+                fresh = read(&backends);
                 cards.send_if_modified(|current| {
                     let changed = **current != *fresh;
                     if changed {
-                        *current = fresh;
+                        *current = fresh.clone();
                     }
                     changed
                 });
