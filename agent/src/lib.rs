@@ -49,6 +49,9 @@ pub struct Flags {
     /// Log format.
     #[arg(long, env = "NANO_GPU_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,
+    /// Also hand NVIDIA cards to containers as CDI devices (`nvidia.com/gpu=<uuid>`).
+    #[arg(long, env = "NANO_GPU_CDI")]
+    pub cdi: bool,
     /// Seconds between inventory refreshes.
     #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
     pub refresh_seconds: u64,

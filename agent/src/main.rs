@@ -63,9 +63,16 @@ fn serve(flags: &Flags) -> ExitCode {
                 None
             }
         };
-        run::run(flags.plugin_dir.clone(), flags.backends(), timing, publisher, stopped)
-            .await
-            .map_err(|e| e.to_string())
+        run::run(
+            flags.plugin_dir.clone(),
+            flags.backends(),
+            timing,
+            nano_gpu_agent::plugin::Edits { cdi: flags.cdi },
+            publisher,
+            stopped,
+        )
+        .await
+        .map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,10 +14,10 @@ use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;
 use nano_gpu_proto::kubelet::deviceplugin::{
-    AllocateRequest, AllocateResponse, ContainerAllocateResponse, ContainerPreferredAllocationResponse,
-    Device, DevicePluginOptions, DeviceSpec, Empty, ListAndWatchResponse, NumaNode, PreStartContainerRequest,
-    PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
-    TopologyInfo,
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+    ListAndWatchResponse, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest, TopologyInfo,
 };
 use nano_gpu_proto::kubelet::{HEALTHY, UNHEALTHY, VERSION};
 use nano_gpu_proto::resources::GPU_PERCENT;
@@ -48,8 +48,15 @@ pub fn devices(cards: &[Card]) -> Vec<Device> {
         .collect()
 }
 
+/// How containers are given their cards beyond the environment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Edits {
+    /// Also name NVIDIA cards as CDI devices (`nvidia.com/gpu=<uuid>`), for runtimes set up with CDI.
+    pub cdi: bool,
+}
+
 /// What one container gets for the device IDs the kubelet chose.
-pub fn allocate(cards: &[Card], ids: &[String]) -> Result<ContainerAllocateResponse, Status> {
+pub fn allocate(cards: &[Card], ids: &[String], edits: Edits) -> Result<ContainerAllocateResponse, Status> {
     let mut per_card: BTreeMap<&str, u32> = BTreeMap::new();
     for id in ids {
         let (uuid, _) = device_id::decode(id).map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -77,6 +84,10 @@ pub fn allocate(cards: &[Card], ids: &[String]) -> Result<ContainerAllocateRespo
         return Err(Status::invalid_argument("no device IDs"));
     }
     if !nvidia.is_empty() {
+        if edits.cdi {
+            response.cdi_devices =
+                nvidia.iter().map(|u| CdiDevice { name: format!("nvidia.com/gpu={u}") }).collect();
+        }
         response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), nvidia.join(","));
     }
     let percent: u32 = per_card.values().sum();
@@ -114,12 +125,13 @@ pub fn prefer(available: &[String], must: &[String], size: usize) -> Vec<String>
 /// The gRPC service.
 pub struct Plugin {
     cards: watch::Receiver<Snapshot>,
+    edits: Edits,
 }
 
 impl Plugin {
     /// Serving the cards `cards` carries (updated by the inventory loop).
-    pub fn new(cards: watch::Receiver<Snapshot>) -> Self {
-        Plugin { cards }
+    pub fn new(cards: watch::Receiver<Snapshot>, edits: Edits) -> Self {
+        Plugin { cards, edits }
     }
 }
 
@@ -183,7 +195,7 @@ impl DevicePlugin for Plugin {
             .into_inner()
             .container_requests
             .iter()
-            .map(|r| allocate(&cards, &r.devices_ids))
+            .map(|r| allocate(&cards, &r.devices_ids, self.edits))
             .collect::<Result<_, _>>()?;
         Ok(Response::new(AllocateResponse { container_responses }))
     }
@@ -292,23 +304,32 @@ mod tests {
     #[test]
     fn allocate_derives_the_cards_from_the_ids() {
         let cards = [card("GPU-a", Vendor::Nvidia), card("intel-0000:03:00.0", Vendor::Intel)];
-        let r = allocate(&cards, &ids("GPU-a", 0..30)).unwrap();
+        let r = allocate(&cards, &ids("GPU-a", 0..30), Edits::default()).unwrap();
+        assert!(r.cdi_devices.is_empty());
         assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
         assert_eq!(r.envs["NANO_GPU_PERCENT"], "30");
-        let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50)).unwrap();
-        assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
+        let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), Edits { cdi: true }).unwrap();
+        assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
         assert_eq!(
             r.devices.iter().map(|d| d.host_path.as_str()).collect::<Vec<_>>(),
             ["/dev/dri/card1", "/dev/dri/renderD129"]
         );
+        let r = allocate(&cards, &ids("GPU-a", 0..100), Edits { cdi: true }).unwrap();
+        assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");
     }
 
     #[test]
     fn unknown_ids_are_invalid_arguments_not_a_poisoned_env() {
         let cards = [card("GPU-a", Vendor::Nvidia)];
-        assert_eq!(allocate(&cards, &["not-ours".into()]).unwrap_err().code(), tonic::Code::InvalidArgument);
-        assert_eq!(allocate(&cards, &ids("GPU-zz", 0..1)).unwrap_err().code(), tonic::Code::InvalidArgument);
-        assert_eq!(allocate(&cards, &[]).unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            allocate(&cards, &["not-ours".into()], Edits::default()).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            allocate(&cards, &ids("GPU-zz", 0..1), Edits::default()).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(allocate(&cards, &[], Edits::default()).unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! the reason in the log.
 
 use crate::inventory::{GpuInventory, read_all};
-use crate::plugin::{self, Plugin, Snapshot};
+use crate::plugin::{self, Edits, Plugin, Snapshot};
 use crate::publish::Publisher;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -76,6 +76,7 @@ pub async fn run(
     plugin_dir: PathBuf,
     backends: Vec<Box<dyn GpuInventory>>,
     timing: Timing,
+    edits: Edits,
     mut publisher: Option<Publisher>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
@@ -120,7 +121,7 @@ pub async fn run(
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = {
             let socket = socket.clone();
-            let plugin = Plugin::new(snapshot.clone());
+            let plugin = Plugin::new(snapshot.clone(), edits);
             tokio::spawn(async move {
                 plugin::serve(&socket, plugin, async { stopped.await.unwrap_or(()) })
                     .await

@@ -65,7 +65,7 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
     let serving = tokio::spawn({
         let socket = plugin_socket.clone();
         async move {
-            plugin::serve(&socket, Plugin::new(rx), async { stopped.await.unwrap_or(()) })
+            plugin::serve(&socket, Plugin::new(rx, Default::default()), async { stopped.await.unwrap_or(()) })
                 .await
                 .map_err(|e| e.to_string())
         }
