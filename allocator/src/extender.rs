@@ -410,6 +410,22 @@ mod tests {
     }
 
     #[test]
+    fn filter_answers_full_nodes_with_the_nodes_that_fit() {
+        let mut e = extender();
+        let mut a = args("200", json!({}), &[]);
+        a.node_names = None;
+        a.nodes = Some(
+            serde_json::from_value(json!({"metadata": {}, "items": [
+            {"metadata": {"name": "t4-0"}}, {"metadata": {"name": "a100"}}]}))
+            .unwrap(),
+        );
+        let r = e.filter(a);
+        let names: Vec<_> = r.nodes.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect();
+        assert_eq!(names, vec!["t4-0".to_string()]);
+        assert!(r.failed_and_unresolvable_nodes.contains_key("a100"));
+    }
+
+    #[test]
     fn filter_reports_busy_cards_as_resolvable() {
         let mut e = extender();
         for _ in 0..2 {
