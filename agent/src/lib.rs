@@ -6,6 +6,7 @@
 //! registration loop run; steering by the pod's assignment, PreStart verify-and-repair and publishing
 //! the node annotation are not implemented yet.
 
+pub mod health;
 pub mod inventory;
 pub mod plugin;
 pub mod publish;
@@ -52,6 +53,9 @@ pub struct Flags {
     /// Also hand NVIDIA cards to containers as CDI devices (`nvidia.com/gpu=<uuid>`).
     #[arg(long, env = "NANO_GPU_CDI")]
     pub cdi: bool,
+    /// Seconds without a critical XID before an unhealthy card is healthy again.
+    #[arg(long, env = "NANO_GPU_XID_QUIET_SECONDS", default_value_t = 300)]
+    pub xid_quiet_seconds: u64,
     /// Seconds between inventory refreshes.
     #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
     pub refresh_seconds: u64,

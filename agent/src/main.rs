@@ -63,16 +63,23 @@ fn serve(flags: &Flags) -> ExitCode {
                 None
             }
         };
-        run::run(
-            flags.plugin_dir.clone(),
-            flags.backends(),
-            timing,
-            nano_gpu_agent::plugin::Edits { cdi: flags.cdi },
-            publisher,
-            stopped,
-        )
-        .await
-        .map_err(|e| e.to_string())
+        let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
+        let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(quiet));
+        let stop_xids = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if flags.fake_inventory.is_none() {
+            let (health, stop, lib) = (health.clone(), stop_xids.clone(), flags.nvml_lib.clone());
+            std::thread::spawn(move || {
+                if let Err(e) = inventory::watch_xids(&lib, &health, &stop) {
+                    tracing::warn!(error = %e, "no XID events from NVML; card health is not watched");
+                }
+            });
+        }
+        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
+        let result =
+            run::run(flags.plugin_dir.clone(), flags.backends(), timing, edits, health, publisher, stopped)
+                .await;
+        stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
+        result.map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@
 //! be read (no NVML on this node, say) leaves its cards out and is retried at the next refresh, with
 //! the reason in the log.
 
+use crate::health::Health;
 use crate::inventory::{GpuInventory, read_all};
 use crate::plugin::{self, Edits, Plugin, Snapshot};
 use crate::publish::Publisher;
@@ -63,11 +64,12 @@ fn identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-fn read(backends: &[Box<dyn GpuInventory>]) -> Snapshot {
-    let (cards, errors) = read_all(backends);
+fn read(backends: &[Box<dyn GpuInventory>], health: &Health) -> Snapshot {
+    let (mut cards, errors) = read_all(backends);
     for (backend, e) in errors {
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
     }
+    health.apply(&mut cards, std::time::Instant::now());
     Arc::new(cards)
 }
 
@@ -77,13 +79,15 @@ pub async fn run(
     backends: Vec<Box<dyn GpuInventory>>,
     timing: Timing,
     edits: Edits,
+    health: Arc<Health>,
     mut publisher: Option<Publisher>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let (cards, snapshot) = watch::channel(read(&backends));
+    let (cards, snapshot) = watch::channel(read(&backends, &health));
     let backends = Arc::new(backends);
     let refresher = {
         let backends = backends.clone();
+        let health = health.clone();
         let first = snapshot.borrow().clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
@@ -99,8 +103,12 @@ pub async fn run(
                         }
                     }
                 }
-                tick.tick().await;
-                fresh = read(&backends);
+                // Re-read on the period, or at once when a card's health changed.
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = health.changed.notified() => {}
+                }
+                fresh = read(&backends, &health);
                 cards.send_if_modified(|current| {
                     let changed = **current != *fresh;
                     if changed {

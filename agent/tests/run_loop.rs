@@ -68,7 +68,15 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     let (dir, backends) = setup("restart");
     let (mut first, stop_first) = kubelet(&dir, false);
     let (shutdown, stopped) = watch::channel(false);
-    let agent = tokio::spawn(run::run(dir.clone(), backends, TIMING, Default::default(), None, stopped));
+    let agent = tokio::spawn(run::run(
+        dir.clone(),
+        backends,
+        TIMING,
+        Default::default(),
+        std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
+        None,
+        stopped,
+    ));
     let r = within(Duration::from_secs(10), &mut first).await;
     assert_eq!((r.endpoint.as_str(), r.resource_name.as_str()), ("nano-gpu.sock", "nano-gpu/gpu-percent"));
 
@@ -91,7 +99,15 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
 async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
     let (dir, backends) = setup("late");
     let (shutdown, stopped) = watch::channel(false);
-    let agent = tokio::spawn(run::run(dir.clone(), backends, TIMING, Default::default(), None, stopped));
+    let agent = tokio::spawn(run::run(
+        dir.clone(),
+        backends,
+        TIMING,
+        Default::default(),
+        std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
+        None,
+        stopped,
+    ));
     // The agent is up (its socket answers) before any kubelet exists.
     while !dir.join("nano-gpu.sock").exists() {
         tokio::task::yield_now().await;
@@ -110,7 +126,15 @@ async fn a_refused_registration_stops_the_agent_with_the_reason() {
     let (_shutdown, stopped) = watch::channel(false);
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        run::run(dir.clone(), backends, TIMING, Default::default(), None, stopped),
+        run::run(
+            dir.clone(),
+            backends,
+            TIMING,
+            Default::default(),
+            std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
+            None,
+            stopped,
+        ),
     )
     .await
     .unwrap();

@@ -3,14 +3,18 @@
 //! handles, UUID, name, memory, minor number, PCI info, index), with the struct layouts taken from
 //! nvml-wrapper-sys itself so they match exactly. The cards come from the JSON file named by the
 //! environment variable `FAKE_NVML_CONFIG`, read at `nvmlInit`:
-//! `{"cards":[{"uuid":"GPU-…","name":"Tesla T4","memoryMiB":15360,"minor":0,"pciBusId":"00000000:3B:00.0"}]}`.
+//! `{"cards":[{"uuid":"GPU-…","name":"Tesla T4","memoryMiB":15360,"minor":0,"pciBusId":"00000000:3B:00.0"}],
+//!   "xids":[{"card":0,"xid":79}]}` — the XID events are delivered, in order, by `nvmlEventSetWait_v2`
+//! to an event set on which the card's critical XIDs were registered.
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
 
 use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError, nvmlMemory_v2_t,
+    nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+    nvmlReturn_enum_NVML_ERROR_TIMEOUT, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+    nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
 };
 use std::os::raw::{c_char, c_uint};
 use std::sync::Mutex;
@@ -24,11 +28,23 @@ struct Card {
 }
 
 static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
+/// Pending XID events: (card index, XID).
+static XIDS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+/// Cards whose critical XIDs an event set listens to.
+static REGISTERED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn load() -> Vec<Card> {
     let Some(path) = std::env::var_os("FAKE_NVML_CONFIG") else { return Vec::new() };
     let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
     let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else { return Vec::new() };
+    if let Ok(mut xids) = XIDS.lock() {
+        *xids = doc["xids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| (x["card"].as_u64().unwrap_or(0) as usize, x["xid"].as_u64().unwrap_or(79)))
+            .collect();
+    }
     doc["cards"]
         .as_array()
         .into_iter()
@@ -198,4 +214,65 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         p.pciDeviceId = 0x1eb8_10de;
         p.pciSubSystemId = 0;
     })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    if set.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    unsafe { *set = 1usize as nvmlEventSet_t };
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(_set: nvmlEventSet_t) -> nvmlReturn_t {
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: u64,
+    _set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    let index = match with_card(device, |_| device as usize - 1) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    if types & u64::from(nvmlEventTypeXidCriticalError) != 0
+        && let Ok(mut r) = REGISTERED.lock()
+    {
+        r.push(index);
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    _set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    let registered = REGISTERED.lock().map(|r| r.clone()).unwrap_or_default();
+    let next = XIDS.lock().ok().and_then(|mut x| {
+        let pos = x.iter().position(|(card, _)| registered.contains(card))?;
+        Some(x.remove(pos))
+    });
+    match (next, unsafe { data.as_mut() }) {
+        (Some((card, xid)), Some(d)) => {
+            d.device = (card + 1) as nvmlDevice_t;
+            d.eventType = u64::from(nvmlEventTypeXidCriticalError);
+            d.eventData = xid;
+            d.gpuInstanceId = 0;
+            d.computeInstanceId = 0;
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        (Some(_), None) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        (None, _) => {
+            // Nothing to report: wait out the timeout, as NVML does.
+            std::thread::sleep(std::time::Duration::from_millis(u64::from(timeout_ms.min(1000))));
+            nvmlReturn_enum_NVML_ERROR_TIMEOUT
+        }
+    }
 }

@@ -1,0 +1,95 @@
+//! Card health from NVIDIA XID events: a critical XID makes the card Unhealthy (the kubelet stops
+//! giving it out), and it recovers once no critical XID has arrived for a quiet period. XIDs that
+//! report an application's own fault (as NVIDIA's device plugin treats them) do not count.
+
+use crate::inventory::Card;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// XIDs caused by the application, not the card.
+pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+/// When each card last had a critical XID.
+#[derive(Debug)]
+pub struct Health {
+    last: Mutex<HashMap<String, Instant>>,
+    quiet: Duration,
+    /// Woken on every critical XID, so the inventory is re-published at once.
+    pub changed: Notify,
+}
+
+impl Health {
+    /// Cards recover after `quiet` without a critical XID.
+    pub fn new(quiet: Duration) -> Self {
+        Health { last: Mutex::new(HashMap::new()), quiet, changed: Notify::new() }
+    }
+
+    /// Records an XID on card `uuid` at `at`; returns whether it counts (is critical).
+    pub fn record(&self, uuid: &str, xid: u64, at: Instant) -> bool {
+        if APPLICATION_XIDS.contains(&xid) {
+            return false;
+        }
+        if let Ok(mut last) = self.last.lock() {
+            last.insert(uuid.to_owned(), at);
+        }
+        self.changed.notify_one();
+        true
+    }
+
+    /// Marks unhealthy the cards with a critical XID less than the quiet period before `now`.
+    pub fn apply(&self, cards: &mut [Card], now: Instant) {
+        let Ok(last) = self.last.lock() else { return };
+        for c in cards {
+            if last.get(&c.info.uuid).is_some_and(|t| now.saturating_duration_since(*t) < self.quiet) {
+                c.info.healthy = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nano_gpu_proto::annotations::{GpuInfo, Vendor};
+    use nano_gpu_proto::units::MiB;
+
+    fn card(uuid: &str) -> Card {
+        Card {
+            info: GpuInfo {
+                index: 0,
+                uuid: uuid.into(),
+                vendor: Vendor::Nvidia,
+                model: "m".into(),
+                memory_mib: MiB(1),
+                healthy: true,
+                numa: None,
+            },
+            device_nodes: vec![],
+            pci_address: None,
+        }
+    }
+
+    #[test]
+    fn a_critical_xid_makes_the_card_unhealthy_until_the_quiet_period_ends() {
+        let health = Health::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        assert!(health.record("GPU-a", 79, t0));
+        let mut cards = vec![card("GPU-a"), card("GPU-b")];
+        health.apply(&mut cards, t0 + Duration::from_secs(10));
+        assert_eq!((cards[0].info.healthy, cards[1].info.healthy), (false, true));
+        let mut later = vec![card("GPU-a")];
+        health.apply(&mut later, t0 + Duration::from_secs(301));
+        assert!(later[0].info.healthy);
+    }
+
+    #[test]
+    fn application_xids_do_not_count() {
+        let health = Health::new(Duration::from_secs(300));
+        assert!(!health.record("GPU-a", 43, Instant::now()));
+        let mut cards = vec![card("GPU-a")];
+        health.apply(&mut cards, Instant::now());
+        assert!(cards[0].info.healthy);
+    }
+}

@@ -1,0 +1,84 @@
+//! Critical XID events travel from NVML (the fake library, through the real nvml-wrapper FFI path) to
+//! the card's health; application XIDs do not.
+
+use nano_gpu_agent::health::Health;
+use nano_gpu_agent::inventory::{Card, watch_xids};
+use nano_gpu_proto::annotations::{GpuInfo, Vendor};
+use nano_gpu_proto::units::MiB;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+const TEST: &str = "critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path";
+
+fn fake_nvml() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join("libfakenvml.so"), deps.join("../libfakenvml.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("libfakenvml.so is built")
+}
+
+fn card(uuid: &str) -> Card {
+    Card {
+        info: GpuInfo {
+            index: 0,
+            uuid: uuid.into(),
+            vendor: Vendor::Nvidia,
+            model: "m".into(),
+            memory_mib: MiB(1),
+            healthy: true,
+            numa: None,
+        },
+        device_nodes: vec![],
+        pci_address: None,
+    }
+}
+
+#[test]
+fn critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path() {
+    if std::env::var_os("NANO_GPU_XID_CHILD").is_none() {
+        // The fake reads its configuration from the environment at init: run this test again in a
+        // child process that has it.
+        let dir = std::env::temp_dir().join(format!("nano-gpu-xid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("nvml.json");
+        std::fs::write(&config, r#"{"cards":[{"uuid":"GPU-a"},{"uuid":"GPU-b"}],"xids":[{"card":1,"xid":43},{"card":0,"xid":79}]}"#).unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", TEST, "--nocapture"])
+            .env("NANO_GPU_XID_CHILD", "1")
+            .env("FAKE_NVML_CONFIG", &config)
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+        return;
+    }
+    let health = Arc::new(Health::new(Duration::from_secs(300)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (health, stop, lib) = (health.clone(), stop.clone(), fake_nvml());
+        std::thread::spawn(move || watch_xids(&lib, &health, &stop))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), health.changed.notified()).await })
+        .expect("a critical XID within 5 s");
+    let mut cards = vec![card("GPU-a"), card("GPU-b")];
+    health.apply(&mut cards, Instant::now());
+    assert_eq!(
+        (cards[0].info.healthy, cards[1].info.healthy),
+        (false, true),
+        "XID 79 counts, application XID 43 does not"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().unwrap().unwrap();
+}
