@@ -52,23 +52,10 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nano_gpu_proto::annotations::{GpuInfo, Vendor};
     use nano_gpu_proto::units::MiB;
 
     fn card(uuid: &str) -> Card {
-        Card {
-            info: GpuInfo {
-                index: 0,
-                uuid: uuid.into(),
-                vendor: Vendor::Nvidia,
-                model: "m".into(),
-                memory_mib: MiB(1),
-                healthy: true,
-                numa: None,
-            },
-            device_nodes: vec![],
-            pci_address: None,
-        }
+        Card::nvidia(0, uuid, "m", MiB(1), None)
     }
 
     #[test]

@@ -10,7 +10,8 @@ pub use fake::FakeFile;
 pub use nvml::{NvmlInventory, watch_xids};
 pub use sysfs::SysfsDrm;
 
-use nano_gpu_proto::annotations::GpuInfo;
+use nano_gpu_proto::annotations::{GpuInfo, Vendor};
+use nano_gpu_proto::units::MiB;
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -23,6 +24,32 @@ pub struct Card {
     pub device_nodes: Vec<PathBuf>,
     /// PCI address, where known.
     pub pci_address: Option<String>,
+}
+
+impl Card {
+    /// An NVIDIA card as NVML reports it: no device nodes (nvidia-container-runtime adds them from
+    /// `NVIDIA_VISIBLE_DEVICES`), healthy, NUMA node unknown.
+    pub fn nvidia(
+        index: u32,
+        uuid: impl Into<String>,
+        model: impl Into<String>,
+        memory: MiB,
+        pci_address: Option<String>,
+    ) -> Self {
+        Card {
+            info: GpuInfo {
+                index,
+                uuid: uuid.into(),
+                vendor: Vendor::Nvidia,
+                model: model.into(),
+                memory_mib: memory,
+                healthy: true,
+                numa: None,
+            },
+            device_nodes: Vec::new(),
+            pci_address,
+        }
+    }
 }
 
 /// A backend that cannot be read.

@@ -50,23 +50,10 @@ mod tests {
     use super::*;
     use http::{Request, Response};
     use kube::client::Body;
-    use nano_gpu_proto::annotations::{GpuInfo, Vendor};
     use nano_gpu_proto::units::MiB;
 
     fn card(uuid: &str) -> Card {
-        Card {
-            info: GpuInfo {
-                index: 0,
-                uuid: uuid.into(),
-                vendor: Vendor::Nvidia,
-                model: "Tesla T4".into(),
-                memory_mib: MiB(15360),
-                healthy: true,
-                numa: None,
-            },
-            device_nodes: vec![],
-            pci_address: None,
-        }
+        Card::nvidia(0, uuid, "Tesla T4", MiB(15360), None)
     }
 
     #[test]

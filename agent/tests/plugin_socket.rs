@@ -4,7 +4,6 @@
 use futures::StreamExt;
 use nano_gpu_agent::inventory::Card;
 use nano_gpu_agent::plugin::{self, Plugin, Snapshot};
-use nano_gpu_proto::annotations::{GpuInfo, Vendor};
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{
@@ -27,19 +26,7 @@ impl Registration for FakeKubelet {
 }
 
 fn card(uuid: &str) -> Card {
-    Card {
-        info: GpuInfo {
-            index: 0,
-            uuid: uuid.into(),
-            vendor: Vendor::Nvidia,
-            model: "Tesla T4".into(),
-            memory_mib: MiB(15360),
-            healthy: true,
-            numa: None,
-        },
-        device_nodes: vec![],
-        pci_address: None,
-    }
+    Card::nvidia(0, uuid, "Tesla T4", MiB(15360), None)
 }
 
 #[tokio::test]

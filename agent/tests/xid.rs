@@ -3,7 +3,6 @@
 
 use nano_gpu_agent::health::Health;
 use nano_gpu_agent::inventory::{Card, watch_xids};
-use nano_gpu_proto::annotations::{GpuInfo, Vendor};
 use nano_gpu_proto::units::MiB;
 use std::process::Command;
 use std::sync::Arc;
@@ -22,19 +21,7 @@ fn fake_nvml() -> std::path::PathBuf {
 }
 
 fn card(uuid: &str) -> Card {
-    Card {
-        info: GpuInfo {
-            index: 0,
-            uuid: uuid.into(),
-            vendor: Vendor::Nvidia,
-            model: "m".into(),
-            memory_mib: MiB(1),
-            healthy: true,
-            numa: None,
-        },
-        device_nodes: vec![],
-        pci_address: None,
-    }
+    Card::nvidia(0, uuid, "m", MiB(1), None)
 }
 
 #[test]

@@ -183,7 +183,7 @@ impl Extender {
     }
 
     /// The card choice of `POST /bind`: takes the cards on `node` and returns what was taken and the
-    /// assignment to write. The caller writes it and binds; on failure it calls [`Extender::unbind`].
+    /// assignment to write. The caller writes it and binds; on failure it releases what `Bound` took.
     pub fn bind(&mut self, pod: &Pod, node: &str, at: &str) -> Result<Bound, BindError> {
         let (demand, req) = self.request(pod).map_err(BindError::Invalid)?;
         let id = self.engine.cluster().id(node).ok_or_else(|| BindError::UnknownNode(node.to_owned()))?;
@@ -220,11 +220,6 @@ impl Extender {
         let mut assignment = Assignment::new(node, at, containers);
         assignment.reuse = reuse;
         Ok(Bound { node: id, assignment, req, grants })
-    }
-
-    /// Gives back what a bind took (the bind failed after all, or the pod is gone).
-    pub fn unbind(&mut self, bound: &Bound) {
-        self.engine.release(&bound.req, bound.node, &bound.grants);
     }
 }
 
@@ -478,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn bind_writes_every_container_of_a_slot_and_unbind_gives_it_back() {
+    fn bind_writes_every_container_of_a_slot_and_releasing_gives_it_back() {
         let mut e = extender();
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns"},
@@ -494,7 +489,7 @@ mod tests {
         assert_eq!(b.assignment.reuse, vec!["warm".to_string()]);
         assert_eq!((app[0].percent, app[0].memory_mib), (Percent(40), Some(MiB(4096))));
         assert_eq!(Assignment::decode(&b.assignment.encode()).unwrap(), b.assignment);
-        e.unbind(&b);
+        e.engine_mut().release(&b.req, b.node, &b.grants);
         let after = e.engine().cluster().node(NodeId(0));
         assert_eq!((after.cards.clone(), after.cpu_free), (before.cards, before.cpu_free));
     }

@@ -2,7 +2,6 @@
 //! a node without the driver runs (with no NVIDIA cards) and says why.
 
 use super::{Card, GpuInventory, InventoryError};
-use nano_gpu_proto::annotations::{GpuInfo, Vendor};
 use nano_gpu_proto::units::MiB;
 use nvml_wrapper::Nvml;
 use std::path::PathBuf;
@@ -48,19 +47,7 @@ impl GpuInventory for NvmlInventory {
             let model = d.name().map_err(|e| field("name", e))?;
             let memory = d.memory_info().map_err(|e| field("memory", e))?.total >> 20;
             let pci_address = d.pci_info().ok().map(|p| p.bus_id);
-            cards.push(Card {
-                info: GpuInfo {
-                    index,
-                    uuid,
-                    vendor: Vendor::Nvidia,
-                    model,
-                    memory_mib: MiB(memory),
-                    healthy: true,
-                    numa: None,
-                },
-                device_nodes: Vec::new(),
-                pci_address,
-            });
+            cards.push(Card::nvidia(index, uuid, model, MiB(memory), pci_address));
         }
         Ok(cards)
     }
