@@ -59,6 +59,16 @@ const TIMING: Timing = Timing {
     max_backoff: Duration::from_millis(400),
 };
 
+/// The agent's loop over `dir`, as the binary runs it (no NVML health, no publishing).
+fn agent(
+    dir: PathBuf,
+    backends: Vec<Box<dyn GpuInventory>>,
+    stopped: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = Result<(), RunError>> {
+    let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
+    run::run(dir, backends, TIMING, Default::default(), health, None, stopped)
+}
+
 async fn within(limit: Duration, rx: &mut mpsc::UnboundedReceiver<RegisterRequest>) -> RegisterRequest {
     tokio::time::timeout(limit, rx.recv()).await.expect("registered in time").expect("kubelet alive")
 }
@@ -68,15 +78,7 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     let (dir, backends) = setup("restart");
     let (mut first, stop_first) = kubelet(&dir, false);
     let (shutdown, stopped) = watch::channel(false);
-    let agent = tokio::spawn(run::run(
-        dir.clone(),
-        backends,
-        TIMING,
-        Default::default(),
-        std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
-        None,
-        stopped,
-    ));
+    let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
     let r = within(Duration::from_secs(10), &mut first).await;
     assert_eq!((r.endpoint.as_str(), r.resource_name.as_str()), ("nano-gpu.sock", "nano-gpu/gpu-percent"));
 
@@ -99,15 +101,7 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
 async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
     let (dir, backends) = setup("late");
     let (shutdown, stopped) = watch::channel(false);
-    let agent = tokio::spawn(run::run(
-        dir.clone(),
-        backends,
-        TIMING,
-        Default::default(),
-        std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
-        None,
-        stopped,
-    ));
+    let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
     // The agent is up (its socket answers) before any kubelet exists.
     while !dir.join("nano-gpu.sock").exists() {
         tokio::task::yield_now().await;
@@ -124,20 +118,8 @@ async fn a_refused_registration_stops_the_agent_with_the_reason() {
     let (dir, backends) = setup("refused");
     let (_seen, _keep) = kubelet(&dir, true);
     let (_shutdown, stopped) = watch::channel(false);
-    let result = tokio::time::timeout(
-        Duration::from_secs(10),
-        run::run(
-            dir.clone(),
-            backends,
-            TIMING,
-            Default::default(),
-            std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300))),
-            None,
-            stopped,
-        ),
-    )
-    .await
-    .unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), agent(dir.clone(), backends, stopped)).await.unwrap();
     match result {
         Err(RunError::Refused(reason)) => assert!(reason.contains("already registered"), "{reason}"),
         other => panic!("expected a refusal, got {other:?}"),
