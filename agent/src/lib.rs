@@ -2,14 +2,16 @@
 //! kubelet device-plugin API for `nano-gpu/gpu-percent`, and hands each container the card(s) the
 //! allocator chose.
 //!
-//! Status: inventory (NVML, sysfs drm, a fake file), the device-plugin server and the kubelet
-//! registration loop run; steering by the pod's assignment, PreStart verify-and-repair and publishing
-//! the node annotation are not implemented yet.
+//! With a node name, the agent publishes its cards on the Node, watches the node's pods and tells
+//! containers apart without a lock (`pods`, `repair`): steering in GetPreferredAllocation, cards
+//! derived from the IDs in Allocate, verify-and-repair after PreStartContainer.
 
 pub mod health;
 pub mod inventory;
 pub mod plugin;
+pub mod pods;
 pub mod publish;
+pub mod repair;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +58,9 @@ pub struct Flags {
     /// Seconds without a critical XID before an unhealthy card is healthy again.
     #[arg(long, env = "NANO_GPU_XID_QUIET_SECONDS", default_value_t = 300)]
     pub xid_quiet_seconds: u64,
+    /// Milliseconds a device-plugin call waits for the pod watch to show a pod the kubelet admits.
+    #[arg(long, env = "NANO_GPU_IDENTITY_WAIT_MS", default_value_t = 3000)]
+    pub identity_wait_ms: u64,
     /// Seconds between inventory refreshes.
     #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
     pub refresh_seconds: u64,

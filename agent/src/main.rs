@@ -2,9 +2,12 @@
 //! node's cards.
 
 use clap::Parser;
-use nano_gpu_agent::{Command, Flags, inventory, run};
+use nano_gpu_agent::plugin::{Identity, Lister, PodResourcesSocket};
+use nano_gpu_agent::{Command, Flags, inventory, repair, run};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 fn print_inventory(flags: &Flags) -> ExitCode {
     let (cards, errors) = inventory::read_all(&flags.backends());
@@ -53,14 +56,27 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             let _ = stop.send(true);
         });
-        let publisher = match &flags.node_name {
+        let (publisher, identity) = match &flags.node_name {
             Some(node) => match kube::Client::try_default().await {
-                Ok(client) => Some(nano_gpu_agent::publish::Publisher::new(client, node.clone())),
-                Err(e) => return Err(format!("connecting to the API server to publish node {node}: {e}")),
+                Ok(client) => {
+                    let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone());
+                    let lister: Arc<dyn Lister> =
+                        Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
+                    let (reports, queue) = tokio::sync::mpsc::channel(256);
+                    let pods = repair::watch_pods(client.clone(), node);
+                    tokio::spawn(repair::Repairer::new(client, node.clone(), lister.clone()).run(queue));
+                    let wait = Duration::from_millis(flags.identity_wait_ms);
+                    let identity = Identity::new(node.clone(), pods, lister, reports, wait);
+                    (Some(publisher), Some(Arc::new(identity)))
+                }
+                Err(e) => return Err(format!("connecting to the API server for node {node}: {e}")),
             },
             None => {
-                tracing::warn!("no --node-name: the node inventory is not published");
-                None
+                tracing::warn!(
+                    "no --node-name: the node inventory is not published and containers are not told \
+                     apart (every container gets what its device IDs say; nothing is verified)"
+                );
+                (None, None)
             }
         };
         let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
@@ -75,9 +91,16 @@ fn serve(flags: &Flags) -> ExitCode {
             });
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
-        let result =
-            run::run(flags.plugin_dir.clone(), flags.backends(), timing, edits, health, publisher, stopped)
-                .await;
+        let agent = run::Agent {
+            plugin_dir: flags.plugin_dir.clone(),
+            backends: flags.backends(),
+            timing,
+            edits,
+            health,
+            publisher,
+            identity,
+        };
+        let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
         result.map_err(|e| e.to_string())
     });

@@ -2,13 +2,15 @@
 //! `<uuid>-NN`, and `Allocate` derives the card(s) from the IDs the kubelet actually chose, so what a
 //! container sees always matches the kubelet's own per-ID accounting.
 //!
-//! Handlers read a snapshot of the cards (no NVML or API call on the request path). This slice serves
-//! options, ListAndWatch, a card-packing GetPreferredAllocation, Allocate and PreStartContainer over a
-//! unix socket, and registers with the kubelet. Not yet: steering by the pod's assignment and the
-//! verify-and-repair step (they need the pod watch and pod-resources).
+//! Handlers read snapshots of the cards and of the pods on the node (no NVML or API call on the request
+//! path). With an [`Identity`], GetPreferredAllocation steers the kubelet to the cards the pod's
+//! assignment names, Allocate refuses IDs no placed pod can own, and PreStartContainer queues a check
+//! of the assignment against what the kubelet really allocated (`repair`).
 
 use crate::inventory::Card;
+use crate::pods::{Pending, Pods, Served, identify, pending, steer};
 use futures::Stream;
+use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -19,12 +21,16 @@ use nano_gpu_proto::kubelet::deviceplugin::{
     ListAndWatchResponse, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest, TopologyInfo,
 };
+use nano_gpu_proto::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use nano_gpu_proto::kubelet::podresources::{ListPodResourcesRequest, ListPodResourcesResponse};
 use nano_gpu_proto::kubelet::{HEALTHY, UNHEALTHY, VERSION};
 use nano_gpu_proto::resources::GPU_PERCENT;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
@@ -55,22 +61,40 @@ pub struct Edits {
     pub cdi: bool,
 }
 
-/// What one container gets for the device IDs the kubelet chose.
-pub fn allocate(cards: &[Card], ids: &[String], edits: Edits) -> Result<ContainerAllocateResponse, Status> {
+/// The cards a container got, with how many of its IDs are on each, from the IDs the kubelet chose.
+pub fn derive<'a>(cards: &'a [Card], ids: &[String]) -> Result<Vec<(&'a Card, u32)>, Status> {
     let mut per_card: BTreeMap<&str, u32> = BTreeMap::new();
     for id in ids {
         let (uuid, _) = device_id::decode(id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         *per_card.entry(uuid).or_default() += 1;
     }
+    if per_card.is_empty() {
+        return Err(Status::invalid_argument("no device IDs"));
+    }
+    per_card
+        .into_iter()
+        .map(|(uuid, n)| {
+            let card = cards
+                .iter()
+                .find(|c| c.info.uuid == uuid)
+                .ok_or_else(|| Status::invalid_argument(format!("device IDs of unknown card {uuid}")))?;
+            Ok((card, n))
+        })
+        .collect()
+}
+
+/// What one container gets for the device IDs the kubelet chose: the cards come from the IDs; the
+/// memory from its grants when it asked memory, else its share of the cards' memory.
+pub fn allocate(
+    cards: &[Card],
+    ids: &[String],
+    grants: Option<&[CardGrant]>,
+    edits: Edits,
+) -> Result<ContainerAllocateResponse, Status> {
+    let got = derive(cards, ids)?;
     let mut response = ContainerAllocateResponse::default();
     let mut nvidia = Vec::new();
-    let mut uuids = Vec::new();
-    for uuid in per_card.keys() {
-        let card = cards
-            .iter()
-            .find(|c| c.info.uuid == *uuid)
-            .ok_or_else(|| Status::invalid_argument(format!("device IDs of unknown card {uuid}")))?;
-        uuids.push(card.info.uuid.clone());
+    for (card, _) in &got {
         match card.info.vendor {
             Vendor::Nvidia => nvidia.push(card.info.uuid.clone()),
             Vendor::Intel => response.devices.extend(card.device_nodes.iter().map(|p| DeviceSpec {
@@ -80,9 +104,6 @@ pub fn allocate(cards: &[Card], ids: &[String], edits: Edits) -> Result<Containe
             })),
         }
     }
-    if uuids.is_empty() {
-        return Err(Status::invalid_argument("no device IDs"));
-    }
     if !nvidia.is_empty() {
         if edits.cdi {
             response.cdi_devices =
@@ -90,8 +111,15 @@ pub fn allocate(cards: &[Card], ids: &[String], edits: Edits) -> Result<Containe
         }
         response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), nvidia.join(","));
     }
-    let percent: u32 = per_card.values().sum();
+    let percent: u32 = got.iter().map(|(_, n)| n).sum();
+    let asked_memory = grants.filter(|g| !g.is_empty() && g.iter().all(|g| g.memory_mib.is_some()));
+    let memory: u64 = match asked_memory {
+        Some(g) => g.iter().filter_map(|g| g.memory_mib).map(|m| m.0).sum(),
+        None => got.iter().map(|(c, n)| c.info.memory_mib.0 * u64::from(*n) / 100).sum(),
+    };
+    let uuids: Vec<&str> = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
     response.envs.insert("NANO_GPU_PERCENT".into(), percent.to_string());
+    response.envs.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
     response.envs.insert("NANO_GPU_CARDS".into(), uuids.join(","));
     Ok(response)
 }
@@ -122,16 +150,202 @@ pub fn prefer(available: &[String], must: &[String], size: usize) -> Vec<String>
     chosen
 }
 
+/// Reads the kubelet's pod-resources `List` (a trait so handler tests can answer in memory).
+#[tonic::async_trait]
+pub trait Lister: Send + Sync + 'static {
+    /// What the kubelet has allocated, pod by pod.
+    async fn list(&self) -> Result<ListPodResourcesResponse, Status>;
+}
+
+/// The kubelet's pod-resources socket; connects on first use and again after an error.
+pub struct PodResourcesSocket {
+    path: PathBuf,
+    client: tokio::sync::Mutex<Option<PodResourcesListerClient<Channel>>>,
+}
+
+impl PodResourcesSocket {
+    /// The socket at `path` (`/var/lib/kubelet/pod-resources/kubelet.sock`).
+    pub fn new(path: PathBuf) -> Self {
+        PodResourcesSocket { path, client: tokio::sync::Mutex::new(None) }
+    }
+}
+
+#[tonic::async_trait]
+impl Lister for PodResourcesSocket {
+    async fn list(&self) -> Result<ListPodResourcesResponse, Status> {
+        let mut slot = self.client.lock().await;
+        let mut client = match slot.take() {
+            Some(c) => c,
+            None => PodResourcesListerClient::new(connect(self.path.clone()).await.map_err(|e| {
+                Status::unavailable(format!("pod-resources socket {}: {e}", self.path.display()))
+            })?),
+        };
+        let answer = tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
+            .await
+            .map_err(|_| Status::deadline_exceeded("pod-resources List took too long"))??;
+        *slot = Some(client);
+        Ok(answer.into_inner())
+    }
+}
+
+const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Steering decisions kept until their Allocate comes.
+const STEERED_KEPT: usize = 256;
+
+/// Something the background worker acts on (it may call the API server; handlers never do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// An Allocate was refused: no pod placed here by nano-gpu could own the IDs.
+    Refused {
+        /// The pod (`namespace/name`) it was most likely for, if any.
+        pod: Option<String>,
+        /// Why.
+        message: String,
+    },
+    /// A container is starting with these IDs: check its assignment says the same cards.
+    Starting {
+        /// The device IDs of the container.
+        ids: Vec<String>,
+        /// The cards at that time.
+        cards: Snapshot,
+    },
+}
+
+/// What tells containers apart: the pods on this node and the kubelet's pod-resources.
+pub struct Identity {
+    pods: watch::Receiver<Pods>,
+    lister: Arc<dyn Lister>,
+    reports: mpsc::Sender<Report>,
+    node: String,
+    /// How long to wait for the pod watch to show a pod the kubelet already admits.
+    wait: Duration,
+    memo: std::sync::Mutex<Memo>,
+}
+
+/// Decisions between calls: which container a preferred set of IDs was for, and the containers this
+/// agent has allocated (init containers do not show in pod-resources).
+#[derive(Default)]
+struct Memo {
+    steered: VecDeque<(Vec<String>, (String, String))>,
+    done: HashSet<(String, String)>,
+}
+
+fn sorted(ids: &[String]) -> Vec<String> {
+    let mut ids = ids.to_vec();
+    ids.sort();
+    ids
+}
+
+impl Identity {
+    /// Identity from the pods of node `node`, the kubelet's pod-resources, reporting to `reports`.
+    pub fn new(
+        node: String,
+        pods: watch::Receiver<Pods>,
+        lister: Arc<dyn Lister>,
+        reports: mpsc::Sender<Report>,
+        wait: Duration,
+    ) -> Self {
+        Identity { pods, lister, reports, node, wait, memo: Default::default() }
+    }
+
+    /// The containers that may be asking `size` now, likeliest first; waits up to `wait` for the pod
+    /// watch when none is known yet (the kubelet can see a pod before our watch does).
+    async fn candidates(&self, size: u64) -> Vec<Pending> {
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let mut pods = self.pods.clone();
+        loop {
+            let served = match self.lister.list().await {
+                Ok(list) => Served::from_list(&list, GPU_PERCENT),
+                Err(e) => {
+                    tracing::warn!(error = %e.message(), "pod-resources List failed; identifying by the pod watch alone");
+                    Served::default()
+                }
+            };
+            let snapshot = pods.borrow_and_update().clone();
+            let found = {
+                let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+                let uids: HashSet<&str> = snapshot.values().map(|p| p.uid.as_str()).collect();
+                memo.done.retain(|(uid, _)| uids.contains(uid.as_str()));
+                pending(&snapshot, &served, &memo.done, size)
+            };
+            if !found.is_empty() {
+                return found;
+            }
+            match tokio::time::timeout_at(deadline, pods.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return found,
+            }
+        }
+    }
+
+    /// GetPreferredAllocation for one container: IDs on the cards of the container most likely
+    /// asking, else the card-packing choice.
+    async fn prefer(&self, available: &[String], must: &[String], size: usize) -> Vec<String> {
+        let candidates = self.candidates(size as u64).await;
+        let first = candidates.first();
+        let steered = first.and_then(|p| steer(p.grants.as_ref().ok()?, available, must, size));
+        let ids = steered.unwrap_or_else(|| prefer(available, must, size));
+        if let Some(p) = first {
+            let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+            if memo.steered.len() >= STEERED_KEPT {
+                memo.steered.pop_front();
+            }
+            memo.steered.push_back((sorted(&ids), (p.uid.clone(), p.container.clone())));
+        }
+        ids
+    }
+
+    /// The grants of the container an Allocate of `ids` (on `cards`) is for; an error the kubelet
+    /// reports (and an Event) when no pod placed here by nano-gpu can own them.
+    async fn claim(&self, ids: &[String], cards: &BTreeSet<&str>) -> Result<Vec<CardGrant>, Status> {
+        let candidates = self.candidates(ids.len() as u64).await;
+        let key = sorted(ids);
+        let steered = {
+            let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+            let at = memo.steered.iter().position(|(k, _)| *k == key);
+            at.and_then(|i| memo.steered.remove(i)).map(|(_, who)| who)
+        };
+        let refuse = |pod: Option<String>, message: String| {
+            let _ = self.reports.try_send(Report::Refused { pod, message: message.clone() });
+            Status::failed_precondition(message)
+        };
+        match identify(&candidates, steered.as_ref(), cards) {
+            Some(p) => match &p.grants {
+                Ok(grants) => {
+                    let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+                    memo.done.insert((p.uid.clone(), p.container.clone()));
+                    Ok(grants.clone())
+                }
+                Err(reason) => Err(refuse(
+                    Some(p.pod.clone()),
+                    format!("nano-gpu cannot serve pod {} container {:?}: {reason}", p.pod, p.container),
+                )),
+            },
+            None => Err(refuse(
+                None,
+                format!(
+                    "no pod placed on node {} by nano-gpu is waiting for {} of {GPU_PERCENT}; \
+                     pods asking {GPU_PERCENT} must be scheduled by nano-gpu-scheduler",
+                    self.node,
+                    ids.len()
+                ),
+            )),
+        }
+    }
+}
+
 /// The gRPC service.
 pub struct Plugin {
     cards: watch::Receiver<Snapshot>,
     edits: Edits,
+    identity: Option<Arc<Identity>>,
 }
 
 impl Plugin {
-    /// Serving the cards `cards` carries (updated by the inventory loop).
-    pub fn new(cards: watch::Receiver<Snapshot>, edits: Edits) -> Self {
-        Plugin { cards, edits }
+    /// Serving the cards `cards` carries (updated by the inventory loop). Without `identity` every
+    /// container gets what its IDs say and GetPreferredAllocation packs cards.
+    pub fn new(cards: watch::Receiver<Snapshot>, edits: Edits, identity: Option<Arc<Identity>>) -> Self {
+        Plugin { cards, edits, identity }
     }
 }
 
@@ -171,18 +385,16 @@ impl DevicePlugin for Plugin {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| ContainerPreferredAllocationResponse {
-                device_i_ds: prefer(
-                    &r.available_device_i_ds,
-                    &r.must_include_device_i_ds,
-                    r.allocation_size.max(0) as usize,
-                ),
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for r in &request.into_inner().container_requests {
+            let size = r.allocation_size.max(0) as usize;
+            let (available, must) = (&r.available_device_i_ds, &r.must_include_device_i_ds);
+            let device_i_ds = match &self.identity {
+                Some(identity) => identity.prefer(available, must, size).await,
+                None => prefer(available, must, size),
+            };
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds });
+        }
         Ok(Response::new(PreferredAllocationResponse { container_responses }))
     }
 
@@ -191,19 +403,34 @@ impl DevicePlugin for Plugin {
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
         let cards = self.cards.borrow().clone();
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| allocate(&cards, &r.devices_ids, self.edits))
-            .collect::<Result<_, _>>()?;
+        let mut container_responses = Vec::new();
+        for r in &request.into_inner().container_requests {
+            let got = derive(&cards, &r.devices_ids)?;
+            let grants = match &self.identity {
+                Some(identity) => {
+                    let uuids = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
+                    Some(identity.claim(&r.devices_ids, &uuids).await?)
+                }
+                None => None,
+            };
+            container_responses.push(allocate(&cards, &r.devices_ids, grants.as_deref(), self.edits)?);
+        }
         Ok(Response::new(AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
         &self,
-        _: Request<PreStartContainerRequest>,
+        request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        let cards = self.cards.borrow().clone();
+        derive(&cards, &ids)?;
+        if let Some(identity) = &self.identity {
+            // Checked in the background: the container already has what its IDs say.
+            if identity.reports.try_send(Report::Starting { ids, cards }).is_err() {
+                tracing::warn!("repair queue full; a container start is not verified");
+            }
+        }
         Ok(Response::new(PreStartContainerResponse {}))
     }
 }
@@ -304,17 +531,17 @@ mod tests {
     #[test]
     fn allocate_derives_the_cards_from_the_ids() {
         let cards = [card("GPU-a", Vendor::Nvidia), card("intel-0000:03:00.0", Vendor::Intel)];
-        let r = allocate(&cards, &ids("GPU-a", 0..30), Edits::default()).unwrap();
+        let r = allocate(&cards, &ids("GPU-a", 0..30), None, Edits::default()).unwrap();
         assert!(r.cdi_devices.is_empty());
         assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
         assert_eq!(r.envs["NANO_GPU_PERCENT"], "30");
-        let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), Edits { cdi: true }).unwrap();
+        let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), None, Edits { cdi: true }).unwrap();
         assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
         assert_eq!(
             r.devices.iter().map(|d| d.host_path.as_str()).collect::<Vec<_>>(),
             ["/dev/dri/card1", "/dev/dri/renderD129"]
         );
-        let r = allocate(&cards, &ids("GPU-a", 0..100), Edits { cdi: true }).unwrap();
+        let r = allocate(&cards, &ids("GPU-a", 0..100), None, Edits { cdi: true }).unwrap();
         assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");
     }
 
@@ -322,14 +549,17 @@ mod tests {
     fn unknown_ids_are_invalid_arguments_not_a_poisoned_env() {
         let cards = [card("GPU-a", Vendor::Nvidia)];
         assert_eq!(
-            allocate(&cards, &["not-ours".into()], Edits::default()).unwrap_err().code(),
+            allocate(&cards, &["not-ours".into()], None, Edits::default()).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            allocate(&cards, &ids("GPU-zz", 0..1), Edits::default()).unwrap_err().code(),
+            allocate(&cards, &ids("GPU-zz", 0..1), None, Edits::default()).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
-        assert_eq!(allocate(&cards, &[], Edits::default()).unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            allocate(&cards, &[], None, Edits::default()).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 
     #[test]

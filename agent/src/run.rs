@@ -10,7 +10,7 @@
 
 use crate::health::Health;
 use crate::inventory::{GpuInventory, read_all};
-use crate::plugin::{self, Edits, Plugin, Snapshot};
+use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
 use crate::publish::Publisher;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ impl Default for Timing {
 }
 
 /// Identity of a file: inode and change time, so a re-created file differs.
-fn identity(path: &Path) -> Option<(u64, i64, i64)> {
+fn file_identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
@@ -73,16 +73,27 @@ fn read(backends: &[Box<dyn GpuInventory>], health: &Health) -> Snapshot {
     Arc::new(cards)
 }
 
+/// What the loop runs with.
+pub struct Agent {
+    /// The kubelet's device-plugin directory.
+    pub plugin_dir: PathBuf,
+    /// Where the cards come from.
+    pub backends: Vec<Box<dyn GpuInventory>>,
+    /// Timing of the loop.
+    pub timing: Timing,
+    /// Container edits beyond the environment.
+    pub edits: Edits,
+    /// Card health from XID events.
+    pub health: Arc<Health>,
+    /// Writes the cards on the Node (absent without a node name).
+    pub publisher: Option<Publisher>,
+    /// Tells containers apart (absent without a node name).
+    pub identity: Option<Arc<Identity>>,
+}
+
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
-pub async fn run(
-    plugin_dir: PathBuf,
-    backends: Vec<Box<dyn GpuInventory>>,
-    timing: Timing,
-    edits: Edits,
-    health: Arc<Health>,
-    mut publisher: Option<Publisher>,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), RunError> {
+pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
+    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, identity } = agent;
     let (cards, snapshot) = watch::channel(read(&backends, &health));
     let backends = Arc::new(backends);
     let refresher = {
@@ -129,7 +140,7 @@ pub async fn run(
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = {
             let socket = socket.clone();
-            let plugin = Plugin::new(snapshot.clone(), edits);
+            let plugin = Plugin::new(snapshot.clone(), edits, identity.clone());
             tokio::spawn(async move {
                 plugin::serve(&socket, plugin, async { stopped.await.unwrap_or(()) })
                     .await
@@ -152,7 +163,7 @@ pub async fn run(
         let registered = loop {
             // The kubelet's socket as it was before this attempt: a kubelet that restarts while we
             // register shows up as a change, and we register again (never the other way round).
-            let before = identity(&kubelet);
+            let before = file_identity(&kubelet);
             match plugin::register(kubelet.clone(), SOCKET).await {
                 Ok(()) => break Ok(before),
                 Err(s) if s.code() == tonic::Code::Unavailable => {
@@ -180,7 +191,7 @@ pub async fn run(
                 _ = tokio::time::sleep(timing.check) => {}
                 _ = shutdown.changed() => break false,
             }
-            if identity(&socket).is_none() || identity(&kubelet) != kubelet_identity {
+            if file_identity(&socket).is_none() || file_identity(&kubelet) != kubelet_identity {
                 break true;
             }
         };

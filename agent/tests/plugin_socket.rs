@@ -52,9 +52,11 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
     let serving = tokio::spawn({
         let socket = plugin_socket.clone();
         async move {
-            plugin::serve(&socket, Plugin::new(rx, Default::default()), async { stopped.await.unwrap_or(()) })
-                .await
-                .map_err(|e| e.to_string())
+            plugin::serve(&socket, Plugin::new(rx, Default::default(), None), async {
+                stopped.await.unwrap_or(())
+            })
+            .await
+            .map_err(|e| e.to_string())
         }
     });
     let mut client = loop {

@@ -66,7 +66,16 @@ fn agent(
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = Result<(), RunError>> {
     let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
-    run::run(dir, backends, TIMING, Default::default(), health, None, stopped)
+    let agent = run::Agent {
+        plugin_dir: dir,
+        backends,
+        timing: TIMING,
+        edits: Default::default(),
+        health,
+        publisher: None,
+        identity: None,
+    };
+    run::run(agent, stopped)
 }
 
 async fn within(limit: Duration, rx: &mut mpsc::UnboundedReceiver<RegisterRequest>) -> RegisterRequest {

@@ -108,8 +108,9 @@ fn invalid(container: &str, what: impl std::fmt::Display) -> InvalidDemand {
     InvalidDemand(format!("container {container:?}: {what}"))
 }
 
-/// Reads one extended resource as a whole number: limits win; requests alone are accepted; both must agree.
-fn extended(c: &Container, name: &str) -> Result<Option<u64>, InvalidDemand> {
+/// How much of the extended resource `name` a container asks, as a whole number: limits win; requests
+/// alone are accepted; both must agree.
+pub fn asked(c: &Container, name: &str) -> Result<Option<u64>, InvalidDemand> {
     let res = c.resources.as_ref();
     let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
         m.and_then(|m| m.get(name))
@@ -127,10 +128,10 @@ fn extended(c: &Container, name: &str) -> Result<Option<u64>, InvalidDemand> {
 }
 
 fn container_demand(c: &Container, opts: &DemandOptions) -> Result<Option<ContainerDemand>, InvalidDemand> {
-    let percent = extended(c, GPU_PERCENT)?;
-    let mut memory = extended(c, GPU_MEMORY)?.filter(|m| *m > 0);
+    let percent = asked(c, GPU_PERCENT)?;
+    let mut memory = asked(c, GPU_MEMORY)?.filter(|m| *m > 0);
     let gpushare = match opts.gpushare {
-        Some(unit) => extended(c, GPUSHARE_MEMORY)?.filter(|m| *m > 0).map(|m| (unit, m)),
+        Some(unit) => asked(c, GPUSHARE_MEMORY)?.filter(|m| *m > 0).map(|m| (unit, m)),
         None => None,
     };
     if let Some((unit, m)) = gpushare {

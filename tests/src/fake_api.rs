@@ -1,6 +1,6 @@
-//! A fake Kubernetes API server on loopback, just enough for `nano-gpu-allocator serve`: lists of
-//! Nodes and Pods (their watches stay open and quiet), reading a pod, the assignment PATCH, the
-//! `pods/binding` POST and Events. Every write is recorded so tests can check what was sent.
+//! A fake Kubernetes API server on loopback, just enough for `nano-gpu-allocator serve` and the agent:
+//! lists of Nodes and Pods (their watches stay open and quiet), reading a pod, the assignment PATCH,
+//! the `pods/binding` POST, the Node PATCH and Events. Every write is recorded so tests can check what was sent.
 //!
 //! For benchmarks and service tests only; end-to-end tests use the real kube-apiserver.
 
@@ -145,6 +145,21 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
                 || json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}}),
             );
             axum::Json(pod).into_response()
+        }
+        (&Method::PATCH, ["api", "v1", "nodes", name]) => {
+            let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            inner.writes.lock().unwrap_or_else(|e| e.into_inner()).push((
+                method.to_string(),
+                path.clone(),
+                value,
+            ));
+            let node = inner.nodes.iter().find(|n| n["metadata"]["name"] == *name).cloned();
+            axum::Json(
+                node.unwrap_or_else(
+                    || json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+                ),
+            )
+            .into_response()
         }
         (&Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);

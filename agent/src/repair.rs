@@ -1,0 +1,225 @@
+//! Everything the agent does with the API server on the device plugin's behalf, off the request path:
+//! the node-scoped pod watch that feeds the handlers' snapshot, Events for refused Allocates, and the
+//! verify-and-repair of every starting container (ARCHITECTURE §4 step 3): the owner of its IDs from
+//! pod-resources, compared with its assignment; when they differ the assignment is patched to what the
+//! container really got, so the allocator's accounting converges to the truth, and a warning Event
+//! says so.
+
+use crate::plugin::{Lister, Report};
+use crate::pods::{NodePod, Pods, Served, describe, repaired};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
+use nano_gpu_proto::resources::GPU_PERCENT;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Watches the pods bound to `node` that ask `nano-gpu/gpu-percent`; the receiver always holds the
+/// latest view (empty until the first list completes).
+pub fn watch_pods(client: kube::Client, node: &str) -> watch::Receiver<Pods> {
+    let (tx, rx) = watch::channel(Pods::default());
+    let api: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut pods: BTreeMap<String, NodePod> = BTreeMap::new();
+        let mut relist: Option<BTreeMap<String, NodePod>> = None;
+        loop {
+            let changed = match stream.try_next().await {
+                Ok(Some(event)) => apply(&mut pods, &mut relist, event),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
+                    false
+                }
+            };
+            if changed {
+                tx.send_replace(Arc::new(pods.clone()));
+            }
+        }
+    });
+    rx
+}
+
+/// Applies one watch event; returns whether the view changed.
+fn apply(
+    pods: &mut BTreeMap<String, NodePod>,
+    relist: &mut Option<BTreeMap<String, NodePod>>,
+    event: watcher::Event<Pod>,
+) -> bool {
+    let key = |p: &Pod| {
+        crate::pods::pod_key(
+            p.metadata.namespace.as_deref().unwrap_or(""),
+            p.metadata.name.as_deref().unwrap_or(""),
+        )
+    };
+    match event {
+        watcher::Event::Init => {
+            *relist = Some(BTreeMap::new());
+            false
+        }
+        watcher::Event::InitApply(p) => {
+            if let (Some(into), Some(n)) = (relist.as_mut(), NodePod::from_pod(&p, GPU_PERCENT)) {
+                into.insert(key(&p), n);
+            }
+            false
+        }
+        watcher::Event::InitDone => {
+            *pods = relist.take().unwrap_or_default();
+            true
+        }
+        watcher::Event::Apply(p) => match NodePod::from_pod(&p, GPU_PERCENT) {
+            Some(n) => pods.insert(key(&p), n.clone()) != Some(n),
+            None => pods.remove(&key(&p)).is_some(),
+        },
+        watcher::Event::Delete(p) => pods.remove(&key(&p)).is_some(),
+    }
+}
+
+/// The worker.
+pub struct Repairer {
+    client: kube::Client,
+    node: String,
+    lister: Arc<dyn Lister>,
+    recorder: Recorder,
+    /// How often pod-resources is asked for the owner of a starting container's IDs.
+    pub attempts: u32,
+}
+
+/// What a check of a starting container found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The assignment names the cards the container got.
+    Agrees,
+    /// The assignment was rewritten.
+    Repaired {
+        /// `namespace/name`.
+        pod: String,
+        /// Container.
+        container: String,
+    },
+}
+
+impl Repairer {
+    /// A worker for node `node`.
+    pub fn new(client: kube::Client, node: String, lister: Arc<dyn Lister>) -> Self {
+        let reporter = Reporter { controller: "nano-gpu-agent".into(), instance: Some(node.clone()) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Repairer { client, node, lister, recorder, attempts: 10 }
+    }
+
+    /// Handles reports until every sender is gone.
+    pub async fn run(self, mut reports: mpsc::Receiver<Report>) {
+        while let Some(report) = reports.recv().await {
+            match report {
+                Report::Refused { pod, message } => {
+                    tracing::warn!(pod = pod.as_deref().unwrap_or("-"), "{message}");
+                    let object = match &pod {
+                        Some(key) => pod_reference(key),
+                        None => node_reference(&self.node),
+                    };
+                    record(&self.recorder, &object, "NoUsableAssignment", &message).await;
+                }
+                Report::Starting { ids, cards } => match self.verify(&ids, &cards).await {
+                    Ok(Verdict::Agrees) => {}
+                    Ok(Verdict::Repaired { pod, container }) => {
+                        tracing::warn!(%pod, %container, "assignment repaired to the cards the kubelet allocated")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "a starting container could not be verified"),
+                },
+            }
+        }
+    }
+
+    /// Checks the container holding `ids` against its assignment, repairing it when they differ.
+    pub async fn verify(&self, ids: &[String], cards: &[crate::inventory::Card]) -> Result<Verdict, String> {
+        let mut owner = None;
+        for attempt in 0..self.attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            match self.lister.list().await {
+                Ok(list) => owner = Served::from_list(&list, GPU_PERCENT).owner(ids).cloned(),
+                Err(e) => tracing::debug!(error = %e.message(), "pod-resources List failed"),
+            }
+            if owner.is_some() {
+                break;
+            }
+        }
+        let (key, container) = owner.ok_or("no container holds these device IDs in pod-resources")?;
+        let (namespace, name) = key.split_once('/').ok_or("pod-resources named a pod without a namespace")?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        for _ in 0..5 {
+            let pod = api.get(name).await.map_err(|e| format!("reading pod {key}: {e}"))?;
+            let text = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+            // An undecodable annotation is replaced by what the container really got.
+            let current = text.and_then(|t| Assignment::decode(t).ok());
+            let now = rfc3339(std::time::SystemTime::now());
+            let Some(next) = repaired(current.as_ref(), &self.node, &container, ids, cards, &now)? else {
+                return Ok(Verdict::Agrees);
+            };
+            let patch = json!({"metadata": {
+                "uid": pod.metadata.uid,
+                "resourceVersion": pod.metadata.resource_version,
+                "annotations": {ASSIGNMENT_ANNOTATION: next.encode()},
+            }});
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    let was = current
+                        .as_ref()
+                        .and_then(|a| a.containers.get(&container))
+                        .map_or("nothing".to_owned(), |g| describe(g));
+                    let message = format!(
+                        "container {container:?} got card(s) {} from the kubelet, not {was} as assigned; \
+                         {ASSIGNMENT_ANNOTATION} now says what it got",
+                        describe(&next.containers[&container])
+                    );
+                    record(&self.recorder, &pod_reference(&key), "AssignmentRepaired", &message).await;
+                    return Ok(Verdict::Repaired { pod: key, container });
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(format!("patching pod {key}: {e}")),
+            }
+        }
+        Err(format!("pod {key} kept changing; its assignment was not repaired"))
+    }
+}
+
+fn pod_reference(key: &str) -> ObjectReference {
+    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        ..Default::default()
+    }
+}
+
+async fn record(recorder: &Recorder, object: &ObjectReference, reason: &str, message: &str) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, object).await {
+        tracing::warn!(error = %e, "could not record an event");
+    }
+}
