@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
+use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
 /// The cards as the handlers see them.
@@ -462,18 +462,7 @@ pub async fn serve(
     Ok(())
 }
 
-/// A gRPC channel over a unix socket.
-pub async fn connect(socket: PathBuf) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-}
+pub use nano_gpu_proto::kubelet::connect;
 
 /// Registers `endpoint` (a socket file name in the kubelet's directory) for `nano-gpu/gpu-percent`.
 pub async fn register(kubelet_socket: PathBuf, endpoint: &str) -> Result<(), Status> {

@@ -6,96 +6,17 @@
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
-use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
-    PreStartContainerRequest, PreferredAllocationRequest, RegisterRequest,
-};
-use nano_gpu_proto::kubelet::podresources::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use nano_gpu_proto::kubelet::podresources::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
-    GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse,
-    PodResources,
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, PreStartContainerRequest,
+    PreferredAllocationRequest,
 };
 use nano_gpu_proto::resources::GPU_PERCENT;
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
+use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
-
-struct Kubelet(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for Kubelet {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(Empty {}))
-    }
-}
-
-/// The kubelet's pod-resources: what the test says it has allocated.
-#[derive(Clone, Default)]
-struct PodResourcesState(Arc<Mutex<Vec<Allocated>>>);
-
-/// Pod, container and the device IDs the kubelet gave it.
-type Allocated = (String, String, Vec<String>);
-
-impl PodResourcesState {
-    fn set(&self, entries: &[(&str, &str, &[String])]) {
-        *self.0.lock().unwrap() =
-            entries.iter().map(|(p, c, ids)| (p.to_string(), c.to_string(), ids.to_vec())).collect();
-    }
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for PodResourcesState {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        let pod_resources = self
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(pod, container, ids)| PodResources {
-                name: pod.clone(),
-                namespace: "ns".into(),
-                containers: vec![ContainerResources {
-                    name: container.clone(),
-                    devices: vec![ContainerDevices {
-                        resource_name: GPU_PERCENT.into(),
-                        device_ids: ids.clone(),
-                        topology: None,
-                    }],
-                    ..Default::default()
-                }],
-            })
-            .collect();
-        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-}
 
 fn ids(uuid: &str, range: std::ops::Range<u32>) -> Vec<String> {
     range.map(|n| device_id::encode(uuid, n)).collect()
@@ -115,27 +36,6 @@ fn pod(name: &str, asks: u32, card: (&str, u32), memory: Option<u64>) -> Value {
            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {GPU_PERCENT: asks.to_string()}}}]}})
 }
 
-fn serve_unix<S>(path: &Path, service: S)
-where
-    S: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + tonic::server::NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = tokio::net::UnixListener::bind(path).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
-}
-
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..200 {
         if check() {
@@ -150,8 +50,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_server() {
     let dir = std::env::temp_dir().join(format!("nano-gpu-identity-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     let gpus = dir.join("gpus.json");
     std::fs::write(
         &gpus,
@@ -169,26 +68,31 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
 
-    let (registered, mut registrations) = mpsc::unbounded_channel();
-    serve_unix(&plugins.join("kubelet.sock"), RegistrationServer::new(Kubelet(registered)));
-    let pod_resources = PodResourcesState::default();
-    pod_resources.set(&[("steered", "c", &[])]);
-    serve_unix(&dir.join("pod-resources.sock"), PodResourcesListerServer::new(pod_resources.clone()));
+    let mut fake = FakeKubelet::start(&dir).unwrap();
+    let pod_resources = fake.pod_resources.clone();
+    let entry = |pod: &str, ids: &[String]| Allocated {
+        namespace: "ns".into(),
+        pod: pod.into(),
+        container: "c".into(),
+        resource: GPU_PERCENT.into(),
+        ids: ids.to_vec(),
+    };
+    pod_resources.put(entry("steered", &[]));
 
     let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
         .args(["--node-name", "n1", "--identity-wait-ms", "300"])
         .arg("--plugin-dir")
-        .arg(&plugins)
+        .arg(&fake.plugin_dir)
         .arg("--pod-resources-socket")
-        .arg(dir.join("pod-resources.sock"))
+        .arg(&fake.pod_resources_socket)
         .arg("--fake-inventory")
         .arg(&gpus)
         .env("KUBECONFIG", &kubeconfig)
         .spawn()
         .unwrap();
-    let registration = tokio::time::timeout(Duration::from_secs(20), registrations.recv()).await;
+    let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
     assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
-    let channel = nano_gpu_agent::plugin::connect(plugins.join("nano-gpu.sock")).await.unwrap();
+    let channel = nano_gpu_agent::plugin::connect(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
     let mut kubelet = DevicePluginClient::new(channel);
     let mut all = ids("GPU-a", 0..100);
     all.extend(ids("GPU-b", 0..100));
@@ -219,12 +123,13 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
 
     // The kubelet gives "moved" IDs on GPU-a although it was assigned GPU-b: the container sees
     // GPU-a (what the kubelet accounts), and PreStart repairs the assignment.
-    pod_resources.set(&[("steered", "c", &chosen), ("moved", "c", &[])]);
+    pod_resources.put(entry("steered", &chosen));
+    pod_resources.put(entry("moved", &[]));
     let on_a = ids("GPU-a", 0..50);
     let got = kubelet.allocate(allocate(on_a.clone())).await.unwrap().into_inner();
     assert_eq!(got.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
     assert_eq!(got.container_responses[0].envs["NANO_GPU_MEMORY_MIB"], "8000");
-    pod_resources.set(&[("steered", "c", &chosen), ("moved", "c", &on_a)]);
+    pod_resources.put(entry("moved", &on_a));
     for ids in [chosen.clone(), on_a.clone()] {
         kubelet.pre_start_container(PreStartContainerRequest { devices_ids: ids }).await.unwrap();
     }

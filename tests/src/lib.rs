@@ -2,6 +2,7 @@
 //! a fake API server, and a small HTTP client for driving the extender.
 
 pub mod fake_api;
+pub mod fake_kubelet;
 pub mod http_client;
 
 use std::path::PathBuf;
@@ -22,4 +23,46 @@ pub fn workspace_binary(name: &str) -> PathBuf {
         dir.pop();
     }
     dir.join(name)
+}
+
+/// The 99th percentile (nearest rank) of samples; 0 for none.
+pub fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64) * 0.99).ceil() as usize;
+    v[i.clamp(1, v.len()) - 1]
+}
+
+/// Peak resident memory of a process (VmHWM), in MiB; 0 when it cannot be read.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// CPU time (user + system) a process has used, in clock ticks (`/proc/<pid>/stat`); 0 when unreadable.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
+/// A child process killed (and reaped) when dropped, so a failing benchmark leaves nothing running.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -11,9 +11,10 @@
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
 use nano_gpu_tests::http_client::Conn;
+use nano_gpu_tests::{Killed, p99, peak_rss_mib};
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Args {
@@ -91,25 +92,6 @@ fn new_pod(i: usize) -> Value {
         "status": {"phase": "Pending"}})
 }
 
-fn p99(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64) * 0.99).ceil() as usize;
-    v[i.clamp(1, v.len()) - 1]
-}
-
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 /// The filter answer, borrowing the names from the body (no allocation per node).
 #[derive(serde::Deserialize)]
 struct FilterResult<'a> {
@@ -129,15 +111,6 @@ struct HostPriority<'a> {
 struct BindResult {
     #[serde(rename = "Error", default)]
     error: String,
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]

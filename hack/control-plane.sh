@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Starts/stops a real local Kubernetes control plane (etcd + kube-apiserver)
+# on loopback for tests. No kube-scheduler or controller-manager here.
+# Usage: hack/control-plane.sh start <dir>   # fresh state in <dir>, waits for /readyz
+#        hack/control-plane.sh stop <dir>    # kills every process with a <dir>/*.pid
+# Env:   K8S_BIN  dir with etcd/kube-apiserver/kubectl (default: hack/k8s-build.sh)
+# <dir> afterwards holds admin.kubeconfig (system:masters), scheduler.kubeconfig
+# (CN=system:kube-scheduler), pki/, *.log, *.pid and control-plane.env.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SERVICE_CIDR=10.0.0.0/24      # only allocated in etcd; nothing routes it
+SERVICE_IP=10.0.0.1           # first IP: the "kubernetes" Service
+READY_TIMEOUT=${READY_TIMEOUT:-90}
+
+log() { echo "control-plane: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+usage() { die "usage: $0 start|stop <dir>"; }
+
+# alive PID: running and not a zombie.
+alive() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
+
+# ours PIDFILE: the pid is alive and its command line mentions $DIR, so a
+# recycled pid is never killed.
+ours() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR/" && echo "$pid"
+}
+
+stop() {
+  local f pid i files=()
+  # Others first (e.g. a scheduler a later script put here), etcd last.
+  for f in "$DIR"/*.pid; do
+    [[ -e $f && $f != */kube-apiserver.pid && $f != */etcd.pid ]] && files+=("$f")
+  done
+  files+=("$DIR/kube-apiserver.pid" "$DIR/etcd.pid")
+  for f in "${files[@]}"; do
+    if pid=$(ours "$f"); then
+      log "stopping $(basename "$f" .pid) (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      for ((i = 0; i < 100; i++)); do alive "$pid" || break; sleep 0.1; done
+      alive "$pid" && { log "$(basename "$f" .pid) ignored SIGTERM, killing"; kill -KILL "$pid" 2>/dev/null || true; }
+    fi
+    rm -f "$f"
+  done
+}
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# free_port VAR: sets VAR to a loopback port nothing listens on and that no
+# earlier call handed out.
+USED=" "
+free_port() {
+  local p i
+  for ((i = 0; i < 100; i++)); do
+    p=$((20000 + RANDOM % 30000))
+    [[ $USED != *" $p "* ]] && ! listening "$p" && { USED+="$p "; printf -v "$1" %s "$p"; return; }
+  done
+  die "no free loopback port found"
+}
+
+# cert NAME SUBJECT EXTENSIONS: EC key + cert signed by the test CA.
+cert() {
+  local pki=$DIR/pki
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "$3" >"$pki/$1.ext"
+  { openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -subj "$2" \
+      -keyout "$pki/$1.key" -out "$pki/$1.csr" &&
+    openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+      -days 365 -sha256 -extfile "$pki/$1.ext" -out "$pki/$1.crt"; } >>"$pki/openssl.log" 2>&1 ||
+    die "openssl failed for $1; see $pki/openssl.log"
+  rm -f "$pki/$1.csr" "$pki/$1.ext"
+}
+
+certs() {
+  local pki=$DIR/pki
+  mkdir -p "$pki" && chmod 700 "$pki"
+  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 365 -sha256 \
+    -subj "/CN=nano-gpu-test-ca" -keyout "$pki/ca.key" -out "$pki/ca.crt" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+    >>"$pki/openssl.log" 2>&1 || die "openssl failed for the CA; see $pki/openssl.log"
+  cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  cert admin "/O=system:masters/CN=nano-gpu-admin" extendedKeyUsage=clientAuth
+  cert scheduler "/CN=system:kube-scheduler" extendedKeyUsage=clientAuth
+  cert front-proxy-client "/CN=front-proxy-client" extendedKeyUsage=clientAuth
+  # Service-account token signing key pair.
+  { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$pki/sa.key" &&
+    openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub"; } >>"$pki/openssl.log" 2>&1 ||
+    die "openssl failed for the service-account key; see $pki/openssl.log"
+}
+
+# kubeconfig NAME USER: self-contained (certs embedded) kubeconfig.
+kubeconfig() {
+  local pki=$DIR/pki
+  cat >"$DIR/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nano-gpu-test
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 <"$pki/$1.crt")
+    client-key-data: $(base64 -w0 <"$pki/$1.key")
+contexts:
+- name: $2@nano-gpu-test
+  context: { cluster: nano-gpu-test, user: $2 }
+current-context: $2@nano-gpu-test
+EOF
+}
+
+# launch NAME ARGS...: detached from our session and stdio, so callers that
+# capture our output do not hang and Ctrl-C in their terminal does not reach it.
+launch() {
+  local name=$1; shift
+  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+  echo $! >"$DIR/$name.pid"
+}
+
+start() {
+  command -v openssl >/dev/null || die "openssl not found (needed for test certificates)"
+  local f
+  for f in "$DIR"/*.pid; do [[ -e $f ]] && ours "$f" >/dev/null && die "already running in $DIR; run: $0 stop $DIR"; done
+  BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
+  for f in etcd kube-apiserver kubectl; do [[ -x $BIN/$f ]] || die "$BIN/$f missing; run hack/k8s-build.sh"; done
+  # Fresh state each start: only our own files, never the whole dir.
+  rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.pid "$DIR/control-plane.env"
+  free_port ETCD_PORT; free_port ETCD_PEER_PORT; free_port APISERVER_PORT
+  certs
+  kubeconfig admin nano-gpu-admin
+  kubeconfig scheduler system:kube-scheduler
+  # Any failure from here on (die or set -e) must not leave processes behind.
+  trap 'log "start failed; logs in $DIR"; stop' EXIT
+
+  local etcd_url=http://127.0.0.1:$ETCD_PORT peer_url=http://127.0.0.1:$ETCD_PEER_PORT deadline
+  # No fsync: throwaway test data, and fsync dominates etcd latency on CI disks.
+  launch etcd "$BIN/etcd" --name=nano-gpu --data-dir="$DIR/etcd" --log-level=warn --unsafe-no-fsync \
+    --listen-client-urls="$etcd_url" --advertise-client-urls="$etcd_url" \
+    --listen-peer-urls="$peer_url" --initial-advertise-peer-urls="$peer_url" \
+    --initial-cluster="nano-gpu=$peer_url"
+  # Let etcd listen first, so the apiserver does not log a burst of dial errors.
+  until listening "$ETCD_PORT"; do
+    ours "$DIR/etcd.pid" >/dev/null || die "etcd exited; log: $DIR/etcd.log"; sleep 0.1
+  done
+
+  # ServiceAccount admission is off because no controller-manager creates the
+  # "default" ServiceAccounts; TaintNodesByCondition is off because no kubelet
+  # ever clears the not-ready taint from test Nodes. The requestheader (front
+  # proxy) settings let delegated authn in kube-scheduler etc. start cleanly.
+  # No endpoint reconciler: Endpoints may not hold the loopback advertise address.
+  launch kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers="$etcd_url" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    --cert-dir="$DIR/pki" --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
+    --client-ca-file="$DIR/pki/ca.crt" \
+    --requestheader-client-ca-file="$DIR/pki/ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$DIR/pki/front-proxy-client.crt" --proxy-client-key-file="$DIR/pki/front-proxy-client.key" \
+    --authorization-mode=Node,RBAC --service-cluster-ip-range="$SERVICE_CIDR" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
+    --disable-admission-plugins=ServiceAccount,TaintNodesByCondition --endpoint-reconciler-type=none \
+    --allow-privileged=true --profiling=false
+
+  log "waiting for kube-apiserver on https://127.0.0.1:$APISERVER_PORT/readyz (up to ${READY_TIMEOUT}s)"
+  deadline=$((SECONDS + READY_TIMEOUT))
+  until "$BIN/kubectl" --kubeconfig="$DIR/admin.kubeconfig" get --raw=/readyz >/dev/null 2>&1; do
+    for f in etcd kube-apiserver; do
+      ours "$DIR/$f.pid" >/dev/null || { tail -n 20 "$DIR/$f.log" >&2; die "$f exited; log: $DIR/$f.log"; }
+    done
+    ((SECONDS < deadline)) || { tail -n 20 "$DIR/kube-apiserver.log" >&2; die "kube-apiserver not ready after ${READY_TIMEOUT}s"; }
+    sleep 0.5
+  done
+  trap - EXIT
+
+  # For later harness scripts: `source <dir>/control-plane.env`.
+  cat >"$DIR/control-plane.env" <<EOF
+K8S_BIN=$BIN
+APISERVER_URL=https://127.0.0.1:$APISERVER_PORT
+APISERVER_PORT=$APISERVER_PORT
+ETCD_URL=$etcd_url
+ADMIN_KUBECONFIG=$DIR/admin.kubeconfig
+SCHEDULER_KUBECONFIG=$DIR/scheduler.kubeconfig
+EOF
+  log "ready: kubectl --kubeconfig=$DIR/admin.kubeconfig get ns   (stop: $0 stop $DIR)"
+}
+
+[[ $# -eq 2 ]] || usage
+# Absolute, so pid ownership checks and kubeconfig paths do not depend on cwd.
+DIR=$(mkdir -p "$2" && cd "$2" && pwd)
+case $1 in
+  start) start ;;
+  stop) stop; log "stopped" ;;
+  *) usage ;;
+esac

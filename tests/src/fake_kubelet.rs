@@ -1,0 +1,146 @@
+//! The kubelet's side of the device-plugin API over real unix sockets in a directory: the
+//! registration service on `<dir>/plugins/kubelet.sock` (every request is handed to the test) and
+//! pod-resources on `<dir>/pod-resources.sock`, answering what the test says was allocated.
+//!
+//! For agent tests and the agent benchmark; the end-to-end tests use a kubelet stand-in instead.
+
+use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
+use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
+use nano_gpu_proto::kubelet::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use nano_gpu_proto::kubelet::podresources::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
+    GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse,
+    PodResources,
+};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+/// One container's allocation as pod-resources lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Resource name.
+    pub resource: String,
+    /// Device IDs (empty: the pod is being admitted, nothing allocated yet).
+    pub ids: Vec<String>,
+}
+
+/// What pod-resources answers; the test changes it as "the kubelet" allocates.
+#[derive(Clone, Default)]
+pub struct PodResourcesState(Arc<Mutex<Vec<Allocated>>>);
+
+impl PodResourcesState {
+    /// Replaces the whole answer.
+    pub fn set(&self, entries: Vec<Allocated>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = entries;
+    }
+
+    /// Adds or replaces one container's entry.
+    pub fn put(&self, entry: Allocated) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|a| {
+            (&a.namespace, &a.pod, &a.container) != (&entry.namespace, &entry.pod, &entry.container)
+        });
+        all.push(entry);
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for PodResourcesState {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let all = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut pods: Vec<PodResources> = Vec::new();
+        for a in all {
+            let at = match pods.iter().position(|p| p.namespace == a.namespace && p.name == a.pod) {
+                Some(i) => i,
+                None => {
+                    pods.push(PodResources {
+                        name: a.pod.clone(),
+                        namespace: a.namespace.clone(),
+                        containers: vec![],
+                    });
+                    pods.len() - 1
+                }
+            };
+            let devices = if a.ids.is_empty() {
+                vec![]
+            } else {
+                vec![ContainerDevices { resource_name: a.resource, device_ids: a.ids, topology: None }]
+            };
+            pods[at].containers.push(ContainerResources { name: a.container, devices, ..Default::default() });
+        }
+        Ok(Response::new(ListPodResourcesResponse { pod_resources: pods }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("the fake kubelet lists pods only"))
+    }
+
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("the fake kubelet lists pods only"))
+    }
+}
+
+struct Registrar(mpsc::UnboundedSender<RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// A running fake kubelet.
+pub struct FakeKubelet {
+    /// The device-plugin directory (`<dir>/plugins`), where plugins put their sockets.
+    pub plugin_dir: PathBuf,
+    /// The pod-resources socket.
+    pub pod_resources_socket: PathBuf,
+    /// Registrations received.
+    pub registrations: mpsc::UnboundedReceiver<RegisterRequest>,
+    /// What pod-resources answers.
+    pub pod_resources: PodResourcesState,
+}
+
+impl FakeKubelet {
+    /// Serves in `dir` (created), on the current tokio runtime.
+    pub fn start(dir: &Path) -> std::io::Result<FakeKubelet> {
+        let plugin_dir = dir.join("plugins");
+        std::fs::create_dir_all(&plugin_dir)?;
+        let (tx, registrations) = mpsc::unbounded_channel();
+        let registration = tokio::net::UnixListener::bind(plugin_dir.join("kubelet.sock"))?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(Registrar(tx)))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(registration)),
+        );
+        let pod_resources = PodResourcesState::default();
+        let pod_resources_socket = dir.join("pod-resources.sock");
+        let lister = tokio::net::UnixListener::bind(&pod_resources_socket)?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(pod_resources.clone()))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(lister)),
+        );
+        Ok(FakeKubelet { plugin_dir, pod_resources_socket, registrations, pod_resources })
+    }
+}
