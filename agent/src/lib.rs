@@ -10,6 +10,7 @@ pub mod health;
 pub mod inventory;
 pub mod plugin;
 pub mod pods;
+pub mod probe;
 pub mod publish;
 pub mod repair;
 pub mod run;
@@ -61,6 +62,9 @@ pub struct Flags {
     /// Milliseconds a device-plugin call waits for the pod watch to show a pod the kubelet admits.
     #[arg(long, env = "NANO_GPU_IDENTITY_WAIT_MS", default_value_t = 3000)]
     pub identity_wait_ms: u64,
+    /// Address of the `/healthz` and `/readyz` probes; empty turns them off.
+    #[arg(long, env = "NANO_GPU_PROBE_LISTEN", default_value = "0.0.0.0:9401")]
+    pub probe_listen: String,
     /// Seconds between inventory refreshes.
     #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
     pub refresh_seconds: u64,

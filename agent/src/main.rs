@@ -91,6 +91,14 @@ fn serve(flags: &Flags) -> ExitCode {
             });
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
+        let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
+        if !flags.probe_listen.is_empty() {
+            let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
+                .await
+                .map_err(|e| format!("probes on {}: {e}", flags.probe_listen))?;
+            let app = nano_gpu_agent::probe::router(readiness.clone());
+            tokio::spawn(async move { axum::serve(listener, app).await });
+        }
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
             backends: flags.backends(),
@@ -99,6 +107,7 @@ fn serve(flags: &Flags) -> ExitCode {
             health,
             publisher,
             identity,
+            readiness,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

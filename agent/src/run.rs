@@ -11,6 +11,7 @@
 use crate::health::Health;
 use crate::inventory::{GpuInventory, read_all};
 use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
+use crate::probe::Readiness;
 use crate::publish::Publisher;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -64,12 +65,15 @@ fn file_identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-fn read(backends: &[Box<dyn GpuInventory>], health: &Health) -> Snapshot {
+fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readiness) -> Snapshot {
     let (mut cards, errors) = read_all(backends);
+    let mut problems = Vec::new();
     for (backend, e) in errors {
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
+        problems.push(format!("{backend}: {e}"));
     }
     health.apply(&mut cards, std::time::Instant::now());
+    readiness.set_inventory(cards.len(), problems);
     Arc::new(cards)
 }
 
@@ -89,16 +93,19 @@ pub struct Agent {
     pub publisher: Option<Publisher>,
     /// Tells containers apart (absent without a node name).
     pub identity: Option<Arc<Identity>>,
+    /// What the readiness probe reports.
+    pub readiness: Arc<Readiness>,
 }
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, identity } = agent;
-    let (cards, snapshot) = watch::channel(read(&backends, &health));
+    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, identity, readiness } = agent;
+    let (cards, snapshot) = watch::channel(read(&backends, &health, &readiness));
     let backends = Arc::new(backends);
     let refresher = {
         let backends = backends.clone();
         let health = health.clone();
+        let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
@@ -119,7 +126,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     _ = tick.tick() => {}
                     _ = health.changed.notified() => {}
                 }
-                fresh = read(&backends, &health);
+                fresh = read(&backends, &health, &readiness);
                 cards.send_if_modified(|current| {
                     let changed = **current != *fresh;
                     if changed {
@@ -185,6 +192,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         };
         tracing::info!(socket = %socket.display(), "registered with the kubelet");
+        readiness.set_registered(true);
         // Watch for a kubelet restart.
         let restarted = loop {
             tokio::select! {
@@ -195,6 +203,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                 break true;
             }
         };
+        readiness.set_registered(false);
         let _ = stop.send(());
         server.abort();
         if !restarted {

@@ -2,8 +2,11 @@
 
 use std::process::Command;
 
+/// The agent without its probe port (tests run side by side).
 fn agent() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"));
+    c.args(["--probe-listen", ""]);
+    c
 }
 
 #[test]

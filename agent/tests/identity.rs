@@ -79,8 +79,9 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     };
     pod_resources.put(entry("steered", &[]));
 
+    let probes = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
-        .args(["--node-name", "n1", "--identity-wait-ms", "300"])
+        .args(["--node-name", "n1", "--identity-wait-ms", "300", "--probe-listen", &probes])
         .arg("--plugin-dir")
         .arg(&fake.plugin_dir)
         .arg("--pod-resources-socket")
@@ -92,6 +93,18 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         .unwrap();
     let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
     assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
+    // Registered and serving two cards: ready.
+    let mut probe = nano_gpu_tests::http_client::Conn::open(&probes).await.unwrap();
+    let mut ready = (0, String::new());
+    for _ in 0..100 {
+        let (code, body) = probe.call("GET", "/readyz", vec![]).await.unwrap();
+        ready = (code, String::from_utf8_lossy(&body).into_owned());
+        if code == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, (200, "serving 2 card(s)".to_string()));
     let channel = nano_gpu_agent::plugin::connect(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
     let mut kubelet = DevicePluginClient::new(channel);
     let mut all = ids("GPU-a", 0..100);

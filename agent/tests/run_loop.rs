@@ -74,6 +74,7 @@ fn agent(
         health,
         publisher: None,
         identity: None,
+        readiness: Default::default(),
     };
     run::run(agent, stopped)
 }

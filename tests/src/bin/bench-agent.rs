@@ -147,7 +147,7 @@ async fn round(a: &Args, n: usize, out: &mut Samples) -> Result<()> {
     let mut kubelet = FakeKubelet::start(&dir)?;
     let agent = Killed(
         Command::new(&a.agent)
-            .args(["--node-name", "n1"])
+            .args(["--node-name", "n1", "--probe-listen", ""])
             .arg("--plugin-dir")
             .arg(&kubelet.plugin_dir)
             .arg("--pod-resources-socket")
