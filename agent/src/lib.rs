@@ -13,6 +13,7 @@ pub mod pods;
 pub mod probe;
 pub mod publish;
 pub mod repair;
+pub mod resource;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +63,10 @@ pub struct Flags {
     /// Milliseconds a device-plugin call waits for the pod watch to show a pod the kubelet admits.
     #[arg(long, env = "NANO_GPU_IDENTITY_WAIT_MS", default_value_t = 3000)]
     pub identity_wait_ms: u64,
+    /// Also serve gpushare's `aliyun.com/gpu-mem` (one device ID per unit of card memory) and set
+    /// gpushare's environment, for workloads placed by the allocator's gpushare compatibility.
+    #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
+    pub gpushare: Option<GpushareUnitArg>,
     /// Address of the `/healthz` and `/readyz` probes; empty turns them off.
     #[arg(long, env = "NANO_GPU_PROBE_LISTEN", default_value = "0.0.0.0:9401")]
     pub probe_listen: String,
@@ -74,6 +79,29 @@ pub struct Flags {
     /// What to do (default: run the agent).
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// gpushare's memory unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpushareUnitArg {
+    /// GiB (gpushare's default).
+    Gib,
+    /// MiB (gpushare's `--memory-unit=MiB`).
+    Mib,
+}
+
+impl Flags {
+    /// The resources these flags serve: `nano-gpu/gpu-percent`, and gpushare's memory when asked.
+    pub fn resources(&self) -> Vec<resource::Resource> {
+        let mut all = vec![resource::Resource::Percent];
+        if let Some(unit) = self.gpushare {
+            all.push(resource::Resource::Gpushare(match unit {
+                GpushareUnitArg::Gib => nano_gpu_proto::demand::GpushareUnit::GiB,
+                GpushareUnitArg::Mib => nano_gpu_proto::demand::GpushareUnit::MiB,
+            }));
+        }
+        all
+    }
 }
 
 /// Subcommands.

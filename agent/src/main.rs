@@ -56,18 +56,27 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             let _ = stop.send(true);
         });
-        let (publisher, identity) = match &flags.node_name {
+        let resources = flags.resources();
+        let (publisher, plugins) = match &flags.node_name {
             Some(node) => match kube::Client::try_default().await {
                 Ok(client) => {
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone());
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
-                    let pods = repair::watch_pods(client.clone(), node);
+                    let views = repair::watch_pods(client.clone(), node, &resources);
                     tokio::spawn(repair::Repairer::new(client, node.clone(), lister.clone()).run(queue));
                     let wait = Duration::from_millis(flags.identity_wait_ms);
-                    let identity = Identity::new(node.clone(), pods, lister, reports, wait);
-                    (Some(publisher), Some(Arc::new(identity)))
+                    let plugins = resources
+                        .iter()
+                        .zip(views)
+                        .map(|(r, pods)| {
+                            let identity =
+                                Identity::new(node.clone(), *r, pods, lister.clone(), reports.clone(), wait);
+                            (*r, Some(Arc::new(identity)))
+                        })
+                        .collect();
+                    (Some(publisher), plugins)
                 }
                 Err(e) => return Err(format!("connecting to the API server for node {node}: {e}")),
             },
@@ -76,7 +85,7 @@ fn serve(flags: &Flags) -> ExitCode {
                     "no --node-name: the node inventory is not published and containers are not told \
                      apart (every container gets what its device IDs say; nothing is verified)"
                 );
-                (None, None)
+                (None, resources.iter().map(|r| (*r, None)).collect())
             }
         };
         let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
@@ -106,7 +115,7 @@ fn serve(flags: &Flags) -> ExitCode {
             edits,
             health,
             publisher,
-            identity,
+            plugins,
             readiness,
         };
         let result = run::run(agent, stopped).await;

@@ -9,10 +9,12 @@
 
 use crate::inventory::Card;
 use crate::pods::{Pending, Pods, Served, identify, pending, steer};
+use crate::resource::Resource;
 use futures::Stream;
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::device_id;
+use nano_gpu_proto::gpushare;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;
 use nano_gpu_proto::kubelet::deviceplugin::{
@@ -24,7 +26,6 @@ use nano_gpu_proto::kubelet::deviceplugin::{
 use nano_gpu_proto::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use nano_gpu_proto::kubelet::podresources::{ListPodResourcesRequest, ListPodResourcesResponse};
 use nano_gpu_proto::kubelet::{HEALTHY, UNHEALTHY, VERSION};
-use nano_gpu_proto::resources::GPU_PERCENT;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -38,15 +39,15 @@ use tonic::{Request, Response, Status};
 /// The cards as the handlers see them.
 pub type Snapshot = Arc<Vec<Card>>;
 
-/// The 100 virtual device IDs of every card, with health and NUMA node.
-pub fn devices(cards: &[Card]) -> Vec<Device> {
+/// The device IDs of every card for `resource`, with health and NUMA node.
+pub fn devices(cards: &[Card], resource: Resource) -> Vec<Device> {
     cards
         .iter()
         .flat_map(|c| {
             let topology = c.info.numa.map(|n| TopologyInfo { nodes: vec![NumaNode { id: i64::from(n) }] });
             let health = if c.info.healthy { HEALTHY } else { UNHEALTHY };
-            (0..device_id::IDS_PER_CARD).map(move |n| Device {
-                id: device_id::encode(&c.info.uuid, n),
+            resource.ids(c).into_iter().map(move |id| Device {
+                id,
                 health: health.to_owned(),
                 topology: topology.clone(),
             })
@@ -65,7 +66,7 @@ pub struct Edits {
 pub fn derive<'a>(cards: &'a [Card], ids: &[String]) -> Result<Vec<(&'a Card, u32)>, Status> {
     let mut per_card: BTreeMap<&str, u32> = BTreeMap::new();
     for id in ids {
-        let (uuid, _) = device_id::decode(id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let uuid = device_id::card_of(id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         *per_card.entry(uuid).or_default() += 1;
     }
     if per_card.is_empty() {
@@ -83,12 +84,22 @@ pub fn derive<'a>(cards: &'a [Card], ids: &[String]) -> Result<Vec<(&'a Card, u3
         .collect()
 }
 
-/// What one container gets for the device IDs the kubelet chose: the cards come from the IDs; the
-/// memory from its grants when it asked memory, else its share of the cards' memory.
+/// The container an Allocate is for, as far as the agent could tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// Its grants in the pod's assignment.
+    pub grants: Vec<CardGrant>,
+    /// What its whole pod asks of the resource (gpushare's `ALIYUN_COM_GPU_MEM_POD`).
+    pub pod_units: u64,
+}
+
+/// What one container gets for the device IDs of `resource` the kubelet chose: the cards come from
+/// the IDs; the memory from its grants when it asked memory, else its share of the cards' memory.
 pub fn allocate(
     cards: &[Card],
     ids: &[String],
-    grants: Option<&[CardGrant]>,
+    claimed: Option<&Claimed>,
+    resource: Resource,
     edits: Edits,
 ) -> Result<ContainerAllocateResponse, Status> {
     let got = derive(cards, ids)?;
@@ -111,16 +122,32 @@ pub fn allocate(
         }
         response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), nvidia.join(","));
     }
-    let percent: u32 = got.iter().map(|(_, n)| n).sum();
+    let count: u32 = got.iter().map(|(_, n)| n).sum();
+    let grants = claimed.map(|c| c.grants.as_slice());
     let asked_memory = grants.filter(|g| !g.is_empty() && g.iter().all(|g| g.memory_mib.is_some()));
-    let memory: u64 = match asked_memory {
-        Some(g) => g.iter().filter_map(|g| g.memory_mib).map(|m| m.0).sum(),
-        None => got.iter().map(|(c, n)| c.info.memory_mib.0 * u64::from(*n) / 100).sum(),
+    let memory: u64 = match (resource.memory_of(u64::from(count)), asked_memory) {
+        (Some(m), _) => m.0,
+        (None, Some(g)) => g.iter().filter_map(|g| g.memory_mib).map(|m| m.0).sum(),
+        (None, None) => got.iter().map(|(c, n)| c.info.memory_mib.0 * u64::from(*n) / 100).sum(),
     };
     let uuids: Vec<&str> = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
-    response.envs.insert("NANO_GPU_PERCENT".into(), percent.to_string());
-    response.envs.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
-    response.envs.insert("NANO_GPU_CARDS".into(), uuids.join(","));
+    let env = &mut response.envs;
+    match resource {
+        Resource::Percent => {
+            env.insert("NANO_GPU_PERCENT".into(), count.to_string());
+        }
+        Resource::Gpushare(_) => {
+            // What gpushare's device plugin set, for workloads and tools that read it.
+            let (card, _) = got[0];
+            env.insert(gpushare::IDX.into(), card.info.index.to_string());
+            env.insert(gpushare::CONTAINER.into(), count.to_string());
+            let pod = claimed.map_or(u64::from(count), |c| c.pod_units.max(u64::from(count)));
+            env.insert(gpushare::POD.into(), pod.to_string());
+            env.insert(gpushare::DEV.into(), resource.card_units(card).to_string());
+        }
+    }
+    env.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
+    env.insert("NANO_GPU_CARDS".into(), uuids.join(","));
     Ok(response)
 }
 
@@ -130,7 +157,7 @@ pub fn prefer(available: &[String], must: &[String], size: usize) -> Vec<String>
     let mut chosen: Vec<String> = must.to_vec();
     let mut by_card: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for id in available.iter().filter(|id| !must.contains(id)) {
-        if let Ok((uuid, _)) = device_id::decode(id) {
+        if let Ok(uuid) = device_id::card_of(id) {
             by_card.entry(uuid.to_owned()).or_default().push(id.clone());
         }
     }
@@ -208,6 +235,8 @@ pub enum Report {
         ids: Vec<String>,
         /// The cards at that time.
         cards: Snapshot,
+        /// The resource of the IDs.
+        resource: Resource,
     },
 }
 
@@ -217,6 +246,7 @@ pub struct Identity {
     lister: Arc<dyn Lister>,
     reports: mpsc::Sender<Report>,
     node: String,
+    resource: Resource,
     /// How long to wait for the pod watch to show a pod the kubelet already admits.
     wait: Duration,
     memo: std::sync::Mutex<Memo>,
@@ -237,15 +267,17 @@ fn sorted(ids: &[String]) -> Vec<String> {
 }
 
 impl Identity {
-    /// Identity from the pods of node `node`, the kubelet's pod-resources, reporting to `reports`.
+    /// Identity for `resource` from the pods of node `node` that ask it, the kubelet's
+    /// pod-resources, reporting to `reports`.
     pub fn new(
         node: String,
+        resource: Resource,
         pods: watch::Receiver<Pods>,
         lister: Arc<dyn Lister>,
         reports: mpsc::Sender<Report>,
         wait: Duration,
     ) -> Self {
-        Identity { pods, lister, reports, node, wait, memo: Default::default() }
+        Identity { pods, lister, reports, node, resource, wait, memo: Default::default() }
     }
 
     /// The containers that may be asking `size` now, likeliest first; waits up to `wait` for the pod
@@ -255,7 +287,7 @@ impl Identity {
         let mut pods = self.pods.clone();
         loop {
             let served = match self.lister.list().await {
-                Ok(list) => Served::from_list(&list, GPU_PERCENT),
+                Ok(list) => Served::from_list(&list, self.resource.name()),
                 Err(e) => {
                     tracing::warn!(error = %e.message(), "pod-resources List failed; identifying by the pod watch alone");
                     Served::default()
@@ -283,7 +315,8 @@ impl Identity {
     async fn prefer(&self, available: &[String], must: &[String], size: usize) -> Vec<String> {
         let candidates = self.candidates(size as u64).await;
         let first = candidates.first();
-        let steered = first.and_then(|p| steer(p.grants.as_ref().ok()?, available, must, size));
+        let quota = |g: &CardGrant| self.resource.quota(g, size);
+        let steered = first.and_then(|p| steer(p.grants.as_ref().ok()?, available, must, size, quota));
         let ids = steered.unwrap_or_else(|| prefer(available, must, size));
         if let Some(p) = first {
             let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
@@ -297,7 +330,7 @@ impl Identity {
 
     /// The grants of the container an Allocate of `ids` (on `cards`) is for; an error the kubelet
     /// reports (and an Event) when no pod placed here by nano-gpu can own them.
-    async fn claim(&self, ids: &[String], cards: &BTreeSet<&str>) -> Result<Vec<CardGrant>, Status> {
+    async fn claim(&self, ids: &[String], cards: &BTreeSet<&str>) -> Result<Claimed, Status> {
         let candidates = self.candidates(ids.len() as u64).await;
         let key = sorted(ids);
         let steered = {
@@ -314,7 +347,7 @@ impl Identity {
                 Ok(grants) => {
                     let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
                     memo.done.insert((p.uid.clone(), p.container.clone()));
-                    Ok(grants.clone())
+                    Ok(Claimed { grants: grants.clone(), pod_units: p.pod_units })
                 }
                 Err(reason) => Err(refuse(
                     Some(p.pod.clone()),
@@ -324,28 +357,35 @@ impl Identity {
             None => Err(refuse(
                 None,
                 format!(
-                    "no pod placed on node {} by nano-gpu is waiting for {} of {GPU_PERCENT}; \
-                     pods asking {GPU_PERCENT} must be scheduled by nano-gpu-scheduler",
+                    "no pod placed on node {} by nano-gpu is waiting for {} of {}; \
+                     pods asking it must be scheduled by nano-gpu-scheduler",
                     self.node,
-                    ids.len()
+                    ids.len(),
+                    self.resource.name()
                 ),
             )),
         }
     }
 }
 
-/// The gRPC service.
+/// The gRPC service for one resource.
 pub struct Plugin {
     cards: watch::Receiver<Snapshot>,
+    resource: Resource,
     edits: Edits,
     identity: Option<Arc<Identity>>,
 }
 
 impl Plugin {
-    /// Serving the cards `cards` carries (updated by the inventory loop). Without `identity` every
-    /// container gets what its IDs say and GetPreferredAllocation packs cards.
-    pub fn new(cards: watch::Receiver<Snapshot>, edits: Edits, identity: Option<Arc<Identity>>) -> Self {
-        Plugin { cards, edits, identity }
+    /// Serving `resource` on the cards `cards` carries (updated by the inventory loop). Without
+    /// `identity` every container gets what its IDs say and GetPreferredAllocation packs cards.
+    pub fn new(
+        cards: watch::Receiver<Snapshot>,
+        resource: Resource,
+        edits: Edits,
+        identity: Option<Arc<Identity>>,
+    ) -> Self {
+        Plugin { cards, resource, edits, identity }
     }
 }
 
@@ -367,10 +407,12 @@ impl DevicePlugin for Plugin {
 
     async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut rx = self.cards.clone();
+        let resource = self.resource;
         let stream = async_stream(move |tx| async move {
             loop {
                 let snapshot = rx.borrow_and_update().clone();
-                if tx.send(Ok(ListAndWatchResponse { devices: devices(&snapshot) })).await.is_err() {
+                if tx.send(Ok(ListAndWatchResponse { devices: devices(&snapshot, resource) })).await.is_err()
+                {
                     return;
                 }
                 if rx.changed().await.is_err() {
@@ -406,14 +448,15 @@ impl DevicePlugin for Plugin {
         let mut container_responses = Vec::new();
         for r in &request.into_inner().container_requests {
             let got = derive(&cards, &r.devices_ids)?;
-            let grants = match &self.identity {
+            let claimed = match &self.identity {
                 Some(identity) => {
                     let uuids = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
                     Some(identity.claim(&r.devices_ids, &uuids).await?)
                 }
                 None => None,
             };
-            container_responses.push(allocate(&cards, &r.devices_ids, grants.as_deref(), self.edits)?);
+            let response = allocate(&cards, &r.devices_ids, claimed.as_ref(), self.resource, self.edits)?;
+            container_responses.push(response);
         }
         Ok(Response::new(AllocateResponse { container_responses }))
     }
@@ -427,7 +470,8 @@ impl DevicePlugin for Plugin {
         derive(&cards, &ids)?;
         if let Some(identity) = &self.identity {
             // Checked in the background: the container already has what its IDs say.
-            if identity.reports.try_send(Report::Starting { ids, cards }).is_err() {
+            let report = Report::Starting { ids, cards, resource: self.resource };
+            if identity.reports.try_send(report).is_err() {
                 tracing::warn!("repair queue full; a container start is not verified");
             }
         }
@@ -464,14 +508,15 @@ pub async fn serve(
 
 pub use nano_gpu_proto::kubelet::connect;
 
-/// Registers `endpoint` (a socket file name in the kubelet's directory) for `nano-gpu/gpu-percent`.
-pub async fn register(kubelet_socket: PathBuf, endpoint: &str) -> Result<(), Status> {
+/// Registers `resource` with the kubelet; the plugin serves on `resource.socket()` in the kubelet's
+/// directory.
+pub async fn register(kubelet_socket: PathBuf, resource: Resource) -> Result<(), Status> {
     let channel = connect(kubelet_socket).await.map_err(|e| Status::unavailable(e.to_string()))?;
     let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
     let request = RegisterRequest {
         version: VERSION.into(),
-        endpoint: endpoint.into(),
-        resource_name: GPU_PERCENT.into(),
+        endpoint: resource.socket().into(),
+        resource_name: resource.name().into(),
         options: Some(options),
     };
     RegistrationClient::new(channel).register(request).await?;
@@ -510,7 +555,7 @@ mod tests {
 
     #[test]
     fn every_card_advertises_100_ids_with_its_numa_node() {
-        let d = devices(&[card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)]);
+        let d = devices(&[card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)], Resource::Percent);
         assert_eq!(d.len(), 200);
         assert_eq!(d[0].id, "GPU-a-00");
         assert_eq!(d[199].id, "GPU-b-99");
@@ -520,17 +565,20 @@ mod tests {
     #[test]
     fn allocate_derives_the_cards_from_the_ids() {
         let cards = [card("GPU-a", Vendor::Nvidia), card("intel-0000:03:00.0", Vendor::Intel)];
-        let r = allocate(&cards, &ids("GPU-a", 0..30), None, Edits::default()).unwrap();
+        let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, Edits::default()).unwrap();
         assert!(r.cdi_devices.is_empty());
         assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
         assert_eq!(r.envs["NANO_GPU_PERCENT"], "30");
-        let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), None, Edits { cdi: true }).unwrap();
+        let r =
+            allocate(&cards, &ids("intel-0000:03:00.0", 0..50), None, Resource::Percent, Edits { cdi: true })
+                .unwrap();
         assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
         assert_eq!(
             r.devices.iter().map(|d| d.host_path.as_str()).collect::<Vec<_>>(),
             ["/dev/dri/card1", "/dev/dri/renderD129"]
         );
-        let r = allocate(&cards, &ids("GPU-a", 0..100), None, Edits { cdi: true }).unwrap();
+        let r =
+            allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, Edits { cdi: true }).unwrap();
         assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");
     }
 
@@ -538,15 +586,19 @@ mod tests {
     fn unknown_ids_are_invalid_arguments_not_a_poisoned_env() {
         let cards = [card("GPU-a", Vendor::Nvidia)];
         assert_eq!(
-            allocate(&cards, &["not-ours".into()], None, Edits::default()).unwrap_err().code(),
+            allocate(&cards, &["not-ours".into()], None, Resource::Percent, Edits::default())
+                .unwrap_err()
+                .code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            allocate(&cards, &ids("GPU-zz", 0..1), None, Edits::default()).unwrap_err().code(),
+            allocate(&cards, &ids("GPU-zz", 0..1), None, Resource::Percent, Edits::default())
+                .unwrap_err()
+                .code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            allocate(&cards, &[], None, Edits::default()).unwrap_err().code(),
+            allocate(&cards, &[], None, Resource::Percent, Edits::default()).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

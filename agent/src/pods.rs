@@ -11,13 +11,13 @@
 //! Everything here is pure: the handlers call it with snapshots.
 
 use crate::inventory::Card;
+use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
 use nano_gpu_proto::demand::asked;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::podresources::ListPodResourcesResponse;
-use nano_gpu_proto::units::Percent;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -139,6 +139,8 @@ pub struct Pending {
     pub container: String,
     /// Its cards, or why the pod has no usable assignment.
     pub grants: Result<Vec<CardGrant>, String>,
+    /// What the whole pod asks of the resource.
+    pub pod_units: u64,
 }
 
 /// The containers of `pods` asking `size` that the kubelet has not served (`served`, plus `done`:
@@ -174,10 +176,9 @@ pub fn pending(
             };
             let at = pod.assignment.as_ref().map(|a| a.at.clone()).unwrap_or_default();
             let rank = (!served.pods.contains(key), past_init, at, pod.created.clone(), key.clone(), order);
-            found.push((
-                rank,
-                Pending { pod: key.clone(), uid: pod.uid.clone(), container: container.clone(), grants },
-            ));
+            let pod_units = pod.asking.iter().map(|(_, n)| n).sum();
+            let (pod_key, uid, container) = (key.clone(), pod.uid.clone(), container.clone());
+            found.push((rank, Pending { pod: pod_key, uid, container, grants, pod_units }));
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
@@ -185,20 +186,21 @@ pub fn pending(
 }
 
 /// The IDs to prefer for a container granted `grants`: the IDs the kubelet must include, then free
-/// IDs of the granted cards, each card up to its grant, `size` in all. `None` when the granted cards
-/// cannot hold the request among the available IDs, or a must-include ID is on another card.
+/// IDs of the granted cards, each card up to its `quota`, `size` in all. `None` when the granted
+/// cards cannot hold the request among the available IDs, or a must-include ID is on another card.
 pub fn steer(
     grants: &[CardGrant],
     available: &[String],
     must: &[String],
     size: usize,
+    quota: impl Fn(&CardGrant) -> usize,
 ) -> Option<Vec<String>> {
     if must.len() > size {
         return None;
     }
     let mut held: HashMap<&str, usize> = HashMap::new();
     for id in must {
-        let (uuid, _) = device_id::decode(id).ok()?;
+        let uuid = device_id::card_of(id).ok()?;
         if !grants.iter().any(|g| g.uuid == uuid) {
             return None;
         }
@@ -207,10 +209,10 @@ pub fn steer(
     let mut chosen: Vec<String> = must.to_vec();
     for g in grants {
         let have = held.get(g.uuid.as_str()).copied().unwrap_or(0);
-        let want = (g.percent.0 as usize).min(have + size - chosen.len()).saturating_sub(have);
+        let want = quota(g).min(have + size - chosen.len()).saturating_sub(have);
         let free = available
             .iter()
-            .filter(|id| device_id::decode(id).is_ok_and(|(uuid, _)| uuid == g.uuid) && !must.contains(id));
+            .filter(|id| device_id::card_of(id).is_ok_and(|uuid| uuid == g.uuid) && !must.contains(id));
         let before = chosen.len();
         chosen.extend(free.take(want).cloned());
         if chosen.len() - before < want {
@@ -241,21 +243,31 @@ pub fn identify<'a>(
 pub fn per_card(ids: &[String]) -> Option<BTreeMap<&str, u32>> {
     let mut cards = BTreeMap::new();
     for id in ids {
-        *cards.entry(device_id::decode(id).ok()?.0).or_default() += 1;
+        *cards.entry(device_id::card_of(id).ok()?).or_default() += 1;
     }
     Some(cards)
 }
 
+/// Where and when a repair happens.
+#[derive(Clone, Copy, Debug)]
+pub struct RepairAt<'a> {
+    /// This node.
+    pub node: &'a str,
+    /// The cards now.
+    pub cards: &'a [Card],
+    /// The resource of the IDs.
+    pub resource: Resource,
+    /// Stamps an assignment made from nothing.
+    pub now: &'a str,
+}
+
 /// The assignment to write when a container got other cards than `current` says: its grants replaced
-/// by the cards of `ids` (percent = IDs on the card, memory kept); `None` when the cards agree.
-/// `cards` gives the cards' indexes; `now` stamps an assignment made from nothing.
+/// by the cards of `ids` (see [`Resource::grant`]); `None` when the cards agree.
 pub fn repaired(
     current: Option<&Assignment>,
-    node: &str,
     container: &str,
     ids: &[String],
-    cards: &[Card],
-    now: &str,
+    at: RepairAt<'_>,
 ) -> Result<Option<Assignment>, String> {
     let got = per_card(ids).ok_or_else(|| format!("device IDs {ids:?} are not nano-gpu IDs"))?;
     let old = current.and_then(|a| a.containers.get(container));
@@ -269,20 +281,16 @@ pub fn repaired(
         .iter()
         .enumerate()
         .map(|(i, (uuid, n))| {
-            let card = cards
+            let card = at
+                .cards
                 .iter()
                 .find(|c| c.info.uuid == *uuid)
                 .ok_or_else(|| format!("card {uuid} is not on this node"))?;
             let memory_mib = old.and_then(|o| o.get(i).or(o.first())).and_then(|g| g.memory_mib);
-            Ok(CardGrant {
-                uuid: uuid.to_string(),
-                index: card.info.index,
-                percent: Percent((*n).min(100)),
-                memory_mib,
-            })
+            Ok(at.resource.grant(card, u64::from(*n), memory_mib))
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let mut next = current.cloned().unwrap_or_else(|| Assignment::new(node, now, BTreeMap::new()));
+    let mut next = current.cloned().unwrap_or_else(|| Assignment::new(at.node, at.now, BTreeMap::new()));
     next.containers.insert(container.to_owned(), grants);
     Ok(Some(next))
 }
@@ -297,7 +305,7 @@ mod tests {
     use super::*;
     use nano_gpu_proto::kubelet::podresources::{ContainerDevices, ContainerResources, PodResources};
     use nano_gpu_proto::resources::GPU_PERCENT;
-    use nano_gpu_proto::units::MiB;
+    use nano_gpu_proto::units::{MiB, Percent};
     use serde_json::json;
 
     fn grant(uuid: &str, percent: u32) -> CardGrant {
@@ -399,21 +407,22 @@ mod tests {
     fn steering_takes_the_granted_cards_ids_up_to_each_grant() {
         let mut available = ids("GPU-a", 0..100);
         available.extend(ids("GPU-b", 40..100));
-        let chosen = steer(&[grant("GPU-b", 30)], &available, &[], 30).unwrap();
+        let pct = |g: &CardGrant| g.percent.0 as usize;
+        let chosen = steer(&[grant("GPU-b", 30)], &available, &[], 30, pct).unwrap();
         assert!(chosen.len() == 30 && chosen.iter().all(|id| id.starts_with("GPU-b-")));
         // Two whole cards: a hundred of each.
         let mut whole = ids("GPU-a", 0..100);
         whole.extend(ids("GPU-b", 0..100));
-        let chosen = steer(&[grant("GPU-a", 100), grant("GPU-b", 100)], &whole, &[], 200).unwrap();
+        let chosen = steer(&[grant("GPU-a", 100), grant("GPU-b", 100)], &whole, &[], 200, pct).unwrap();
         assert_eq!(chosen.iter().filter(|id| id.starts_with("GPU-a-")).count(), 100);
         // Reused IDs of an init container come first; the rest from the same card.
         let must = ids("GPU-b", 40..60);
-        let chosen = steer(&[grant("GPU-b", 50)], &available, &must, 50).unwrap();
+        let chosen = steer(&[grant("GPU-b", 50)], &available, &must, 50, pct).unwrap();
         assert_eq!(&chosen[..20], &must[..]);
         assert!(chosen.len() == 50 && chosen.iter().all(|id| id.starts_with("GPU-b-")));
         // The granted card is too full, or a must-include ID is elsewhere: no steering.
-        assert_eq!(steer(&[grant("GPU-b", 70)], &available, &[], 70), None);
-        assert_eq!(steer(&[grant("GPU-b", 30)], &available, &ids("GPU-a", 0..1), 30), None);
+        assert_eq!(steer(&[grant("GPU-b", 70)], &available, &[], 70, pct), None);
+        assert_eq!(steer(&[grant("GPU-b", 30)], &available, &ids("GPU-a", 0..1), 30, pct), None);
     }
 
     #[test]
@@ -424,12 +433,14 @@ mod tests {
                 uid: "ux".into(),
                 container: "c".into(),
                 grants: Ok(vec![grant("GPU-a", 30)]),
+                pod_units: 30,
             },
             Pending {
                 pod: "ns/y".into(),
                 uid: "uy".into(),
                 container: "c".into(),
                 grants: Ok(vec![grant("GPU-b", 30)]),
+                pod_units: 30,
             },
         ];
         let on_b = BTreeSet::from(["GPU-b"]);
@@ -457,19 +468,19 @@ mod tests {
         g.memory_mib = Some(MiB(2048));
         let current = Assignment::new("n1", "t", BTreeMap::from([("c".to_string(), vec![g.clone()])]));
         let on_a = ids("GPU-a", 0..30);
-        assert_eq!(repaired(Some(&current), "n1", "c", &on_a, &cards, "now"), Ok(None));
-        let next =
-            repaired(Some(&current), "n1", "c", &ids("GPU-b", 10..40), &cards, "now").unwrap().unwrap();
+        let at = RepairAt { node: "n1", cards: &cards, resource: Resource::Percent, now: "now" };
+        assert_eq!(repaired(Some(&current), "c", &on_a, at), Ok(None));
+        let next = repaired(Some(&current), "c", &ids("GPU-b", 10..40), at).unwrap().unwrap();
         let want =
             CardGrant { uuid: "GPU-b".into(), index: 3, percent: Percent(30), memory_mib: Some(MiB(2048)) };
         assert_eq!(next.containers["c"], vec![want]);
         assert_eq!(next.at, "t");
         // No assignment at all: one is made.
-        let made = repaired(None, "n1", "c", &ids("GPU-b", 0..100), &cards, "now").unwrap().unwrap();
+        let made = repaired(None, "c", &ids("GPU-b", 0..100), at).unwrap().unwrap();
         assert_eq!(
             (made.node.as_str(), made.at.as_str(), made.containers["c"][0].percent),
             ("n1", "now", Percent(100))
         );
-        assert!(repaired(None, "n1", "c", &ids("GPU-zz", 0..1), &cards, "now").is_err());
+        assert!(repaired(None, "c", &ids("GPU-zz", 0..1), at).is_err());
     }
 }

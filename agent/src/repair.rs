@@ -6,79 +6,88 @@
 //! says so.
 
 use crate::plugin::{Lister, Report};
-use crate::pods::{NodePod, Pods, Served, describe, repaired};
+use crate::pods::{NodePod, Pods, RepairAt, Served, describe, pod_key, repaired};
+use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
-use nano_gpu_proto::resources::GPU_PERCENT;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-/// Watches the pods bound to `node` that ask `nano-gpu/gpu-percent`; the receiver always holds the
-/// latest view (empty until the first list completes).
-pub fn watch_pods(client: kube::Client, node: &str) -> watch::Receiver<Pods> {
-    let (tx, rx) = watch::channel(Pods::default());
+/// Watches the pods bound to `node`; for each of `resources`, a receiver that always holds the latest
+/// view of the pods asking it (empty until the first list completes).
+pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> Vec<watch::Receiver<Pods>> {
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        resources.iter().map(|_| watch::channel(Pods::default())).unzip();
+    let resources = resources.to_vec();
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut pods: BTreeMap<String, NodePod> = BTreeMap::new();
-        let mut relist: Option<BTreeMap<String, NodePod>> = None;
+        let mut views: Vec<View> = resources.iter().map(|r| View::new(r.name())).collect();
         loop {
-            let changed = match stream.try_next().await {
-                Ok(Some(event)) => apply(&mut pods, &mut relist, event),
+            let event = match stream.try_next().await {
+                Ok(Some(event)) => event,
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
-                    false
+                    continue;
                 }
             };
-            if changed {
-                tx.send_replace(Arc::new(pods.clone()));
+            for (view, tx) in views.iter_mut().zip(&senders) {
+                if view.apply(&event) {
+                    tx.send_replace(Arc::new(view.pods.clone()));
+                }
             }
         }
     });
-    rx
+    receivers
 }
 
-/// Applies one watch event; returns whether the view changed.
-fn apply(
-    pods: &mut BTreeMap<String, NodePod>,
-    relist: &mut Option<BTreeMap<String, NodePod>>,
-    event: watcher::Event<Pod>,
-) -> bool {
-    let key = |p: &Pod| {
-        crate::pods::pod_key(
-            p.metadata.namespace.as_deref().unwrap_or(""),
-            p.metadata.name.as_deref().unwrap_or(""),
-        )
-    };
-    match event {
-        watcher::Event::Init => {
-            *relist = Some(BTreeMap::new());
-            false
-        }
-        watcher::Event::InitApply(p) => {
-            if let (Some(into), Some(n)) = (relist.as_mut(), NodePod::from_pod(&p, GPU_PERCENT)) {
-                into.insert(key(&p), n);
+/// The pods asking one resource, kept from watch events.
+struct View {
+    resource: &'static str,
+    pods: BTreeMap<String, NodePod>,
+    relist: Option<BTreeMap<String, NodePod>>,
+}
+
+impl View {
+    fn new(resource: &'static str) -> Self {
+        View { resource, pods: BTreeMap::new(), relist: None }
+    }
+
+    /// Applies one watch event; returns whether the view changed.
+    fn apply(&mut self, event: &watcher::Event<Pod>) -> bool {
+        let key = |p: &Pod| {
+            pod_key(p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
+        };
+        match event {
+            watcher::Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                false
             }
-            false
+            watcher::Event::InitApply(p) => {
+                if let (Some(into), Some(n)) = (self.relist.as_mut(), NodePod::from_pod(p, self.resource)) {
+                    into.insert(key(p), n);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                self.pods = self.relist.take().unwrap_or_default();
+                true
+            }
+            watcher::Event::Apply(p) => match NodePod::from_pod(p, self.resource) {
+                Some(n) => self.pods.insert(key(p), n.clone()) != Some(n),
+                None => self.pods.remove(&key(p)).is_some(),
+            },
+            watcher::Event::Delete(p) => self.pods.remove(&key(p)).is_some(),
         }
-        watcher::Event::InitDone => {
-            *pods = relist.take().unwrap_or_default();
-            true
-        }
-        watcher::Event::Apply(p) => match NodePod::from_pod(&p, GPU_PERCENT) {
-            Some(n) => pods.insert(key(&p), n.clone()) != Some(n),
-            None => pods.remove(&key(&p)).is_some(),
-        },
-        watcher::Event::Delete(p) => pods.remove(&key(&p)).is_some(),
     }
 }
 
@@ -126,26 +135,33 @@ impl Repairer {
                     };
                     record(&self.recorder, &object, "NoUsableAssignment", &message).await;
                 }
-                Report::Starting { ids, cards } => match self.verify(&ids, &cards).await {
-                    Ok(Verdict::Agrees) => {}
-                    Ok(Verdict::Repaired { pod, container }) => {
-                        tracing::warn!(%pod, %container, "assignment repaired to the cards the kubelet allocated")
+                Report::Starting { ids, cards, resource } => {
+                    match self.verify(&ids, &cards, resource).await {
+                        Ok(Verdict::Agrees) => {}
+                        Ok(Verdict::Repaired { pod, container }) => {
+                            tracing::warn!(%pod, %container, "assignment repaired to the cards the kubelet allocated")
+                        }
+                        Err(e) => tracing::warn!(error = %e, "a starting container could not be verified"),
                     }
-                    Err(e) => tracing::warn!(error = %e, "a starting container could not be verified"),
-                },
+                }
             }
         }
     }
 
     /// Checks the container holding `ids` against its assignment, repairing it when they differ.
-    pub async fn verify(&self, ids: &[String], cards: &[crate::inventory::Card]) -> Result<Verdict, String> {
+    pub async fn verify(
+        &self,
+        ids: &[String],
+        cards: &[crate::inventory::Card],
+        resource: Resource,
+    ) -> Result<Verdict, String> {
         let mut owner = None;
         for attempt in 0..self.attempts.max(1) {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             match self.lister.list().await {
-                Ok(list) => owner = Served::from_list(&list, GPU_PERCENT).owner(ids).cloned(),
+                Ok(list) => owner = Served::from_list(&list, resource.name()).owner(ids).cloned(),
                 Err(e) => tracing::debug!(error = %e.message(), "pod-resources List failed"),
             }
             if owner.is_some() {
@@ -161,7 +177,8 @@ impl Repairer {
             // An undecodable annotation is replaced by what the container really got.
             let current = text.and_then(|t| Assignment::decode(t).ok());
             let now = rfc3339(std::time::SystemTime::now());
-            let Some(next) = repaired(current.as_ref(), &self.node, &container, ids, cards, &now)? else {
+            let at = RepairAt { node: &self.node, cards, resource, now: &now };
+            let Some(next) = repaired(current.as_ref(), &container, ids, at)? else {
                 return Ok(Verdict::Agrees);
             };
             let patch = json!({"metadata": {

@@ -1,6 +1,6 @@
 //! The agent's main loop: read the cards (and re-read them periodically, publishing them on the Node
-//! when they change), serve the device plugin on
-//! `<plugin_dir>/nano-gpu.sock`, register with the kubelet (retrying with backoff while it is not
+//! when they change), serve a device plugin per resource on `<plugin_dir>/<socket>` (`nano-gpu.sock`,
+//! and `nano-gpu-gpushare.sock` with gpushare compatibility), register with the kubelet (retrying with backoff while it is not
 //! there), and start over when the kubelet restarts: its `kubelet.sock` is re-created, or our socket
 //! disappears (a new kubelet deletes every socket in the directory).
 //!
@@ -13,15 +13,13 @@ use crate::inventory::{GpuInventory, read_all};
 use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
 use crate::probe::Readiness;
 use crate::publish::Publisher;
+use crate::resource::Resource;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::watch;
-
-/// The plugin's socket file name in the kubelet's device-plugin directory.
-pub const SOCKET: &str = "nano-gpu.sock";
 
 /// Why the agent stopped.
 #[derive(Debug, Error)]
@@ -91,15 +89,15 @@ pub struct Agent {
     pub health: Arc<Health>,
     /// Writes the cards on the Node (absent without a node name).
     pub publisher: Option<Publisher>,
-    /// Tells containers apart (absent without a node name).
-    pub identity: Option<Arc<Identity>>,
+    /// The resources served, each with what tells its containers apart (absent without a node name).
+    pub plugins: Vec<(Resource, Option<Arc<Identity>>)>,
     /// What the readiness probe reports.
     pub readiness: Arc<Readiness>,
 }
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, identity, readiness } = agent;
+    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, plugins, readiness } = agent;
     let (cards, snapshot) = watch::channel(read(&backends, &health, &readiness));
     let backends = Arc::new(backends);
     let refresher = {
@@ -137,42 +135,52 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         })
     };
-    let socket = plugin_dir.join(SOCKET);
+    let sockets: Vec<PathBuf> = plugins.iter().map(|(r, _)| plugin_dir.join(r.socket())).collect();
     let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
     let result = loop {
         if *shutdown.borrow() {
             break Ok(());
         }
-        // Serve.
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = {
+        // Serve every resource on its socket.
+        let mut stops = Vec::new();
+        let mut servers = Vec::new();
+        for ((resource, identity), socket) in plugins.iter().zip(&sockets) {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let plugin = Plugin::new(snapshot.clone(), *resource, edits, identity.clone());
             let socket = socket.clone();
-            let plugin = Plugin::new(snapshot.clone(), edits, identity.clone());
-            tokio::spawn(async move {
+            servers.push(tokio::spawn(async move {
                 plugin::serve(&socket, plugin, async { stopped.await.unwrap_or(()) })
                     .await
                     .map_err(|e| e.to_string())
-            })
-        };
-        while plugin::connect(socket.clone()).await.is_err() {
-            if server.is_finished() {
-                let message = match server.await {
-                    Ok(Err(m)) => m,
-                    _ => "the server stopped".into(),
-                };
-                refresher.abort();
-                return Err(RunError::Serve { path: socket, message });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            }));
+            stops.push(stop);
         }
-        // Register, with backoff while the kubelet is not there.
+        for (socket, server) in sockets.iter().zip(&mut servers) {
+            while plugin::connect(socket.clone()).await.is_err() {
+                if server.is_finished() {
+                    let message = match server.await {
+                        Ok(Err(m)) => m,
+                        _ => "the server stopped".into(),
+                    };
+                    refresher.abort();
+                    return Err(RunError::Serve { path: socket.clone(), message });
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
+        let mut pending: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
+        // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
+        // register shows up as a change, and we register again (never the other way round).
+        let before = file_identity(&kubelet);
         let registered = loop {
-            // The kubelet's socket as it was before this attempt: a kubelet that restarts while we
-            // register shows up as a change, and we register again (never the other way round).
-            let before = file_identity(&kubelet);
-            match plugin::register(kubelet.clone(), SOCKET).await {
-                Ok(()) => break Ok(before),
+            let Some(resource) = pending.first().copied() else { break Ok(before) };
+            match plugin::register(kubelet.clone(), resource).await {
+                Ok(()) => {
+                    tracing::info!(resource = resource.name(), "registered with the kubelet");
+                    pending.remove(0);
+                }
                 Err(s) if s.code() == tonic::Code::Unavailable => {
                     tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
                     tokio::select! {
@@ -187,11 +195,12 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let kubelet_identity = match registered {
             Ok(id) => id,
             Err(e) => {
-                let _ = stop.send(());
+                for s in stops {
+                    let _ = s.send(());
+                }
                 break Err(e);
             }
         };
-        tracing::info!(socket = %socket.display(), "registered with the kubelet");
         readiness.set_registered(true);
         // Watch for a kubelet restart.
         let restarted = loop {
@@ -199,13 +208,16 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                 _ = tokio::time::sleep(timing.check) => {}
                 _ = shutdown.changed() => break false,
             }
-            if file_identity(&socket).is_none() || file_identity(&kubelet) != kubelet_identity {
+            let gone = sockets.iter().any(|s| file_identity(s).is_none());
+            if gone || file_identity(&kubelet) != kubelet_identity {
                 break true;
             }
         };
         readiness.set_registered(false);
-        let _ = stop.send(());
-        server.abort();
+        for s in stops {
+            let _ = s.send(());
+        }
+        servers.iter().for_each(|s| s.abort());
         if !restarted {
             break Ok(());
         }

@@ -10,7 +10,7 @@ use nano_gpu_proto::kubelet::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, PreStartContainerRequest,
     PreferredAllocationRequest,
 };
-use nano_gpu_proto::resources::GPU_PERCENT;
+use nano_gpu_proto::resources::{GPU_PERCENT, GPUSHARE_MEMORY};
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
 use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
@@ -20,6 +20,13 @@ use std::time::Duration;
 
 fn ids(uuid: &str, range: std::ops::Range<u32>) -> Vec<String> {
     range.map(|n| device_id::encode(uuid, n)).collect()
+}
+
+/// A gpushare-style pod: `aliyun.com/gpu-mem` GiB, assigned on `card` as the allocator does.
+fn gpushare_pod(name: &str, gib: u64, card: (&str, u32)) -> Value {
+    let mut p = pod(name, 25, card, Some(gib * 1024));
+    p["spec"]["containers"][0]["resources"] = json!({"limits": {GPUSHARE_MEMORY: gib.to_string()}});
+    p
 }
 
 fn pod(name: &str, asks: u32, card: (&str, u32), memory: Option<u64>) -> Value {
@@ -61,7 +68,11 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     .unwrap();
     let api = FakeApi::start(Objects {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})],
-        pods: vec![pod("steered", 30, ("GPU-b", 1), Some(4096)), pod("moved", 50, ("GPU-b", 1), None)],
+        pods: vec![
+            pod("steered", 30, ("GPU-b", 1), Some(4096)),
+            pod("moved", 50, ("GPU-b", 1), None),
+            gpushare_pod("shared", 4, ("GPU-b", 1)),
+        ],
     })
     .await
     .unwrap();
@@ -81,7 +92,16 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
 
     let probes = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
-        .args(["--node-name", "n1", "--identity-wait-ms", "300", "--probe-listen", &probes])
+        .args([
+            "--node-name",
+            "n1",
+            "--identity-wait-ms",
+            "300",
+            "--gpushare",
+            "gib",
+            "--probe-listen",
+            &probes,
+        ])
         .arg("--plugin-dir")
         .arg(&fake.plugin_dir)
         .arg("--pod-resources-socket")
@@ -179,6 +199,34 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
 
     // The cards were published on the Node.
     assert!(api.writes().iter().any(|(m, p, _)| m == "PATCH" && p == "/api/v1/nodes/n1"));
+
+    // gpushare: the memory resource on its own socket, steered to the assigned card, with gpushare's env.
+    let second =
+        tokio::time::timeout(Duration::from_secs(10), fake.registrations.recv()).await.unwrap().unwrap();
+    assert_eq!(second.resource_name, GPUSHARE_MEMORY);
+    let channel = nano_gpu_agent::plugin::connect(fake.plugin_dir.join(&second.endpoint)).await.unwrap();
+    let mut memory = DevicePluginClient::new(channel);
+    pod_resources.put(Allocated { resource: GPUSHARE_MEMORY.into(), ..entry("shared", &[]) });
+    let units: Vec<String> =
+        ["GPU-a", "GPU-b"].iter().flat_map(|u| (0..15).map(move |n| device_id::encode_unit(u, n))).collect();
+    let preferred = memory
+        .get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: units,
+                must_include_device_i_ds: vec![],
+                allocation_size: 4,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let chosen = preferred.container_responses[0].device_i_ds.clone();
+    assert!(chosen.len() == 4 && chosen.iter().all(|id| id.starts_with("GPU-b-m")), "{chosen:?}");
+    let got = memory.allocate(allocate(chosen)).await.unwrap().into_inner();
+    let env = &got.container_responses[0].envs;
+    assert_eq!((env["ALIYUN_COM_GPU_MEM_IDX"].as_str(), env["ALIYUN_COM_GPU_MEM_POD"].as_str()), ("1", "4"));
+    assert_eq!(env["NANO_GPU_MEMORY_MIB"], "4096");
+
     agent.kill().unwrap();
     agent.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,26 +4,14 @@
 use futures::StreamExt;
 use nano_gpu_agent::inventory::Card;
 use nano_gpu_agent::plugin::{self, Plugin, Snapshot};
+use nano_gpu_agent::resource::Resource;
+use nano_gpu_proto::demand::GpushareUnit;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
-use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
-use nano_gpu_proto::kubelet::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, Empty, RegisterRequest,
-};
+use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};
 use nano_gpu_proto::units::MiB;
+use nano_gpu_tests::fake_kubelet::FakeKubelet;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
-use tonic::{Request, Response, Status};
-
-/// The kubelet's Registration service: hands every request to the test.
-struct FakeKubelet(mpsc::Sender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for FakeKubelet {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        self.0.send(request.into_inner()).await.map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(Empty {}))
-    }
-}
+use tokio::sync::watch;
 
 fn card(uuid: &str) -> Card {
     Card::nvidia(0, uuid, "Tesla T4", MiB(15360), None)
@@ -35,24 +23,17 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
 
-    // The kubelet's registration socket.
-    let (registered, mut registrations) = mpsc::channel(1);
-    let kubelet_socket = dir.join("kubelet.sock");
-    let listener = tokio::net::UnixListener::bind(&kubelet_socket).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet(registered)))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    let mut kubelet = FakeKubelet::start(&dir).unwrap();
+    let kubelet_socket = kubelet.plugin_dir.join("kubelet.sock");
 
     // The plugin's socket, then registration.
     let (cards, rx) = watch::channel::<Snapshot>(Arc::new(vec![card("GPU-a")]));
-    let plugin_socket = dir.join("nano-gpu.sock");
+    let plugin_socket = kubelet.plugin_dir.join("nano-gpu.sock");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn({
         let socket = plugin_socket.clone();
         async move {
-            plugin::serve(&socket, Plugin::new(rx, Default::default(), None), async {
+            plugin::serve(&socket, Plugin::new(rx, Resource::Percent, Default::default(), None), async {
                 stopped.await.unwrap_or(())
             })
             .await
@@ -66,8 +47,8 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
         }
         tokio::task::yield_now().await;
     };
-    plugin::register(kubelet_socket.clone(), "nano-gpu.sock").await.unwrap();
-    let r = registrations.recv().await.unwrap();
+    plugin::register(kubelet_socket.clone(), Resource::Percent).await.unwrap();
+    let r = kubelet.registrations.recv().await.unwrap();
     assert_eq!(
         (r.version.as_str(), r.endpoint.as_str(), r.resource_name.as_str()),
         ("v1beta1", "nano-gpu.sock", "nano-gpu/gpu-percent")
@@ -105,7 +86,50 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
 async fn registration_with_no_kubelet_is_an_error_not_a_hang() {
     let dir = std::env::temp_dir().join(format!("nano-gpu-plugin-none-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = plugin::register(dir.join("kubelet.sock"), "nano-gpu.sock").await.unwrap_err();
+    let e = plugin::register(dir.join("kubelet.sock"), Resource::Percent).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn gpushare_memory_is_served_as_one_id_per_gib_with_gpushares_environment() {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-plugin-gpushare-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut kubelet = FakeKubelet::start(&dir).unwrap();
+    let gib = Resource::Gpushare(GpushareUnit::GiB);
+    let (_cards, rx) = watch::channel::<Snapshot>(Arc::new(vec![card("GPU-a")]));
+    let socket = kubelet.plugin_dir.join(gib.socket());
+    tokio::spawn({
+        let socket = socket.clone();
+        async move {
+            plugin::serve(&socket, Plugin::new(rx, gib, Default::default(), None), std::future::pending())
+                .await
+        }
+    });
+    let mut client = loop {
+        if let Ok(channel) = plugin::connect(socket.clone()).await {
+            break DevicePluginClient::new(channel);
+        }
+        tokio::task::yield_now().await;
+    };
+    plugin::register(kubelet.plugin_dir.join("kubelet.sock"), gib).await.unwrap();
+    let r = kubelet.registrations.recv().await.unwrap();
+    assert_eq!(
+        (r.endpoint.as_str(), r.resource_name.as_str()),
+        ("nano-gpu-gpushare.sock", "aliyun.com/gpu-mem")
+    );
+    // A 15 GiB card: 15 IDs.
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let devices = stream.next().await.unwrap().unwrap().devices;
+    assert_eq!(devices.len(), 15);
+    let ids: Vec<String> = devices.iter().take(3).map(|d| d.id.clone()).collect();
+    let req = AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: ids }] };
+    let env = client.allocate(req).await.unwrap().into_inner().container_responses[0].envs.clone();
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
+    assert_eq!(env["ALIYUN_COM_GPU_MEM_IDX"], "0");
+    assert_eq!(env["ALIYUN_COM_GPU_MEM_CONTAINER"], "3");
+    assert_eq!(env["ALIYUN_COM_GPU_MEM_DEV"], "15");
+    assert_eq!(env["NANO_GPU_MEMORY_MIB"], "3072");
+    assert!(!env.contains_key("NANO_GPU_PERCENT"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

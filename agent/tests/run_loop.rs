@@ -73,7 +73,7 @@ fn agent(
         edits: Default::default(),
         health,
         publisher: None,
-        identity: None,
+        plugins: vec![(nano_gpu_agent::resource::Resource::Percent, None)],
         readiness: Default::default(),
     };
     run::run(agent, stopped)

@@ -11,7 +11,7 @@ pub const MAX_LEN: usize = 63;
 
 /// A device ID that is not one of ours.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error("device ID {id:?} is not <card uuid>-<00..99>")]
+#[error("device ID {id:?} is not <card uuid>-<00..99> (or <card uuid>-m<unit> for gpushare memory)")]
 pub struct BadDeviceId {
     /// The ID as received.
     pub id: String,
@@ -30,6 +30,23 @@ pub fn decode(id: &str) -> Result<(&str, u32), BadDeviceId> {
         return Err(bad());
     }
     Ok((uuid, nn.parse().map_err(|_| bad())?))
+}
+
+/// The ID of memory unit `n` of card `uuid`, for gpushare's `aliyun.com/gpu-mem` (one ID per unit).
+pub fn encode_unit(uuid: &str, n: u64) -> String {
+    format!("{uuid}-m{n}")
+}
+
+/// The card UUID of any nano-gpu ID: a percent slot (`<uuid>-NN`) or a memory unit (`<uuid>-mN`).
+pub fn card_of(id: &str) -> Result<&str, BadDeviceId> {
+    if let Some((uuid, n)) = id.rsplit_once("-m")
+        && !uuid.is_empty()
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Ok(uuid);
+    }
+    decode(id).map(|(uuid, _)| uuid)
 }
 
 /// Whether a card UUID leaves room for the suffix within [`MAX_LEN`].
@@ -54,6 +71,17 @@ mod tests {
     fn foreign_ids_are_refused() {
         for id in ["", "GPU-abc", "GPU-abc-7", "GPU-abc-x7", "-07", "GPU-abc-100"] {
             assert!(decode(id).is_err(), "{id}");
+        }
+    }
+
+    #[test]
+    fn memory_unit_ids_name_their_card_too() {
+        let id = encode_unit("GPU-a-b", 15);
+        assert_eq!(id, "GPU-a-b-m15");
+        assert_eq!(card_of(&id), Ok("GPU-a-b"));
+        assert_eq!(card_of("GPU-a-b-07"), Ok("GPU-a-b"));
+        for bad in ["GPU-a-m", "-m3", "GPU-a-mx", "GPU-a"] {
+            assert!(card_of(bad).is_err(), "{bad}");
         }
     }
 }

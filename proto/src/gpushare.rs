@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 pub const IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
 /// The pod's total `aliyun.com/gpu-mem` (sum of its containers' limits), in gpushare units.
 pub const POD: &str = "ALIYUN_COM_GPU_MEM_POD";
+/// The container's own `aliyun.com/gpu-mem` (environment only, set by the device plugin).
+pub const CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 /// The card's memory in gpushare units.
 pub const DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
 /// `"false"` at bind; gpushare's device plugin sets `"true"` after Allocate.
