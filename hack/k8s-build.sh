@@ -36,6 +36,14 @@ built() {
 }
 if built; then echo "$BIN"; exit 0; fi
 
+# One build at a time per cache (parallel test runs may all call us); whoever
+# waited finds the binaries done.
+mkdir -p "$CACHE/k8s"
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE/k8s/.build.lock" && flock 9
+  if built; then echo "$BIN"; exit 0; fi
+fi
+
 command -v go >/dev/null 2>&1 ||
   die "'go' not found in PATH; install Go >= 1.25 (https://go.dev/dl/) to build the test control plane"
 log "using $(go version)"
