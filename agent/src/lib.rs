@@ -35,6 +35,9 @@ pub struct Flags {
     /// Directory of the kubelet's device-plugin sockets.
     #[arg(long, env = "NANO_GPU_PLUGIN_DIR", default_value = "/var/lib/kubelet/device-plugins")]
     pub plugin_dir: PathBuf,
+    /// Kubeconfig of the cluster; default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
     /// The kubelet's pod-resources socket.
     #[arg(
         long,

@@ -58,7 +58,7 @@ fn serve(flags: &Flags) -> ExitCode {
         });
         let resources = flags.resources();
         let (publisher, plugins) = match &flags.node_name {
-            Some(node) => match kube::Client::try_default().await {
+            Some(node) => match nano_gpu_proto::client::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone());
                     let lister: Arc<dyn Lister> =

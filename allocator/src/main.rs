@@ -15,6 +15,9 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value = "plain", env = "NANO_GPU_LOG_FORMAT", global = true)]
     log_format: LogFormat,
+    /// Kubeconfig of the cluster (`serve`, `inspect`); default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -202,7 +205,7 @@ fn simulate(args: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
-fn serve(args: ServeArgs) -> Result<()> {
+fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     use nano_gpu_allocator::{
         binder::KubeBinder, engine::Engine, model::Cluster, policy, server, state, watch,
     };
@@ -217,7 +220,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        let client = nano_gpu_proto::client::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
         let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
@@ -262,13 +265,15 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
-fn inspect(args: InspectArgs) -> Result<()> {
+fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams};
     use nano_gpu_allocator::{engine::Engine, inspect, model::Cluster, policy, state::ClusterState};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let view = runtime.block_on(async {
-        let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        let client = nano_gpu_proto::client::connect(kubeconfig.as_deref())
+            .await
+            .context("connecting to the API server")?;
         let nodes =
             Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
         let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("listing pods")?;
@@ -317,7 +322,7 @@ fn main() -> Result<()> {
     init_tracing(cli.log_format);
     match cli.command {
         Command::Simulate(args) => simulate(args),
-        Command::Serve(args) => serve(args),
-        Command::Inspect(args) => inspect(args),
+        Command::Serve(args) => serve(args, cli.kubeconfig),
+        Command::Inspect(args) => inspect(args, cli.kubeconfig),
     }
 }

@@ -12,6 +12,8 @@
 
 pub mod admission;
 pub mod annotations;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod demand;
 pub mod device_id;
 pub mod extender;
