@@ -216,6 +216,7 @@ impl Lister for PodResourcesSocket {
 }
 
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Steering decisions kept until their Allocate comes.
 const STEERED_KEPT: usize = 256;
 
@@ -490,14 +491,27 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// Binds the plugin's socket, removing a stale file first.
+pub fn bind(socket: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    let _ = std::fs::remove_file(socket);
+    tokio::net::UnixListener::bind(socket)
+}
+
 /// Serves the plugin on `socket` (a stale file is removed first) until `shutdown` resolves.
 pub async fn serve(
     socket: &Path,
     plugin: Plugin,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket)?;
+    serve_on(bind(socket)?, plugin, shutdown).await
+}
+
+/// Serves the plugin on a bound socket until `shutdown` resolves.
+pub async fn serve_on(
+    listener: tokio::net::UnixListener,
+    plugin: Plugin,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     Server::builder()
         .add_service(DevicePluginServer::new(plugin))
@@ -519,7 +533,10 @@ pub async fn register(kubelet_socket: PathBuf, resource: Resource) -> Result<(),
         resource_name: resource.name().into(),
         options: Some(options),
     };
-    RegistrationClient::new(channel).register(request).await?;
+    // A kubelet that accepts the connection but never answers must not hold the agent forever.
+    tokio::time::timeout(REGISTER_TIMEOUT, RegistrationClient::new(channel).register(request))
+        .await
+        .map_err(|_| Status::unavailable("the kubelet did not answer the registration in time"))??;
     Ok(())
 }
 

@@ -75,6 +75,16 @@ fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readine
     Arc::new(cards)
 }
 
+/// How a round of registrations ended.
+enum Registration {
+    /// Registered (or shutting down), with the kubelet's socket identity from before.
+    Done(Option<(u64, i64, i64)>),
+    /// Our socket was deleted: serve and register again.
+    ServeAgain,
+    /// The kubelet refused.
+    Refused(String),
+}
+
 /// What the loop runs with.
 pub struct Agent {
     /// The kubelet's device-plugin directory.
@@ -145,16 +155,24 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let mut stops = Vec::new();
         let mut servers = Vec::new();
         for ((resource, identity), socket) in plugins.iter().zip(&sockets) {
+            let listener = match plugin::bind(socket) {
+                Ok(l) => l,
+                Err(e) => {
+                    refresher.abort();
+                    return Err(RunError::Serve { path: socket.clone(), message: e.to_string() });
+                }
+            };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let plugin = Plugin::new(snapshot.clone(), *resource, edits, identity.clone());
-            let socket = socket.clone();
             servers.push(tokio::spawn(async move {
-                plugin::serve(&socket, plugin, async { stopped.await.unwrap_or(()) })
+                plugin::serve_on(listener, plugin, async { stopped.await.unwrap_or(()) })
                     .await
                     .map_err(|e| e.to_string())
             }));
             stops.push(stop);
         }
+        // A kubelet that starts now deletes every socket in the directory: serve again then.
+        let mut deleted = false;
         for (socket, server) in sockets.iter().zip(&mut servers) {
             while plugin::connect(socket.clone()).await.is_err() {
                 if server.is_finished() {
@@ -165,8 +183,22 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     refresher.abort();
                     return Err(RunError::Serve { path: socket.clone(), message });
                 }
+                if file_identity(socket).is_none() {
+                    deleted = true;
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+        if deleted {
+            tracing::info!(
+                "a plugin socket was deleted before registration (kubelet starting?); serving again"
+            );
+            for s in stops {
+                let _ = s.send(());
+            }
+            servers.iter().for_each(|s| s.abort());
+            continue;
         }
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
@@ -174,8 +206,13 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
         // register shows up as a change, and we register again (never the other way round).
         let before = file_identity(&kubelet);
+        let socket_gone = || sockets.iter().any(|s| file_identity(s).is_none());
         let registered = loop {
-            let Some(resource) = pending.first().copied() else { break Ok(before) };
+            let Some(resource) = pending.first().copied() else { break Registration::Done(before) };
+            // A kubelet that started meanwhile deleted our sockets: it could not call us back.
+            if socket_gone() {
+                break Registration::ServeAgain;
+            }
             match plugin::register(kubelet.clone(), resource).await {
                 Ok(()) => {
                     tracing::info!(resource = resource.name(), "registered with the kubelet");
@@ -185,20 +222,31 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => break Ok(None),
+                        _ = shutdown.changed() => break Registration::Done(None),
                     }
                     backoff = (backoff * 2).min(timing.max_backoff);
                 }
-                Err(s) => break Err(RunError::Refused(s.message().to_owned())),
+                Err(_) if socket_gone() => break Registration::ServeAgain,
+                Err(s) => break Registration::Refused(s.message().to_owned()),
             }
         };
         let kubelet_identity = match registered {
-            Ok(id) => id,
-            Err(e) => {
+            Registration::Done(id) => id,
+            Registration::ServeAgain => {
+                tracing::info!(
+                    "a plugin socket was deleted while registering (kubelet starting?); serving again"
+                );
                 for s in stops {
                     let _ = s.send(());
                 }
-                break Err(e);
+                servers.iter().for_each(|s| s.abort());
+                continue;
+            }
+            Registration::Refused(message) => {
+                for s in stops {
+                    let _ = s.send(());
+                }
+                break Err(RunError::Refused(message));
             }
         };
         readiness.set_registered(true);

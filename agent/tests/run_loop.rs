@@ -11,7 +11,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Request, Response, Status};
 
+/// Behaves as the kubelet's device manager does where it matters here: at start it deletes every
+/// socket in the directory, and a registration dials the plugin's endpoint back before it answers.
 struct FakeKubelet {
+    dir: PathBuf,
     seen: mpsc::UnboundedSender<RegisterRequest>,
     refuse: bool,
 }
@@ -19,10 +22,14 @@ struct FakeKubelet {
 #[tonic::async_trait]
 impl Registration for FakeKubelet {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.seen.send(request.into_inner());
+        let request = request.into_inner();
+        let _ = self.seen.send(request.clone());
         if self.refuse {
             return Err(Status::invalid_argument("resource nano-gpu/gpu-percent is already registered"));
         }
+        nano_gpu_proto::kubelet::connect(self.dir.join(&request.endpoint))
+            .await
+            .map_err(|e| Status::unknown(format!("failed to dial device plugin: {e}")))?;
         Ok(Response::new(Empty {}))
     }
 }
@@ -30,13 +37,17 @@ impl Registration for FakeKubelet {
 /// Starts a fake kubelet on `dir/kubelet.sock`; dropping the returned sender stops it.
 fn kubelet(dir: &Path, refuse: bool) -> (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>) {
     let path = dir.join("kubelet.sock");
-    let _ = std::fs::remove_file(&path);
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".sock") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let (seen, registrations) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet { seen, refuse }))
+            .add_service(RegistrationServer::new(FakeKubelet { dir: dir.to_owned(), seen, refuse }))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async {
                 stopped.await.unwrap_or(())
             }),
@@ -116,8 +127,14 @@ async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
     while !dir.join("nano-gpu.sock").exists() {
         tokio::task::yield_now().await;
     }
+    // The kubelet starts and deletes the agent's socket: the agent serves again and registers.
     let (mut late, _keep) = kubelet(&dir, false);
     within(Duration::from_secs(5), &mut late).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !dir.join("nano-gpu.sock").exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the agent serves on its socket again within 2 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     shutdown.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
