@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# README command 2: every test of the project, with the lint gates CI enforces.
-# Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it.
+# README command 2: every test of the project, with the lint gates CI enforces, end-to-end tests
+# against the real control plane included.
+# Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it, and Go
+# (to build upstream etcd, kube-apiserver and kube-scheduler from the Go module proxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +10,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The end-to-end test runs the real kube-apiserver and kube-scheduler: build them first (once per
+# version, cached), so their build shows here rather than inside the test.
+echo "== upstream Kubernetes binaries (hack/k8s-build.sh)"
+bash hack/k8s-build.sh >/dev/null
+echo "== go test (hack/kubelet-standin: the simulated node on the upstream kubelet device manager)"
+(cd hack/kubelet-standin && go test ./...)
 echo "== cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
