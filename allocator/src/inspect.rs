@@ -17,7 +17,7 @@ pub fn table(view: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:>4} {:<28} {:>5} {:>5} {:>17} {:>7}  PODS",
+        "{:<24} {:>4} {:<28} {:>5} {:>5} {:>18} {:>7}  PODS",
         "NODE", "CARD", "MODEL", "USED%", "FREE%", "MEM USED/TOTAL MiB", "HEALTHY"
     );
     for n in view["nodes"].as_array().into_iter().flatten() {
@@ -33,12 +33,13 @@ pub fn table(view: &Value) -> String {
                 c["pods"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
             let _ = writeln!(
                 out,
-                "{:<24} {:>4} {:<28} {:>5} {:>5} {:>17} {:>7}  {}",
+                "{:<24} {:>4} {:<28} {:>5} {:>5} {:>18} {:>7}  {}",
                 if i == 0 { name } else { "" },
-                c["index"],
+                // Numbers, not JSON values: a JSON value's Display ignores width and alignment.
+                c["index"].as_u64().unwrap_or(0),
                 c["model"].as_str().unwrap_or(""),
-                c["percentUsed"],
-                c["percentFree"],
+                c["percentUsed"].as_u64().unwrap_or(0),
+                c["percentFree"].as_u64().unwrap_or(0),
                 format!("{used}/{total}"),
                 if c["healthy"] == true { "yes" } else { "no" },
                 pods.join(",")
@@ -77,6 +78,11 @@ mod tests {
         );
         assert!(lines[2].starts_with(' ') && lines[2].contains(" no "), "{t}");
         assert!(lines[3].contains("(no cards)"));
+        // Columns line up: the used percent ends where its header ends.
+        let end = lines[0].find("USED%").unwrap() + "USED%".len();
+        assert_eq!(&lines[1][end - 2..end], "60", "{t}");
+        let end = lines[0].find("MEM USED/TOTAL MiB").unwrap() + "MEM USED/TOTAL MiB".len();
+        assert_eq!(&lines[1][end - "4096/15360".len()..end], "4096/15360", "{t}");
     }
 
     #[test]
