@@ -85,6 +85,10 @@ struct ServeArgs {
         default_value = "nano-gpu-allocator.nano-gpu-system.svc,nano-gpu-allocator.nano-gpu-system.svc.cluster.local"
     )]
     tls_dns_names: Vec<String>,
+    /// The scheduler the webhook gives pods that ask nano-gpu resources: the nano-gpu profile, or
+    /// `default-scheduler` where the default scheduler calls the extender itself.
+    #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
+    scheduler_name: String,
     /// MutatingWebhookConfiguration whose caBundle gets the generated CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
@@ -224,7 +228,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
-        let shared = server::Shared::new(view, KubeBinder::new(client.clone()));
+        let shared =
+            server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);
         if args.leader_elect {
             use nano_gpu_allocator::leader;
             shared.leader.store(false, std::sync::atomic::Ordering::SeqCst);

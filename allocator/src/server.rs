@@ -55,6 +55,14 @@ pub struct Shared<B> {
 }
 
 impl<B: Binder> Shared<B> {
+    /// The same handlers, with the webhook setting `name` as the pods' scheduler (call before sharing).
+    pub fn with_scheduler_name(mut self: Arc<Self>, name: &str) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.admission.scheduler_name = name.to_owned();
+        }
+        self
+    }
+
     /// Handlers over `state`, binding through `binder`.
     pub fn new(state: ClusterState, binder: B) -> Arc<Self> {
         let admission = Admission {
@@ -484,6 +492,17 @@ mod tests {
         );
         assert_eq!(r["response"]["patchType"], "JSONPatch");
         assert_eq!(call(&s, "POST", "/mutate", json!("nonsense")).await.0, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn the_webhook_gives_pods_the_configured_scheduler() {
+        let s = shared().with_scheduler_name("default-scheduler");
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r1", "operation": "CREATE", "object": pod("a", "1", None)}});
+        let (_, body) = call(&s, "POST", "/mutate", review).await;
+        let r: Value = serde_json::from_str(&body).unwrap();
+        let want = json!([{"op": "add", "path": "/spec/schedulerName", "value": "default-scheduler"}]);
+        assert_eq!(r["response"]["patch"], nano_gpu_proto::admission::base64(want.to_string().as_bytes()));
     }
 
     #[tokio::test]
