@@ -75,6 +75,9 @@ fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readine
     Arc::new(cards)
 }
 
+/// Registration errors in a row (other than an unreachable kubelet) that end the agent.
+const REFUSALS: u32 = 3;
+
 /// How a round of registrations ended.
 enum Registration {
     /// Registered (or shutting down), with the kubelet's socket identity from before.
@@ -207,6 +210,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         // register shows up as a change, and we register again (never the other way round).
         let before = file_identity(&kubelet);
         let socket_gone = || sockets.iter().any(|s| file_identity(s).is_none());
+        let mut refusals = 0;
         let registered = loop {
             let Some(resource) = pending.first().copied() else { break Registration::Done(before) };
             // A kubelet that started meanwhile deleted our sockets: it could not call us back.
@@ -227,7 +231,14 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     backoff = (backoff * 2).min(timing.max_backoff);
                 }
                 Err(_) if socket_gone() => break Registration::ServeAgain,
-                Err(s) => break Registration::Refused(s.message().to_owned()),
+                // A refusal repeats; a connection the restarting kubelet dropped does not.
+                Err(s) if refusals + 1 >= REFUSALS => break Registration::Refused(s.message().to_owned()),
+                Err(s) => {
+                    refusals += 1;
+                    tracing::warn!(error = %s.message(), "registration failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(timing.max_backoff);
+                }
             }
         };
         let kubelet_identity = match registered {

@@ -7,6 +7,7 @@ use nano_gpu_agent::run::{self, RunError, Timing};
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Request, Response, Status};
@@ -16,7 +17,8 @@ use tonic::{Request, Response, Status};
 struct FakeKubelet {
     dir: PathBuf,
     seen: mpsc::UnboundedSender<RegisterRequest>,
-    refuse: bool,
+    /// How many registrations to refuse before accepting (`u32::MAX`: all).
+    refuse: AtomicU32,
 }
 
 #[tonic::async_trait]
@@ -24,7 +26,11 @@ impl Registration for FakeKubelet {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let request = request.into_inner();
         let _ = self.seen.send(request.clone());
-        if self.refuse {
+        let left = self.refuse.load(Ordering::SeqCst);
+        if left > 0 {
+            if left != u32::MAX {
+                self.refuse.store(left - 1, Ordering::SeqCst);
+            }
             return Err(Status::invalid_argument("resource nano-gpu/gpu-percent is already registered"));
         }
         nano_gpu_proto::kubelet::connect(self.dir.join(&request.endpoint))
@@ -35,7 +41,7 @@ impl Registration for FakeKubelet {
 }
 
 /// Starts a fake kubelet on `dir/kubelet.sock`; dropping the returned sender stops it.
-fn kubelet(dir: &Path, refuse: bool) -> (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>) {
+fn kubelet(dir: &Path, refuse: u32) -> (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>) {
     let path = dir.join("kubelet.sock");
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         if entry.file_name().to_string_lossy().ends_with(".sock") {
@@ -47,7 +53,11 @@ fn kubelet(dir: &Path, refuse: bool) -> (mpsc::UnboundedReceiver<RegisterRequest
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet { dir: dir.to_owned(), seen, refuse }))
+            .add_service(RegistrationServer::new(FakeKubelet {
+                dir: dir.to_owned(),
+                seen,
+                refuse: AtomicU32::new(refuse),
+            }))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async {
                 stopped.await.unwrap_or(())
             }),
@@ -97,7 +107,7 @@ async fn within(limit: Duration, rx: &mut mpsc::UnboundedReceiver<RegisterReques
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     let (dir, backends) = setup("restart");
-    let (mut first, stop_first) = kubelet(&dir, false);
+    let (mut first, stop_first) = kubelet(&dir, 0);
     let (shutdown, stopped) = watch::channel(false);
     let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
     let r = within(Duration::from_secs(10), &mut first).await;
@@ -105,7 +115,7 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
 
     // A new kubelet: kubelet.sock is re-created.
     stop_first.send(()).unwrap();
-    let (mut second, _keep) = kubelet(&dir, false);
+    let (mut second, _keep) = kubelet(&dir, 0);
     within(Duration::from_secs(2), &mut second).await;
 
     // A new kubelet deletes every socket in the directory, ours included.
@@ -128,7 +138,7 @@ async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
         tokio::task::yield_now().await;
     }
     // The kubelet starts and deletes the agent's socket: the agent serves again and registers.
-    let (mut late, _keep) = kubelet(&dir, false);
+    let (mut late, _keep) = kubelet(&dir, 0);
     within(Duration::from_secs(5), &mut late).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while !dir.join("nano-gpu.sock").exists() {
@@ -141,9 +151,22 @@ async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_fails_once_is_retried_not_taken_for_a_refusal() {
+    let (dir, backends) = setup("once");
+    let (mut seen, _keep) = kubelet(&dir, 1);
+    let (shutdown, stopped) = watch::channel(false);
+    let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
+    within(Duration::from_secs(5), &mut seen).await;
+    within(Duration::from_secs(5), &mut seen).await;
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_stops_the_agent_with_the_reason() {
     let (dir, backends) = setup("refused");
-    let (_seen, _keep) = kubelet(&dir, true);
+    let (_seen, _keep) = kubelet(&dir, u32::MAX);
     let (_shutdown, stopped) = watch::channel(false);
     let result =
         tokio::time::timeout(Duration::from_secs(10), agent(dir.clone(), backends, stopped)).await.unwrap();
