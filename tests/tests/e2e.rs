@@ -410,6 +410,14 @@ async fn the_system_works_against_the_real_control_plane() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(http_get(&format!("{}/readyz", cluster.extender())).0, 200, "the first replica leads");
     assert_eq!(http_get(&format!("{follower}/readyz")).0, 503, "the second replica follows");
+    // A follower that is asked anyway refuses to decide.
+    let args = json!({"Pod": percent_pod("probe", 10), "NodeNames": ["node-1"]}).to_string();
+    let out = Command::new("curl")
+        .args(["-s", "-X", "POST", "--data", &args, &format!("{follower}/filter")])
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(answer["Error"].as_str().is_some_and(|e| !e.is_empty()), "the follower decided: {answer}");
     kill_and_restart(&cluster, "allocator", false);
     wait_until("the second replica takes over", Duration::from_secs(30), || async {
         http_get(&format!("{follower}/readyz")).0 == 200
