@@ -48,6 +48,8 @@ if [[ ${NANO_GPU_LOCAL_BASE:-0} == 1 ]]; then
     log "making the builder base (debootstrap + gcc + the host's Rust toolchain)"
     debootstrap --variant=minbase --include=gcc,libc6-dev,ca-certificates bookworm \
       "$work/builder-rootfs" http://deb.debian.org/debian >&2
+    # The host's trusted CAs (a proxy on the way to crates.io may need its own).
+    cp /etc/ssl/certs/ca-certificates.crt "$work/builder-rootfs/etc/ssl/certs/ca-certificates.crt"
     sysroot=$(rustc --print sysroot)
     mkdir -p "$work/builder-rootfs/usr/local/rust"
     cp -a "$sysroot/." "$work/builder-rootfs/usr/local/rust/"
