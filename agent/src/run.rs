@@ -75,6 +75,17 @@ fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readine
     Arc::new(cards)
 }
 
+/// Stops the plugin servers of one round.
+fn stop_serving(
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    servers: &[tokio::task::JoinHandle<Result<(), String>>],
+) {
+    for s in stops {
+        let _ = s.send(());
+    }
+    servers.iter().for_each(|s| s.abort());
+}
+
 /// Registration errors in a row (other than an unreachable kubelet) that end the agent.
 const REFUSALS: u32 = 3;
 
@@ -193,16 +204,6 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        if deleted {
-            tracing::info!(
-                "a plugin socket was deleted before registration (kubelet starting?); serving again"
-            );
-            for s in stops {
-                let _ = s.send(());
-            }
-            servers.iter().for_each(|s| s.abort());
-            continue;
-        }
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
         let mut pending: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
@@ -214,7 +215,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let registered = loop {
             let Some(resource) = pending.first().copied() else { break Registration::Done(before) };
             // A kubelet that started meanwhile deleted our sockets: it could not call us back.
-            if socket_gone() {
+            if deleted || socket_gone() {
                 break Registration::ServeAgain;
             }
             match plugin::register(kubelet.clone(), resource).await {
@@ -244,19 +245,12 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let kubelet_identity = match registered {
             Registration::Done(id) => id,
             Registration::ServeAgain => {
-                tracing::info!(
-                    "a plugin socket was deleted while registering (kubelet starting?); serving again"
-                );
-                for s in stops {
-                    let _ = s.send(());
-                }
-                servers.iter().for_each(|s| s.abort());
+                tracing::info!("a plugin socket was deleted (kubelet starting?); serving again");
+                stop_serving(stops, &servers);
                 continue;
             }
             Registration::Refused(message) => {
-                for s in stops {
-                    let _ = s.send(());
-                }
+                stop_serving(stops, &servers);
                 break Err(RunError::Refused(message));
             }
         };
@@ -273,10 +267,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         };
         readiness.set_registered(false);
-        for s in stops {
-            let _ = s.send(());
-        }
-        servers.iter().for_each(|s| s.abort());
+        stop_serving(stops, &servers);
         if !restarted {
             break Ok(());
         }
