@@ -5,6 +5,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use nano_gpu_allocator::sim::{self, Options, trace};
 use std::path::PathBuf;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "nano-gpu-allocator",
