@@ -60,7 +60,9 @@ fn serve(flags: &Flags) -> ExitCode {
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_proto::client::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
-                    let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone());
+                    let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
+                    let publisher =
+                        nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone()).watching(seen);
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);

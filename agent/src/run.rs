@@ -143,10 +143,18 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                         }
                     }
                 }
-                // Re-read on the period, or at once when a card's health changed.
+                // Re-read on the period, at once when a card's health changed, and publish again
+                // when the Node changed (someone removed or edited what we wrote).
+                let node_changed = async {
+                    match publisher.as_mut() {
+                        Some(p) => p.node_changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = health.changed.notified() => {}
+                    _ = node_changed => {}
                 }
                 fresh = read(&backends, &health, &readiness);
                 cards.send_if_modified(|current| {

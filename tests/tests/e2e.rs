@@ -392,6 +392,18 @@ async fn the_system_works_against_the_real_control_plane() {
     wait_running(&pods, &after, Duration::from_secs(120)).await;
     check_consistency(&cluster, &client).await;
 
+    // An agent writes its Node's inventory again when someone removes it.
+    let remove = json!({"metadata": {"annotations": {GPUS_ANNOTATION: null}}});
+    nodes
+        .patch("node-3", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&remove))
+        .await
+        .unwrap();
+    wait_until("node-3's inventory written again", Duration::from_secs(30), || async {
+        let n = nodes.get("node-3").await.unwrap();
+        n.metadata.annotations.is_some_and(|a| a.contains_key(GPUS_ANNOTATION))
+    })
+    .await;
+
     // Two allocator replicas: only the leader is ready (so only it serves); killing it hands over.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let tls = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
