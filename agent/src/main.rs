@@ -95,11 +95,8 @@ fn serve(flags: &Flags) -> ExitCode {
         let stop_xids = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         if flags.fake_inventory.is_none() {
             let (health, stop, lib) = (health.clone(), stop_xids.clone(), flags.nvml_lib.clone());
-            std::thread::spawn(move || {
-                if let Err(e) = inventory::watch_xids(&lib, &health, &stop) {
-                    tracing::warn!(error = %e, "no XID events from NVML; card health is not watched");
-                }
-            });
+            let retry = timing.refresh;
+            std::thread::spawn(move || inventory::watch_xids_retrying(&lib, &health, &stop, retry));
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());

@@ -2,7 +2,7 @@
 //! the card's health; application XIDs do not.
 
 use nano_gpu_agent::health::Health;
-use nano_gpu_agent::inventory::{Card, watch_xids};
+use nano_gpu_agent::inventory::{Card, watch_xids_retrying};
 use nano_gpu_proto::units::MiB;
 use std::process::Command;
 use std::sync::Arc;
@@ -51,10 +51,17 @@ fn critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path() {
     }
     let health = Arc::new(Health::new(Duration::from_secs(300)));
     let stop = Arc::new(AtomicBool::new(false));
+    // The library appears only after the watcher has started (a driver that loads late): the
+    // watcher keeps trying and then delivers the events.
+    let late = std::env::temp_dir().join(format!("nano-gpu-xid-late-{}", std::process::id()));
+    std::fs::create_dir_all(&late).unwrap();
+    let lib = late.join("libnvidia-ml.so.1");
     let watcher = {
-        let (health, stop, lib) = (health.clone(), stop.clone(), fake_nvml());
-        std::thread::spawn(move || watch_xids(&lib, &health, &stop))
+        let (health, stop, lib) = (health.clone(), stop.clone(), lib.clone());
+        std::thread::spawn(move || watch_xids_retrying(&lib, &health, &stop, Duration::from_millis(100)))
     };
+    std::thread::sleep(Duration::from_millis(300));
+    std::os::unix::fs::symlink(fake_nvml(), &lib).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     runtime
         .block_on(async { tokio::time::timeout(Duration::from_secs(5), health.changed.notified()).await })
@@ -67,5 +74,6 @@ fn critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path() {
         "XID 79 counts, application XID 43 does not"
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    watcher.join().unwrap().unwrap();
+    watcher.join().unwrap();
+    std::fs::remove_dir_all(&late).unwrap();
 }

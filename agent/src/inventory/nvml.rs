@@ -53,6 +53,33 @@ impl GpuInventory for NvmlInventory {
     }
 }
 
+/// [`watch_xids`], started again every `retry` while NVML cannot deliver events (the driver may load
+/// after the agent starts, or a card may fall off the bus), until `stop`. Says why in the log, once
+/// per different reason. Blocking: run it on its own thread.
+pub fn watch_xids_retrying(
+    lib: &std::path::Path,
+    health: &crate::health::Health,
+    stop: &std::sync::atomic::AtomicBool,
+    retry: std::time::Duration,
+) {
+    use std::sync::atomic::Ordering;
+    let mut said = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        match watch_xids(lib, health, stop) {
+            Ok(()) => return,
+            Err(e) if e != said => {
+                tracing::warn!(error = %e, retry_s = retry.as_secs(), "no XID events from NVML; card health is not watched until it can be");
+                said = e;
+            }
+            Err(_) => {}
+        }
+        let until = std::time::Instant::now() + retry;
+        while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(100).min(retry));
+        }
+    }
+}
+
 /// Listens for critical XID events on every NVIDIA card and records them in `health`, until `stop`.
 /// Blocking: run it on its own thread. Returns the reason if NVML cannot deliver events.
 pub fn watch_xids(
