@@ -90,8 +90,32 @@ impl Extender {
 
     /// `POST /filter`. Takes the arguments by value: the candidate names move into the answer.
     pub fn filter(&mut self, mut args: ExtenderArgs) -> ExtenderFilterResult {
-        let mut result = ExtenderFilterResult { node_names: Some(Vec::new()), ..Default::default() };
-        let Some(pod) = args.pod.as_ref() else {
+        let by_name = args.node_names.is_some();
+        let names = args.take_candidate_names();
+        let mut result = self.filter_names(args.pod.as_ref(), names);
+        if let (false, Some(list), Some(passed)) = (by_name, &args.nodes, &result.node_names) {
+            let mut nodes = list.clone();
+            nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
+            result.nodes = Some(nodes);
+        }
+        result
+    }
+
+    /// The filter decision for candidate `names` (owned or borrowed from the request), which move
+    /// into the answer.
+    pub fn filter_names<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> ExtenderFilterResult<N> {
+        let mut result = ExtenderFilterResult {
+            nodes: None,
+            node_names: Some(Vec::new()),
+            failed_nodes: BTreeMap::new(),
+            failed_and_unresolvable_nodes: BTreeMap::new(),
+            error: String::new(),
+        };
+        let Some(pod) = pod else {
             result.error = "request has no Pod".to_owned();
             return result;
         };
@@ -102,12 +126,10 @@ impl Extender {
                 return result;
             }
         };
-        let by_name = args.node_names.is_some();
-        let names = args.take_candidate_names();
         let mut passed = Vec::with_capacity(names.len());
         let prepared = self.engine.prepare(&req);
         for name in names {
-            let Some(id) = self.engine.cluster().id(&name) else {
+            let Some(id) = self.engine.cluster().id(name.as_ref()) else {
                 result
                     .failed_and_unresolvable_nodes
                     .insert(name, "node has no nano-gpu inventory".to_owned());
@@ -123,28 +145,32 @@ impl Extender {
                 }
             }
         }
-        if let (false, Some(list)) = (by_name, &args.nodes) {
-            let mut nodes = list.clone();
-            nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
-            result.nodes = Some(nodes);
-        }
         result.node_names = Some(passed);
         result
     }
 
     /// `POST /prioritize`: 10 for the node the engine would choose, 0..=9 for the others.
     pub fn prioritize(&mut self, mut args: ExtenderArgs) -> HostPriorityList {
-        self.refresh_order();
         let names = args.take_candidate_names();
-        let Some(Ok((_, req))) = args.pod.as_ref().map(|p| self.request(p)) else {
+        self.prioritize_names(args.pod.as_ref(), names)
+    }
+
+    /// The scores of candidate `names` (owned or borrowed from the request).
+    pub fn prioritize_names<N: AsRef<str>>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> HostPriorityList<N> {
+        self.refresh_order();
+        let Some(Ok((_, req))) = pod.map(|p| self.request(p)) else {
             return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
         };
         // Per candidate: (score, tiebreak, rank in the node order), if it fits.
         type Value = (f64, [f64; 2], u32);
-        let mut scored: Vec<(String, Option<Value>)> = Vec::with_capacity(names.len());
+        let mut scored: Vec<(N, Option<Value>)> = Vec::with_capacity(names.len());
         let prepared = self.engine.prepare(&req);
         for name in names {
-            let value = self.engine.cluster().id(&name).and_then(|id| {
+            let value = self.engine.cluster().id(name.as_ref()).and_then(|id| {
                 let rank = self.order.rank(id);
                 self.engine
                     .evaluate_prepared(prepared, &req, id)

@@ -138,28 +138,66 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
+/// A filter or prioritize body.
+enum Candidates<'a> {
+    /// `NodeNames` borrowed from the body (no allocation per name): the common case. Node names need
+    /// no JSON escapes; a body that has them, or carries `Nodes`, is read owned.
+    Borrowed(Option<Pod>, Vec<&'a str>),
+    /// Anything else.
+    Owned(ExtenderArgs),
+}
+
+impl Candidates<'_> {
+    fn pod(&self) -> Option<&Pod> {
+        match self {
+            Candidates::Borrowed(pod, _) => pod.as_ref(),
+            Candidates::Owned(args) => args.pod.as_ref(),
+        }
+    }
+}
+
+fn candidates(body: &Bytes) -> Result<Candidates<'_>, String> {
+    if let Ok(ExtenderArgs { pod, nodes: None, node_names: Some(names) }) = serde_json::from_slice(body) {
+        return Ok(Candidates::Borrowed(pod, names));
+    }
+    decode(body, "ExtenderArgs").map(Candidates::Owned)
+}
+
 async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
+    let args = match candidates(&body) {
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Filter, started, e),
     };
-    if let Some(pod) = &args.pod {
+    if let Some(pod) = args.pod() {
         s.remember(pod);
     }
     if !s.leader.load(Ordering::SeqCst) {
         s.metrics.observe(Verb::Filter, false, started.elapsed());
         let error = NOT_LEADER.to_owned();
-        return json(&ExtenderFilterResult { node_names: Some(Vec::new()), error, ..Default::default() });
+        return json(&ExtenderFilterResult::<String> {
+            node_names: Some(Vec::new()),
+            error,
+            ..Default::default()
+        });
     }
-    let result = s.state().filter(args);
-    s.metrics.observe(Verb::Filter, result.error.is_empty(), started.elapsed());
-    json(&result)
+    let (ok, response) = match args {
+        Candidates::Borrowed(pod, names) => {
+            let result = s.state().filter_names(pod.as_ref(), names);
+            (result.error.is_empty(), json(&result))
+        }
+        Candidates::Owned(args) => {
+            let result = s.state().filter(args);
+            (result.error.is_empty(), json(&result))
+        }
+    };
+    s.metrics.observe(Verb::Filter, ok, started.elapsed());
+    response
 }
 
 async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let args: ExtenderArgs = match decode(&body, "ExtenderArgs") {
+    let args = match candidates(&body) {
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
@@ -167,9 +205,12 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         s.metrics.observe(Verb::Prioritize, false, started.elapsed());
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
     }
-    let result = s.state().prioritize(args);
+    let response = match args {
+        Candidates::Borrowed(pod, names) => json(&s.state().prioritize_names(pod.as_ref(), names)),
+        Candidates::Owned(args) => json(&s.state().prioritize(args)),
+    };
     s.metrics.observe(Verb::Prioritize, true, started.elapsed());
-    json(&result)
+    response
 }
 
 async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
@@ -515,6 +556,29 @@ mod tests {
         assert!(String::from_utf8_lossy(&body).starts_with("invalid ExtenderArgs: key must be a string"));
         let (status, _) = call(&s, "POST", "/bind", json!({"PodName": 3})).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn names_with_json_escapes_get_the_same_answers_as_plain_ones() {
+        // Plain names are read borrowed from the body; escaped ones take the owned path.
+        let s = shared();
+        let pod = serde_json::to_string(&pod("a", "7", None)).unwrap();
+        let raw = |path: &'static str, names: &'static str| {
+            let body = format!(r#"{{"Pod":{pod},"NodeNames":{names}}}"#);
+            let s = s.clone();
+            async move {
+                let req = Request::builder().method("POST").uri(path).body(Body::from(body)).unwrap();
+                let resp = router(s).oneshot(req).await.unwrap();
+                let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                serde_json::from_slice::<Value>(&bytes).unwrap()
+            }
+        };
+        for path in ["/filter", "/prioritize"] {
+            let plain = raw(path, r#"["n1","n2"]"#).await;
+            let escaped = raw(path, r#"["n\u0031","n2"]"#).await;
+            assert_eq!(plain, escaped, "{path}");
+            assert!(plain.to_string().contains("n1"), "{path}: {plain}");
+        }
     }
 
     #[tokio::test]

@@ -401,6 +401,24 @@ impl ClusterState {
         self.extender.prioritize(args)
     }
 
+    /// `POST /filter` with the node names borrowed from the request.
+    pub fn filter_names<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> ExtenderFilterResult<N> {
+        self.extender.filter_names(pod, names)
+    }
+
+    /// `POST /prioritize` with the node names borrowed from the request.
+    pub fn prioritize_names<N: AsRef<str>>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> HostPriorityList<N> {
+        self.extender.prioritize_names(pod, names)
+    }
+
     /// Chooses the cards for `pod` on `node` and reserves them. A pod that already holds cards on that
     /// node (kube-scheduler retrying a bind) gets the same assignment again.
     pub fn reserve(&mut self, pod: &Pod, node: &str, now: SystemTime) -> Result<Reservation, BindError> {

@@ -36,10 +36,11 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// Body of `POST /filter` and `POST /prioritize`.
+/// Body of `POST /filter` and `POST /prioritize`. Node names are `String`s, or `&str` borrowed from
+/// the request body on the extender's hot path (thousands of names per request).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<N = String> {
     /// The pod being scheduled.
     #[serde(default)]
     pub pod: Option<Pod>,
@@ -48,7 +49,7 @@ pub struct ExtenderArgs {
     pub nodes: Option<NodeList>,
     /// Candidate node names, only when the extender is `nodeCacheCapable`.
     #[serde(default)]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<N>>,
 }
 
 impl ExtenderArgs {
@@ -73,23 +74,23 @@ impl ExtenderArgs {
 /// Node name → reason it failed.
 pub type FailedNodesMap = BTreeMap<String, String>;
 
-/// Response of `POST /filter`.
+/// Response of `POST /filter`, with node names as the request had them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderFilterResult {
+pub struct ExtenderFilterResult<N: Ord = String> {
     /// Nodes that fit, in full (only when the request carried `Nodes`).
     #[serde(default)]
     pub nodes: Option<NodeList>,
     /// Names of the nodes that fit (when the request carried `NodeNames`). Must be non-null then:
     /// a null list means no node passed.
     #[serde(default)]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<N>>,
     /// Nodes that do not fit now but might after preemption.
     #[serde(default, deserialize_with = "null_default")]
-    pub failed_nodes: FailedNodesMap,
+    pub failed_nodes: BTreeMap<N, String>,
     /// Nodes on which the pod can never fit; preemption skips them.
     #[serde(default, deserialize_with = "null_default")]
-    pub failed_and_unresolvable_nodes: FailedNodesMap,
+    pub failed_and_unresolvable_nodes: BTreeMap<N, String>,
     /// A non-empty error fails the scheduling attempt.
     #[serde(default, deserialize_with = "null_default")]
     pub error: String,
@@ -98,15 +99,15 @@ pub struct ExtenderFilterResult {
 /// One node's score from `POST /prioritize`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct HostPriority {
+pub struct HostPriority<N = String> {
     /// Node name.
-    pub host: String,
+    pub host: N,
     /// 0..=10.
     pub score: i64,
 }
 
 /// Response of `POST /prioritize`.
-pub type HostPriorityList = Vec<HostPriority>;
+pub type HostPriorityList<N = String> = Vec<HostPriority<N>>;
 
 /// Body of `POST /bind`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
