@@ -43,6 +43,23 @@ fn pod(name: &str, asks: u32, card: (&str, u32), memory: Option<u64>) -> Value {
            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {GPU_PERCENT: asks.to_string()}}}]}})
 }
 
+/// The kubelet's GetPreferredAllocation for one container of `size` among `available`.
+async fn preferred(
+    plugin: &mut DevicePluginClient<tonic::transport::Channel>,
+    available: Vec<String>,
+    size: i32,
+) -> Vec<String> {
+    let request = PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: available,
+            must_include_device_i_ds: vec![],
+            allocation_size: size,
+        }],
+    };
+    let answer = plugin.get_preferred_allocation(request).await.unwrap().into_inner();
+    answer.container_responses[0].device_i_ds.clone()
+}
+
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..200 {
         if check() {
@@ -131,18 +148,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     all.extend(ids("GPU-b", 0..100));
 
     // Steer: the pod being admitted ("steered", listed by pod-resources) was assigned GPU-b.
-    let preferred = kubelet
-        .get_preferred_allocation(PreferredAllocationRequest {
-            container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: all.clone(),
-                must_include_device_i_ds: vec![],
-                allocation_size: 30,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let chosen = preferred.container_responses[0].device_i_ds.clone();
+    let chosen = preferred(&mut kubelet, all.clone(), 30).await;
     assert!(chosen.len() == 30 && chosen.iter().all(|id| id.starts_with("GPU-b-")), "{chosen:?}");
 
     // Derive: the container sees the card of its IDs, with the memory it asked.
@@ -209,18 +215,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     pod_resources.put(Allocated { resource: GPUSHARE_MEMORY.into(), ..entry("shared", &[]) });
     let units: Vec<String> =
         ["GPU-a", "GPU-b"].iter().flat_map(|u| (0..15).map(move |n| device_id::encode_unit(u, n))).collect();
-    let preferred = memory
-        .get_preferred_allocation(PreferredAllocationRequest {
-            container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: units,
-                must_include_device_i_ds: vec![],
-                allocation_size: 4,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let chosen = preferred.container_responses[0].device_i_ds.clone();
+    let chosen = preferred(&mut memory, units, 4).await;
     assert!(chosen.len() == 4 && chosen.iter().all(|id| id.starts_with("GPU-b-m")), "{chosen:?}");
     let got = memory.allocate(allocate(chosen)).await.unwrap().into_inner();
     let env = &got.container_responses[0].envs;
