@@ -207,12 +207,29 @@ impl Lister for PodResourcesSocket {
                 Status::unavailable(format!("pod-resources socket {}: {e}", self.path.display()))
             })?),
         };
-        let answer = tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
-            .await
-            .map_err(|_| Status::deadline_exceeded("pod-resources List took too long"))??;
+        // The kubelet rate-limits pod-resources (100 calls/s, bursts of 10); a burst of admissions can
+        // reach that, and identifying by the pod watch alone is a guess: wait and ask again.
+        let mut pause = Duration::from_millis(10);
+        let answer = loop {
+            let call = tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
+                .await
+                .map_err(|_| Status::deadline_exceeded("pod-resources List took too long"))?;
+            match call {
+                Err(s) if rate_limited(&s) && pause < Duration::from_secs(1) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                other => break other?,
+            }
+        };
         *slot = Some(client);
         Ok(answer.into_inner())
     }
+}
+
+/// The kubelet's answer when pod-resources is called too often.
+fn rate_limited(s: &Status) -> bool {
+    s.code() == tonic::Code::ResourceExhausted || s.message().contains("rate limit")
 }
 
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -311,6 +328,16 @@ impl Identity {
         }
     }
 
+    /// [`Identity::candidates`] without the agent's own record (pod-resources alone), no waiting.
+    async fn candidates_unrecorded(&self, size: u64) -> Vec<Pending> {
+        let served = match self.lister.list().await {
+            Ok(list) => Served::from_list(&list, self.resource.name()),
+            Err(_) => return Vec::new(),
+        };
+        let snapshot = self.pods.borrow().clone();
+        pending(&snapshot, &served, &HashSet::new(), size)
+    }
+
     /// GetPreferredAllocation for one container: IDs on the cards of the container most likely
     /// asking, else the card-packing choice.
     async fn prefer(&self, available: &[String], must: &[String], size: usize) -> Vec<String> {
@@ -332,7 +359,12 @@ impl Identity {
     /// The grants of the container an Allocate of `ids` (on `cards`) is for; an error the kubelet
     /// reports (and an Event) when no pod placed here by nano-gpu can own them.
     async fn claim(&self, ids: &[String], cards: &BTreeSet<&str>) -> Result<Claimed, Status> {
-        let candidates = self.candidates(ids.len() as u64).await;
+        let mut candidates = self.candidates(ids.len() as u64).await;
+        if candidates.is_empty() {
+            // An earlier guess may have taken this container's place in the record of what the
+            // agent allocated: ask again, trusting pod-resources alone.
+            candidates = self.candidates_unrecorded(ids.len() as u64).await;
+        }
         let key = sorted(ids);
         let steered = {
             let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
