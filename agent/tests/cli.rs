@@ -73,16 +73,6 @@ fn a_refused_registration_ends_the_agent_with_the_kubelets_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `libfakenvml.so`, built next to this test because `fakenvml` is a dev-dependency.
-fn fake_nvml() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join("libfakenvml.so"), deps.join("../libfakenvml.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libfakenvml.so is built")
-}
-
 #[test]
 fn inventory_reads_nvidia_cards_through_the_real_nvml_ffi_path() {
     let dir = std::env::temp_dir().join(format!("nano-gpu-agent-nvml-{}", std::process::id()));
@@ -93,7 +83,7 @@ fn inventory_reads_nvidia_cards_through_the_real_nvml_ffi_path() {
         {"uuid":"GPU-9c1d2e3f-0000-1111-2222-333344445555","name":"NVIDIA A100-SXM4-80GB","memoryMiB":81920}]}"#).unwrap();
     let out = agent()
         .arg("--nvml-lib")
-        .arg(fake_nvml())
+        .arg(nano_gpu_tests::fake_nvml())
         .arg("--sysfs-root")
         .arg(dir.join("no-sysfs"))
         .arg("inventory")

@@ -11,15 +11,6 @@ use std::time::{Duration, Instant};
 
 const TEST: &str = "critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path";
 
-fn fake_nvml() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join("libfakenvml.so"), deps.join("../libfakenvml.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libfakenvml.so is built")
-}
-
 fn card(uuid: &str) -> Card {
     Card::nvidia(0, uuid, "m", MiB(1), None)
 }
@@ -61,7 +52,7 @@ fn critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path() {
         std::thread::spawn(move || watch_xids_retrying(&lib, &health, &stop, Duration::from_millis(100)))
     };
     std::thread::sleep(Duration::from_millis(300));
-    std::os::unix::fs::symlink(fake_nvml(), &lib).unwrap();
+    std::os::unix::fs::symlink(nano_gpu_tests::fake_nvml(), &lib).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     runtime
         .block_on(async { tokio::time::timeout(Duration::from_secs(5), health.changed.notified()).await })

@@ -25,6 +25,17 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// `libfakenvml.so` as cargo built it for the running test (a dev-dependency): next to the binaries,
+/// or only among their deps after a cold build.
+pub fn fake_nvml() -> PathBuf {
+    let bin = workspace_binary("libfakenvml.so");
+    let dir = bin.parent().map(PathBuf::from).unwrap_or_default();
+    [bin, dir.join("deps/libfakenvml.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("libfakenvml.so is built (fakenvml is a dev-dependency of the tests)")
+}
+
 /// The 99th percentile (nearest rank) of samples; 0 for none.
 pub fn p99(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {

@@ -17,14 +17,6 @@ use std::time::{Duration, Instant};
 
 const NS: &str = "e2e";
 
-/// `libfakenvml.so` as cargo built it for the tests (next to the binaries, or among their deps).
-fn fake_nvml(bin: &Path) -> PathBuf {
-    [bin.join("libfakenvml.so"), bin.join("deps/libfakenvml.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libfakenvml.so is built (a dev-dependency of the tests)")
-}
-
 /// The running cluster; stopped (every process) when dropped.
 struct Cluster {
     dir: PathBuf,
@@ -40,7 +32,7 @@ impl Cluster {
             .arg(root.join("hack/cluster.sh"))
             .args(["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()])
             .env("NANO_GPU_BIN", &bin)
-            .env("NANO_GPU_FAKE_NVML", fake_nvml(&bin))
+            .env("NANO_GPU_FAKE_NVML", nano_gpu_tests::fake_nvml())
             .status()
             .unwrap();
         // From here on, a failure stops what was started.
