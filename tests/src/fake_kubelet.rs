@@ -15,6 +15,7 @@ use nano_gpu_proto::kubelet::podresources::{
     PodResources,
 };
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
@@ -36,17 +37,31 @@ pub struct Allocated {
 
 /// What pod-resources answers; the test changes it as "the kubelet" allocates.
 #[derive(Clone, Default)]
-pub struct PodResourcesState(Arc<Mutex<Vec<Allocated>>>);
+pub struct PodResourcesState {
+    entries: Arc<Mutex<Vec<Allocated>>>,
+    limited: Arc<AtomicU32>,
+    calls: Arc<AtomicU32>,
+}
 
 impl PodResourcesState {
     /// Replaces the whole answer.
     pub fn set(&self, entries: Vec<Allocated>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = entries;
+        *self.entries.lock().unwrap_or_else(|e| e.into_inner()) = entries;
+    }
+
+    /// Refuses the next `n` List calls the way the kubelet's rate limiter does.
+    pub fn rate_limit(&self, n: u32) {
+        self.limited.store(n, Ordering::SeqCst);
+    }
+
+    /// List calls received so far (refused ones included).
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
     }
 
     /// Adds or replaces one container's entry.
     pub fn put(&self, entry: Allocated) {
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|a| {
             (&a.namespace, &a.pod, &a.container) != (&entry.namespace, &entry.pod, &entry.container)
         });
@@ -60,7 +75,11 @@ impl PodResourcesLister for PodResourcesState {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        let all = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.limited.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(Status::resource_exhausted("rejected by rate limit"));
+        }
+        let all = self.entries.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut pods: Vec<PodResources> = Vec::new();
         for a in all {
             let at = match pods.iter().position(|p| p.namespace == a.namespace && p.name == a.pod) {
