@@ -42,18 +42,7 @@ fn serve(flags: &Flags) -> ExitCode {
     let result = runtime.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            let term = async {
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(mut s) => {
-                        s.recv().await;
-                    }
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term => {}
-            }
+            nano_gpu_proto::client::terminated().await;
             let _ = stop.send(true);
         });
         let resources = flags.resources();

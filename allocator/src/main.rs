@@ -310,18 +310,7 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
 }
 
 async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
+    nano_gpu_proto::client::terminated().await;
     tracing::info!("shutting down");
 }
 

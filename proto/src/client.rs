@@ -1,5 +1,6 @@
-//! A kube client the way kubectl finds its cluster: from `--kubeconfig` when given, else `KUBECONFIG`,
-//! `~/.kube/config` or the in-cluster service account.
+//! What both binaries need to run in a cluster: a kube client the way kubectl finds its cluster (from
+//! `--kubeconfig` when given, else `KUBECONFIG`, `~/.kube/config` or the in-cluster service account),
+//! and the signal that stops them.
 
 use std::path::Path;
 
@@ -13,4 +14,20 @@ pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
         .await
         .map_err(kube::Error::InferKubeconfig)?;
     kube::Client::try_from(config)
+}
+
+/// Resolves at Ctrl-C or SIGTERM (what the kubelet sends a container to stop it).
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
 }
