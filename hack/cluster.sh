@@ -58,17 +58,8 @@ source "$DIR/control-plane.env"
 trap 'log "up failed; logs in $DIR"; bash "$ROOT/hack/control-plane.sh" stop "$DIR"' EXIT
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
 
-USED=" "
-free_port() {
-  local p i
-  for ((i = 0; i < 100; i++)); do
-    p=$((20000 + RANDOM % 30000))
-    if [[ $USED != *" $p "* ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      USED+="$p "; printf -v "$1" %s "$p"; return
-    fi
-  done
-  die "no free loopback port"
-}
+# shellcheck source=hack/ports.sh
+source "$ROOT/hack/ports.sh"
 
 launch() {
   local name=$1; shift

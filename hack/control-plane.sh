@@ -47,17 +47,8 @@ stop() {
 }
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# free_port VAR: sets VAR to a loopback port nothing listens on and that no
-# earlier call handed out.
-USED=" "
-free_port() {
-  local p i
-  for ((i = 0; i < 100; i++)); do
-    p=$((20000 + RANDOM % 30000))
-    [[ $USED != *" $p "* ]] && ! listening "$p" && { USED+="$p "; printf -v "$1" %s "$p"; return; }
-  done
-  die "no free loopback port found"
-}
+# shellcheck source=hack/ports.sh
+source "$ROOT/hack/ports.sh"
 
 # cert NAME SUBJECT EXTENSIONS: EC key + cert signed by the test CA.
 cert() {
