@@ -441,5 +441,14 @@ async fn the_system_works_against_the_real_control_plane() {
     .await;
     let (_, view) = http_get(&format!("{follower}/inspect"));
     assert!(view.contains("e2e/burst-000"), "the new leader sees the cluster");
+
+    // The webhook's allocator (the first replica) is gone now: only pods asking GPU resources are
+    // sent to it (matchConditions), so a CPU-only pod is still admitted, a GPU pod is refused.
+    let cpu_only: Pod = serde_json::from_value(json!({"metadata": {"name": "cpu-only", "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &cpu_only).await.expect("a CPU-only pod is not sent to the webhook");
+    let refused = pods.create(&PostParams::default(), &percent_pod("gpu-while-down", 10)).await.unwrap_err();
+    assert!(refused.to_string().contains("failed calling webhook"), "{refused}");
     drop(second);
 }
