@@ -10,6 +10,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The engine alone, with proto's features as the engine asks them (none): in the workspace build
+# above, features other crates turn on could hide an engine that reaches for proto's k8s or gRPC parts.
+echo "== cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
+cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
 # The end-to-end test runs the real kube-apiserver and kube-scheduler: build them first (once per
 # version, cached), so their build shows here rather than inside the test.
 echo "== upstream Kubernetes binaries (hack/k8s-build.sh)"

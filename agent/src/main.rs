@@ -42,12 +42,12 @@ fn serve(flags: &Flags) -> ExitCode {
     let result = runtime.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            nano_gpu_proto::client::terminated().await;
+            nano_gpu_runtime::terminated().await;
             let _ = stop.send(true);
         });
         let resources = flags.resources();
         let (publisher, plugins) = match &flags.node_name {
-            Some(node) => match nano_gpu_proto::client::connect(flags.kubeconfig.as_deref()).await {
+            Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let publisher =

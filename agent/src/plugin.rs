@@ -203,7 +203,7 @@ impl Lister for PodResourcesSocket {
         let mut slot = self.client.lock().await;
         let mut client = match slot.take() {
             Some(c) => c,
-            None => PodResourcesListerClient::new(connect(self.path.clone()).await.map_err(|e| {
+            None => PodResourcesListerClient::new(nano_gpu_runtime::unix_channel(self.path.clone()).await.map_err(|e| {
                 Status::unavailable(format!("pod-resources socket {}: {e}", self.path.display()))
             })?),
         };
@@ -552,12 +552,10 @@ pub async fn serve_on(
     Ok(())
 }
 
-pub use nano_gpu_proto::kubelet::connect;
-
 /// Registers `resource` with the kubelet; the plugin serves on `resource.socket()` in the kubelet's
 /// directory.
 pub async fn register(kubelet_socket: PathBuf, resource: Resource) -> Result<(), Status> {
-    let channel = connect(kubelet_socket).await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let channel = nano_gpu_runtime::unix_channel(kubelet_socket).await.map_err(|e| Status::unavailable(e.to_string()))?;
     let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
     let request = RegisterRequest {
         version: VERSION.into(),

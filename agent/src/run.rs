@@ -196,7 +196,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         // A kubelet that starts now deletes every socket in the directory: serve again then.
         let mut deleted = false;
         for (socket, server) in sockets.iter().zip(&mut servers) {
-            while plugin::connect(socket.clone()).await.is_err() {
+            while nano_gpu_runtime::unix_channel(socket.clone()).await.is_err() {
                 if server.is_finished() {
                     let message = match server.await {
                         Ok(Err(m)) => m,

@@ -142,7 +142,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(ready, (200, "serving 2 card(s)".to_string()));
-    let channel = nano_gpu_agent::plugin::connect(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
+    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
     let mut kubelet = DevicePluginClient::new(channel);
     let mut all = ids("GPU-a", 0..100);
     all.extend(ids("GPU-b", 0..100));
@@ -210,7 +210,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     let second =
         tokio::time::timeout(Duration::from_secs(10), fake.registrations.recv()).await.unwrap().unwrap();
     assert_eq!(second.resource_name, GPUSHARE_MEMORY);
-    let channel = nano_gpu_agent::plugin::connect(fake.plugin_dir.join(&second.endpoint)).await.unwrap();
+    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join(&second.endpoint)).await.unwrap();
     let mut memory = DevicePluginClient::new(channel);
     pod_resources.put(Allocated { resource: GPUSHARE_MEMORY.into(), ..entry("shared", &[]) });
     let units: Vec<String> =

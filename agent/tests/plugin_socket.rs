@@ -42,7 +42,7 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
     });
     let mut client = loop {
         // Ready when a connection succeeds (never by testing that the file exists).
-        if let Ok(channel) = plugin::connect(plugin_socket.clone()).await {
+        if let Ok(channel) = nano_gpu_runtime::unix_channel(plugin_socket.clone()).await {
             break DevicePluginClient::new(channel);
         }
         tokio::task::yield_now().await;
@@ -107,7 +107,7 @@ async fn gpushare_memory_is_served_as_one_id_per_gib_with_gpushares_environment(
         }
     });
     let mut client = loop {
-        if let Ok(channel) = plugin::connect(socket.clone()).await {
+        if let Ok(channel) = nano_gpu_runtime::unix_channel(socket.clone()).await {
             break DevicePluginClient::new(channel);
         }
         tokio::task::yield_now().await;

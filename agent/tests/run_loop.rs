@@ -33,7 +33,7 @@ impl Registration for FakeKubelet {
             }
             return Err(Status::invalid_argument("resource nano-gpu/gpu-percent is already registered"));
         }
-        nano_gpu_proto::kubelet::connect(self.dir.join(&request.endpoint))
+        nano_gpu_runtime::unix_channel(self.dir.join(&request.endpoint))
             .await
             .map_err(|e| Status::unknown(format!("failed to dial device plugin: {e}")))?;
         Ok(Response::new(Empty {}))

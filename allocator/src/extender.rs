@@ -9,12 +9,12 @@
 //!   are spread over 0..=9 by the policy's score.
 //! - `bind` picks the cards on the chosen node with the same evaluation and returns the assignment.
 
-use crate::engine::{Engine, NodeOrder};
-use crate::model::NodeId;
-use crate::request::{Grant, Request, SlotDemand};
-use crate::rng::Rng;
-use crate::sim::replay::Placer;
-use crate::sim::trace::TracePod;
+use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::model::NodeId;
+use nano_gpu_engine::request::{Grant, Request, SlotDemand};
+use nano_gpu_engine::rng::Rng;
+use nano_gpu_engine::replay::Placer;
+use nano_gpu_engine::trace::TracePod;
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::{Assignment, CardGrant};
 use nano_gpu_proto::demand::{DemandOptions, PodDemand, pod_demand};
@@ -84,7 +84,7 @@ impl Extender {
     /// The request of a pod, or the message that rejects it.
     pub fn request(&self, pod: &Pod) -> Result<(PodDemand, Request), String> {
         let demand = pod_demand(pod, &self.demand).map_err(|e| e.to_string())?;
-        let req = Request::from_demand(&demand, &self.engine.cluster().models);
+        let req = engine_request(&demand, &self.engine.cluster().models);
         Ok((demand, req))
     }
 
@@ -249,6 +249,27 @@ impl Extender {
     }
 }
 
+/// The engine's request for a pod's demand; model names unknown to `models` match nothing.
+pub fn engine_request(d: &PodDemand, models: &Models) -> Request {
+    let slots = d
+        .slots
+        .iter()
+        .map(|s| match s.demand {
+            CardDemand::Share { percent, memory } => {
+                SlotDemand::Share { percent: percent.map(|p| p.0), mem: memory.map(|m| m.0) }
+            }
+            CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory.map(|m| m.0) },
+        })
+        .collect();
+    let allowed = (!d.models.is_empty()).then(|| {
+        let mut ids: Vec<ModelId> = d.models.iter().filter_map(|m| models.get(m)).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    });
+    Request { cpu: d.cpu.0, mem: d.memory.0, slots, models: allowed }
+}
+
 /// What a bind took.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bound {
@@ -384,9 +405,9 @@ pub fn select_host(scores: &[HostPriority], rng: &mut Rng) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Card, Cluster, Node};
-    use crate::policy;
-    use crate::workload::Workload;
+    use nano_gpu_engine::model::{Card, Cluster, Node};
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
     use serde_json::json;
 
     fn extender() -> Extender {

@@ -2,7 +2,8 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use nano_gpu_allocator::sim::{self, Options, trace};
+use nano_gpu_allocator::sim::{self, Options};
+use nano_gpu_engine::trace;
 use std::path::PathBuf;
 
 #[global_allocator]
@@ -185,7 +186,7 @@ fn init_tracing(format: LogFormat) {
 
 fn simulate(args: SimulateArgs) -> Result<()> {
     let (nodes, pods) = match (&args.nodes, &args.pods) {
-        (Some(n), Some(p)) => (trace::read_nodes(n)?, trace::read_pods(p)?),
+        (Some(n), Some(p)) => (sim::read_nodes(n)?, sim::read_pods(p)?),
         _ => trace::synthetic(42),
     };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -227,7 +228,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let client = nano_gpu_proto::client::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
+        let client = nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
         let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
@@ -279,7 +280,7 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     use nano_gpu_allocator::{engine::Engine, inspect, model::Cluster, policy, state::ClusterState};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let view = runtime.block_on(async {
-        let client = nano_gpu_proto::client::connect(kubeconfig.as_deref())
+        let client = nano_gpu_runtime::connect(kubeconfig.as_deref())
             .await
             .context("connecting to the API server")?;
         let nodes =
@@ -310,7 +311,7 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
 }
 
 async fn shutdown() {
-    nano_gpu_proto::client::terminated().await;
+    nano_gpu_runtime::terminated().await;
     tracing::info!("shutting down");
 }
 

@@ -1,7 +1,7 @@
 //! Prometheus text metrics: decisions by verb and result, latency histograms per verb, and per-card
 //! allocated percent and memory (read from the cluster view at scrape time).
 
-use crate::model::Cluster;
+use nano_gpu_engine::model::Cluster;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -126,7 +126,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Card, ModelId, Node};
+    use nano_gpu_engine::model::{Card, ModelId, Node};
 
     #[test]
     fn calls_are_counted_into_buckets_and_cards_are_listed() {

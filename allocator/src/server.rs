@@ -365,9 +365,9 @@ async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Engine;
-    use crate::policy;
-    use crate::workload::Workload;
+    use nano_gpu_engine::engine::Engine;
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
     use axum::body::Body;
     use http::Request;
     use nano_gpu_proto::demand::DemandOptions;
@@ -439,7 +439,7 @@ mod tests {
 
     fn shared_with(demand: DemandOptions) -> Arc<Shared<FakeBinder>> {
         let engine = Engine::new(
-            crate::model::Cluster::new(),
+            nano_gpu_engine::model::Cluster::new(),
             policy::by_name("fgd-balance", 0).unwrap(),
             Workload::default(),
         );
@@ -468,7 +468,7 @@ mod tests {
     }
 
     fn free(s: &Arc<Shared<FakeBinder>>) -> u32 {
-        s.state().extender().engine().cluster().node(crate::model::NodeId(0)).cards[0].free
+        s.state().extender().engine().cluster().node(nano_gpu_engine::model::NodeId(0)).cards[0].free
     }
 
     fn binding(uid: &str) -> Value {

@@ -1,25 +1,27 @@
 //! `simulate`: replays a workload through the placement engine with the method of the FGD paper and
 //! reports, per policy, the unallocated GPU against the arrived workload (median over seeds).
 //!
-//! - [`trace`]: openb CSV files and the built-in synthetic trace.
-//! - [`replay`]: one seed of one policy, raw or through the extender.
+//! The trace format and one replay (raw or through a placer) are pure and live in the engine crate
+//! (`nano_gpu_engine::trace`, `nano_gpu_engine::replay`); here are the parts that run them:
+//!
+//! - reading the openb CSV files ([`read_nodes`], [`read_pods`]) and running policies × seeds on
+//!   threads ([`simulate`]);
 //! - [`report`]: medians over seeds, the table, the JSON document and the SVG plot.
 
-pub mod replay;
 pub mod report;
-pub mod trace;
 
-use crate::engine::Engine;
 use crate::extender::SimExtender;
-use crate::policy;
-use crate::rng::Rng;
-use crate::workload::{Learner, Workload};
-use replay::{Placer, RawPlacer, Replay, arrivals, replay};
+use nano_gpu_engine::engine::Engine;
+use nano_gpu_engine::policy;
+use nano_gpu_engine::replay::{Placer, RawPlacer, Replay, arrivals, replay};
+use nano_gpu_engine::rng::Rng;
+use nano_gpu_engine::trace::{TraceError, TraceNode, TracePod, build_cluster, parse_nodes, parse_pods};
+use nano_gpu_engine::workload::{Learner, Workload};
 use report::{PolicyReport, Report};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 use thiserror::Error;
-use trace::{TraceNode, TracePod, build_cluster};
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -50,10 +52,29 @@ pub enum SimError {
     UnknownPolicy(String),
     /// The node list is unusable.
     #[error("node list: {0}")]
-    Cluster(#[from] crate::model::ModelError),
+    Cluster(#[from] nano_gpu_engine::model::ModelError),
     /// Nothing to do.
     #[error("{0}")]
     Empty(&'static str),
+}
+
+fn read(path: &Path) -> Result<(String, String), TraceError> {
+    let file = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|source| TraceError::Io { file: file.clone(), source })?;
+    Ok((file, text))
+}
+
+/// Reads a node list.
+pub fn read_nodes(path: &Path) -> Result<Vec<TraceNode>, TraceError> {
+    let (file, text) = read(path)?;
+    parse_nodes(&file, &text)
+}
+
+/// Reads a pod list.
+pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
+    let (file, text) = read(path)?;
+    parse_pods(&file, &text)
 }
 
 /// Expands `all` and `default` and checks every name.
@@ -124,7 +145,7 @@ pub fn simulate(nodes: &[TraceNode], pods: &[TracePod], opts: &Options) -> Resul
 }
 
 fn run_one(
-    base: &crate::model::Cluster,
+    base: &nano_gpu_engine::model::Cluster,
     pods: &[TracePod],
     name: &str,
     seed: u64,

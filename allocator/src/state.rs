@@ -14,11 +14,11 @@
 //! lives until the watch shows the annotated pod, so back-to-back decisions never double-book, and a
 //! failed bind gives it back ([`ClusterState::release`]).
 
-use crate::engine::Engine;
+use nano_gpu_engine::engine::Engine;
 use crate::extender::{BindError, Bound, Extender};
-use crate::model::{Card, Node};
-use crate::request::{Tightest, fit};
-use crate::workload::Learner;
+use nano_gpu_engine::model::{Card, Node};
+use nano_gpu_engine::request::{Tightest, fit};
+use nano_gpu_engine::workload::Learner;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::annotations::rfc3339;
 use nano_gpu_proto::annotations::{
@@ -603,13 +603,13 @@ pub struct Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy;
-    use crate::workload::Workload;
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
     use serde_json::json;
 
     fn state() -> ClusterState {
         let engine = Engine::new(
-            crate::model::Cluster::new(),
+            nano_gpu_engine::model::Cluster::new(),
             policy::by_name("fgd-balance", 0).unwrap(),
             Workload::default(),
         );
@@ -782,8 +782,8 @@ mod tests {
 mod properties {
     //! State rebuilt from a list of objects equals state built from the same events one by one.
     use super::*;
-    use crate::policy;
-    use crate::workload::Workload;
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -822,7 +822,7 @@ mod properties {
 
     fn state() -> ClusterState {
         let engine = Engine::new(
-            crate::model::Cluster::new(),
+            nano_gpu_engine::model::Cluster::new(),
             policy::by_name("fgd", 0).unwrap(),
             Workload::default(),
         );

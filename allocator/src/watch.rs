@@ -133,9 +133,9 @@ pub async fn run<B: Binder>(client: Client, shared: Arc<Shared<B>>, instance: Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Engine;
-    use crate::policy;
-    use crate::workload::Workload;
+    use nano_gpu_engine::engine::Engine;
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
     use nano_gpu_proto::demand::DemandOptions;
     use serde_json::json;
 
@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn a_relist_replaces_the_nodes_and_reports_completion() {
         let engine = Engine::new(
-            crate::model::Cluster::new(),
+            nano_gpu_engine::model::Cluster::new(),
             policy::by_name("fgd", 0).unwrap(),
             Workload::default(),
         );

@@ -45,11 +45,11 @@ fn simulate_writes_an_svg_plot_and_a_readable_table() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
-    for name in nano_gpu_allocator::policy::NAMES {
+    for name in nano_gpu_engine::policy::NAMES {
         assert!(table.lines().any(|l| l.starts_with(name)), "{name} missing from\n{table}");
     }
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert_eq!(plot.matches("<polyline").count(), nano_gpu_allocator::policy::NAMES.len() + 1);
+    assert_eq!(plot.matches("<polyline").count(), nano_gpu_engine::policy::NAMES.len() + 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -14,22 +14,6 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
-/// A gRPC channel over the unix socket `socket`, the way the kubelet and its plugins talk.
-pub async fn connect(
-    socket: std::path::PathBuf,
-) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    // The URI is required by the builder and ignored by the connector.
-    tonic::transport::Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-}
-
 /// The only device-plugin API version the kubelet supports.
 pub const VERSION: &str = "v1beta1";
 /// The kubelet's registration socket, in the device-plugin directory.

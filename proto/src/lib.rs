@@ -7,17 +7,26 @@
 //!   (`nano-gpu/assignment`) the allocator writes at bind, versioned JSON that fails closed.
 //! - [`device_id`]: the virtual device IDs a card advertises to the kubelet.
 //! - [`extender`]: the kube-scheduler extender v1 wire types, with Go's exact field names.
+//! - [`kubelet`]: the kubelet's gRPC APIs (device plugin v1beta1, pod-resources v1), generated from
+//!   `api/*.proto`, with the client and server stubs tonic generates.
+//! - [`admission`], [`gpushare`], [`quantity`], [`units`]: the webhook's AdmissionReview, gpushare's
+//!   pod annotations and env, Kubernetes quantities, and the unit newtypes every payload uses.
 //!
-//! Nothing in this crate does I/O; everything is a value with an encoder, a decoder and golden tests.
+//! Nothing in this crate does I/O: every contract is a value with an encoder, a decoder and golden
+//! tests (connecting to anything is in `nano-gpu-runtime`). Features: `k8s` (what is read from
+//! Kubernetes objects: [`demand`], [`extender`], [`gpushare`]) and `grpc` ([`kubelet`]), both default;
+//! without them the crate needs only serde, which is what the pure placement engine uses.
 
 pub mod admission;
 pub mod annotations;
-#[cfg(feature = "client")]
-pub mod client;
+#[cfg(feature = "k8s")]
 pub mod demand;
 pub mod device_id;
+#[cfg(feature = "k8s")]
 pub mod extender;
+#[cfg(feature = "k8s")]
 pub mod gpushare;
+#[cfg(feature = "grpc")]
 pub mod kubelet;
 pub mod quantity;
 pub mod resources;

@@ -2,21 +2,21 @@
 //! method: our FGD and BestFit must reproduce the published numbers, and the extender path must decide
 //! exactly as the raw engine does when both use the same node order.
 
-use nano_gpu_allocator::engine::{Engine, NodeOrder};
+use nano_gpu_engine::engine::{Engine, NodeOrder};
 use nano_gpu_allocator::extender::SimExtender;
-use nano_gpu_allocator::policy;
-use nano_gpu_allocator::rng::Rng;
-use nano_gpu_allocator::sim::replay::{RawPlacer, arrivals, replay};
-use nano_gpu_allocator::sim::trace::{self, build_cluster};
-use nano_gpu_allocator::sim::{Options, simulate};
-use nano_gpu_allocator::workload::Workload;
+use nano_gpu_engine::policy;
+use nano_gpu_engine::rng::Rng;
+use nano_gpu_engine::replay::{RawPlacer, arrivals, replay};
+use nano_gpu_engine::trace::{self, build_cluster};
+use nano_gpu_allocator::sim::{Options, read_nodes, read_pods, simulate};
+use nano_gpu_engine::workload::Workload;
 use nano_gpu_tests::openb_dir;
 
 fn load(pods: &str) -> (Vec<trace::TraceNode>, Vec<trace::TracePod>) {
     let dir = openb_dir();
     let nodes =
-        trace::read_nodes(&dir.join("openb_node_list_gpu_node.csv")).expect("openb node list (../shared)");
-    let pods = trace::read_pods(&dir.join(pods)).expect("openb pod list (../shared)");
+        read_nodes(&dir.join("openb_node_list_gpu_node.csv")).expect("openb node list (../shared)");
+    let pods = read_pods(&dir.join(pods)).expect("openb pod list (../shared)");
     (nodes, pods)
 }
 
@@ -112,7 +112,7 @@ fn the_extender_path_decides_exactly_as_the_engine_with_the_same_node_order() {
             .iter()
             .map(|n| n.cards.iter().map(|c| c.free).collect::<Vec<_>>())
             .collect();
-        let nodes_b: Vec<_> = nano_gpu_allocator::sim::replay::Placer::cluster(&ext)
+        let nodes_b: Vec<_> = nano_gpu_engine::replay::Placer::cluster(&ext)
             .nodes()
             .iter()
             .map(|n| n.cards.iter().map(|c| c.free).collect::<Vec<_>>())

@@ -2,8 +2,8 @@
 //! service becomes ready, and a filter → prioritize → bind round writes the assignment and the binding.
 
 use nano_gpu_allocator::binder::KubeBinder;
-use nano_gpu_allocator::engine::Engine;
-use nano_gpu_allocator::model::Cluster;
+use nano_gpu_engine::engine::Engine;
+use nano_gpu_engine::model::Cluster;
 use nano_gpu_allocator::state::ClusterState;
 use nano_gpu_allocator::{policy, server, watch};
 use nano_gpu_proto::demand::DemandOptions;

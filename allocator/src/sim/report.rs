@@ -265,7 +265,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::replay::Point;
+    use nano_gpu_engine::replay::Point;
 
     #[test]
     fn quantiles_interpolate_like_numpy() {

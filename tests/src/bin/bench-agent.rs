@@ -164,7 +164,7 @@ async fn round(a: &Args, n: usize, out: &mut Samples) -> Result<()> {
         .await
         .context("the agent did not register within 30 s")?;
     let mut client = DevicePluginClient::new(
-        nano_gpu_proto::kubelet::connect(kubelet.plugin_dir.join("nano-gpu.sock")).await?,
+        nano_gpu_runtime::unix_channel(kubelet.plugin_dir.join("nano-gpu.sock")).await?,
     );
     let mut free: BTreeSet<String> =
         (0..a.cards).flat_map(|c| (0..100).map(move |n| device_id::encode(&uuid(c), n))).collect();

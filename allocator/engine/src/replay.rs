@@ -3,7 +3,7 @@
 //! one, never leave; a failed pod stays failed. After every pod the allocated GPU, the arrived demand
 //! and the cluster's fragmentation are recorded and binned by integer arrived percent.
 
-use super::trace::TracePod;
+use crate::trace::TracePod;
 use crate::engine::{Engine, NodeOrder};
 use crate::model::{Cluster, NodeId};
 use crate::request::Request;

@@ -5,7 +5,6 @@
 //! [`CardChooser`], picks the exact card(s) for every slot, or says why it cannot ([`Reason`]).
 
 use crate::model::{Card, ModelId, Models, Node};
-use nano_gpu_proto::demand::{CardDemand, PodDemand};
 use std::fmt;
 
 /// One GPU slot of a request.
@@ -94,27 +93,6 @@ impl Request {
     /// A request with no model restriction.
     pub fn new(cpu: u64, mem: u64, slots: Vec<SlotDemand>) -> Self {
         Request { cpu, mem, slots, models: None }
-    }
-
-    /// The request for a pod demand; model names unknown to `models` match nothing.
-    pub fn from_demand(d: &PodDemand, models: &Models) -> Self {
-        let slots = d
-            .slots
-            .iter()
-            .map(|s| match s.demand {
-                CardDemand::Share { percent, memory } => {
-                    SlotDemand::Share { percent: percent.map(|p| p.0), mem: memory.map(|m| m.0) }
-                }
-                CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory.map(|m| m.0) },
-            })
-            .collect();
-        let allowed = (!d.models.is_empty()).then(|| {
-            let mut ids: Vec<ModelId> = d.models.iter().filter_map(|m| models.get(m)).collect();
-            ids.sort();
-            ids.dedup();
-            ids
-        });
-        Request { cpu: d.cpu.0, mem: d.memory.0, slots, models: allowed }
     }
 
     /// Whether a card of model `m` may serve this request.

@@ -2,12 +2,12 @@
 //! over-commits a card's percent or memory or a node's CPU or memory, and releasing everything
 //! returns the cluster to empty.
 
-use nano_gpu_allocator::engine::{Engine, NodeOrder};
-use nano_gpu_allocator::model::{Card, Cluster, Node, NodeId};
-use nano_gpu_allocator::policy;
-use nano_gpu_allocator::request::{Grant, Request, SlotDemand};
-use nano_gpu_allocator::rng::Rng;
-use nano_gpu_allocator::workload::Workload;
+use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::model::{Card, Cluster, Node, NodeId};
+use nano_gpu_engine::policy;
+use nano_gpu_engine::request::{Grant, Request, SlotDemand};
+use nano_gpu_engine::rng::Rng;
+use nano_gpu_engine::workload::Workload;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -39,7 +39,7 @@ fn request() -> impl Strategy<Value = Request> {
             mem,
             slots,
             models: models.map(|m| {
-                let mut ids: Vec<_> = m.into_iter().map(nano_gpu_allocator::model::ModelId).collect();
+                let mut ids: Vec<_> = m.into_iter().map(nano_gpu_engine::model::ModelId).collect();
                 ids.sort();
                 ids.dedup();
                 ids

@@ -8,13 +8,12 @@
 use crate::model::{Card, Cluster, Node};
 use crate::request::{Request, SlotDemand};
 use crate::rng::Rng;
-use std::path::Path;
 use thiserror::Error;
 
 /// A trace that cannot be read.
 #[derive(Debug, Error)]
 pub enum TraceError {
-    /// The file cannot be opened or read.
+    /// The file cannot be opened or read (the caller reads it; parsing here never does I/O).
     #[error("{file}: {source}")]
     Io {
         /// File name.
@@ -173,19 +172,6 @@ impl<'a> Csv<'a> {
     }
 }
 
-fn read(path: &Path) -> Result<(String, String), TraceError> {
-    let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|source| TraceError::Io { file: file.clone(), source })?;
-    Ok((file, text))
-}
-
-/// Reads a node list.
-pub fn read_nodes(path: &Path) -> Result<Vec<TraceNode>, TraceError> {
-    let (file, text) = read(path)?;
-    parse_nodes(&file, &text)
-}
-
 /// Parses a node list; `file` names it in errors.
 pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceError> {
     let csv = Csv::parse(file, text)?;
@@ -213,12 +199,6 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>, TraceError>
         });
     }
     Ok(nodes)
-}
-
-/// Reads a pod list.
-pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
-    let (file, text) = read(path)?;
-    parse_pods(&file, &text)
 }
 
 /// Parses a pod list; `file` names it in errors.

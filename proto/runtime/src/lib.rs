@@ -1,0 +1,52 @@
+//! What the nano-gpu binaries need to run in a cluster, and nothing of what they decide: a kube client
+//! the way kubectl finds its cluster (from `--kubeconfig` when given, else `KUBECONFIG`,
+//! `~/.kube/config` or the in-cluster service account), the signal that stops them, and a gRPC channel
+//! over a unix socket, the way the kubelet and its device plugins talk.
+//!
+//! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
+
+use std::path::Path;
+
+/// Connects with the kubeconfig at `path`, or the default chain when `None`.
+pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
+    let Some(path) = path else {
+        return kube::Client::try_default().await;
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
+}
+
+/// Resolves at Ctrl-C or SIGTERM (what the kubelet sends a container to stop it).
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// A gRPC channel over the unix socket `socket`, the way the kubelet and its plugins talk.
+pub async fn unix_channel(
+    socket: std::path::PathBuf,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    // The URI is required by the builder and ignored by the connector.
+    tonic::transport::Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}
