@@ -10,14 +10,15 @@
 //! - `bind` picks the cards on the chosen node with the same evaluation and returns the assignment.
 
 use nano_gpu_engine::engine::{Engine, NodeOrder};
-use nano_gpu_engine::model::NodeId;
-use nano_gpu_engine::request::{Grant, Request, SlotDemand};
+use nano_gpu_engine::model::{ModelId, Models, NodeId};
+use nano_gpu_engine::model::Grant;
+use nano_gpu_engine::request::{Request, SlotDemand};
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::replay::Placer;
 use nano_gpu_engine::trace::TracePod;
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::{Assignment, CardGrant};
-use nano_gpu_proto::demand::{DemandOptions, PodDemand, pod_demand};
+use nano_gpu_proto::demand::{CardDemand, DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY, MIN_PRIORITY,
 };

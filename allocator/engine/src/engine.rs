@@ -6,7 +6,8 @@
 
 use crate::model::{Cluster, ModelError, NodeId};
 use crate::policy::{Context, Eval, Policy, Ties};
-use crate::request::{Grant, Reason, Request};
+use crate::model::Grant;
+use crate::request::{Reason, Request};
 use crate::rng::Rng;
 use crate::workload::Workload;
 use std::collections::{BTreeMap, HashMap};

@@ -3,7 +3,7 @@
 //! [`rng::Rng`] passed in. The extender service and `simulate` both decide through it, so a benchmark
 //! number is a number about the product.
 //!
-//! - [`model`]: the cluster (nodes, cards, models).
+//! - [`model`]: the cluster (nodes, cards, models) and the [`model::Grant`]s that change it.
 //! - [`request`]: what a pod asks, in the engine's terms, and the one fitting procedure ([`request::fit`]).
 //! - [`policy`]: how candidates are scored (binpack, spread, random, bestfit, fgd, fgd-balance).
 //! - [`workload`]: the typical requests of the workload, which the FGD policies measure against.

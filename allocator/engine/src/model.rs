@@ -2,7 +2,6 @@
 //! percent, free memory and health. Every change to a node gives it a new version, so per-node values
 //! computed by policies can be cached and reused until the node changes.
 
-use crate::request::Grant;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -27,6 +26,19 @@ impl Hasher for Fnv {
 
 /// A map keyed by short strings, with [`Fnv`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+
+/// A share (or a whole card) granted to one slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// Slot index in the request.
+    pub slot: usize,
+    /// Position of the card in the node's card list.
+    pub card: usize,
+    /// Percent taken.
+    pub percent: u32,
+    /// Memory taken in MiB (all of it for a whole card of known memory).
+    pub mem: u64,
+}
 
 /// Index of a card model in the cluster's [`Models`] table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -12,7 +12,8 @@ pub use fgd::{Fgd, FgdBalance};
 pub use simple::{BestFit, Binpack, Random, Spread};
 
 use crate::model::Node;
-use crate::request::{Grant, Reason, Request};
+use crate::model::Grant;
+use crate::request::{Reason, Request};
 use crate::workload::Workload;
 
 /// A node's value for a request under a policy.

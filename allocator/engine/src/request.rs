@@ -4,7 +4,7 @@
 //! whole cards) and the card models allowed. [`fit`] checks a node and, with a policy's
 //! [`CardChooser`], picks the exact card(s) for every slot, or says why it cannot ([`Reason`]).
 
-use crate::model::{Card, ModelId, Models, Node};
+use crate::model::{Card, Grant, ModelId, Node};
 use std::fmt;
 
 /// One GPU slot of a request.
@@ -104,19 +104,6 @@ impl Request {
     pub fn gpu_size(&self) -> u32 {
         self.slots.iter().map(SlotDemand::size).sum()
     }
-}
-
-/// A share (or a whole card) granted to one slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Grant {
-    /// Slot index in the request.
-    pub slot: usize,
-    /// Position of the card in the node's card list.
-    pub card: usize,
-    /// Percent taken.
-    pub percent: u32,
-    /// Memory taken in MiB (all of it for a whole card of known memory).
-    pub mem: u64,
 }
 
 /// Why a node cannot take a request.
