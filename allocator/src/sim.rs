@@ -6,17 +6,19 @@
 //!
 //! - reading the openb CSV files ([`read_nodes`], [`read_pods`]) and running policies × seeds on
 //!   threads ([`simulate`]);
+//! - [`extender`]: the placer of `--through-extender`, which goes through the service's decisions;
 //! - [`report`]: medians over seeds, the table, the JSON document and the SVG plot.
 
+pub mod extender;
 pub mod report;
 
-use crate::extender::SimExtender;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::policy;
 use nano_gpu_engine::replay::{Placer, RawPlacer, Replay, arrivals, replay};
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::trace::{TraceError, TraceNode, TracePod, build_cluster, parse_nodes, parse_pods};
 use nano_gpu_engine::workload::{Learner, Workload};
+use extender::SimExtender;
 use report::{PolicyReport, Report};
 use std::path::Path;
 use std::sync::Mutex;

@@ -3,7 +3,7 @@
 //! exactly as the raw engine does when both use the same node order.
 
 use nano_gpu_engine::engine::{Engine, NodeOrder};
-use nano_gpu_allocator::extender::SimExtender;
+use nano_gpu_allocator::sim::extender::SimExtender;
 use nano_gpu_engine::policy;
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::replay::{RawPlacer, arrivals, replay};
