@@ -243,7 +243,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let api = kube::Api::namespaced(client.clone(), &args.lease_namespace);
             tokio::spawn(leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone()));
         }
-        let watches = tokio::spawn(watch::run(client, shared.clone(), args.pod_name));
+        let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;

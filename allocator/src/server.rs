@@ -8,7 +8,7 @@
 use crate::admission::Admission;
 use crate::binder::{ApiError, Binder};
 use crate::metrics::{Metrics, Verb};
-use crate::state::{ClusterState, Reservation};
+use crate::state::{ClusterState, Reservation, SharedView};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -42,12 +42,11 @@ const CONFLICT_RETRIES: usize = 5;
 
 /// Everything the handlers share.
 pub struct Shared<B> {
-    state: Mutex<ClusterState>,
+    /// The cluster view (the watches write through this).
+    pub view: Arc<SharedView>,
     binder: B,
     /// Call counters and latencies.
     pub metrics: Metrics,
-    /// Set once the node and pod watches have listed everything.
-    pub synced: AtomicBool,
     /// Whether this replica may decide (true unless leader election says otherwise).
     pub leader: Arc<AtomicBool>,
     recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
@@ -71,20 +70,17 @@ impl<B: Binder> Shared<B> {
         };
         Arc::new(Shared {
             admission,
-            state: Mutex::new(state),
+            view: Arc::new(SharedView::new(state)),
             binder,
             metrics: Metrics::default(),
-            synced: AtomicBool::new(false),
             leader: Arc::new(AtomicBool::new(true)),
             recent: Mutex::new((HashMap::new(), VecDeque::new())),
         })
     }
 
-    /// The cluster view (the watches write through this).
+    /// The cluster view, for one decision.
     pub fn state(&self) -> MutexGuard<'_, ClusterState> {
-        // A panic while holding the lock cannot leave the view half-changed in a way that matters more
-        // than stopping every decision would, so a poisoned lock is used as is.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.view.lock()
     }
 
     fn remember(&self, pod: &Pod) {
@@ -341,7 +337,7 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
     if !s.leader.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response()
-    } else if s.synced.load(Ordering::Relaxed) {
+    } else if s.view.synced() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the node and pod watches to list everything\n")
@@ -505,7 +501,7 @@ mod tests {
     #[tokio::test]
     async fn a_replica_that_is_not_the_leader_decides_nothing_and_is_not_ready() {
         let s = shared();
-        s.synced.store(true, Ordering::Relaxed);
+        s.view.set_synced();
         s.leader.store(false, Ordering::SeqCst);
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
         let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1"]});
@@ -671,7 +667,7 @@ mod tests {
     async fn readiness_waits_for_the_watches_and_preempt_answers() {
         let s = shared();
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
-        s.synced.store(true, Ordering::Relaxed);
+        s.view.set_synced();
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::OK);
         assert_eq!(call(&s, "GET", "/healthz", json!(null)).await, (StatusCode::OK, "ok".to_string()));
         assert_eq!(call(&s, "POST", "/preempt", json!({})).await.0, StatusCode::BAD_REQUEST);

@@ -29,6 +29,8 @@ use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityL
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::quantity;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 /// Something wrong with an object that a person should hear about (becomes a warning Event).
@@ -88,6 +90,37 @@ pub struct ClusterState {
     relisting_nodes: Option<HashSet<String>>,
     relisting_pods: Option<HashSet<String>>,
     warnings: Vec<Warning>,
+}
+
+/// The view as the service shares it: the watches write to it, the handlers decide on it, one at a
+/// time; and whether the watches have listed everything yet.
+pub struct SharedView {
+    state: Mutex<ClusterState>,
+    synced: AtomicBool,
+}
+
+impl SharedView {
+    /// Shares `state`, not yet listed.
+    pub fn new(state: ClusterState) -> Self {
+        SharedView { state: Mutex::new(state), synced: AtomicBool::new(false) }
+    }
+
+    /// The view, for one decision or one watch event.
+    pub fn lock(&self) -> MutexGuard<'_, ClusterState> {
+        // A panic while holding the lock cannot leave the view half-changed in a way that matters more
+        // than stopping every decision would, so a poisoned lock is used as is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the node and pod watches have listed everything.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// The node and pod watches have listed everything.
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::SeqCst);
+    }
 }
 
 fn pod_uid(pod: &Pod) -> Option<&str> {

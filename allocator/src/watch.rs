@@ -3,9 +3,7 @@
 //! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
 //! by one; a watch that breaks re-lists with backoff. The service is ready once both have listed.
 
-use crate::binder::Binder;
-use crate::server::Shared;
-use crate::state::{ClusterState, Warning};
+use crate::state::{ClusterState, SharedView, Warning};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::runtime::WatchStreamExt;
@@ -72,22 +70,21 @@ fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     false
 }
 
-async fn run_watch<K, B>(api: Api<K>, shared: Arc<Shared<B>>, listed: Arc<AtomicU8>, recorder: Recorder)
+async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, listed: Arc<AtomicU8>, recorder: Recorder)
 where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
-    B: Binder,
 {
     let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     loop {
         match stream.try_next().await {
             Ok(Some(event)) => {
                 let (done, warnings) = {
-                    let mut state = shared.state();
+                    let mut state = view.lock();
                     let done = apply_event(&mut state, event);
                     (done, state.take_warnings())
                 };
                 if done && listed.fetch_add(1, Ordering::SeqCst) + 1 >= 2 {
-                    shared.synced.store(true, Ordering::SeqCst);
+                    view.set_synced();
                     tracing::info!("nodes and pods listed; ready");
                 }
                 for w in warnings {
@@ -121,12 +118,12 @@ async fn publish(recorder: &Recorder, w: &Warning) {
 }
 
 /// Runs the node and pod watches until they end (they only end with the process).
-pub async fn run<B: Binder>(client: Client, shared: Arc<Shared<B>>, instance: Option<String>) {
+pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
     let listed = Arc::new(AtomicU8::new(0));
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
     let recorder = Recorder::new(client.clone(), reporter);
-    let nodes = run_watch(Api::<Node>::all(client.clone()), shared.clone(), listed.clone(), recorder.clone());
-    let pods = run_watch(Api::<Pod>::all(client), shared, listed, recorder);
+    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), listed.clone(), recorder.clone());
+    let pods = run_watch(Api::<Pod>::all(client), view, listed, recorder);
     futures::join!(nodes, pods);
 }
 
