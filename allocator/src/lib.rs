@@ -10,6 +10,7 @@
 //! - [`sim`]: trace replay with the method of the FGD paper, for measuring policies.
 
 pub mod admission;
+pub mod bind;
 pub mod binder;
 pub mod extender;
 pub mod inspect;

@@ -6,9 +6,10 @@
 //! needed), `POST /mutate` (the admission webhook).
 
 use crate::admission::Admission;
-use crate::binder::{ApiError, Binder};
+use crate::bind::{self, BindFailed, NOT_LEADER};
+use crate::binder::Binder;
 use crate::metrics::{Metrics, Verb};
-use crate::state::{ClusterState, Reservation, SharedView};
+use crate::state::{ClusterState, SharedView};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -17,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::admission::AdmissionReview;
-use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, MetaPod, MetaVictims,
@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 /// Pods seen in filter calls, kept so that bind (which gets only names) need not read the API.
 const RECENT_PODS: usize = 8192;
@@ -34,11 +34,6 @@ const RECENT_PODS: usize = 8192;
 /// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
 pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
 
-/// What a replica that is not the leader answers.
-const NOT_LEADER: &str = "this allocator replica is not the leader; retry";
-
-/// Conflicting annotation writes retried before a bind gives up.
-const CONFLICT_RETRIES: usize = 5;
 
 /// Everything the handlers share.
 pub struct Shared<B> {
@@ -216,8 +211,11 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result =
-        if s.leader.load(Ordering::SeqCst) { bind_pod(&s, &args).await } else { Err(NOT_LEADER.to_owned()) };
+    let result = if s.leader.load(Ordering::SeqCst) {
+        bind::bind(&s.view, &s.binder, s.recent(&args.pod_uid), &args).await
+    } else {
+        Err(BindFailed::NotLeader)
+    };
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
@@ -226,67 +224,10 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         }
         Err(e) => {
             tracing::warn!(verb = "bind", %pod, node = %args.node, error = %e, "bind failed");
-            e
+            e.to_string()
         }
     };
     json(&ExtenderBindingResult { error })
-}
-
-/// Reserve, annotate (retrying conflicts), bind; on failure remove the annotation and the reservation.
-async fn bind_pod<B: Binder>(s: &Shared<B>, args: &ExtenderBindingArgs) -> Result<(), String> {
-    let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
-    let mut pod = match s.recent(uid) {
-        Some(p) => p,
-        None => s.binder.get_pod(ns, name).await.map_err(|e| format!("reading pod {ns}/{name}: {e}"))?,
-    };
-    if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
-        return Err(format!("pod {ns}/{name} is not the pod with uid {uid}"));
-    }
-    let reservation = s.state().reserve(&pod, node, SystemTime::now()).map_err(|e| e.to_string())?;
-    let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());
-    if !reservation.fresh && already_bound {
-        return Ok(()); // kube-scheduler retried a bind that had succeeded
-    }
-    let set: BTreeMap<String, Option<String>> =
-        reservation.annotations.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
-    let mut attempt = 0;
-    let annotated = loop {
-        let rv = pod.metadata.resource_version.clone();
-        match s.binder.annotate(ns, name, uid, rv.as_deref(), &set).await {
-            Ok(()) => break Ok(()),
-            Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
-                attempt += 1;
-                match s.binder.get_pod(ns, name).await {
-                    Ok(fresh) if fresh.metadata.uid.as_deref() == Some(uid.as_str()) => pod = fresh,
-                    Ok(_) => break Err(format!("pod {ns}/{name} was replaced")),
-                    Err(e) => break Err(format!("re-reading pod {ns}/{name}: {e}")),
-                }
-            }
-            Err(e) => break Err(format!("writing {ASSIGNMENT_ANNOTATION} on {ns}/{name}: {e}")),
-        }
-    };
-    let result = match annotated {
-        Ok(()) => s
-            .binder
-            .bind(ns, name, uid, node)
-            .await
-            .map_err(|e| format!("binding {ns}/{name} to {node}: {e}")),
-        Err(e) => Err(e),
-    };
-    if result.is_err() {
-        roll_back(s, ns, name, uid, &reservation).await;
-    }
-    result
-}
-
-async fn roll_back<B: Binder>(s: &Shared<B>, ns: &str, name: &str, uid: &str, reservation: &Reservation) {
-    let remove = reservation.annotations.keys().map(|k| (k.clone(), None)).collect();
-    if reservation.fresh
-        && let Err(e) = s.binder.annotate(ns, name, uid, None, &remove).await
-    {
-        tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
-    }
-    s.state().release(reservation);
 }
 
 /// The mutating admission webhook (served here over plain HTTP; TLS is not implemented yet).
@@ -361,6 +302,9 @@ async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::binder::ApiError;
+    use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
+    use std::time::SystemTime;
     use nano_gpu_engine::engine::Engine;
     use nano_gpu_engine::policy;
     use nano_gpu_engine::workload::Workload;
