@@ -1,0 +1,90 @@
+//! Decoding Nodes and Pods into the records the view keeps: a Node's allocatable CPU and memory and
+//! its `nano-gpu/gpus` inventory ([`node_record`]); a Pod's host requests and what its
+//! `nano-gpu/assignment` says it holds ([`holding`]). Nothing undecodable is dropped: it becomes a
+//! record that fails closed (an inventory error, an [`Holding::Unknown`] assignment).
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use nano_gpu_proto::annotations::{
+    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
+};
+use nano_gpu_proto::demand::{DemandOptions, pod_demand};
+use nano_gpu_proto::quantity;
+
+/// What a node object says.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct NodeRecord {
+    pub(super) cpu: u64,
+    pub(super) mem: u64,
+    pub(super) inventory: Option<Result<NodeInventory, DecodeError>>,
+}
+
+/// What a pod holds.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Holding {
+    /// Only CPU and memory.
+    Nothing,
+    /// The cards of its assignment.
+    Cards(Assignment),
+    /// An assignment that cannot be trusted: every card of the node counts as full.
+    Unknown(String),
+}
+
+/// What a pod holds, and where.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct PodRecord {
+    pub(super) key: (String, String),
+    pub(super) node: String,
+    pub(super) cpu: u64,
+    pub(super) mem: u64,
+    pub(super) holding: Holding,
+    /// Made by our bind and not yet seen annotated in a watch event.
+    pub(super) reserved: bool,
+}
+
+pub(super) fn pod_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata.uid.as_deref()
+}
+
+pub(super) fn is_terminal(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// What a Node object says: allocatable CPU (milli) and memory (MiB), and its inventory if annotated.
+pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
+    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let read = |key: &str, parse: fn(&str) -> Result<u64, quantity::QuantityError>| {
+        alloc.and_then(|a| a.get(key)).and_then(|q| parse(&q.0).ok()).unwrap_or(0)
+    };
+    let inventory = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GPUS_ANNOTATION))
+        .map(|text| NodeInventory::decode(text));
+    NodeRecord { cpu: read("cpu", quantity::cpu_milli), mem: read("memory", quantity::mebibytes), inventory }
+}
+
+/// What a pod's assignment says it holds; an assignment that names another node than the one the pod
+/// is bound to cannot be trusted.
+pub(super) fn holding(pod: &Pod) -> Holding {
+    let annotation = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+    let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    match annotation.map(|t| Assignment::decode(t)) {
+        None => Holding::Nothing,
+        Some(Ok(a)) if bound_to.is_none_or(|n| n == a.node) => Holding::Cards(a),
+        Some(Ok(a)) => Holding::Unknown(format!(
+            "{ASSIGNMENT_ANNOTATION} names node {} but the pod is bound to {}",
+            a.node,
+            bound_to.unwrap_or("")
+        )),
+        Some(Err(e)) => Holding::Unknown(e.to_string()),
+    }
+}
+
+/// The host CPU (milli) and memory (MiB) a pod requests; a pod whose demand cannot be read holds none.
+pub(super) fn host_requests(pod: &Pod) -> (u64, u64) {
+    match pod_demand(pod, &DemandOptions::default()) {
+        Ok(d) => (d.cpu.0, d.memory.0),
+        Err(_) => (0, 0),
+    }
+}

@@ -1,0 +1,173 @@
+//! The index of what the watches have shown: node records by name, pod records by uid, and which
+//! pods are on which node. Watch events come in through `apply_*`/`delete_*`; a re-list through
+//! `begin_*_relist`, the objects, and `end_*_relist`, which forgets what the list did not mention
+//! (but keeps the reservations of binds in flight). Every change rebuilds only the nodes it touches.
+
+use super::ClusterState;
+use super::decode::{Holding, PodRecord, holding, host_requests, is_terminal, node_record, pod_uid};
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use std::collections::HashSet;
+
+impl ClusterState {
+    /// A Node was added or changed.
+    pub fn apply_node(&mut self, node: &KubeNode) {
+        let Some(name) = node.metadata.name.clone() else { return };
+        if let Some(seen) = self.relisting_nodes.as_mut() {
+            seen.insert(name.clone());
+        }
+        let record = node_record(node);
+        if let Some(Err(e)) = &record.inventory {
+            self.warn("Node", "", &name, "InvalidInventory", format!("{e}; its cards are treated as full"));
+        }
+        if self.nodes.get(&name) != Some(&record) {
+            self.nodes.insert(name.clone(), record);
+            self.rebuild(&name);
+        }
+    }
+
+    /// A Node was deleted.
+    pub fn delete_node(&mut self, name: &str) {
+        if self.nodes.remove(name).is_some() {
+            self.extender.engine_mut().cluster_mut().remove_node(name);
+        }
+    }
+
+    /// A re-list of nodes starts: nodes not applied before [`ClusterState::end_node_relist`] are gone.
+    pub fn begin_node_relist(&mut self) {
+        self.relisting_nodes = Some(HashSet::new());
+    }
+
+    /// The re-list of nodes is complete.
+    pub fn end_node_relist(&mut self) {
+        let Some(seen) = self.relisting_nodes.take() else { return };
+        let gone: Vec<String> = self.nodes.keys().filter(|n| !seen.contains(*n)).cloned().collect();
+        for name in gone {
+            self.delete_node(&name);
+        }
+    }
+
+    /// Replaces every node (a re-list in one go).
+    pub fn reset_nodes(&mut self, nodes: &[KubeNode]) {
+        self.begin_node_relist();
+        for n in nodes {
+            self.apply_node(n);
+        }
+        self.end_node_relist();
+    }
+
+    /// A Pod was added or changed.
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod_uid(pod).map(str::to_owned) else { return };
+        if let Some(seen) = self.relisting_pods.as_mut() {
+            seen.insert(uid.clone());
+        }
+        if is_terminal(pod) {
+            self.forget_pod(&uid);
+            return;
+        }
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let holding = holding(pod);
+        // A pod our bind just reserved keeps its reservation until an event shows the annotation.
+        if holding == Holding::Nothing && self.pods.get(&uid).is_some_and(|p| p.reserved) {
+            return;
+        }
+        let node = match (&bound_to, &holding) {
+            (Some(n), _) => n.clone(),
+            (None, Holding::Cards(a)) => a.node.clone(),
+            // Pending and unassigned: holds nothing anywhere yet.
+            (None, _) => {
+                self.forget_pod(&uid);
+                return;
+            }
+        };
+        if let Holding::Unknown(why) = &holding {
+            self.warn(
+                "Pod",
+                &ns,
+                &name,
+                "InvalidAssignment",
+                format!("{why}; every card of {node} is treated as full"),
+            );
+        }
+        let (cpu, mem) = host_requests(pod);
+        let record = PodRecord { key: (ns, name), node: node.clone(), cpu, mem, holding, reserved: false };
+        let previous = self.insert_pod(uid, record.clone());
+        if previous.as_ref() != Some(&record) {
+            if let Some(p) = previous.filter(|p| p.node != node) {
+                self.rebuild(&p.node);
+            }
+            self.rebuild(&node);
+        }
+    }
+
+    /// A Pod was deleted.
+    pub fn delete_pod(&mut self, pod: &Pod) {
+        if let Some(uid) = pod_uid(pod) {
+            self.forget_pod(uid);
+        }
+    }
+
+    pub(super) fn forget_pod(&mut self, uid: &str) {
+        if let Some(p) = self.remove_pod(uid) {
+            self.rebuild(&p.node);
+        }
+    }
+
+    /// Records a pod, keeping the node index; returns the record it replaces.
+    pub(super) fn insert_pod(&mut self, uid: String, record: PodRecord) -> Option<PodRecord> {
+        self.by_node.entry(record.node.clone()).or_default().insert(uid.clone());
+        let previous = self.pods.insert(uid.clone(), record);
+        if let Some(p) = &previous
+            && self.pods.get(&uid).is_some_and(|now| now.node != p.node)
+        {
+            self.unindex(&uid, &p.node);
+        }
+        previous
+    }
+
+    pub(super) fn remove_pod(&mut self, uid: &str) -> Option<PodRecord> {
+        let p = self.pods.remove(uid)?;
+        self.unindex(uid, &p.node);
+        Some(p)
+    }
+
+    pub(super) fn unindex(&mut self, uid: &str, node: &str) {
+        if let Some(set) = self.by_node.get_mut(node) {
+            set.remove(uid);
+            if set.is_empty() {
+                self.by_node.remove(node);
+            }
+        }
+    }
+
+    /// A re-list of pods starts: pods not applied before [`ClusterState::end_pod_relist`] are gone
+    /// (reservations of binds in flight are kept).
+    pub fn begin_pod_relist(&mut self) {
+        self.relisting_pods = Some(HashSet::new());
+    }
+
+    /// The re-list of pods is complete.
+    pub fn end_pod_relist(&mut self) {
+        let Some(seen) = self.relisting_pods.take() else { return };
+        let gone: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(uid, p)| !p.reserved && !seen.contains(*uid))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in gone {
+            self.forget_pod(&uid);
+        }
+    }
+
+    /// Replaces every pod (a re-list in one go).
+    pub fn reset_pods(&mut self, pods: &[Pod]) {
+        self.begin_pod_relist();
+        for p in pods {
+            self.apply_pod(p);
+        }
+        self.end_pod_relist();
+    }
+}

@@ -1,0 +1,321 @@
+//! Tests of the view as a whole: records, index, rebuild, reservations and preemption together.
+
+use super::*;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use nano_gpu_engine::policy;
+use nano_gpu_engine::workload::Workload;
+use nano_gpu_proto::annotations::GPUS_ANNOTATION;
+use nano_gpu_proto::extender::MetaVictims;
+use serde_json::json;
+use std::time::SystemTime;
+
+fn state() -> ClusterState {
+    let engine = Engine::new(
+        nano_gpu_engine::model::Cluster::new(),
+        policy::by_name("fgd-balance", 0).unwrap(),
+        Workload::default(),
+    );
+    ClusterState::new(engine, 1, DemandOptions::default())
+}
+
+fn node(name: &str, cards: usize) -> KubeNode {
+    let gpus: Vec<_> = (0..cards)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 15360, "healthy": true}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+    }))
+    .unwrap()
+}
+
+fn pod(uid: &str, percent: &str, node: Option<&str>, assignment: Option<String>) -> Pod {
+    let mut annotations = serde_json::Map::new();
+    if let Some(a) = assignment {
+        annotations.insert("nano-gpu/assignment".into(), a.into());
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": percent, "cpu": "1"}}}]}
+    }))
+    .unwrap()
+}
+
+fn free(s: &ClusterState, node: &str) -> Vec<u32> {
+    let c = s.extender().engine().cluster();
+    c.node(c.id(node).unwrap()).cards.iter().map(|c| c.free).collect()
+}
+
+fn assignment(node: &str, card: u32, percent: u32) -> String {
+    format!(
+        r#"{{"v":1,"node":"{node}","at":"t","containers":{{"c":[{{"uuid":"GPU-{node}-{card}","index":{card},"percent":{percent}}}]}}}}"#
+    )
+}
+
+#[test]
+fn bound_pods_take_their_assigned_cards() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n1", 1, 30))));
+    assert_eq!(free(&s, "n1"), vec![100, 70]);
+    let c = s.extender().engine().cluster();
+    assert_eq!(c.node(c.id("n1").unwrap()).cpu_free, 15_000);
+}
+
+#[test]
+fn terminal_or_deleted_pods_release_their_cards() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let mut p = pod("a", "30", Some("n1"), Some(assignment("n1", 0, 30)));
+    s.apply_pod(&p);
+    p.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    s.apply_pod(&p);
+    assert_eq!(free(&s, "n1"), vec![100]);
+    s.apply_pod(&pod("b", "50", Some("n1"), Some(assignment("n1", 0, 50))));
+    s.delete_pod(&pod("b", "50", None, None));
+    assert_eq!(free(&s, "n1"), vec![100]);
+}
+
+#[test]
+fn an_undecodable_assignment_fails_closed_and_warns() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod("a", "30", Some("n1"), Some("{not json".into())));
+    assert_eq!(free(&s, "n1"), vec![0, 0]);
+    let w = s.take_warnings();
+    assert_eq!((w[0].kind, w[0].name.as_str(), w[0].reason), ("Pod", "a", "InvalidAssignment"));
+    // An assignment naming another node than the binding is not trusted either.
+    s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n2", 0, 30))));
+    assert_eq!(free(&s, "n1"), vec![0, 0]);
+    s.delete_pod(&pod("a", "30", None, None));
+    assert_eq!(free(&s, "n1"), vec![100, 100]);
+}
+
+#[test]
+fn an_undecodable_inventory_gives_the_node_no_usable_card() {
+    let mut s = state();
+    let mut n = node("n1", 2);
+    n.metadata.annotations.as_mut().unwrap().insert(GPUS_ANNOTATION.into(), r#"{"v":9}"#.into());
+    s.apply_node(&n);
+    let w = s.take_warnings();
+    assert_eq!((w[0].kind, w[0].reason), ("Node", "InvalidInventory"));
+    let r = s.filter(
+        serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
+    );
+    assert_eq!(r.node_names, Some(vec![]));
+}
+
+#[test]
+fn a_reservation_survives_a_stale_event_and_is_confirmed_by_the_annotated_one() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let p = pod("a", "60", None, None);
+    let r = s.reserve(&p, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    assert_eq!(free(&s, "n1"), vec![40]);
+    // A watch event from before the PATCH must not drop the reservation.
+    s.apply_pod(&p);
+    assert_eq!(free(&s, "n1"), vec![40]);
+    // Another pod cannot double-book the card.
+    assert!(s.reserve(&pod("b", "60", None, None), "n1", SystemTime::UNIX_EPOCH).is_err());
+    // The annotated, bound pod confirms it; a repeated bind returns the same assignment.
+    s.apply_pod(&pod("a", "60", Some("n1"), Some(r.assignment.encode())));
+    assert_eq!(free(&s, "n1"), vec![40]);
+    let again = s.reserve(&p, "n1", SystemTime::now()).unwrap();
+    assert_eq!((again.assignment, again.fresh), (r.assignment, false));
+}
+
+#[test]
+fn preemption_keeps_only_nodes_where_a_card_really_frees_and_only_the_victims_needed() {
+    use nano_gpu_proto::extender::MetaPod;
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_node(&node("n2", 2));
+    // n1: 60 % + 30 % on card 0, 70 % on card 1. n2: 40 % + 30 % on card 0, 40 % on card 1.
+    s.apply_pod(&pod("a", "60", Some("n1"), Some(assignment("n1", 0, 60))));
+    s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&pod("c", "70", Some("n1"), Some(assignment("n1", 1, 70))));
+    s.apply_pod(&pod("d", "40", Some("n2"), Some(assignment("n2", 0, 40))));
+    s.apply_pod(&pod("e", "40", Some("n2"), Some(assignment("n2", 1, 40))));
+    s.apply_pod(&pod("f", "30", Some("n2"), Some(assignment("n2", 0, 30))));
+    let victims = |uids: &[&str]| MetaVictims {
+        pods: uids.iter().map(|u| MetaPod { uid: u.to_string() }).collect(),
+        num_pdb_violations: 0,
+    };
+    let proposed =
+        BTreeMap::from([("n1".to_string(), victims(&["a", "b", "c"])), ("n2".to_string(), victims(&["d"]))]);
+    // A 70 % pod: on n1 evicting c alone frees card 1 (a and b need not go); on n2 evicting d
+    // frees card 0.
+    let out = s.preempt(&pod("p", "70", None, None), &proposed).unwrap();
+    let uids = |n: &str| out[n].pods.iter().map(|p| p.uid.clone()).collect::<Vec<_>>();
+    assert_eq!(uids("n1"), vec!["c"]);
+    assert_eq!(uids("n2"), vec!["d"]);
+    // Evicting only f's 30 % on n2 leaves 60 % free on each card: n2 is dropped.
+    let proposed = BTreeMap::from([("n2".to_string(), victims(&["f"]))]);
+    let out = s.preempt(&pod("p", "70", None, None), &proposed).unwrap();
+    assert_eq!(out.get("n2").map(|v| v.pods.len()), None);
+}
+
+#[test]
+fn a_failed_bind_gives_its_reservation_back() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let r = s.reserve(&pod("a", "60", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap();
+    s.release(&r);
+    assert_eq!(free(&s, "n1"), vec![100]);
+}
+
+#[test]
+fn a_deleted_node_takes_no_pods_and_comes_back_with_its_pods() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.delete_node("n1");
+    let args: ExtenderArgs =
+        serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap();
+    assert_eq!(s.filter(args).failed_and_unresolvable_nodes["n1"], "node is gone");
+    s.apply_node(&node("n1", 1));
+    assert_eq!(free(&s, "n1"), vec![70]);
+}
+
+#[cfg(test)]
+mod properties {
+    //! State rebuilt from a list of objects equals state built from the same events one by one.
+    use super::*;
+    use nano_gpu_engine::policy;
+    use nano_gpu_engine::workload::Workload;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Node { name: usize, cards: usize, broken: bool },
+        DeleteNode(usize),
+        Pod { uid: usize, node: Option<usize>, card: usize, percent: u32, garbage: bool, done: bool },
+        DeletePod(usize),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (0usize..4, 0usize..4, proptest::bool::weighted(0.1))
+                .prop_map(|(name, cards, broken)| Event::Node { name, cards, broken }),
+            (0usize..4).prop_map(Event::DeleteNode),
+            (
+                0usize..12,
+                proptest::option::of(0usize..4),
+                0usize..4,
+                1u32..=100,
+                proptest::bool::weighted(0.1),
+                proptest::bool::weighted(0.1)
+            )
+                .prop_map(|(uid, node, card, percent, garbage, done)| Event::Pod {
+                    uid,
+                    node,
+                    card,
+                    percent,
+                    garbage,
+                    done
+                }),
+            (0usize..12).prop_map(Event::DeletePod),
+        ]
+    }
+
+    fn state() -> ClusterState {
+        let engine = Engine::new(
+            nano_gpu_engine::model::Cluster::new(),
+            policy::by_name("fgd", 0).unwrap(),
+            Workload::default(),
+        );
+        ClusterState::new(engine, 1, DemandOptions::default())
+    }
+
+    fn kube_node(name: usize, cards: usize, broken: bool) -> KubeNode {
+        let gpus: Vec<_> = (0..cards)
+            .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 16384, "healthy": true}))
+            .collect();
+        let inv = if broken { "{".to_string() } else { json!({"v": 1, "gpus": gpus}).to_string() };
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("n{name}"), "annotations": {"nano-gpu/gpus": inv}},
+            "status": {"allocatable": {"cpu": "32", "memory": "64Gi"}}
+        }))
+        .unwrap()
+    }
+
+    fn kube_pod(
+        uid: usize,
+        node: Option<usize>,
+        card: usize,
+        percent: u32,
+        garbage: bool,
+        done: bool,
+    ) -> Pod {
+        let assignment = node.map(|n| {
+            if garbage {
+                "garbage".to_string()
+            } else {
+                format!(r#"{{"v":1,"node":"n{n}","at":"t","containers":{{"c":[{{"uuid":"GPU-{n}-{card}","index":{card},"percent":{percent}}}]}}}}"#)
+            }
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("p{uid}"), "namespace": "ns", "uid": format!("u{uid}"),
+                         "annotations": assignment.map(|a| json!({"nano-gpu/assignment": a})).unwrap_or(json!({}))},
+            "spec": {"nodeName": node.map(|n| format!("n{n}")),
+                     "containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1"}}}]},
+            "status": {"phase": if done { "Succeeded" } else { "Running" }}
+        }))
+        .unwrap()
+    }
+
+    fn view(s: &ClusterState) -> Vec<(String, bool, u64, Vec<u32>)> {
+        let mut v: Vec<_> = s
+            .extender()
+            .engine()
+            .cluster()
+            .nodes()
+            .iter()
+            .filter(|n| n.schedulable)
+            .map(|n| (n.name.clone(), n.schedulable, n.cpu_free, n.cards.iter().map(|c| c.free).collect()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn state_from_a_list_equals_state_from_the_events(events in proptest::collection::vec(event(), 0..60)) {
+            let mut one_by_one = state();
+            let mut nodes: BTreeMap<usize, KubeNode> = BTreeMap::new();
+            let mut pods: BTreeMap<usize, Pod> = BTreeMap::new();
+            for e in events {
+                match e {
+                    Event::Node { name, cards, broken } => {
+                        let n = kube_node(name, cards, broken);
+                        one_by_one.apply_node(&n);
+                        nodes.insert(name, n);
+                    }
+                    Event::DeleteNode(name) => {
+                        one_by_one.delete_node(&format!("n{name}"));
+                        nodes.remove(&name);
+                    }
+                    Event::Pod { uid, node, card, percent, garbage, done } => {
+                        let p = kube_pod(uid, node, card, percent, garbage, done);
+                        one_by_one.apply_pod(&p);
+                        pods.insert(uid, p);
+                    }
+                    Event::DeletePod(uid) => {
+                        if let Some(p) = pods.remove(&uid) {
+                            one_by_one.delete_pod(&p);
+                        }
+                    }
+                }
+            }
+            let mut listed = state();
+            listed.reset_nodes(&nodes.values().cloned().collect::<Vec<_>>());
+            listed.reset_pods(&pods.values().cloned().collect::<Vec<_>>());
+            prop_assert_eq!(view(&one_by_one), view(&listed));
+            // And a re-list on top of the event-built state changes nothing.
+            one_by_one.reset_nodes(&nodes.values().cloned().collect::<Vec<_>>());
+            one_by_one.reset_pods(&pods.values().cloned().collect::<Vec<_>>());
+            prop_assert_eq!(view(&one_by_one), view(&listed));
+        }
+    }
+}
