@@ -9,6 +9,7 @@
 pub mod health;
 pub mod inventory;
 pub mod plugin;
+pub mod podresources;
 pub mod pods;
 pub mod probe;
 pub mod publish;

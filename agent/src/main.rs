@@ -2,8 +2,9 @@
 //! node's cards.
 
 use clap::Parser;
-use nano_gpu_agent::plugin::{Identity, Lister, PodResourcesSocket};
-use nano_gpu_agent::{Command, Flags, inventory, repair, run};
+use nano_gpu_agent::plugin::Identity;
+use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
+use nano_gpu_agent::{Command, Flags, inventory, pods, repair, run};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -55,7 +56,7 @@ fn serve(flags: &Flags) -> ExitCode {
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
-                    let views = repair::watch_pods(client.clone(), node, &resources);
+                    let views = pods::watch::watch_pods(client.clone(), node, &resources);
                     tokio::spawn(repair::Repairer::new(client, node.clone(), lister.clone()).run(queue));
                     let wait = Duration::from_millis(flags.identity_wait_ms);
                     let plugins = resources

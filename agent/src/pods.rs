@@ -10,6 +10,8 @@
 //!
 //! Everything here is pure: the handlers call it with snapshots.
 
+pub mod watch;
+
 use crate::inventory::Card;
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;

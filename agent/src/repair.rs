@@ -1,95 +1,22 @@
-//! Everything the agent does with the API server on the device plugin's behalf, off the request path:
-//! the node-scoped pod watch that feeds the handlers' snapshot, Events for refused Allocates, and the
-//! verify-and-repair of every starting container (ARCHITECTURE §4 step 3): the owner of its IDs from
+//! What the agent does with the API server on the device plugin's behalf, off the request path
+//! (the node-scoped pod watch that feeds the handlers is `pods::watch`): Events for refused
+//! Allocates, and the verify-and-repair of every starting container (ARCHITECTURE §4 step 3): the owner of its IDs from
 //! pod-resources, compared with its assignment; when they differ the assignment is patched to what the
 //! container really got, so the allocator's accounting converges to the truth, and a warning Event
 //! says so.
 
-use crate::plugin::{Lister, Report};
-use crate::pods::{NodePod, Pods, RepairAt, Served, describe, pod_key, repaired};
+use crate::plugin::Report;
+use crate::podresources::Lister;
+use crate::pods::{RepairAt, Served, describe, repaired};
 use crate::resource::Resource;
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-
-/// Watches the pods bound to `node`; for each of `resources`, a receiver that always holds the latest
-/// view of the pods asking it (empty until the first list completes).
-pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> Vec<watch::Receiver<Pods>> {
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        resources.iter().map(|_| watch::channel(Pods::default())).unzip();
-    let resources = resources.to_vec();
-    let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut views: Vec<View> = resources.iter().map(|r| View::new(r.name())).collect();
-        loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
-                    continue;
-                }
-            };
-            for (view, tx) in views.iter_mut().zip(&senders) {
-                if view.apply(&event) {
-                    tx.send_replace(Arc::new(view.pods.clone()));
-                }
-            }
-        }
-    });
-    receivers
-}
-
-/// The pods asking one resource, kept from watch events.
-struct View {
-    resource: &'static str,
-    pods: BTreeMap<String, NodePod>,
-    relist: Option<BTreeMap<String, NodePod>>,
-}
-
-impl View {
-    fn new(resource: &'static str) -> Self {
-        View { resource, pods: BTreeMap::new(), relist: None }
-    }
-
-    /// Applies one watch event; returns whether the view changed.
-    fn apply(&mut self, event: &watcher::Event<Pod>) -> bool {
-        let key = |p: &Pod| {
-            pod_key(p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
-        };
-        match event {
-            watcher::Event::Init => {
-                self.relist = Some(BTreeMap::new());
-                false
-            }
-            watcher::Event::InitApply(p) => {
-                if let (Some(into), Some(n)) = (self.relist.as_mut(), NodePod::from_pod(p, self.resource)) {
-                    into.insert(key(p), n);
-                }
-                false
-            }
-            watcher::Event::InitDone => {
-                self.pods = self.relist.take().unwrap_or_default();
-                true
-            }
-            watcher::Event::Apply(p) => match NodePod::from_pod(p, self.resource) {
-                Some(n) => self.pods.insert(key(p), n.clone()) != Some(n),
-                None => self.pods.remove(&key(p)).is_some(),
-            },
-            watcher::Event::Delete(p) => self.pods.remove(&key(p)).is_some(),
-        }
-    }
-}
+use tokio::sync::mpsc;
 
 /// The worker.
 pub struct Repairer {

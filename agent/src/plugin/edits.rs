@@ -1,0 +1,85 @@
+//! Container edits: what one container gets for the IDs the kubelet chose: the card(s) as
+//! `NVIDIA_VISIBLE_DEVICES` (and CDI names) or Intel device nodes, the share's env, and gpushare's env
+//! for `aliyun.com/gpu-mem`.
+
+use super::devices::derive;
+use crate::inventory::Card;
+use crate::resource::Resource;
+use nano_gpu_proto::annotations::{CardGrant, Vendor};
+use nano_gpu_proto::gpushare;
+use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
+use tonic::Status;
+
+/// How containers are given their cards beyond the environment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Edits {
+    /// Also name NVIDIA cards as CDI devices (`nvidia.com/gpu=<uuid>`), for runtimes set up with CDI.
+    pub cdi: bool,
+}
+
+/// The container an Allocate is for, as far as the agent could tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// Its grants in the pod's assignment.
+    pub grants: Vec<CardGrant>,
+    /// What its whole pod asks of the resource (gpushare's `ALIYUN_COM_GPU_MEM_POD`).
+    pub pod_units: u64,
+}
+
+/// What one container gets for the device IDs of `resource` the kubelet chose: the cards come from
+/// the IDs; the memory from its grants when it asked memory, else its share of the cards' memory.
+pub fn allocate(
+    cards: &[Card],
+    ids: &[String],
+    claimed: Option<&Claimed>,
+    resource: Resource,
+    edits: Edits,
+) -> Result<ContainerAllocateResponse, Status> {
+    let got = derive(cards, ids)?;
+    let mut response = ContainerAllocateResponse::default();
+    let mut nvidia = Vec::new();
+    for (card, _) in &got {
+        match card.info.vendor {
+            Vendor::Nvidia => nvidia.push(card.info.uuid.clone()),
+            Vendor::Intel => response.devices.extend(card.device_nodes.iter().map(|p| DeviceSpec {
+                container_path: p.display().to_string(),
+                host_path: p.display().to_string(),
+                permissions: "rw".into(),
+            })),
+        }
+    }
+    if !nvidia.is_empty() {
+        if edits.cdi {
+            response.cdi_devices =
+                nvidia.iter().map(|u| CdiDevice { name: format!("nvidia.com/gpu={u}") }).collect();
+        }
+        response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), nvidia.join(","));
+    }
+    let count: u32 = got.iter().map(|(_, n)| n).sum();
+    let grants = claimed.map(|c| c.grants.as_slice());
+    let asked_memory = grants.filter(|g| !g.is_empty() && g.iter().all(|g| g.memory_mib.is_some()));
+    let memory: u64 = match (resource.memory_of(u64::from(count)), asked_memory) {
+        (Some(m), _) => m.0,
+        (None, Some(g)) => g.iter().filter_map(|g| g.memory_mib).map(|m| m.0).sum(),
+        (None, None) => got.iter().map(|(c, n)| c.info.memory_mib.0 * u64::from(*n) / 100).sum(),
+    };
+    let uuids: Vec<&str> = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
+    let env = &mut response.envs;
+    match resource {
+        Resource::Percent => {
+            env.insert("NANO_GPU_PERCENT".into(), count.to_string());
+        }
+        Resource::Gpushare(_) => {
+            // What gpushare's device plugin set, for workloads and tools that read it.
+            let (card, _) = got[0];
+            env.insert(gpushare::IDX.into(), card.info.index.to_string());
+            env.insert(gpushare::CONTAINER.into(), count.to_string());
+            let pod = claimed.map_or(u64::from(count), |c| c.pod_units.max(u64::from(count)));
+            env.insert(gpushare::POD.into(), pod.to_string());
+            env.insert(gpushare::DEV.into(), resource.card_units(card).to_string());
+        }
+    }
+    env.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
+    env.insert("NANO_GPU_CARDS".into(), uuids.join(","));
+    Ok(response)
+}

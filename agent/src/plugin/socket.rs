@@ -1,0 +1,65 @@
+//! The plugin's unix socket and the kubelet's registration: bind (removing a stale file), serve the
+//! gRPC service until shutdown, register the resource with the kubelet (with a timeout).
+
+use super::Plugin;
+use crate::resource::Resource;
+use nano_gpu_proto::kubelet::VERSION;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePluginServer;
+use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;
+use nano_gpu_proto::kubelet::deviceplugin::{DevicePluginOptions, RegisterRequest};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::Status;
+use tonic::transport::Server;
+
+/// How long the kubelet may take to answer a registration.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Binds the plugin's socket, removing a stale file first.
+pub fn bind(socket: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    let _ = std::fs::remove_file(socket);
+    tokio::net::UnixListener::bind(socket)
+}
+
+/// Serves the plugin on `socket` (a stale file is removed first) until `shutdown` resolves.
+pub async fn serve(
+    socket: &Path,
+    plugin: Plugin,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    serve_on(bind(socket)?, plugin, shutdown).await
+}
+
+/// Serves the plugin on a bound socket until `shutdown` resolves.
+pub async fn serve_on(
+    listener: tokio::net::UnixListener,
+    plugin: Plugin,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    Server::builder()
+        .add_service(DevicePluginServer::new(plugin))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Registers `resource` with the kubelet; the plugin serves on `resource.socket()` in the kubelet's
+/// directory.
+pub async fn register(kubelet_socket: PathBuf, resource: Resource) -> Result<(), Status> {
+    let channel = nano_gpu_runtime::unix_channel(kubelet_socket)
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
+    let request = RegisterRequest {
+        version: VERSION.into(),
+        endpoint: resource.socket().into(),
+        resource_name: resource.name().into(),
+        options: Some(options),
+    };
+    // A kubelet that accepts the connection but never answers must not hold the agent forever.
+    tokio::time::timeout(REGISTER_TIMEOUT, RegistrationClient::new(channel).register(request))
+        .await
+        .map_err(|_| Status::unavailable("the kubelet did not answer the registration in time"))??;
+    Ok(())
+}

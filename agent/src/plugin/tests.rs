@@ -1,0 +1,89 @@
+//! Unit tests of the plugin's pure parts: advertised IDs, derived cards, container edits, card packing.
+
+use super::*;
+use nano_gpu_proto::annotations::GpuInfo;
+use nano_gpu_proto::annotations::Vendor;
+use nano_gpu_proto::device_id;
+use nano_gpu_proto::units::MiB;
+
+fn card(uuid: &str, vendor: Vendor) -> Card {
+    Card {
+        info: GpuInfo {
+            index: 0,
+            uuid: uuid.into(),
+            vendor,
+            model: "m".into(),
+            memory_mib: MiB(1),
+            healthy: true,
+            numa: Some(1),
+        },
+        device_nodes: if vendor == Vendor::Intel {
+            vec!["/dev/dri/card1".into(), "/dev/dri/renderD129".into()]
+        } else {
+            vec![]
+        },
+        pci_address: None,
+    }
+}
+
+fn ids(uuid: &str, range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|n| device_id::encode(uuid, n)).collect()
+}
+
+#[test]
+fn every_card_advertises_100_ids_with_its_numa_node() {
+    let d = devices(&[card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)], Resource::Percent);
+    assert_eq!(d.len(), 200);
+    assert_eq!(d[0].id, "GPU-a-00");
+    assert_eq!(d[199].id, "GPU-b-99");
+    assert_eq!(d[0].topology.as_ref().unwrap().nodes[0].id, 1);
+}
+
+#[test]
+fn allocate_derives_the_cards_from_the_ids() {
+    let cards = [card("GPU-a", Vendor::Nvidia), card("intel-0000:03:00.0", Vendor::Intel)];
+    let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, Edits::default()).unwrap();
+    assert!(r.cdi_devices.is_empty());
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
+    assert_eq!(r.envs["NANO_GPU_PERCENT"], "30");
+    let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), None, Resource::Percent, Edits { cdi: true })
+        .unwrap();
+    assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
+    assert_eq!(
+        r.devices.iter().map(|d| d.host_path.as_str()).collect::<Vec<_>>(),
+        ["/dev/dri/card1", "/dev/dri/renderD129"]
+    );
+    let r = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, Edits { cdi: true }).unwrap();
+    assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");
+}
+
+#[test]
+fn unknown_ids_are_invalid_arguments_not_a_poisoned_env() {
+    let cards = [card("GPU-a", Vendor::Nvidia)];
+    assert_eq!(
+        allocate(&cards, &["not-ours".into()], None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        allocate(&cards, &ids("GPU-zz", 0..1), None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        allocate(&cards, &[], None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+}
+
+#[test]
+fn preferred_ids_come_from_one_card_when_one_can_hold_them() {
+    let mut available = ids("GPU-a", 0..40);
+    available.extend(ids("GPU-b", 0..100));
+    let chosen = prefer(&available, &[], 30);
+    assert_eq!(chosen.len(), 30);
+    // The tightest card that holds all 30 (GPU-a, 40 free) rather than spreading.
+    assert!(chosen.iter().all(|id| id.starts_with("GPU-a-")), "{chosen:?}");
+    let chosen = prefer(&available, &[], 60);
+    assert!(chosen.iter().all(|id| id.starts_with("GPU-b-")), "{chosen:?}");
+    let chosen = prefer(&available, &ids("GPU-b", 0..1), 2);
+    assert_eq!(chosen[0], "GPU-b-00");
+}
