@@ -100,7 +100,9 @@ pub async fn bind<B: Binder>(
     let key = || format!("{ns}/{name}");
     let mut pod = match known {
         Some(p) => p,
-        None => binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?,
+        None => {
+            binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?
+        }
     };
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
         return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
@@ -129,10 +131,11 @@ pub async fn bind<B: Binder>(
         }
     };
     let result = match annotated {
-        Ok(()) => binder
-            .bind(ns, name, uid, node)
-            .await
-            .map_err(|source| BindFailed::Bind { pod: key(), node: node.clone(), source }),
+        Ok(()) => binder.bind(ns, name, uid, node).await.map_err(|source| BindFailed::Bind {
+            pod: key(),
+            node: node.clone(),
+            source,
+        }),
         Err(e) => Err(e),
     };
     if result.is_err() {

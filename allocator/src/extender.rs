@@ -11,11 +11,11 @@
 //!
 //! `simulate --through-extender` drives these decisions as kube-scheduler would (`sim/extender.rs`).
 
-use nano_gpu_engine::engine::{Engine, NodeOrder};
-use nano_gpu_engine::model::{ModelId, Models, NodeId};
-use nano_gpu_engine::model::Grant;
-use nano_gpu_engine::request::{Request, SlotDemand};
 use k8s_openapi::api::core::v1::Pod;
+use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::model::Grant;
+use nano_gpu_engine::model::{ModelId, Models, NodeId};
+use nano_gpu_engine::request::{Request, SlotDemand};
 use nano_gpu_proto::annotations::{Assignment, CardGrant};
 use nano_gpu_proto::demand::{CardDemand, DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::extender::{
@@ -288,6 +288,7 @@ mod tests {
     use super::*;
     use nano_gpu_engine::model::{Card, Cluster, Node};
     use nano_gpu_engine::policy;
+    use nano_gpu_engine::rng::Rng;
     use nano_gpu_engine::workload::Workload;
     use serde_json::json;
 

@@ -214,9 +214,8 @@ fn simulate(args: SimulateArgs) -> Result<()> {
 }
 
 fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
-    use nano_gpu_allocator::{
-        binder::KubeBinder, engine::Engine, model::Cluster, policy, server, state, watch,
-    };
+    use nano_gpu_allocator::{binder::KubeBinder, server, state, watch};
+    use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
     use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
     let policy = policy::by_name(&args.policy, 0)
         .with_context(|| format!("unknown policy {:?}; known: {}", args.policy, policy::NAMES.join(", ")))?;
@@ -277,12 +276,12 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
 fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams};
-    use nano_gpu_allocator::{engine::Engine, inspect, model::Cluster, policy, state::ClusterState};
+    use nano_gpu_allocator::{inspect, state::ClusterState};
+    use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let view = runtime.block_on(async {
-        let client = nano_gpu_runtime::connect(kubeconfig.as_deref())
-            .await
-            .context("connecting to the API server")?;
+        let client =
+            nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
         let nodes =
             Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
         let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("listing pods")?;

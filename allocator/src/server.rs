@@ -34,7 +34,6 @@ const RECENT_PODS: usize = 8192;
 /// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
 pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
 
-
 /// Everything the handlers share.
 pub struct Shared<B> {
     /// The cluster view (the watches write through this).
@@ -303,16 +302,16 @@ async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 mod tests {
     use super::*;
     use crate::binder::ApiError;
-    use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
-    use std::time::SystemTime;
+    use axum::body::Body;
+    use http::Request;
     use nano_gpu_engine::engine::Engine;
     use nano_gpu_engine::policy;
     use nano_gpu_engine::workload::Workload;
-    use axum::body::Body;
-    use http::Request;
+    use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
     use nano_gpu_proto::demand::DemandOptions;
     use serde_json::{Value, json};
     use std::sync::atomic::AtomicUsize;
+    use std::time::SystemTime;
     use tower::ServiceExt;
 
     /// A hand-written fake of the API calls: records them, and fails on demand.

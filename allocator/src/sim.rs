@@ -12,13 +12,13 @@
 pub mod extender;
 pub mod report;
 
+use extender::SimExtender;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::policy;
 use nano_gpu_engine::replay::{Placer, RawPlacer, Replay, arrivals, replay};
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::trace::{TraceError, TraceNode, TracePod, build_cluster, parse_nodes, parse_pods};
 use nano_gpu_engine::workload::{Learner, Workload};
-use extender::SimExtender;
 use report::{PolicyReport, Report};
 use std::path::Path;
 use std::sync::Mutex;

@@ -270,8 +270,7 @@ async fn create(pods: &Api<Pod>, pod: &Pod) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_system_works_against_the_real_control_plane() {
     let cluster = Cluster::up(3);
-    let client =
-        nano_gpu_runtime::connect(Some(Path::new(&cluster.env["ADMIN_KUBECONFIG"]))).await.unwrap();
+    let client = nano_gpu_runtime::connect(Some(Path::new(&cluster.env["ADMIN_KUBECONFIG"]))).await.unwrap();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap())

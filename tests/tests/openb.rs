@@ -2,20 +2,19 @@
 //! method: our FGD and BestFit must reproduce the published numbers, and the extender path must decide
 //! exactly as the raw engine does when both use the same node order.
 
-use nano_gpu_engine::engine::{Engine, NodeOrder};
 use nano_gpu_allocator::sim::extender::SimExtender;
-use nano_gpu_engine::policy;
-use nano_gpu_engine::rng::Rng;
-use nano_gpu_engine::replay::{RawPlacer, arrivals, replay};
-use nano_gpu_engine::trace::{self, build_cluster};
 use nano_gpu_allocator::sim::{Options, read_nodes, read_pods, simulate};
+use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::policy;
+use nano_gpu_engine::replay::{RawPlacer, arrivals, replay};
+use nano_gpu_engine::rng::Rng;
+use nano_gpu_engine::trace::{self, build_cluster};
 use nano_gpu_engine::workload::Workload;
 use nano_gpu_tests::openb_dir;
 
 fn load(pods: &str) -> (Vec<trace::TraceNode>, Vec<trace::TracePod>) {
     let dir = openb_dir();
-    let nodes =
-        read_nodes(&dir.join("openb_node_list_gpu_node.csv")).expect("openb node list (../shared)");
+    let nodes = read_nodes(&dir.join("openb_node_list_gpu_node.csv")).expect("openb node list (../shared)");
     let pods = read_pods(&dir.join(pods)).expect("openb pod list (../shared)");
     (nodes, pods)
 }

@@ -2,10 +2,11 @@
 //! service becomes ready, and a filter → prioritize → bind round writes the assignment and the binding.
 
 use nano_gpu_allocator::binder::KubeBinder;
+use nano_gpu_allocator::state::ClusterState;
+use nano_gpu_allocator::{server, watch};
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::Cluster;
-use nano_gpu_allocator::state::ClusterState;
-use nano_gpu_allocator::{policy, server, watch};
+use nano_gpu_engine::policy;
 use nano_gpu_proto::demand::DemandOptions;
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
 use nano_gpu_tests::http_client::Conn;

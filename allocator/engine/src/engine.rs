@@ -4,9 +4,9 @@
 //! same request shape was evaluated is not recomputed: after a placement only the chosen node is.
 //! Randomness comes only from the `Rng` the caller passes; remaining ties go to the caller's node order.
 
+use crate::model::Grant;
 use crate::model::{Cluster, ModelError, NodeId};
 use crate::policy::{Context, Eval, Policy, Ties};
-use crate::model::Grant;
 use crate::request::{Reason, Request};
 use crate::rng::Rng;
 use crate::workload::Workload;

@@ -11,8 +11,8 @@ mod simple;
 pub use fgd::{Fgd, FgdBalance};
 pub use simple::{BestFit, Binpack, Random, Spread};
 
-use crate::model::Node;
 use crate::model::Grant;
+use crate::model::Node;
 use crate::request::{Reason, Request};
 use crate::workload::Workload;
 

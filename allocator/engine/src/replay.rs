@@ -3,11 +3,11 @@
 //! one, never leave; a failed pod stays failed. After every pod the allocated GPU, the arrived demand
 //! and the cluster's fragmentation are recorded and binned by integer arrived percent.
 
-use crate::trace::TracePod;
 use crate::engine::{Engine, NodeOrder};
 use crate::model::{Cluster, NodeId};
 use crate::request::Request;
 use crate::rng::Rng;
+use crate::trace::TracePod;
 use crate::workload::{Learner, Workload};
 
 /// Largest arrived percent of the curve.

@@ -3,9 +3,9 @@
 //! returns the cluster to empty.
 
 use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::model::Grant;
 use nano_gpu_engine::model::{Card, Cluster, Node, NodeId};
 use nano_gpu_engine::policy;
-use nano_gpu_engine::model::Grant;
 use nano_gpu_engine::request::{Request, SlotDemand};
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::workload::Workload;

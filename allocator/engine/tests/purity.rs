@@ -44,6 +44,9 @@ fn the_check_sees_the_service_stack_where_it_is() {
     // answer above means "none", not "the check cannot see".
     let found = forbidden_in("nano-gpu-allocator");
     for expected in ["tokio", "kube", "k8s-openapi", "axum"] {
-        assert!(found.iter().any(|f| f == expected), "{expected} not found in the allocator's tree: {found:?}");
+        assert!(
+            found.iter().any(|f| f == expected),
+            "{expected} not found in the allocator's tree: {found:?}"
+        );
     }
 }

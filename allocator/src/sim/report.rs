@@ -1,7 +1,7 @@
 //! What `simulate` prints: per policy, the median (and quartiles) over seeds of unallocated GPU at
 //! every arrived percent, as a table, a JSON document, or an SVG plot like the paper's Fig. 9(a).
 
-use super::replay::{MAX_ARRIVED, Replay};
+use nano_gpu_engine::replay::{MAX_ARRIVED, Replay};
 use serde::Serialize;
 use std::fmt::Write as _;
 
