@@ -2,6 +2,10 @@
 //! giving it out), and it recovers once no critical XID has arrived for a quiet period. XIDs that
 //! report an application's own fault (as NVIDIA's device plugin treats them) do not count.
 
+pub mod xid;
+
+pub use xid::{watch_xids, watch_xids_retrying};
+
 use crate::inventory::Card;
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -7,7 +7,7 @@ mod nvml;
 mod sysfs;
 
 pub use fake::FakeFile;
-pub use nvml::{NvmlInventory, watch_xids, watch_xids_retrying};
+pub use nvml::NvmlInventory;
 pub use sysfs::SysfsDrm;
 
 use nano_gpu_proto::annotations::{GpuInfo, Vendor};

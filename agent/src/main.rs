@@ -86,7 +86,9 @@ fn serve(flags: &Flags) -> ExitCode {
         if flags.fake_inventory.is_none() {
             let (health, stop, lib) = (health.clone(), stop_xids.clone(), flags.nvml_lib.clone());
             let retry = timing.refresh;
-            std::thread::spawn(move || inventory::watch_xids_retrying(&lib, &health, &stop, retry));
+            std::thread::spawn(move || {
+                nano_gpu_agent::health::watch_xids_retrying(&lib, &health, &stop, retry)
+            });
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());

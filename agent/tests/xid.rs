@@ -2,7 +2,8 @@
 //! the card's health; application XIDs do not.
 
 use nano_gpu_agent::health::Health;
-use nano_gpu_agent::inventory::{Card, watch_xids_retrying};
+use nano_gpu_agent::health::watch_xids_retrying;
+use nano_gpu_agent::inventory::Card;
 use nano_gpu_proto::units::MiB;
 use std::process::Command;
 use std::sync::Arc;

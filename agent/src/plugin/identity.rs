@@ -1,6 +1,6 @@
 //! Which container a call is for (ARCHITECTURE §4), as the handlers ask it: the candidates from the
 //! pod watch and pod-resources (`crate::pods` decides), the steering of GetPreferredAllocation, the
-//! claim of an Allocate, and the [`Report`]s for the background worker (`crate::repair`).
+//! claim of an Allocate, and the [`Report`]s for the background repair worker.
 
 use super::Snapshot;
 use super::devices::prefer;
