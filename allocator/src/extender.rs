@@ -21,7 +21,6 @@ use nano_gpu_proto::demand::{CardDemand, DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY, MIN_PRIORITY,
 };
-use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -233,8 +232,8 @@ impl Extender {
                 .map(|g| CardGrant {
                     uuid: cards[g.card].uuid.clone(),
                     index: cards[g.card].index,
-                    percent: Percent(g.percent),
-                    memory_mib: asked_memory.then_some(MiB(g.mem)),
+                    percent: g.percent,
+                    memory_mib: asked_memory.then_some(g.mem),
                 })
                 .collect();
             for name in &slot.containers {
@@ -255,10 +254,8 @@ pub fn engine_request(d: &PodDemand, models: &Models) -> Request {
         .slots
         .iter()
         .map(|s| match s.demand {
-            CardDemand::Share { percent, memory } => {
-                SlotDemand::Share { percent: percent.map(|p| p.0), mem: memory.map(|m| m.0) }
-            }
-            CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory.map(|m| m.0) },
+            CardDemand::Share { percent, memory } => SlotDemand::Share { percent, mem: memory },
+            CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory },
         })
         .collect();
     let allowed = (!d.models.is_empty()).then(|| {
@@ -290,6 +287,7 @@ mod tests {
     use nano_gpu_engine::policy;
     use nano_gpu_engine::rng::Rng;
     use nano_gpu_engine::workload::Workload;
+    use nano_gpu_proto::units::{MiB, Percent};
     use serde_json::json;
 
     fn extender() -> Extender {
@@ -297,10 +295,11 @@ mod tests {
         let t4 = c.models.intern("T4");
         let a100 = c.models.intern("NVIDIA A100-SXM4-80GB");
         for i in 0..3 {
-            let cards = (0..2).map(|g| Card::new(format!("GPU-t{i}{g}"), g, t4, 15_360)).collect();
+            let cards = (0..2).map(|g| Card::new(format!("GPU-t{i}{g}"), g, t4, MiB(15_360))).collect();
             c.add_node(Node::new(format!("t4-{i}"), 16_000, 65_536, cards)).unwrap();
         }
-        c.add_node(Node::new("a100", 64_000, 262_144, vec![Card::new("GPU-a", 0, a100, 81_920)])).unwrap();
+        c.add_node(Node::new("a100", 64_000, 262_144, vec![Card::new("GPU-a", 0, a100, MiB(81_920))]))
+            .unwrap();
         c.add_node(Node::new("cpu", 64_000, 262_144, vec![])).unwrap();
         Extender::new(
             Engine::new(c, policy::by_name("fgd", 0).unwrap(), Workload::default()),

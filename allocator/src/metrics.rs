@@ -2,6 +2,7 @@
 //! allocated percent and memory (read from the cluster view at scrape time).
 
 use nano_gpu_engine::model::Cluster;
+use nano_gpu_proto::units::Percent;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -111,7 +112,11 @@ impl Metrics {
         for n in cluster.nodes().iter().filter(|n| n.schedulable) {
             for c in &n.cards {
                 let labels = format!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
-                let _ = writeln!(out, "nano_gpu_card_allocated_percent{{{labels}}} {}", 100 - c.free);
+                let _ = writeln!(
+                    out,
+                    "nano_gpu_card_allocated_percent{{{labels}}} {}",
+                    (Percent::FULL - c.free).0
+                );
                 let _ = writeln!(
                     out,
                     "nano_gpu_card_allocated_memory_mib{{{labels}}} {}",
@@ -127,6 +132,7 @@ impl Metrics {
 mod tests {
     use super::*;
     use nano_gpu_engine::model::{Card, ModelId, Node};
+    use nano_gpu_proto::units::MiB;
 
     #[test]
     fn calls_are_counted_into_buckets_and_cards_are_listed() {
@@ -134,9 +140,9 @@ mod tests {
         m.observe(Verb::Filter, true, Duration::from_micros(700));
         m.observe(Verb::Bind, false, Duration::from_millis(30));
         let mut c = Cluster::new();
-        let mut card = Card::new("GPU-a", 0, ModelId(0), 1000);
-        card.free = 70;
-        card.mem_free = 400;
+        let mut card = Card::new("GPU-a", 0, ModelId(0), MiB(1000));
+        card.free = Percent(70);
+        card.mem_free = MiB(400);
         c.add_node(Node::new("n1", 1, 1, vec![card])).unwrap();
         let text = m.render(&c);
         assert!(text.contains("nano_gpu_decisions_total{verb=\"filter\",result=\"ok\"} 1"), "{text}");

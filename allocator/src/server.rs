@@ -407,7 +407,7 @@ mod tests {
     }
 
     fn free(s: &Arc<Shared<FakeBinder>>) -> u32 {
-        s.state().extender().engine().cluster().node(nano_gpu_engine::model::NodeId(0)).cards[0].free
+        s.state().extender().engine().cluster().node(nano_gpu_engine::model::NodeId(0)).cards[0].free.0
     }
 
     fn binding(uid: &str) -> Value {

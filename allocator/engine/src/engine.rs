@@ -327,19 +327,20 @@ mod tests {
     use crate::model::{Card, ModelId, Node};
     use crate::policy;
     use crate::request::SlotDemand;
+    use nano_gpu_proto::units::{MiB, Percent};
 
     fn cluster(n: usize) -> Cluster {
         let mut c = Cluster::new();
         let m = c.models.intern("T4");
         for i in 0..n {
-            let cards = (0..2).map(|g| Card::new(format!("n{i}-g{g}"), g, m, 15_360)).collect();
+            let cards = (0..2).map(|g| Card::new(format!("n{i}-g{g}"), g, m, MiB(15_360))).collect();
             c.add_node(Node::new(format!("n{i}"), 16_000, 65_536, cards)).unwrap();
         }
         c
     }
 
     fn share(p: u32) -> Request {
-        Request::new(1000, 1024, vec![SlotDemand::Share { percent: Some(p), mem: None }])
+        Request::new(1000, 1024, vec![SlotDemand::Share { percent: Some(Percent(p)), mem: None }])
     }
 
     #[test]
@@ -390,7 +391,7 @@ mod tests {
     fn model_restrictions_steer_to_the_allowed_cards() {
         let mut c = cluster(2);
         let a100 = c.models.intern("A100");
-        c.add_node(Node::new("big", 64_000, 65_536, vec![Card::new("a", 0, a100, 81_920)])).unwrap();
+        c.add_node(Node::new("big", 64_000, 65_536, vec![Card::new("a", 0, a100, MiB(81_920))])).unwrap();
         let mut e = Engine::new(c, policy::by_name("spread", 0).unwrap(), Workload::default());
         let mut req = share(10);
         req.models = Some(vec![ModelId(1)]);

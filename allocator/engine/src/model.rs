@@ -2,6 +2,7 @@
 //! percent, free memory and health. Every change to a node gives it a new version, so per-node values
 //! computed by policies can be cached and reused until the node changes.
 
+use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -34,10 +35,10 @@ pub struct Grant {
     pub slot: usize,
     /// Position of the card in the node's card list.
     pub card: usize,
-    /// Percent taken.
-    pub percent: u32,
-    /// Memory taken in MiB (all of it for a whole card of known memory).
-    pub mem: u64,
+    /// Share of the card taken.
+    pub percent: Percent,
+    /// Card memory taken (all of it for a whole card of known memory).
+    pub mem: MiB,
 }
 
 /// Index of a card model in the cluster's [`Models`] table.
@@ -89,25 +90,38 @@ pub struct Card {
     pub index: u32,
     /// Model.
     pub model: ModelId,
-    /// Free share in percent (0..=100).
-    pub free: u32,
-    /// Total memory in MiB (0 if unknown: memory is then not accounted on this card).
-    pub mem_total: u64,
-    /// Free memory in MiB.
-    pub mem_free: u64,
+    /// Free share of the card (0..=100 %).
+    pub free: Percent,
+    /// Total memory (0 if unknown: memory is then not accounted on this card).
+    pub mem_total: MiB,
+    /// Free memory.
+    pub mem_free: MiB,
     /// Whether the card may take new work.
     pub healthy: bool,
 }
 
 impl Card {
     /// A free, healthy card.
-    pub fn new(uuid: impl Into<String>, index: u32, model: ModelId, mem_total: u64) -> Self {
-        Card { uuid: uuid.into(), index, model, free: 100, mem_total, mem_free: mem_total, healthy: true }
+    pub fn new(uuid: impl Into<String>, index: u32, model: ModelId, mem_total: MiB) -> Self {
+        Card {
+            uuid: uuid.into(),
+            index,
+            model,
+            free: Percent::FULL,
+            mem_total,
+            mem_free: mem_total,
+            healthy: true,
+        }
     }
 
-    /// Percent this card can still hand out (an unhealthy card hands out nothing).
-    pub fn usable(&self) -> u32 {
-        if self.healthy { self.free } else { 0 }
+    /// The share this card can still hand out (an unhealthy card hands out nothing).
+    pub fn usable(&self) -> Percent {
+        if self.healthy { self.free } else { Percent::ZERO }
+    }
+
+    /// Whether the card's memory is accounted (its total is known).
+    pub fn has_memory(&self) -> bool {
+        self.mem_total > MiB::ZERO
     }
 }
 
@@ -148,13 +162,13 @@ impl Node {
     }
 
     /// Total free percent over the healthy cards.
-    pub fn gpu_free(&self) -> u32 {
+    pub fn gpu_free(&self) -> Percent {
         self.cards.iter().map(Card::usable).sum()
     }
 
     /// Percent of all cards in use (unhealthy cards count as capacity that is not allocated).
-    pub fn gpu_used(&self) -> u32 {
-        self.cards.iter().map(|c| 100 - c.free).sum()
+    pub fn gpu_used(&self) -> Percent {
+        self.cards.iter().map(|c| Percent::FULL - c.free).sum()
     }
 }
 
@@ -275,7 +289,7 @@ impl Cluster {
         if mem > n.mem_free {
             return Err(over(format!("memory {mem} MiB > {} MiB free", n.mem_free)));
         }
-        let mut want: HashMap<usize, (u32, u64)> = HashMap::new();
+        let mut want: HashMap<usize, (Percent, MiB)> = HashMap::new();
         for g in grants {
             let e = want.entry(g.card).or_default();
             e.0 += g.percent;
@@ -283,9 +297,9 @@ impl Cluster {
         }
         for (&card, &(percent, mem)) in &want {
             let c = n.cards.get(card).ok_or_else(|| over(format!("no card at position {card}")))?;
-            if percent > c.usable() || (c.mem_total > 0 && mem > c.mem_free) {
+            if percent > c.usable() || (c.has_memory() && mem > c.mem_free) {
                 return Err(over(format!(
-                    "card {}: {percent}% and {mem} MiB asked, {}% and {} MiB free",
+                    "card {}: {percent} and {mem} asked, {} and {} free",
                     c.index,
                     c.usable(),
                     c.mem_free
@@ -311,7 +325,7 @@ impl Cluster {
             n.mem_free = (n.mem_free + mem).min(n.mem_total);
             for g in grants {
                 if let Some(c) = n.cards.get_mut(g.card) {
-                    c.free = (c.free + g.percent).min(100);
+                    c.free = (c.free + g.percent).min(Percent::FULL);
                     c.mem_free = (c.mem_free + g.mem).min(c.mem_total);
                 }
             }

@@ -9,6 +9,7 @@ use crate::request::Request;
 use crate::rng::Rng;
 use crate::trace::TracePod;
 use crate::workload::{Learner, Workload};
+use nano_gpu_proto::units::Percent;
 
 /// Largest arrived percent of the curve.
 pub const MAX_ARRIVED: usize = 130;
@@ -130,8 +131,8 @@ pub fn replay(
     let mut node_frag: Vec<f64> =
         cluster.nodes().iter().map(|n| measure.frag(n, &free_of(n), n.cpu_free)).collect();
     let mut frag_total: f64 = node_frag.iter().sum();
-    let mut node_used: Vec<u32> = cluster.nodes().iter().map(|n| n.gpu_used()).collect();
-    let mut used: f64 = node_used.iter().map(|&u| f64::from(u)).sum();
+    let mut node_used: Vec<Percent> = cluster.nodes().iter().map(|n| n.gpu_used()).collect();
+    let mut used: f64 = node_used.iter().map(|u| f64::from(u.0)).sum();
     let mut arrived = 0.0;
     let mut failed = 0;
     // Per integer arrived percent: (sum of allocation %, sum of frag %, events).
@@ -146,7 +147,7 @@ pub fn replay(
         match placer.place(pod, &req) {
             Some(node) => {
                 let n = placer.cluster().node(node);
-                used += f64::from(n.gpu_used()) - f64::from(node_used[node.0]);
+                used += f64::from(n.gpu_used().0) - f64::from(node_used[node.0].0);
                 node_used[node.0] = n.gpu_used();
                 let f = measure.frag(n, &free_of(n), n.cpu_free);
                 frag_total += f - node_frag[node.0];
@@ -173,7 +174,7 @@ pub fn replay(
     Replay { curve, failed, arrived: order.len() }
 }
 
-fn free_of(n: &crate::model::Node) -> Vec<u32> {
+fn free_of(n: &crate::model::Node) -> Vec<Percent> {
     n.cards.iter().map(crate::model::Card::usable).collect()
 }
 

@@ -5,6 +5,7 @@
 //! [`CardChooser`], picks the exact card(s) for every slot, or says why it cannot ([`Reason`]).
 
 use crate::model::{Card, Grant, ModelId, Node};
+use nano_gpu_proto::units::{MiB, Percent};
 use std::fmt;
 
 /// One GPU slot of a request.
@@ -13,48 +14,48 @@ pub enum SlotDemand {
     /// A share of one card: percent (1..=99) and/or memory in MiB; a memory-only share takes the
     /// percent of the card its memory is.
     Share {
-        /// Percent of the card.
-        percent: Option<u32>,
-        /// Memory in MiB.
-        mem: Option<u64>,
+        /// Share of the card.
+        percent: Option<Percent>,
+        /// Card memory.
+        mem: Option<MiB>,
     },
     /// Whole cards, exclusive.
     Whole {
         /// Number of cards.
         cards: u32,
-        /// The least memory per card, in MiB.
-        mem: Option<u64>,
+        /// The least memory per card.
+        mem: Option<MiB>,
     },
 }
 
 impl SlotDemand {
     /// The percent this slot takes on `card`, or `None` if it cannot be expressed there (memory-only
     /// share on a card of unknown memory, or more memory than the card has).
-    pub fn percent_on(&self, card: &Card) -> Option<u32> {
+    pub fn percent_on(&self, card: &Card) -> Option<Percent> {
         match *self {
             SlotDemand::Share { percent: Some(p), mem } => match mem {
-                Some(m) if card.mem_total > 0 && m > card.mem_total => None,
+                Some(m) if card.has_memory() && m > card.mem_total => None,
                 _ => Some(p),
             },
             SlotDemand::Share { percent: None, mem: Some(m) } => {
-                if card.mem_total == 0 || m > card.mem_total {
+                if !card.has_memory() || m > card.mem_total {
                     None
                 } else {
-                    Some(((m * 100).div_ceil(card.mem_total)).clamp(1, 100) as u32)
+                    Some(Percent(((m.0 * 100).div_ceil(card.mem_total.0)).clamp(1, 100) as u32))
                 }
             }
-            SlotDemand::Share { percent: None, mem: None } => Some(0),
+            SlotDemand::Share { percent: None, mem: None } => Some(Percent::ZERO),
             SlotDemand::Whole { mem, .. } => match mem {
-                Some(m) if card.mem_total > 0 && m > card.mem_total => None,
-                _ => Some(100),
+                Some(m) if card.has_memory() && m > card.mem_total => None,
+                _ => Some(Percent::FULL),
             },
         }
     }
 
     /// Memory this slot takes on each of its cards (a whole card takes all of it).
-    fn mem_on(&self, card: &Card) -> u64 {
+    fn mem_on(&self, card: &Card) -> MiB {
         match *self {
-            SlotDemand::Share { mem, .. } => mem.unwrap_or(0),
+            SlotDemand::Share { mem, .. } => mem.unwrap_or(MiB::ZERO),
             SlotDemand::Whole { .. } => card.mem_total,
         }
     }
@@ -67,11 +68,11 @@ impl SlotDemand {
         }
     }
 
-    /// Size in percent of one card (a memory-only share counts as 0).
-    pub fn size(&self) -> u32 {
+    /// Size in percent of one card (a memory-only share counts as 0; two whole cards are 200 %).
+    pub fn size(&self) -> Percent {
         match *self {
-            SlotDemand::Share { percent, .. } => percent.unwrap_or(0),
-            SlotDemand::Whole { cards, .. } => 100 * cards,
+            SlotDemand::Share { percent, .. } => percent.unwrap_or(Percent::ZERO),
+            SlotDemand::Whole { cards, .. } => Percent(100 * cards),
         }
     }
 }
@@ -101,7 +102,7 @@ impl Request {
     }
 
     /// Total GPU asked in percent of one card.
-    pub fn gpu_size(&self) -> u32 {
+    pub fn gpu_size(&self) -> Percent {
         self.slots.iter().map(SlotDemand::size).sum()
     }
 }
@@ -179,21 +180,21 @@ impl fmt::Display for Reason {
 
 /// A node's resources while slots are being placed on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Hyp {
+pub struct Tentative {
     /// Free CPU.
     pub cpu_free: u64,
     /// Free memory.
     pub mem_free: u64,
-    /// Usable percent per card (0 for unhealthy cards).
-    pub free: Vec<u32>,
+    /// Usable share per card (0 for unhealthy cards).
+    pub free: Vec<Percent>,
     /// Free memory per card.
-    pub card_mem_free: Vec<u64>,
+    pub card_mem_free: Vec<MiB>,
 }
 
-impl Hyp {
+impl Tentative {
     /// The node as it is now.
     pub fn of(node: &Node) -> Self {
-        Hyp {
+        Tentative {
             cpu_free: node.cpu_free,
             mem_free: node.mem_free,
             free: node.cards.iter().map(Card::usable).collect(),
@@ -205,10 +206,10 @@ impl Hyp {
 /// A policy's choice of card(s) among the feasible ones.
 pub trait CardChooser {
     /// One card for a share of `percent[i]` on card `feasible[i]`; returns the index into `feasible`.
-    fn share(&mut self, node: &Node, hyp: &Hyp, feasible: &[usize], percent: &[u32]) -> usize;
+    fn share(&mut self, node: &Node, hyp: &Tentative, feasible: &[usize], percent: &[Percent]) -> usize;
 
     /// `k` cards among the fully free `feasible` ones (ascending positions); default: the lowest.
-    fn whole(&mut self, _node: &Node, _hyp: &Hyp, feasible: &[usize], k: usize) -> Vec<usize> {
+    fn whole(&mut self, _node: &Node, _hyp: &Tentative, feasible: &[usize], k: usize) -> Vec<usize> {
         feasible[..k].to_vec()
     }
 }
@@ -217,7 +218,7 @@ pub trait CardChooser {
 pub struct Tightest;
 
 impl CardChooser for Tightest {
-    fn share(&mut self, _node: &Node, hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
+    fn share(&mut self, _node: &Node, hyp: &Tentative, feasible: &[usize], _percent: &[Percent]) -> usize {
         (0..feasible.len()).min_by_key(|&i| (hyp.free[feasible[i]], i)).unwrap_or(0)
     }
 }
@@ -226,7 +227,11 @@ impl CardChooser for Tightest {
 ///
 /// Slots are placed whole-card first, then shares largest first; if the chooser's greedy choices
 /// leave a slot without a card, the fit is retried best-fit before giving up.
-pub fn fit(node: &Node, req: &Request, chooser: &mut dyn CardChooser) -> Result<(Vec<Grant>, Hyp), Reason> {
+pub fn fit(
+    node: &Node,
+    req: &Request,
+    chooser: &mut dyn CardChooser,
+) -> Result<(Vec<Grant>, Tentative), Reason> {
     check_node(node, req)?;
     let mut order: Vec<usize> = (0..req.slots.len()).collect();
     order.sort_by_key(|&i| {
@@ -261,7 +266,7 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
                         format!("{cards} whole cards asked, {usable} cards here could hold them")
                     }
                     SlotDemand::Share { mem, .. } => {
-                        format!("{} MiB of GPU memory asked", mem.unwrap_or(0))
+                        format!("{} of GPU memory asked", mem.unwrap_or(MiB::ZERO))
                     }
                 }));
             }
@@ -287,8 +292,8 @@ fn place(
     req: &Request,
     order: &[usize],
     chooser: &mut dyn CardChooser,
-) -> Result<(Vec<Grant>, Hyp), Reason> {
-    let mut hyp = Hyp::of(node);
+) -> Result<(Vec<Grant>, Tentative), Reason> {
+    let mut hyp = Tentative::of(node);
     hyp.cpu_free -= req.cpu;
     hyp.mem_free -= req.mem;
     let mut grants = Vec::with_capacity(req.slots.len());
@@ -305,7 +310,7 @@ fn place(
             let Some(p) = s.percent_on(c) else { continue };
             let mem = s.mem_on(c);
             let whole = matches!(s, SlotDemand::Whole { .. });
-            let mem_ok = c.mem_total == 0
+            let mem_ok = !c.has_memory()
                 || if whole { hyp.card_mem_free[i] == c.mem_total } else { mem <= hyp.card_mem_free[i] };
             if p <= hyp.free[i] && mem_ok {
                 feasible.push(i);
@@ -333,10 +338,10 @@ fn place(
                     .filter(|(_, c)| req.allows(c.model))
                     .map(|(i, _)| hyp.free[i])
                     .max()
-                    .unwrap_or(0);
+                    .unwrap_or(Percent::ZERO);
                 return Err(Reason::CardsBusy(match s {
                     SlotDemand::Share { percent: Some(p), .. } => {
-                        format!("no card has {p}% free (most free: {most}%)")
+                        format!("no card has {p} free (most free: {most})")
                     }
                     _ => "no card has the GPU memory asked free".to_owned(),
                 }));
@@ -344,7 +349,7 @@ fn place(
         };
         for card in chosen {
             let c = &node.cards[card];
-            let percent = s.percent_on(c).unwrap_or(100);
+            let percent = s.percent_on(c).unwrap_or(Percent::FULL);
             let mem = s.mem_on(c);
             hyp.free[card] -= percent;
             hyp.card_mem_free[card] = hyp.card_mem_free[card].saturating_sub(mem);
@@ -364,21 +369,24 @@ mod tests {
         let cards = frees
             .iter()
             .enumerate()
-            .map(|(i, &f)| Card { free: f, ..Card::new(format!("GPU-{i}"), i as u32, ModelId(0), 16384) })
+            .map(|(i, &f)| Card {
+                free: Percent(f),
+                ..Card::new(format!("GPU-{i}"), i as u32, ModelId(0), MiB(16384))
+            })
             .collect();
         Node::new("n", 32_000, 65_536, cards)
     }
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share { percent: Some(p), mem: None }
+        SlotDemand::Share { percent: Some(Percent(p)), mem: None }
     }
 
     #[test]
     fn best_fit_takes_the_tightest_card_that_fits() {
         let (grants, hyp) =
             fit(&node(&[100, 40, 20]), &Request::new(1000, 0, vec![share(30)]), &mut Tightest).unwrap();
-        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: 30, mem: 0 }]);
-        assert_eq!(hyp.free, vec![100, 10, 20]);
+        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: Percent(30), mem: MiB(0) }]);
+        assert_eq!(hyp.free, [100, 10, 20].map(Percent));
         assert_eq!(hyp.cpu_free, 31_000);
     }
 
@@ -387,7 +395,7 @@ mod tests {
         let req = Request::new(0, 0, vec![SlotDemand::Whole { cards: 2, mem: None }]);
         let (grants, _) = fit(&node(&[90, 100, 100, 100]), &req, &mut Tightest).unwrap();
         assert_eq!(grants.iter().map(|g| g.card).collect::<Vec<_>>(), vec![1, 2]);
-        assert!(grants.iter().all(|g| g.percent == 100 && g.mem == 16384));
+        assert!(grants.iter().all(|g| g.percent == Percent::FULL && g.mem == MiB(16384)));
     }
 
     #[test]
@@ -395,14 +403,14 @@ mod tests {
         // A chooser that always takes the first card would put 50 on card 0 and strand 60.
         struct First;
         impl CardChooser for First {
-            fn share(&mut self, _: &Node, _: &Hyp, _: &[usize], _: &[u32]) -> usize {
+            fn share(&mut self, _: &Node, _: &Tentative, _: &[usize], _: &[Percent]) -> usize {
                 0
             }
         }
         let req = Request::new(0, 0, vec![share(50), share(50), share(60)]);
         let (grants, hyp) = fit(&node(&[100, 60]), &req, &mut First).unwrap();
         assert_eq!(grants.len(), 3);
-        assert_eq!(hyp.free, vec![0, 0]);
+        assert_eq!(hyp.free, vec![Percent::ZERO; 2]);
     }
 
     #[test]
@@ -419,16 +427,20 @@ mod tests {
         let mut other_model = Request::new(0, 0, vec![share(10)]);
         other_model.models = Some(vec![ModelId(3)]);
         assert_eq!(fit(&n, &other_model, &mut Tightest).unwrap_err(), Reason::ModelMismatch);
-        let big_mem = Request::new(0, 0, vec![SlotDemand::Share { percent: Some(10), mem: Some(20_000) }]);
+        let big_mem = Request::new(
+            0,
+            0,
+            vec![SlotDemand::Share { percent: Some(Percent(10)), mem: Some(MiB(20_000)) }],
+        );
         assert!(fit(&n, &big_mem, &mut Tightest).unwrap_err().unresolvable());
     }
 
     #[test]
     fn memory_only_share_takes_the_percent_of_the_card_it_is() {
-        let req = Request::new(0, 0, vec![SlotDemand::Share { percent: None, mem: Some(4096) }]);
+        let req = Request::new(0, 0, vec![SlotDemand::Share { percent: None, mem: Some(MiB(4096)) }]);
         let (grants, hyp) = fit(&node(&[100]), &req, &mut Tightest).unwrap();
-        assert_eq!((grants[0].percent, grants[0].mem), (25, 4096));
-        assert_eq!(hyp.card_mem_free, vec![16384 - 4096]);
+        assert_eq!((grants[0].percent, grants[0].mem), (Percent(25), MiB(4096)));
+        assert_eq!(hyp.card_mem_free, vec![MiB(16384 - 4096)]);
     }
 
     #[test]

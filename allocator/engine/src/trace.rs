@@ -8,6 +8,7 @@
 use crate::model::{Card, Cluster, Node};
 use crate::request::{Request, SlotDemand};
 use crate::rng::Rng;
+use nano_gpu_proto::units::{MiB, Percent};
 use thiserror::Error;
 
 /// A trace that cannot be read.
@@ -75,7 +76,7 @@ impl TracePod {
     pub fn slots(&self) -> Vec<SlotDemand> {
         match (self.num_gpu, self.gpu_milli) {
             (0, _) | (_, 0) => vec![],
-            (1, m) if m < 1000 => vec![SlotDemand::Share { percent: Some(m / 10), mem: None }],
+            (1, m) if m < 1000 => vec![SlotDemand::Share { percent: Some(Percent(m / 10)), mem: None }],
             (k, _) => vec![SlotDemand::Whole { cards: k, mem: None }],
         }
     }
@@ -92,15 +93,15 @@ impl TracePod {
     }
 }
 
-/// GPU memory by openb model name, in MiB (0 for the undisclosed models: not accounted).
-fn card_memory(model: &str) -> u64 {
-    match model {
+/// GPU memory by openb model name (0 for the undisclosed models: not accounted).
+fn card_memory(model: &str) -> MiB {
+    MiB(match model {
         "P100" | "V100M16" => 16_384,
         "T4" => 15_360,
         "V100M32" => 32_768,
         "A10" => 24_576,
         _ => 0,
-    }
+    })
 }
 
 /// The cluster of a node list: every card free and healthy.
@@ -310,7 +311,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pods.len(), 3);
-        assert_eq!(pods[0].slots(), vec![SlotDemand::Share { percent: Some(46), mem: None }]);
+        assert_eq!(pods[0].slots(), vec![SlotDemand::Share { percent: Some(Percent(46)), mem: None }]);
         assert_eq!(pods[1].slots(), vec![SlotDemand::Whole { cards: 2, mem: None }]);
         assert_eq!(pods[1].gpu_spec, vec!["V100M16".to_string(), "V100M32".to_string()]);
         assert!(pods[2].slots().is_empty());

@@ -6,6 +6,7 @@
 
 use crate::model::{ModelId, Node};
 use crate::request::{Request, SlotDemand};
+use nano_gpu_proto::units::Percent;
 use std::collections::HashMap;
 
 /// Share of pods the typical shapes must cover.
@@ -16,17 +17,18 @@ pub const POPULARITY: f64 = 0.95;
 pub struct Typical {
     /// Host CPU in millicores.
     pub cpu: u64,
-    /// Cards it needs (0 for CPU-only).
-    pub k: u32,
-    /// Percent it needs on each card (100 for whole cards).
-    pub d: u32,
+    /// Cards it needs (0 for CPU-only); the paper's `k`.
+    pub cards: u32,
+    /// Share it needs on each card (100 % for whole cards); the paper's `d`.
+    pub percent: Percent,
     /// Allowed models (`None`: any).
     pub models: Option<Vec<ModelId>>,
-    /// Probability of this shape.
-    pub p: f64,
+    /// Probability of this shape among the typical ones; the paper's `p`.
+    pub probability: f64,
 }
 
-type Shape = (u64, u32, u32, Option<Vec<ModelId>>);
+/// Host CPU, cards, share per card, allowed models.
+type Shape = (u64, u32, Percent, Option<Vec<ModelId>>);
 
 fn shape(r: &Request) -> Shape {
     let k = r.slots.iter().map(SlotDemand::cards).sum();
@@ -34,11 +36,11 @@ fn shape(r: &Request) -> Shape {
         .slots
         .iter()
         .map(|s| match s {
-            SlotDemand::Share { percent, .. } => percent.unwrap_or(1),
-            SlotDemand::Whole { .. } => 100,
+            SlotDemand::Share { percent, .. } => percent.unwrap_or(Percent(1)),
+            SlotDemand::Whole { .. } => Percent::FULL,
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(Percent::ZERO);
     (r.cpu, k, d, r.models.clone())
 }
 
@@ -59,16 +61,16 @@ impl Workload {
     pub fn new(types: Vec<Typical>) -> Self {
         let (mut cpu, mut cards) = (0.0, 0.0);
         let mut constrained: Vec<f64> = Vec::new();
-        for t in types.iter().filter(|t| t.k > 0) {
-            let size = f64::from(t.k * t.d) / 100.0;
-            cpu += t.p * t.cpu as f64;
-            cards += t.p * size;
+        for t in types.iter().filter(|t| t.cards > 0) {
+            let size = f64::from(t.cards * t.percent.0) / 100.0;
+            cpu += t.probability * t.cpu as f64;
+            cards += t.probability * size;
             for m in t.models.iter().flatten() {
                 let i = usize::from(m.0);
                 if constrained.len() <= i {
                     constrained.resize(i + 1, 0.0);
                 }
-                constrained[i] += t.p * size / t.models.as_ref().map_or(1, Vec::len) as f64;
+                constrained[i] += t.probability * size / t.models.as_ref().map_or(1, Vec::len) as f64;
             }
         }
         let cpu_per_card = if cards > 0.0 { cpu / cards } else { 0.0 };
@@ -111,35 +113,41 @@ impl Workload {
         }
         let types = kept
             .into_iter()
-            .map(|((cpu, k, d, models), n)| Typical { cpu, k, d, models, p: n as f64 / covered as f64 })
+            .map(|((cpu, cards, percent, models), n)| Typical {
+                cpu,
+                cards,
+                percent,
+                models,
+                probability: n as f64 / covered as f64,
+            })
             .collect();
         Workload::new(types)
     }
 
     /// Expected fragmentation of a node (in percent of a card) if its free CPU were `cpu_free` and its
     /// cards had `free` percent usable: for each typical shape, the idle GPU it could not use.
-    pub fn frag(&self, node: &Node, free: &[u32], cpu_free: u64) -> f64 {
-        let total: u32 = free.iter().sum();
-        if total == 0 {
+    pub fn frag(&self, node: &Node, free: &[Percent], cpu_free: u64) -> f64 {
+        let total: Percent = free.iter().sum();
+        if total == Percent::ZERO {
             return 0.0;
         }
         let mut f = 0.0;
         for t in &self.types {
-            let fm = if t.k == 0 {
+            let fm = if t.cards == 0 {
                 total
             } else {
-                let (mut fits, mut small) = (0u32, 0u32);
+                let (mut fits, mut small) = (0u32, Percent::ZERO);
                 for (card, &r) in node.cards.iter().zip(free) {
                     let allowed = t.models.as_ref().is_none_or(|m| m.contains(&card.model));
-                    if allowed && r >= t.d {
+                    if allowed && r >= t.percent {
                         fits += 1;
                     } else {
                         small += r;
                     }
                 }
-                if cpu_free >= t.cpu && fits >= t.k { small } else { total }
+                if cpu_free >= t.cpu && fits >= t.cards { small } else { total }
             };
-            f += t.p * f64::from(fm);
+            f += t.probability * f64::from(fm.0);
         }
         f
     }
@@ -163,8 +171,8 @@ fn close(a: &Workload, b: &Workload) -> bool {
     a.types.len() == b.types.len()
         && a.types.iter().all(|t| {
             b.types.iter().any(|u| {
-                (t.cpu, t.k, t.d, &t.models) == (u.cpu, u.k, u.d, &u.models)
-                    && (t.p - u.p).abs() <= LEARN_TOLERANCE
+                (t.cpu, t.cards, t.percent, &t.models) == (u.cpu, u.cards, u.percent, &u.models)
+                    && (t.probability - u.probability).abs() <= LEARN_TOLERANCE
             })
         })
 }
@@ -198,9 +206,9 @@ impl Learner {
 #[cfg(test)]
 pub(crate) fn worked_example() -> Workload {
     Workload::new(vec![
-        Typical { cpu: 4000, k: 1, d: 50, models: None, p: 0.5 },
-        Typical { cpu: 2000, k: 1, d: 100, models: None, p: 0.3 },
-        Typical { cpu: 4000, k: 0, d: 0, models: None, p: 0.2 },
+        Typical { cpu: 4000, cards: 1, percent: Percent(50), models: None, probability: 0.5 },
+        Typical { cpu: 2000, cards: 1, percent: Percent(100), models: None, probability: 0.3 },
+        Typical { cpu: 4000, cards: 0, percent: Percent(0), models: None, probability: 0.2 },
     ])
 }
 
@@ -208,18 +216,22 @@ pub(crate) fn worked_example() -> Workload {
 mod tests {
     use super::*;
     use crate::model::Card;
+    use nano_gpu_proto::units::{MiB, Percent};
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share { percent: Some(p), mem: None }
+        SlotDemand::Share { percent: Some(Percent(p)), mem: None }
     }
 
     /// The worked example of the reference (§3.3): T4 node, 8 CPUs, cards [1000, 300] milli.
     #[test]
     fn frag_matches_the_worked_example() {
         let w = worked_example();
-        let cards = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), 0)).collect();
+        let cards = (0..2).map(|i| Card::new(format!("g{i}"), i, ModelId(0), MiB(0))).collect();
         let node = Node::new("t4", 8000, 0, cards);
-        let f = |free: &[u32], cpu| (w.frag(&node, free, cpu) * 10.0).round() / 10.0;
+        let f = |free: &[u32], cpu| {
+            let free: Vec<Percent> = free.iter().copied().map(Percent).collect();
+            (w.frag(&node, &free, cpu) * 10.0).round() / 10.0
+        };
         assert_eq!(f(&[100, 30], 8000), 50.0);
         // The new pod (2000 cpu, 30 %) on card 0 and on card 1:
         assert_eq!(f(&[70, 30], 6000), 65.0);
@@ -230,9 +242,9 @@ mod tests {
     fn derived_values_weigh_shapes_by_probability() {
         let t4 = ModelId(1);
         let w = Workload::new(vec![
-            Typical { cpu: 12_000, k: 1, d: 100, models: None, p: 0.5 },
-            Typical { cpu: 4_000, k: 1, d: 50, models: Some(vec![t4]), p: 0.25 },
-            Typical { cpu: 8_000, k: 0, d: 0, models: None, p: 0.25 },
+            Typical { cpu: 12_000, cards: 1, percent: Percent(100), models: None, probability: 0.5 },
+            Typical { cpu: 4_000, cards: 1, percent: Percent(50), models: Some(vec![t4]), probability: 0.25 },
+            Typical { cpu: 8_000, cards: 0, percent: Percent(0), models: None, probability: 0.25 },
         ]);
         // (0.5·12000 + 0.25·4000) / (0.5·1 + 0.25·0.5) CPU per card; CPU-only shapes do not count.
         assert!((w.cpu_per_card - 7000.0 / 0.625).abs() < 1e-9);
@@ -249,8 +261,8 @@ mod tests {
         reqs.extend(vec![Request::new(3000, 0, vec![share(10)]); 4]);
         let w = Workload::from_requests(&reqs);
         assert_eq!(w.types.len(), 2);
-        assert!((w.types[0].p - 60.0 / 96.0).abs() < 1e-9);
-        assert_eq!((w.types[1].k, w.types[1].cpu), (0, 2000));
+        assert!((w.types[0].probability - 60.0 / 96.0).abs() < 1e-9);
+        assert_eq!((w.types[1].cards, w.types[1].cpu), (0, 2000));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use nano_gpu_engine::policy;
 use nano_gpu_engine::request::{Request, SlotDemand};
 use nano_gpu_engine::rng::Rng;
 use nano_gpu_engine::workload::Workload;
+use nano_gpu_proto::units::{MiB, Percent};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -21,10 +22,10 @@ enum Op {
 fn slot() -> impl Strategy<Value = SlotDemand> {
     prop_oneof![
         (1u32..=99, proptest::option::of(0u64..20_000))
-            .prop_map(|(p, mem)| SlotDemand::Share { percent: Some(p), mem }),
-        (1u64..20_000).prop_map(|m| SlotDemand::Share { percent: None, mem: Some(m) }),
+            .prop_map(|(p, mem)| SlotDemand::Share { percent: Some(Percent(p)), mem: mem.map(MiB) }),
+        (1u64..20_000).prop_map(|m| SlotDemand::Share { percent: None, mem: Some(MiB(m)) }),
         (1u32..=4, proptest::option::of(0u64..40_000))
-            .prop_map(|(cards, mem)| SlotDemand::Whole { cards, mem }),
+            .prop_map(|(cards, mem)| SlotDemand::Whole { cards, mem: mem.map(MiB) }),
     ]
 }
 
@@ -67,7 +68,7 @@ fn cluster(shapes: &[Shape]) -> Cluster {
             .iter()
             .enumerate()
             .map(|(g, &(m, card_mem))| {
-                Card::new(format!("n{i}-g{g}"), g as u32, models[usize::from(m)], card_mem)
+                Card::new(format!("n{i}-g{g}"), g as u32, models[usize::from(m)], MiB(card_mem))
             })
             .collect();
         c.add_node(Node::new(format!("n{i}"), *cpu, *mem, cards)).unwrap();
@@ -96,10 +97,10 @@ fn check(c: &Cluster, live: &[(Request, NodeId, Vec<Grant>)]) {
         assert_eq!(n.mem_free + mem, n.mem_total, "memory accounting of {}", n.name);
         for (g, card) in n.cards.iter().enumerate() {
             let grants = mine.iter().flat_map(|(_, _, gs)| gs.iter().filter(|x| x.card == g));
-            let (p, m) = grants.fold((0u32, 0u64), |(p, m), x| (p + x.percent, m + x.mem));
-            assert!(p <= 100, "card {g} of {} over-committed: {p}%", n.name);
-            assert_eq!(card.free + p, 100, "percent accounting of card {g} of {}", n.name);
-            if card.mem_total > 0 {
+            let (p, m) = grants.fold((Percent::ZERO, MiB::ZERO), |(p, m), x| (p + x.percent, m + x.mem));
+            assert!(p <= Percent::FULL, "card {g} of {} over-committed: {p}", n.name);
+            assert_eq!(card.free + p, Percent::FULL, "percent accounting of card {g} of {}", n.name);
+            if card.has_memory() {
                 assert!(m <= card.mem_total, "card {g} of {} memory over-committed", n.name);
                 assert_eq!(card.mem_free + m, card.mem_total, "memory accounting of card {g} of {}", n.name);
             }

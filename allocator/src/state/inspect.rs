@@ -3,6 +3,7 @@
 
 use super::ClusterState;
 use super::decode::Holding;
+use nano_gpu_proto::units::Percent;
 
 impl ClusterState {
     /// Per node and card, for `/inspect`.
@@ -31,7 +32,7 @@ impl ClusterState {
                     pods.sort();
                     serde_json::json!({
                         "index": c.index, "uuid": c.uuid, "model": cluster.models.name(c.model),
-                        "healthy": c.healthy, "percentUsed": 100 - c.free, "percentFree": c.free,
+                        "healthy": c.healthy, "percentUsed": Percent::FULL - c.free, "percentFree": c.free,
                         "memoryMiB": c.mem_total, "memoryFreeMiB": c.mem_free, "pods": pods,
                     })
                 })

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::model::Node;
 use nano_gpu_engine::request::{Tightest, fit};
 use nano_gpu_proto::extender::MetaVictims;
+use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;
 
 impl ClusterState {
@@ -72,8 +73,8 @@ fn free_record(n: &mut Node, p: &PodRecord) {
     if let Holding::Cards(a) = &p.holding {
         for g in a.held() {
             if let Some(c) = n.cards.iter_mut().find(|c| c.uuid == g.uuid) {
-                c.free = (c.free + g.percent.0).min(100);
-                c.mem_free = (c.mem_free + g.memory_mib.map_or(0, |m| m.0)).min(c.mem_total);
+                c.free = (c.free + g.percent).min(Percent::FULL);
+                c.mem_free = (c.mem_free + g.memory_mib.unwrap_or(MiB::ZERO)).min(c.mem_total);
             }
         }
     }

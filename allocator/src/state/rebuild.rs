@@ -5,6 +5,7 @@
 use super::ClusterState;
 use super::decode::Holding;
 use nano_gpu_engine::model::{Card, Node};
+use nano_gpu_proto::units::{MiB, Percent};
 
 impl ClusterState {
     /// Recomputes one node of the engine's cluster from its record and the pods on it.
@@ -17,7 +18,7 @@ impl ClusterState {
                 .iter()
                 .map(|g| {
                     let model = cluster.models.intern(&g.model);
-                    let mut c = Card::new(g.uuid.clone(), g.index, model, g.memory_mib.0);
+                    let mut c = Card::new(g.uuid.clone(), g.index, model, g.memory_mib);
                     c.healthy = g.healthy;
                     c
                 })
@@ -37,12 +38,12 @@ impl ClusterState {
                 Holding::Cards(a) => {
                     for g in a.held() {
                         match node.cards.iter_mut().find(|c| c.uuid == g.uuid) {
-                            Some(c) if c.free >= g.percent.0 => {
-                                c.free -= g.percent.0;
-                                c.mem_free = c.mem_free.saturating_sub(g.memory_mib.map_or(0, |m| m.0));
+                            Some(c) if c.free >= g.percent => {
+                                c.free -= g.percent;
+                                c.mem_free = c.mem_free.saturating_sub(g.memory_mib.unwrap_or(MiB::ZERO));
                             }
                             Some(c) => {
-                                c.free = 0;
+                                c.free = Percent::ZERO;
                                 overcommit.push((p.key.clone(), g.uuid.clone()));
                             }
                             // The card is gone from the inventory: nothing to take from.
@@ -54,7 +55,7 @@ impl ClusterState {
         }
         if poisoned || matches!(record.inventory, Some(Err(_))) {
             for c in &mut node.cards {
-                c.free = 0;
+                c.free = Percent::ZERO;
             }
         }
         cluster.upsert_node(node);

@@ -58,8 +58,8 @@ impl ClusterState {
         });
         if let (true, Some(card)) = (units > 0, card) {
             let dev = match unit {
-                GpushareUnit::GiB => card.mem_total / 1024,
-                GpushareUnit::MiB => card.mem_total,
+                GpushareUnit::GiB => card.mem_total.0 / 1024,
+                GpushareUnit::MiB => card.mem_total.0,
             };
             let ns = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             out.extend(gpushare::annotations(card.index, units, dev, ns));

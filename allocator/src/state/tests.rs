@@ -43,7 +43,7 @@ fn pod(uid: &str, percent: &str, node: Option<&str>, assignment: Option<String>)
 
 fn free(s: &ClusterState, node: &str) -> Vec<u32> {
     let c = s.extender().engine().cluster();
-    c.node(c.id(node).unwrap()).cards.iter().map(|c| c.free).collect()
+    c.node(c.id(node).unwrap()).cards.iter().map(|c| c.free.0).collect()
 }
 
 fn assignment(node: &str, card: u32, percent: u32) -> String {
@@ -273,7 +273,7 @@ mod properties {
             .nodes()
             .iter()
             .filter(|n| n.schedulable)
-            .map(|n| (n.name.clone(), n.schedulable, n.cpu_free, n.cards.iter().map(|c| c.free).collect()))
+            .map(|n| (n.name.clone(), n.schedulable, n.cpu_free, n.cards.iter().map(|c| c.free.0).collect()))
             .collect();
         v.sort();
         v

@@ -18,8 +18,9 @@
 
 use super::{Context, Eval, Policy};
 use crate::model::Node;
-use crate::request::{CardChooser, Hyp, Reason, Request, fit};
+use crate::request::{CardChooser, Reason, Request, Tentative, fit};
 use crate::workload::Workload;
+use nano_gpu_proto::units::Percent;
 
 /// The paper's FGD.
 pub struct Fgd;
@@ -35,11 +36,11 @@ pub const SHORTFALL_WEIGHT: f64 = 8.0;
 /// Picks the card whose use leaves the node least fragmented (lowest position on ties).
 struct LeastFrag<'a> {
     workload: &'a Workload,
-    scratch: Vec<u32>,
+    scratch: Vec<Percent>,
 }
 
 impl CardChooser for LeastFrag<'_> {
-    fn share(&mut self, node: &Node, hyp: &Hyp, feasible: &[usize], percent: &[u32]) -> usize {
+    fn share(&mut self, node: &Node, hyp: &Tentative, feasible: &[usize], percent: &[Percent]) -> usize {
         self.scratch.clear();
         self.scratch.extend_from_slice(&hyp.free);
         let mut best = (f64::INFINITY, 0);
@@ -56,10 +57,10 @@ impl CardChooser for LeastFrag<'_> {
 }
 
 /// The fit by least fragmentation, the node after it, and the coarse FGD score.
-fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, Hyp), Reason> {
+fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, Tentative), Reason> {
     let mut chooser = LeastFrag { workload, scratch: Vec::with_capacity(node.cards.len()) };
     let (grants, hyp) = fit(node, req, &mut chooser)?;
-    let before = workload.frag(node, &Hyp::of(node).free, node.cpu_free);
+    let before = workload.frag(node, &Tentative::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
     let eval = Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants };
     Ok((eval, hyp))
@@ -92,7 +93,7 @@ impl Policy for FgdBalance {
     fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
         let (mut eval, hyp) = descend(node, req, &ctx.workload)?;
         // CPU left beyond what the idle cards will need.
-        let idle_cards = f64::from(hyp.free.iter().sum::<u32>()) / 100.0;
+        let idle_cards = f64::from(hyp.free.iter().sum::<Percent>().0) / 100.0;
         let excess = hyp.cpu_free as f64 - idle_cards * ctx.workload.cpu_per_card;
         eval.tiebreak = if req.slots.is_empty() {
             [excess, 0.0]
@@ -124,6 +125,7 @@ mod tests {
     use crate::model::{Card, ModelId};
     use crate::request::SlotDemand;
     use crate::workload::Typical;
+    use nano_gpu_proto::units::{MiB, Percent};
 
     fn ctx(types: Vec<Typical>) -> Context {
         Context { workload: Workload::new(types), pressure: vec![] }
@@ -133,7 +135,10 @@ mod tests {
         let cards = frees
             .iter()
             .enumerate()
-            .map(|(i, &f)| Card { free: f, ..Card::new(format!("{name}-{i}"), i as u32, model, 0) })
+            .map(|(i, &f)| Card {
+                free: Percent(f),
+                ..Card::new(format!("{name}-{i}"), i as u32, model, MiB(0))
+            })
             .collect();
         let mut n = Node::new(name, cpu, 1 << 20, cards);
         n.cpu_free = cpu;
@@ -141,7 +146,7 @@ mod tests {
     }
 
     fn share(p: u32) -> SlotDemand {
-        SlotDemand::Share { percent: Some(p), mem: None }
+        SlotDemand::Share { percent: Some(Percent(p)), mem: None }
     }
 
     #[test]
@@ -165,7 +170,13 @@ mod tests {
     #[test]
     fn a_cpu_only_pod_prefers_the_node_whose_idle_cards_need_the_cpu_least() {
         // 10 CPUs per card in the workload.
-        let c = ctx(vec![Typical { cpu: 10_000, k: 1, d: 100, models: None, p: 1.0 }]);
+        let c = ctx(vec![Typical {
+            cpu: 10_000,
+            cards: 1,
+            percent: Percent(100),
+            models: None,
+            probability: 1.0,
+        }]);
         let req = Request::new(8000, 0, vec![]);
         let busy = node("busy", 40_000, &[0, 0], ModelId(0)); // no idle card: all CPU is spare
         let idle = node("idle", 40_000, &[100, 100], ModelId(0)); // 20 CPUs spoken for
@@ -177,7 +188,13 @@ mod tests {
 
     #[test]
     fn a_gpu_pod_avoids_starving_the_cards_left_of_cpu() {
-        let c = ctx(vec![Typical { cpu: 10_000, k: 1, d: 100, models: None, p: 1.0 }]);
+        let c = ctx(vec![Typical {
+            cpu: 10_000,
+            cards: 1,
+            percent: Percent(100),
+            models: None,
+            probability: 1.0,
+        }]);
         let req = Request::new(10_000, 0, vec![SlotDemand::Whole { cards: 1, mem: None }]);
         // After the pod: 2 idle cards with 20 CPUs (balanced) vs 2 idle cards with 5 CPUs (short).
         let balanced = node("balanced", 30_000, &[100, 100, 100], ModelId(0));
@@ -191,8 +208,14 @@ mod tests {
     fn an_unconstrained_pod_leaves_scarce_models_to_the_pods_that_need_them() {
         let scarce = ModelId(1);
         let mut c = ctx(vec![
-            Typical { cpu: 1000, k: 1, d: 100, models: None, p: 0.5 },
-            Typical { cpu: 1000, k: 1, d: 100, models: Some(vec![scarce]), p: 0.5 },
+            Typical { cpu: 1000, cards: 1, percent: Percent(100), models: None, probability: 0.5 },
+            Typical {
+                cpu: 1000,
+                cards: 1,
+                percent: Percent(100),
+                models: Some(vec![scarce]),
+                probability: 0.5,
+            },
         ]);
         c.pressure = c.workload.pressure(&[100, 10]);
         let req = Request::new(1000, 0, vec![SlotDemand::Whole { cards: 1, mem: None }]);

@@ -2,7 +2,8 @@
 
 use super::{Context, Eval, Policy, Ties};
 use crate::model::Node;
-use crate::request::{CardChooser, Hyp, Reason, Request, Tightest, fit};
+use crate::request::{CardChooser, Reason, Request, Tentative, Tightest, fit};
+use nano_gpu_proto::units::Percent;
 
 /// A uniformly random feasible node, and a random feasible card on it (seeded).
 pub struct Random {
@@ -13,13 +14,13 @@ pub struct Random {
 struct HashPick(u64);
 
 impl CardChooser for HashPick {
-    fn share(&mut self, _node: &Node, _hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
+    fn share(&mut self, _node: &Node, _hyp: &Tentative, feasible: &[usize], _percent: &[Percent]) -> usize {
         let mut rng = crate::rng::Rng::new(self.0);
         self.0 = rng.next_u64();
         rng.below(feasible.len())
     }
 
-    fn whole(&mut self, _node: &Node, _hyp: &Hyp, feasible: &[usize], k: usize) -> Vec<usize> {
+    fn whole(&mut self, _node: &Node, _hyp: &Tentative, feasible: &[usize], k: usize) -> Vec<usize> {
         let mut rng = crate::rng::Rng::new(self.0);
         self.0 = rng.next_u64();
         let mut picks = feasible.to_vec();
@@ -52,7 +53,7 @@ pub struct Spread;
 struct Loosest;
 
 impl CardChooser for Loosest {
-    fn share(&mut self, _node: &Node, hyp: &Hyp, feasible: &[usize], _percent: &[u32]) -> usize {
+    fn share(&mut self, _node: &Node, hyp: &Tentative, feasible: &[usize], _percent: &[Percent]) -> usize {
         (0..feasible.len()).max_by_key(|&i| (hyp.free[feasible[i]], std::cmp::Reverse(i))).unwrap_or(0)
     }
 }
@@ -64,8 +65,8 @@ impl Policy for Spread {
 
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Loosest)?;
-        let free: u32 = hyp.free.iter().sum();
-        Ok(Eval { score: f64::from(free), tiebreak: [hyp.cpu_free as f64, 0.0], grants })
+        let free: Percent = hyp.free.iter().sum();
+        Ok(Eval { score: f64::from(free.0), tiebreak: [hyp.cpu_free as f64, 0.0], grants })
     }
 }
 
@@ -79,8 +80,8 @@ impl Policy for Binpack {
 
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Tightest)?;
-        let free: u32 = hyp.free.iter().sum();
-        Ok(Eval { score: -f64::from(free), tiebreak: [-(hyp.cpu_free as f64), 0.0], grants })
+        let free: Percent = hyp.free.iter().sum();
+        Ok(Eval { score: -f64::from(free.0), tiebreak: [-(hyp.cpu_free as f64), 0.0], grants })
     }
 }
 
@@ -95,7 +96,7 @@ impl Policy for BestFit {
 
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, _) = fit(node, req, &mut Tightest)?;
-        let gpu_left = f64::from(node.gpu_free()) - f64::from(req.gpu_size());
+        let gpu_left = f64::from(node.gpu_free().0) - f64::from(req.gpu_size().0);
         let cpu_left = node.cpu_free as f64 - req.cpu as f64;
         let score = 100.0 * (1.0 - (0.5 * cpu_left / 128_000.0 + 0.5 * gpu_left / 800.0));
         Ok(Eval { score, tiebreak: [0.0; 2], grants })
