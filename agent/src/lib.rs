@@ -3,8 +3,17 @@
 //! allocator chose.
 //!
 //! With a node name, the agent publishes its cards on the Node, watches the node's pods and tells
-//! containers apart without a lock (`pods`, `repair`): steering in GetPreferredAllocation, cards
-//! derived from the IDs in Allocate, verify-and-repair after PreStartContainer.
+//! containers apart without a lock: steering in GetPreferredAllocation, cards derived from the IDs in
+//! Allocate, verify-and-repair after PreStartContainer.
+//!
+//! - [`inventory`]: the cards (NVML, sysfs drm, a fake file); [`health`]: XID events and recovery.
+//! - [`plugin`]: the device-plugin gRPC service and its parts (IDs, container edits, identity, socket);
+//!   [`resource`]: what each served resource (`gpu-percent`, gpushare's `gpu-mem`) means in IDs.
+//! - [`pods`]: which container a call is for (pure), fed by its node-scoped pod watch;
+//!   [`podresources`]: the kubelet's pod-resources client.
+//! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
+//! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
+//! - [`run`]: the serve/register loop that survives kubelet restarts.
 
 pub mod health;
 pub mod inventory;

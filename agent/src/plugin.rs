@@ -8,8 +8,8 @@
 //! of the assignment against what the kubelet really allocated (`repair`).
 //!
 //! This file is the gRPC service (decode, delegate, encode); the rest is one job per file:
-//! [`devices`] (IDs ↔ cards), [`edits`] (what a container gets), [`identity`] (which container a
-//! call is for), [`socket`] (serving and registering).
+//! [`devices`](mod@devices) (IDs ↔ cards), [`edits`] (what a container gets), [`identity`] (which
+//! container a call is for), [`socket`] (serving and registering).
 
 pub mod devices;
 pub mod edits;

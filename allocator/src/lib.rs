@@ -4,10 +4,20 @@
 //! The placement engine itself (cluster model, requests, policies, workload, replay) is the pure crate
 //! `nano-gpu-engine` beside this one (`allocator/engine/`); everything here is its adapters.
 //!
-//! - [`extender`]: the scheduler-extender decisions (filter, prioritize, bind) on top of the engine.
-//! - [`state`], [`binder`], [`server`], [`metrics`]: the extender service: the cluster view fed by
-//!   watches, the API calls of a bind, the HTTP routes, the Prometheus text.
-//! - [`sim`]: trace replay with the method of the FGD paper, for measuring policies.
+//! Decisions (pure, tested without a cluster):
+//! - [`extender`]: filter, prioritize and the card choice of bind on top of the engine.
+//! - [`admission`]: the mutating webhook's decision (scheduler name, refusal of invalid requests).
+//!
+//! The service (`nano-gpu-allocator serve`), in the order a request flows:
+//! - [`watch`] feeds [`state`] (the cluster view: decode, index, rebuild, reservations, preemption,
+//!   `/inspect`) from Node and Pod watches;
+//! - [`server`] decodes HTTP requests and answers them from the view; `/bind` runs [`bind`] (the bind
+//!   protocol: reserve, annotate, bind, roll back) through [`binder`] (the API calls behind a port);
+//! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
+//!   [`metrics`] renders the Prometheus text.
+//!
+//! Tools: [`sim`] (`simulate`: trace replay with the FGD paper's method, raw or through the
+//! extender) and [`inspect`] (`inspect`: the view as a table).
 
 pub mod admission;
 pub mod bind;

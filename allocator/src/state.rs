@@ -14,9 +14,9 @@
 //! lives until the watch shows the annotated pod, so back-to-back decisions never double-book, and a
 //! failed bind gives it back ([`ClusterState::release`]).
 //!
-//! One job per file: [`decode`] (objects → records), [`index`] (watch events and re-lists),
-//! [`rebuild`] (records → the engine's node), [`reserve`] (reservations and the annotations a bind
-//! writes), [`preempt`], [`inspect`] (the `/inspect` document).
+//! One job per file under `state/`: `decode` (objects → records), `index` (watch events and
+//! re-lists), `rebuild` (records → the engine's node), `reserve` (reservations and the annotations a
+//! bind writes), `preempt`, `inspect` (the `/inspect` document).
 
 mod decode;
 mod index;
