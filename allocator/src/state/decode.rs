@@ -66,10 +66,26 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
 
 /// What a pod's assignment says it holds; an assignment that names another node than the one the pod
 /// is bound to cannot be trusted.
-pub(super) fn holding(pod: &Pod) -> Holding {
+///
+/// Only a pod that asks a GPU resource can hold cards: the allocator never writes an assignment on
+/// any other pod, so one found there is somebody else's (anyone who may create pods could write one)
+/// and is ignored; the error says why, for a warning Event. `demand` says how pods are read
+/// (gpushare compatibility).
+pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> Result<Holding, String> {
     let annotation = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+    if annotation.is_some() {
+        match pod_demand(pod, demand) {
+            Ok(d) if d.wants_gpu() => {}
+            Ok(_) => return Err(format!("{ASSIGNMENT_ANNOTATION} on a pod that asks no GPU is ignored")),
+            Err(e) => {
+                return Err(format!(
+                    "{ASSIGNMENT_ANNOTATION} on a pod with an invalid GPU request ({e}) is ignored"
+                ));
+            }
+        }
+    }
     let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    match annotation.map(|t| Assignment::decode(t)) {
+    Ok(match annotation.map(|t| Assignment::decode(t)) {
         None => Holding::Nothing,
         Some(Ok(a)) if bound_to.is_none_or(|n| n == a.node) => Holding::Cards(a),
         Some(Ok(a)) => Holding::Unknown(format!(
@@ -78,7 +94,7 @@ pub(super) fn holding(pod: &Pod) -> Holding {
             bound_to.unwrap_or("")
         )),
         Some(Err(e)) => Holding::Unknown(e.to_string()),
-    }
+    })
 }
 
 /// The host CPU (milli) and memory (MiB) a pod requests; a pod whose demand cannot be read holds none.

@@ -68,7 +68,13 @@ impl ClusterState {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let holding = holding(pod);
+        let holding = match holding(pod, self.extender.demand_options()) {
+            Ok(h) => h,
+            Err(why) => {
+                self.warn("Pod", &ns, &name, "IgnoredAssignment", why);
+                Holding::Nothing
+            }
+        };
         // A pod our bind just reserved keeps its reservation until an event shows the annotation.
         if holding == Holding::Nothing && self.pods.get(&uid).is_some_and(|p| p.reserved) {
             return;

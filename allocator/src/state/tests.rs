@@ -91,6 +91,38 @@ fn an_undecodable_assignment_fails_closed_and_warns() {
     assert_eq!(free(&s, "n1"), vec![100, 100]);
 }
 
+/// A pod that asks no GPU, as anyone who may create pods can write one.
+fn plain_pod(uid: &str, node: Option<&str>, assignment: String) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": {"nano-gpu/assignment": assignment}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn an_assignment_on_a_pod_that_asks_no_gpu_takes_nothing_and_warns() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_node(&node("n3", 2));
+    // Garbled, on a running pod asking no GPU: it used to make every card of n1 count as full.
+    s.apply_pod(&plain_pod("forged-1", Some("n1"), "{garbage".into()));
+    assert_eq!(free(&s, "n1"), vec![100, 100]);
+    let w = s.take_warnings();
+    assert_eq!((w[0].name.as_str(), w[0].reason), ("forged-1", "IgnoredAssignment"));
+    assert!(w[0].message.contains("asks no GPU"), "{}", w[0].message);
+    // Well-formed and naming card 1 of n3, on a pending pod asking no GPU: it used to take the card.
+    s.apply_pod(&plain_pod("forged-2", None, assignment("n3", 1, 100)));
+    assert_eq!(free(&s, "n3"), vec![100, 100]);
+    // An invalid GPU request is never placed by the allocator either.
+    s.apply_pod(&pod("forged-3", "150", Some("n3"), Some(assignment("n3", 0, 100))));
+    assert_eq!(free(&s, "n3"), vec![100, 100]);
+    assert!(s.take_warnings().iter().all(|w| w.reason == "IgnoredAssignment"));
+    // The same assignment on a pod that asks a GPU still counts.
+    s.apply_pod(&pod("real", "100", Some("n3"), Some(assignment("n3", 1, 100))));
+    assert_eq!(free(&s, "n3"), vec![100, 0]);
+}
+
 #[test]
 fn an_undecodable_inventory_gives_the_node_no_usable_card() {
     let mut s = state();
