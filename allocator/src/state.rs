@@ -70,16 +70,30 @@ pub struct ClusterState {
 }
 
 /// The view as the service shares it: the watches write to it, the handlers decide on it, one at a
-/// time; and whether the watches have listed everything yet.
+/// time; and whether each watch has listed everything yet.
 pub struct SharedView {
     state: Mutex<ClusterState>,
-    synced: AtomicBool,
+    nodes_listed: AtomicBool,
+    pods_listed: AtomicBool,
+}
+
+/// The kinds of object the view is listed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listed {
+    /// Nodes.
+    Nodes,
+    /// Pods.
+    Pods,
 }
 
 impl SharedView {
     /// Shares `state`, not yet listed.
     pub fn new(state: ClusterState) -> Self {
-        SharedView { state: Mutex::new(state), synced: AtomicBool::new(false) }
+        SharedView {
+            state: Mutex::new(state),
+            nodes_listed: AtomicBool::new(false),
+            pods_listed: AtomicBool::new(false),
+        }
     }
 
     /// The view, for one decision or one watch event.
@@ -89,14 +103,24 @@ impl SharedView {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the node and pod watches have listed everything.
+    /// Whether both the node and the pod watch have listed everything (a view missing either would
+    /// decide on half a cluster).
     pub fn synced(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.nodes_listed.load(Ordering::SeqCst) && self.pods_listed.load(Ordering::SeqCst)
     }
 
-    /// The node and pod watches have listed everything.
+    /// The watch of `kind` has listed everything (again, after a re-list: it stays listed).
+    pub fn set_listed(&self, kind: Listed) {
+        match kind {
+            Listed::Nodes => self.nodes_listed.store(true, Ordering::SeqCst),
+            Listed::Pods => self.pods_listed.store(true, Ordering::SeqCst),
+        }
+    }
+
+    /// Both watches have listed everything (tests and tools that fill the view by hand).
     pub fn set_synced(&self) {
-        self.synced.store(true, Ordering::SeqCst);
+        self.set_listed(Listed::Nodes);
+        self.set_listed(Listed::Pods);
     }
 }
 

@@ -3,7 +3,7 @@
 //! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
 //! by one; a watch that breaks re-lists with backoff. The service is ready once both have listed.
 
-use crate::state::{ClusterState, SharedView, Warning};
+use crate::state::{ClusterState, Listed, SharedView, Warning};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::runtime::WatchStreamExt;
@@ -11,10 +11,10 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How a kind of object enters the view.
 trait Feed: Clone + Send + 'static {
+    const KIND: Listed;
     fn apply(state: &mut ClusterState, obj: &Self);
     fn delete(state: &mut ClusterState, obj: &Self);
     fn begin_relist(state: &mut ClusterState);
@@ -22,6 +22,7 @@ trait Feed: Clone + Send + 'static {
 }
 
 impl Feed for Node {
+    const KIND: Listed = Listed::Nodes;
     fn apply(state: &mut ClusterState, obj: &Self) {
         state.apply_node(obj);
     }
@@ -39,6 +40,7 @@ impl Feed for Node {
 }
 
 impl Feed for Pod {
+    const KIND: Listed = Listed::Pods;
     fn apply(state: &mut ClusterState, obj: &Self) {
         state.apply_pod(obj);
     }
@@ -70,7 +72,7 @@ fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     false
 }
 
-async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, listed: Arc<AtomicU8>, recorder: Recorder)
+async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, recorder: Recorder)
 where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
 {
@@ -83,9 +85,12 @@ where
                     let done = apply_event(&mut state, event);
                     (done, state.take_warnings())
                 };
-                if done && listed.fetch_add(1, Ordering::SeqCst) + 1 >= 2 {
-                    view.set_synced();
-                    tracing::info!("nodes and pods listed; ready");
+                if done {
+                    let was = view.synced();
+                    view.set_listed(K::KIND);
+                    if !was && view.synced() {
+                        tracing::info!("nodes and pods listed; ready");
+                    }
                 }
                 for w in warnings {
                     publish(&recorder, &w).await;
@@ -119,11 +124,10 @@ async fn publish(recorder: &Recorder, w: &Warning) {
 
 /// Runs the node and pod watches until they end (they only end with the process).
 pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
-    let listed = Arc::new(AtomicU8::new(0));
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
     let recorder = Recorder::new(client.clone(), reporter);
-    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), listed.clone(), recorder.clone());
-    let pods = run_watch(Api::<Pod>::all(client), view, listed, recorder);
+    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), recorder.clone());
+    let pods = run_watch(Api::<Pod>::all(client), view, recorder);
     futures::join!(nodes, pods);
 }
 
@@ -158,5 +162,21 @@ mod tests {
         let names: Vec<_> =
             state.inspect()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect();
         assert_eq!(names, vec![json!("new")]);
+    }
+
+    #[test]
+    fn the_view_is_synced_only_once_both_kinds_listed_not_after_two_node_lists() {
+        let engine = Engine::new(
+            nano_gpu_engine::model::Cluster::new(),
+            policy::by_name("fgd", 0).unwrap(),
+            Workload::default(),
+        );
+        let view = SharedView::new(ClusterState::new(engine, 0, DemandOptions::default()));
+        // The node watch lists, breaks and lists again before the pod list completes.
+        view.set_listed(<Node as Feed>::KIND);
+        view.set_listed(<Node as Feed>::KIND);
+        assert!(!view.synced());
+        view.set_listed(<Pod as Feed>::KIND);
+        assert!(view.synced());
     }
 }
