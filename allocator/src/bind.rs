@@ -14,6 +14,7 @@
 
 use crate::binder::{ApiError, Binder};
 use crate::extender::BindError;
+use crate::leader::Leadership;
 use crate::state::{Reservation, SharedView};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
@@ -89,10 +90,12 @@ pub enum BindFailed {
 
 /// Binds the pod `args` names to `args.node`: reserve, annotate (retrying conflicts), bind; on failure
 /// the annotations and the reservation are removed. `known` is the pod as a filter call carried it,
-/// if this replica saw one.
+/// if this replica saw one. Leadership is checked again before every write: a replica that lost it
+/// mid-bind (a hung API call, a frozen process) writes nothing more.
 pub async fn bind<B: Binder>(
     view: &SharedView,
     binder: &B,
+    leader: &Leadership,
     known: Option<Pod>,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailed> {
@@ -117,6 +120,9 @@ pub async fn bind<B: Binder>(
     let mut attempt = 0;
     let annotated = loop {
         let rv = pod.metadata.resource_version.clone();
+        if !leader.is_leader() {
+            break Err(BindFailed::NotLeader);
+        }
         match binder.annotate(ns, name, uid, rv.as_deref(), &set).await {
             Ok(()) => break Ok(()),
             Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
@@ -131,6 +137,7 @@ pub async fn bind<B: Binder>(
         }
     };
     let result = match annotated {
+        Ok(()) if !leader.is_leader() => Err(BindFailed::NotLeader),
         Ok(()) => binder.bind(ns, name, uid, node).await.map_err(|source| BindFailed::Bind {
             pod: key(),
             node: node.clone(),
@@ -139,7 +146,10 @@ pub async fn bind<B: Binder>(
         Err(e) => Err(e),
     };
     if result.is_err() {
-        roll_back(view, binder, ns, name, uid, &reservation).await;
+        // A replica that is no longer the leader leaves the API to the one that is (the pod may
+        // already carry the new leader's assignment); it only forgets its own reservation.
+        let writes = leader.is_leader();
+        roll_back(view, binder, writes, ns, name, uid, &reservation).await;
     }
     result
 }
@@ -147,6 +157,7 @@ pub async fn bind<B: Binder>(
 async fn roll_back<B: Binder>(
     view: &SharedView,
     binder: &B,
+    writes: bool,
     ns: &str,
     name: &str,
     uid: &str,
@@ -154,6 +165,7 @@ async fn roll_back<B: Binder>(
 ) {
     let remove = reservation.annotations.keys().map(|k| (k.clone(), None)).collect();
     if reservation.fresh
+        && writes
         && let Err(e) = binder.annotate(ns, name, uid, None, &remove).await
     {
         tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");

@@ -1,18 +1,86 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so that of several replicas exactly one decides.
 //!
 //! Every `retry` the replica reads the Lease and creates it, renews it (it holds it), takes it over (its
-//! holder has not renewed within the lease duration) or follows. Writes are replaces with the read
-//! resourceVersion, so two replicas cannot both win a take-over. A leader that cannot renew stops
-//! deciding after `renew_deadline` (less than the lease duration), before any other replica may take
-//! over. Readiness follows leadership, so the Service routes only to the leader.
+//! holder has not renewed for a lease duration) or follows. Writes are replaces with the read
+//! resourceVersion, so two replicas cannot both win a take-over.
+//!
+//! Time is judged as client-go judges it: a follower never compares the holder's `renewTime` with its
+//! own clock (the clocks of two machines differ); it notes when, by its own monotonic clock, it last saw
+//! the Lease record change ([`Observation`]), and takes over only when the record has stood still for
+//! a whole lease duration (its own configured one, whatever the Lease says).
+//!
+//! Leadership lapses by itself ([`Leadership`]): a renewal that succeeds lets the replica decide until
+//! `renew_deadline` after that attempt began, well before any other replica may take over. A leader
+//! whose API calls hang, or whose process is frozen (SIGSTOP) and later resumed, finds its leadership
+//! expired and decides nothing until it renews; every attempt also has a timeout.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Whether this replica may decide now. Without election it always may; with election only until the
+/// deadline its last successful renewal set.
+#[derive(Debug)]
+pub struct Leadership(Mutex<Lead>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lead {
+    /// No election: the only replica.
+    Always,
+    /// Elected, until this instant (the monotonic clock of this process).
+    Until(Instant),
+    /// Not the leader.
+    Not,
+}
+
+impl Leadership {
+    /// No election: this replica always decides.
+    pub fn always() -> Self {
+        Leadership(Mutex::new(Lead::Always))
+    }
+
+    /// Elected: a follower until [`run`] wins the Lease.
+    pub fn elected() -> Self {
+        Leadership(Mutex::new(Lead::Not))
+    }
+
+    fn lead(&self) -> std::sync::MutexGuard<'_, Lead> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this replica may decide at this moment.
+    pub fn is_leader(&self) -> bool {
+        match *self.lead() {
+            Lead::Always => true,
+            Lead::Until(t) => Instant::now() < t,
+            Lead::Not => false,
+        }
+    }
+
+    /// Leads until `until`; returns whether it did not lead just before.
+    fn hold_until(&self, until: Instant) -> bool {
+        let was = self.is_leader();
+        let mut lead = self.lead();
+        if *lead != Lead::Always {
+            *lead = Lead::Until(until);
+        }
+        !was
+    }
+
+    /// Stops deciding (another replica holds the Lease); returns whether it led just before.
+    pub fn step_down(&self) -> bool {
+        let was = self.is_leader();
+        let mut lead = self.lead();
+        if *lead != Lead::Always {
+            *lead = Lead::Not;
+        }
+        was
+    }
+}
 
 /// What a replica does with the Lease it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,26 +89,51 @@ pub enum Step {
     Create,
     /// We hold it: renew it.
     Renew,
-    /// Its holder let it expire: take it over.
+    /// Its holder let it expire (or it names none): take it over.
     TakeOver,
     /// Someone else holds it.
     Follow(String),
 }
 
-/// The decision for `lease` (None: absent) by replica `me` at `now_ms` (milliseconds since the epoch).
-pub fn step(lease: Option<&LeaseSpec>, me: &str, now_ms: i64) -> Step {
-    let Some(spec) = lease else { return Step::Create };
+/// What identifies one write of the Lease by its holder: holder, renew time, transitions, acquire time.
+type Record = (Option<String>, Option<MicroTime>, Option<i32>, Option<MicroTime>);
+
+/// The Lease record as last seen by this replica, and since when (by its own clock).
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    record: Option<Record>,
+    since: Option<Instant>,
+}
+
+/// The decision for `lease` (None: absent) by replica `me` at `now` (this process's monotonic clock),
+/// with leases lasting `duration`. Updates `seen` with the record and when it last changed.
+pub fn step(
+    lease: Option<&LeaseSpec>,
+    me: &str,
+    seen: &mut Observation,
+    now: Instant,
+    duration: Duration,
+) -> Step {
+    let Some(spec) = lease else {
+        *seen = Observation::default();
+        return Step::Create;
+    };
+    let record = (
+        spec.holder_identity.clone(),
+        spec.renew_time.clone(),
+        spec.lease_transitions,
+        spec.acquire_time.clone(),
+    );
+    if seen.record.as_ref() != Some(&record) || seen.since.is_none() {
+        seen.record = Some(record);
+        seen.since = Some(now);
+    }
     match spec.holder_identity.as_deref() {
         Some(h) if h == me => Step::Renew,
         None | Some("") => Step::TakeOver,
         Some(holder) => {
-            let renewed = spec.renew_time.as_ref().map_or(i64::MIN / 2, |t| t.0.as_millisecond());
-            let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(15).max(1)) * 1000;
-            if renewed.saturating_add(duration_ms) < now_ms {
-                Step::TakeOver
-            } else {
-                Step::Follow(holder.to_owned())
-            }
+            let unchanged_for = seen.since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            if unchanged_for > duration { Step::TakeOver } else { Step::Follow(holder.to_owned()) }
         }
     }
 }
@@ -60,7 +153,7 @@ pub fn next_spec(
     if matches!(step, Step::Create | Step::TakeOver) {
         spec.acquire_time = Some(MicroTime(now));
         if *step == Step::TakeOver {
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1).max(1));
         } else {
             spec.lease_transitions = Some(0);
         }
@@ -73,19 +166,35 @@ pub fn next_spec(
 pub struct Timing {
     /// How long a holder's renewal counts.
     pub lease: Duration,
-    /// A leader that has not renewed for this long stops deciding (must be below `lease`).
+    /// A leader decides for this long after an attempt that renewed (must be below `lease`).
     pub renew_deadline: Duration,
     /// How often to try.
     pub retry: Duration,
 }
 
+/// Why an attempt did not say who leads.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The API server refused or failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The API server did not answer in time.
+    #[error("the API server did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// One attempt: reads the Lease and writes it if this step calls for it; returns whether we lead.
-async fn attempt(api: &Api<Lease>, name: &str, me: &str, timing: Timing) -> Result<bool, kube::Error> {
+async fn attempt(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    timing: Timing,
+    seen: &mut Observation,
+) -> Result<bool, kube::Error> {
     let current = api.get_opt(name).await?;
-    let now = Timestamp::now();
     let spec = current.as_ref().and_then(|l| l.spec.as_ref());
-    let step = step(spec, me, now.as_millisecond());
-    let next = next_spec(spec, &step, me, now, timing.lease);
+    let step = step(spec, me, seen, Instant::now(), timing.lease);
+    let next = next_spec(spec, &step, me, Timestamp::now(), timing.lease);
     match step {
         Step::Follow(_) => Ok(false),
         Step::Create => {
@@ -106,32 +215,41 @@ async fn attempt(api: &Api<Lease>, name: &str, me: &str, timing: Timing) -> Resu
     }
 }
 
-/// Runs the election until the process ends, keeping `leader` up to date.
-pub async fn run(api: Api<Lease>, name: String, me: String, timing: Timing, leader: Arc<AtomicBool>) {
-    let mut last_renewal: Option<Instant> = None;
+/// [`attempt`] with a timeout (a hung call ends as an error, never holds the loop).
+async fn attempt_in_time(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    timing: Timing,
+    seen: &mut Observation,
+) -> Result<bool, AttemptError> {
+    let limit = timing.renew_deadline.min(timing.lease / 2).max(Duration::from_millis(100));
+    match tokio::time::timeout(limit, attempt(api, name, me, timing, seen)).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(AttemptError::Timeout(limit)),
+    }
+}
+
+/// Runs the election until the process ends, keeping `leadership` up to date.
+pub async fn run(api: Api<Lease>, name: String, me: String, timing: Timing, leadership: Arc<Leadership>) {
+    let mut seen = Observation::default();
     loop {
-        match attempt(&api, &name, &me, timing).await {
+        let began = Instant::now();
+        match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
             Ok(true) => {
-                if !leader.swap(true, Ordering::SeqCst) {
+                if leadership.hold_until(began + timing.renew_deadline) {
                     tracing::info!(lease = %name, identity = %me, "became the leader");
                 }
-                last_renewal = Some(Instant::now());
             }
             Ok(false) => {
-                if leader.swap(false, Ordering::SeqCst) {
+                if leadership.step_down() {
                     tracing::warn!(lease = %name, "another replica holds the lease; stopped deciding");
                 }
             }
-            Err(e) => {
-                tracing::warn!(lease = %name, error = %e, "lease update failed");
-                if last_renewal.is_none_or(|t| t.elapsed() >= timing.renew_deadline)
-                    && leader.swap(false, Ordering::SeqCst)
-                {
-                    tracing::warn!(lease = %name, "could not renew within the deadline; stopped deciding");
-                }
-            }
+            // Leadership lapses by itself at its deadline unless a later attempt renews it.
+            Err(e) => tracing::warn!(lease = %name, error = %e, "lease update failed"),
         }
-        tokio::time::sleep(timing.retry).await;
+        tokio::time::sleep_until(began + timing.retry).await;
     }
 }
 
@@ -188,7 +306,7 @@ mod tests {
                 assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
                 send.send_response(respond(201, body));
             });
-            assert!(attempt(&api, "l", "me", TIMING).await.unwrap());
+            assert!(attempt(&api, "l", "me", TIMING, &mut Observation::default()).await.unwrap());
             server.await.unwrap();
         }
 
@@ -215,8 +333,51 @@ mod tests {
                 );
                 send.send_response(respond(200, body));
             });
-            assert!(attempt(&api, "l", "me", TIMING).await.unwrap());
+            // The record has stood still for longer than a lease, by this replica's own clock.
+            let mut seen = Observation::default();
+            let old = LeaseSpec {
+                holder_identity: Some("other".into()),
+                renew_time: Some(MicroTime("2020-01-01T00:00:00Z".parse().unwrap())),
+                lease_transitions: Some(4),
+                ..Default::default()
+            };
+            let long_ago = Instant::now() - Duration::from_secs(20);
+            step(Some(&old), "me", &mut seen, long_ago, TIMING.lease);
+            assert!(attempt(&api, "l", "me", TIMING, &mut seen).await.unwrap());
             server.await.unwrap();
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_leader_whose_renewals_hang_stops_deciding_by_its_deadline() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let server = tokio::spawn(async move {
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(respond(404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})));
+                let (req, send) = handle.next_request().await.unwrap();
+                let body: Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                send.send_response(respond(201, body));
+                // From now on the API server accepts requests and never answers them.
+                let mut hanging = Vec::new();
+                while let Some((_, send)) = handle.next_request().await {
+                    hanging.push(send);
+                }
+            });
+            let leadership = Arc::new(Leadership::elected());
+            let election = tokio::spawn(run(api, "l".into(), "me".into(), TIMING, leadership.clone()));
+            while !leadership.is_leader() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let elected = Instant::now();
+            while leadership.is_leader() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let led = elected.elapsed();
+            assert!(led <= TIMING.renew_deadline, "decided for {led:?} without a renewal");
+            assert!(led < TIMING.lease, "another replica could take over after {:?}", TIMING.lease);
+            election.abort();
+            server.abort();
         }
 
         #[tokio::test]
@@ -233,24 +394,70 @@ mod tests {
                     "spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}}),
                 ));
             });
-            assert!(!attempt(&api, "l", "me", TIMING).await.unwrap());
+            assert!(!attempt(&api, "l", "me", TIMING, &mut Observation::default()).await.unwrap());
             server.await.unwrap();
         }
     }
 
+    const LEASE: Duration = Duration::from_secs(15);
+
     #[test]
     fn an_absent_lease_is_created_and_our_own_is_renewed() {
-        assert_eq!(step(None, "a", 0), Step::Create);
-        assert_eq!(step(Some(&held("a", 0)), "a", 1_000_000), Step::Renew);
+        let (mut seen, now) = (Observation::default(), Instant::now());
+        assert_eq!(step(None, "a", &mut seen, now, LEASE), Step::Create);
+        assert_eq!(step(Some(&held("a", 0)), "a", &mut seen, now, LEASE), Step::Renew);
     }
 
     #[test]
-    fn a_live_lease_of_another_replica_is_followed_until_it_expires() {
-        let lease = held("b", 100_000);
-        assert_eq!(step(Some(&lease), "a", 114_999), Step::Follow("b".into()));
-        assert_eq!(step(Some(&lease), "a", 115_000), Step::Follow("b".into()));
-        assert_eq!(step(Some(&lease), "a", 115_001), Step::TakeOver);
-        assert_eq!(step(Some(&LeaseSpec::default()), "a", 0), Step::TakeOver);
+    fn a_lease_is_taken_over_only_after_its_record_stood_still_for_a_lease_by_our_clock() {
+        let (mut seen, t0) = (Observation::default(), Instant::now());
+        // Renewed in 1970 by the holder's clock: nothing is concluded from that.
+        let lease = held("b", 0);
+        assert_eq!(step(Some(&lease), "a", &mut seen, t0, LEASE), Step::Follow("b".into()));
+        assert_eq!(step(Some(&lease), "a", &mut seen, t0 + LEASE, LEASE), Step::Follow("b".into()));
+        // The holder renews (its record changes): the wait starts again.
+        let renewed = held("b", 1);
+        let t1 = t0 + LEASE + Duration::from_millis(1);
+        assert_eq!(step(Some(&renewed), "a", &mut seen, t1, LEASE), Step::Follow("b".into()));
+        assert_eq!(step(Some(&renewed), "a", &mut seen, t1 + LEASE, LEASE), Step::Follow("b".into()));
+        let later = t1 + LEASE + Duration::from_millis(1);
+        assert_eq!(step(Some(&renewed), "a", &mut seen, later, LEASE), Step::TakeOver);
+    }
+
+    #[test]
+    fn a_renewal_far_in_the_future_does_not_pin_a_dead_holder() {
+        // A holder whose clock runs a year ahead, or a Lease edited by hand, then silence.
+        let (mut seen, t0) = (Observation::default(), Instant::now());
+        let mut lease = held("b", 4_102_444_800_000); // 2100-01-01
+        lease.lease_duration_seconds = Some(1_000_000_000);
+        assert_eq!(step(Some(&lease), "a", &mut seen, t0, LEASE), Step::Follow("b".into()));
+        let after = t0 + LEASE + Duration::from_millis(1);
+        assert_eq!(step(Some(&lease), "a", &mut seen, after, LEASE), Step::TakeOver);
+    }
+
+    #[test]
+    fn a_lease_edited_to_name_no_holder_or_garbage_is_taken_over_at_once() {
+        let (mut seen, now) = (Observation::default(), Instant::now());
+        assert_eq!(step(Some(&LeaseSpec::default()), "a", &mut seen, now, LEASE), Step::TakeOver);
+        let mut garbled = held("", 0);
+        garbled.lease_duration_seconds = Some(-5);
+        garbled.lease_transitions = Some(i32::MAX);
+        assert_eq!(step(Some(&garbled), "a", &mut seen, now, LEASE), Step::TakeOver);
+        let taken = next_spec(Some(&garbled), &Step::TakeOver, "a", Timestamp::now(), LEASE);
+        assert_eq!((taken.lease_duration_seconds, taken.lease_transitions), (Some(15), Some(i32::MAX)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leadership_lapses_by_itself_at_its_deadline() {
+        let l = Leadership::elected();
+        assert!(!l.is_leader());
+        assert!(l.hold_until(Instant::now() + Duration::from_secs(10)));
+        assert!(l.is_leader());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!l.is_leader(), "no renewal: no leadership");
+        let only = Leadership::always();
+        only.step_down();
+        assert!(only.is_leader(), "without election the only replica always decides");
     }
 
     #[test]

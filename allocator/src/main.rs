@@ -231,11 +231,11 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
-        let shared =
+        let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);
         if args.leader_elect {
             use nano_gpu_allocator::leader;
-            shared.leader.store(false, std::sync::atomic::Ordering::SeqCst);
+            shared = shared.with_leadership(std::sync::Arc::new(leader::Leadership::elected()));
             let identity = args.pod_name.clone().unwrap_or_else(|| format!("nano-gpu-allocator-{}", std::process::id()));
             let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
             let timing = leader::Timing { lease, renew_deadline: lease * 2 / 3, retry: lease / 7 };

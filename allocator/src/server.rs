@@ -8,6 +8,7 @@
 use crate::admission::Admission;
 use crate::bind::{self, BindFailed, NOT_LEADER};
 use crate::binder::Binder;
+use crate::leader::Leadership;
 use crate::metrics::{Metrics, Verb};
 use crate::state::{ClusterState, SharedView};
 use axum::Router;
@@ -24,7 +25,6 @@ use nano_gpu_proto::extender::{
 };
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -41,8 +41,8 @@ pub struct Shared<B> {
     binder: B,
     /// Call counters and latencies.
     pub metrics: Metrics,
-    /// Whether this replica may decide (true unless leader election says otherwise).
-    pub leader: Arc<AtomicBool>,
+    /// Whether this replica may decide (always, unless leader election says otherwise).
+    pub leader: Arc<Leadership>,
     recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
     admission: Admission,
 }
@@ -52,6 +52,14 @@ impl<B: Binder> Shared<B> {
     pub fn with_scheduler_name(mut self: Arc<Self>, name: &str) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
             s.admission.scheduler_name = name.to_owned();
+        }
+        self
+    }
+
+    /// The same handlers, deciding only while `leadership` says so (call before sharing).
+    pub fn with_leadership(mut self: Arc<Self>, leadership: Arc<Leadership>) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.leader = leadership;
         }
         self
     }
@@ -67,7 +75,7 @@ impl<B: Binder> Shared<B> {
             view: Arc::new(SharedView::new(state)),
             binder,
             metrics: Metrics::default(),
-            leader: Arc::new(AtomicBool::new(true)),
+            leader: Arc::new(Leadership::always()),
             recent: Mutex::new((HashMap::new(), VecDeque::new())),
         })
     }
@@ -162,7 +170,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
     if let Some(pod) = args.pod() {
         s.remember(pod);
     }
-    if !s.leader.load(Ordering::SeqCst) {
+    if !s.leader.is_leader() {
         s.metrics.observe(Verb::Filter, false, started.elapsed());
         let error = NOT_LEADER.to_owned();
         return json(&ExtenderFilterResult::<String> {
@@ -191,7 +199,7 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
-    if !s.leader.load(Ordering::SeqCst) {
+    if !s.leader.is_leader() {
         s.metrics.observe(Verb::Prioritize, false, started.elapsed());
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
     }
@@ -210,8 +218,8 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result = if s.leader.load(Ordering::SeqCst) {
-        bind::bind(&s.view, &s.binder, s.recent(&args.pod_uid), &args).await
+    let result = if s.leader.is_leader() {
+        bind::bind(&s.view, &s.binder, &s.leader, s.recent(&args.pod_uid), &args).await
     } else {
         Err(BindFailed::NotLeader)
     };
@@ -243,7 +251,7 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
         Ok(a) => a,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    if !s.leader.load(Ordering::SeqCst) {
+    if !s.leader.is_leader() {
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
     }
     let Some(pod) = args.pod.as_ref() else {
@@ -275,7 +283,7 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
 }
 
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    if !s.leader.load(Ordering::SeqCst) {
+    if !s.leader.is_leader() {
         (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response()
     } else if s.view.synced() {
         (StatusCode::OK, "ready\n").into_response()
@@ -311,6 +319,7 @@ mod tests {
     use nano_gpu_proto::demand::DemandOptions;
     use serde_json::{Value, json};
     use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::SystemTime;
     use tower::ServiceExt;
 
@@ -445,7 +454,7 @@ mod tests {
     async fn a_replica_that_is_not_the_leader_decides_nothing_and_is_not_ready() {
         let s = shared();
         s.view.set_synced();
-        s.leader.store(false, Ordering::SeqCst);
+        let s = s.with_leadership(Arc::new(Leadership::elected()));
         assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
         let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1"]});
         let (_, body) = call(&s, "POST", "/filter", args.clone()).await;
