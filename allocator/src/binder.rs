@@ -18,9 +18,24 @@ pub enum ApiError {
     /// The pod is gone.
     #[error("not found: {0}")]
     NotFound(String),
+    /// The API server did not answer in time.
+    #[error("the API server did not answer within {0:?}")]
+    Timeout(std::time::Duration),
     /// Anything else.
     #[error("{0}")]
     Other(String),
+}
+
+/// How long one API call of a bind may take: kube-scheduler's extender call waits for the whole bind,
+/// and a hung call must not hold the pod's reservation (or the handler) indefinitely.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `call`, or [`ApiError::Timeout`] after [`CALL_TIMEOUT`].
+async fn in_time<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, ApiError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ApiError::Timeout(CALL_TIMEOUT)),
+    }
 }
 
 impl From<kube::Error> for ApiError {
@@ -109,7 +124,7 @@ pub fn binding(ns: &str, name: &str, uid: &str, node: &str) -> Binding {
 
 impl Binder for KubeBinder {
     async fn get_pod(&self, ns: &str, name: &str) -> Result<Pod, ApiError> {
-        Ok(self.pods(ns).get(name).await?)
+        in_time(self.pods(ns).get(name)).await
     }
 
     async fn annotate(
@@ -121,14 +136,15 @@ impl Binder for KubeBinder {
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<(), ApiError> {
         let patch = annotation_patch(uid, resource_version, annotations);
-        self.pods(ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        in_time(self.pods(ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await?;
         Ok(())
     }
 
     async fn bind(&self, ns: &str, name: &str, uid: &str, node: &str) -> Result<(), ApiError> {
         let body = binding(ns, name, uid, node);
+        let pods = self.pods(ns);
         let _: serde_json::Value =
-            self.pods(ns).create_subresource("binding", name, &PostParams::default(), &body).await?;
+            in_time(pods.create_subresource("binding", name, &PostParams::default(), &body)).await?;
         Ok(())
     }
 }
@@ -244,5 +260,19 @@ mod tests {
         });
         binder.bind("ns", "p", "u1", "n1").await.unwrap();
         server.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_the_api_server_never_answers_ends_as_a_timeout() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            let (_request, _never_answered) = handle.next_request().await.unwrap();
+            std::future::pending::<()>().await;
+        });
+        let started = tokio::time::Instant::now();
+        let err = binder.bind("ns", "p", "u", "n1").await.unwrap_err();
+        assert!(matches!(err, ApiError::Timeout(_)), "{err}");
+        assert_eq!(started.elapsed(), CALL_TIMEOUT);
+        server.abort();
     }
 }

@@ -11,6 +11,8 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// How a kind of object enters the view.
 trait Feed: Clone + Send + 'static {
@@ -72,7 +74,7 @@ fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     false
 }
 
-async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, recorder: Recorder)
+async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, events: mpsc::Sender<Warning>)
 where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
 {
@@ -92,12 +94,31 @@ where
                         tracing::info!("nodes and pods listed; ready");
                     }
                 }
+                // Never waits on the API server: a full queue drops the Event (the log has it).
                 for w in warnings {
-                    publish(&recorder, &w).await;
+                    if events.try_send(w).is_err() {
+                        tracing::warn!("warning event queue full; an event is only in the log");
+                    }
                 }
             }
             Ok(None) => break,
             Err(e) => tracing::warn!(error = %e, "watch failed; retrying with backoff"),
+        }
+    }
+}
+
+/// Warnings waiting to become Events, at most.
+const EVENT_QUEUE: usize = 1024;
+
+/// How long posting one Event may take.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Posts the warnings the watches raise as Events, one at a time, each with a timeout, so a slow or
+/// hung API server delays Events, never the view.
+async fn post_events(recorder: Recorder, mut warnings: mpsc::Receiver<Warning>) {
+    while let Some(w) = warnings.recv().await {
+        if tokio::time::timeout(EVENT_TIMEOUT, publish(&recorder, &w)).await.is_err() {
+            tracing::warn!(object = %w.name, reason = w.reason, "posting a warning event timed out");
         }
     }
 }
@@ -126,9 +147,10 @@ async fn publish(recorder: &Recorder, w: &Warning) {
 pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
     let recorder = Recorder::new(client.clone(), reporter);
-    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), recorder.clone());
-    let pods = run_watch(Api::<Pod>::all(client), view, recorder);
-    futures::join!(nodes, pods);
+    let (events, warnings) = mpsc::channel(EVENT_QUEUE);
+    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), events.clone());
+    let pods = run_watch(Api::<Pod>::all(client), view, events);
+    futures::join!(nodes, pods, post_events(recorder, warnings));
 }
 
 #[cfg(test)]
@@ -178,5 +200,36 @@ mod tests {
         assert!(!view.synced());
         view.set_listed(<Pod as Feed>::KIND);
         assert!(view.synced());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_event_post_delays_only_the_events_after_it_by_its_timeout() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let recorder = Recorder::new(client, Reporter { controller: "test".into(), instance: None });
+        let (events, warnings) = mpsc::channel(EVENT_QUEUE);
+        let warning = |name: &str| Warning {
+            kind: "Pod",
+            namespace: "ns".into(),
+            name: name.into(),
+            reason: "InvalidAssignment",
+            message: "m".into(),
+        };
+        // Queued without waiting, as the watch loop does.
+        events.try_send(warning("first")).unwrap();
+        events.try_send(warning("second")).unwrap();
+        drop(events);
+        let poster = tokio::spawn(post_events(recorder, warnings));
+        let started = tokio::time::Instant::now();
+        let (first, _never_answered) = handle.next_request().await.unwrap();
+        assert!(String::from_utf8_lossy(&first.into_body().collect_bytes().await.unwrap()).contains("first"));
+        let (second, answer) = handle.next_request().await.unwrap();
+        assert!(started.elapsed() >= EVENT_TIMEOUT, "the second waited for the first's timeout");
+        let body = second.into_body().collect_bytes().await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("second"));
+        answer.send_response(Response::builder().status(201).body(Body::from(body.to_vec())).unwrap());
+        poster.await.unwrap();
     }
 }
