@@ -24,6 +24,9 @@ pub struct Card {
     pub device_nodes: Vec<PathBuf>,
     /// PCI address, where known.
     pub pci_address: Option<String>,
+    /// Why the card could not be read, when it could not: it is then served as unhealthy (the kubelet
+    /// gives it to nobody) while the node's other cards are served as usual.
+    pub fault: Option<String>,
 }
 
 impl Card {
@@ -48,6 +51,7 @@ impl Card {
             },
             device_nodes: Vec::new(),
             pci_address,
+            fault: None,
         }
     }
 }

@@ -70,9 +70,31 @@ fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readine
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
         problems.push(format!("{backend}: {e}"));
     }
+    problems
+        .extend(cards.iter().filter_map(|c| Some(format!("card {}: {}", c.info.uuid, c.fault.as_ref()?))));
     health.apply(&mut cards, std::time::Instant::now());
     readiness.set_inventory(cards.len(), problems);
     Arc::new(cards)
+}
+
+/// The backends as the loop shares them with blocking threads.
+type Backends = Arc<Vec<Box<dyn GpuInventory>>>;
+
+/// [`read`] on a blocking thread (NVML and sysfs calls block and must not hold an async worker);
+/// `None` if the read panicked (the caller keeps what it had).
+async fn read_blocking(
+    backends: &Backends,
+    health: &Arc<Health>,
+    readiness: &Arc<Readiness>,
+) -> Option<Snapshot> {
+    let (backends, health, readiness) = (backends.clone(), health.clone(), readiness.clone());
+    match tokio::task::spawn_blocking(move || read(&backends, &health, &readiness)).await {
+        Ok(snapshot) => Some(snapshot),
+        Err(e) => {
+            tracing::error!(error = %e, "reading the cards failed; keeping the last inventory");
+            None
+        }
+    }
 }
 
 /// Stops the plugin servers of one round.
@@ -122,8 +144,9 @@ pub struct Agent {
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
     let Agent { plugin_dir, backends, timing, edits, health, mut publisher, plugins, readiness } = agent;
-    let (cards, snapshot) = watch::channel(read(&backends, &health, &readiness));
-    let backends = Arc::new(backends);
+    let backends: Backends = Arc::new(backends);
+    let first = read_blocking(&backends, &health, &readiness).await.unwrap_or_default();
+    let (cards, snapshot) = watch::channel(first);
     let refresher = {
         let backends = backends.clone();
         let health = health.clone();
@@ -156,7 +179,8 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     _ = health.changed.notified() => {}
                     _ = node_changed => {}
                 }
-                fresh = read(&backends, &health, &readiness);
+                let Some(read) = read_blocking(&backends, &health, &readiness).await else { continue };
+                fresh = read;
                 cards.send_if_modified(|current| {
                     let changed = **current != *fresh;
                     if changed {

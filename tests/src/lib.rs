@@ -30,9 +30,13 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 pub fn fake_nvml() -> PathBuf {
     let bin = workspace_binary("libfakenvml.so");
     let dir = bin.parent().map(PathBuf::from).unwrap_or_default();
+    // A dependency build refreshes only `deps/`; a `cargo build` of the cdylib also copies it up. The
+    // newer one is the library of the sources as they are.
     [bin, dir.join("deps/libfakenvml.so")]
         .into_iter()
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
         .expect("libfakenvml.so is built (fakenvml is a dev-dependency of the tests)")
 }
 

@@ -65,6 +65,7 @@ impl SysfsDrm {
             },
             device_nodes,
             pci_address,
+            fault: None,
         })
     }
 }

@@ -23,6 +23,7 @@ fn card(uuid: &str, vendor: Vendor) -> Card {
             vec![]
         },
         pci_address: None,
+        fault: None,
     }
 }
 

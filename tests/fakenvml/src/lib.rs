@@ -5,16 +5,18 @@
 //! environment variable `FAKE_NVML_CONFIG`, read at `nvmlInit`:
 //! `{"cards":[{"uuid":"GPU-…","name":"Tesla T4","memoryMiB":15360,"minor":0,"pciBusId":"00000000:3B:00.0"}],
 //!   "xids":[{"card":0,"xid":79}]}` — the XID events are delivered, in order, by `nvmlEventSetWait_v2`
-//! to an event set on which the card's critical XIDs were registered.
+//! to an event set on which the card's critical XIDs were registered. A card whose index is listed
+//! (comma-separated) in the file named by `FAKE_NVML_LOST`, read at every call, answers
+//! `NVML_ERROR_GPU_IS_LOST` to every device query, as a card that fell off the bus does.
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError, nvmlMemory_v2_t,
     nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-    nvmlReturn_enum_NVML_ERROR_TIMEOUT, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
-    nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE,
+    nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
 };
 use std::os::raw::{c_char, c_uint};
 use std::sync::Mutex;
@@ -66,7 +68,17 @@ fn with_card<T>(device: nvmlDevice_t, f: impl FnOnce(&Card) -> T) -> Result<T, n
     let guard = CARDS.lock().map_err(|_| nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
     let cards = guard.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
     let index = (device as usize).checked_sub(1).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    if lost(index) {
+        return Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST);
+    }
     cards.get(index).map(f).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// Whether card `index` is listed in the `FAKE_NVML_LOST` file now.
+fn lost(index: usize) -> bool {
+    let Some(path) = std::env::var_os("FAKE_NVML_LOST") else { return false };
+    let Ok(text) = std::fs::read_to_string(path) else { return false };
+    text.split(',').any(|i| i.trim().parse() == Ok(index))
 }
 
 /// Copies `text` and a NUL into a caller's buffer of `len` bytes.
