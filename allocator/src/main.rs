@@ -75,8 +75,8 @@ struct ServeArgs {
     /// Address of the HTTPS endpoint (the admission webhook, and the extender for `enableHTTPS`).
     #[arg(long, env = "NANO_GPU_TLS_LISTEN")]
     tls_listen: Option<std::net::SocketAddr>,
-    /// Mounted serving certificate (PEM); re-read when it changes. Without it a CA and certificate are
-    /// generated at start.
+    /// Mounted serving certificate (PEM); re-read when it changes. Without it every replica serves the
+    /// certificate of the Secret `--tls-secret` (created by the first replica, renewed before it ends).
     #[arg(long, env = "NANO_GPU_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// Mounted serving key (PEM).
@@ -93,7 +93,11 @@ struct ServeArgs {
     /// `default-scheduler` where the default scheduler calls the extender itself.
     #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
     scheduler_name: String,
-    /// MutatingWebhookConfiguration whose caBundle gets the generated CA.
+    /// Secret (in the `--lease-namespace` namespace) that holds the webhook certificate all replicas
+    /// serve.
+    #[arg(long, env = "NANO_GPU_TLS_SECRET", default_value = "nano-gpu-allocator-webhook-tls")]
+    tls_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
 }
@@ -251,19 +255,21 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         if let Some(addr) = args.tls_listen {
             use nano_gpu_allocator::tls;
             let certs = match (&args.tls_cert, &args.tls_key) {
-                (Some(cert), Some(key)) => tls::CertSource::files(cert.clone(), key.clone())?,
+                (Some(cert), Some(key)) => std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone())?),
                 _ => {
-                    let generated = tls::generate(&args.tls_dns_names)?;
-                    match tls::publish_ca_bundle(client_for_tls.clone(), &args.webhook_config, &generated.ca_pem).await {
-                        Ok(()) => tracing::info!(webhook = %args.webhook_config, "CA written into the webhook configuration"),
-                        Err(e) => tracing::warn!(webhook = %args.webhook_config, error = %e, "could not write the CA into the webhook configuration"),
-                    }
-                    tls::CertSource::Fixed(tls::server_config(generated.cert_pem.as_bytes(), generated.key_pem.as_bytes())?)
+                    let api = kube::Api::namespaced(client_for_tls.clone(), &args.lease_namespace);
+                    let m = tls::secret::ensure(&api, &args.tls_secret, &args.tls_dns_names).await?;
+                    tls::secret::publish(&client_for_tls, &args.webhook_config, &m.ca_pem).await;
+                    let config = tls::server_config(m.cert_pem.as_bytes(), m.key_pem.as_bytes())?;
+                    let certs = std::sync::Arc::new(tls::CertSource::Shared(std::sync::RwLock::new(config)));
+                    let (name, dns, webhook) = (args.tls_secret.clone(), args.tls_dns_names.clone(), args.webhook_config.clone());
+                    tokio::spawn(tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook));
+                    certs
                 }
             };
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
             tracing::info!(listen = %addr, "serving HTTPS (webhook and extender)");
-            tokio::spawn(tls::serve(listener, app.clone(), std::sync::Arc::new(certs)));
+            tokio::spawn(tls::serve(listener, app.clone(), certs));
         }
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown()) => served.context("serving HTTP")?,

@@ -1,6 +1,8 @@
-//! HTTPS for the webhook and the extender: a certificate authority and serving certificate generated
-//! at start (the CA goes into the webhook configuration's `caBundle`), or mounted certificate files
-//! that are re-read when they change.
+//! HTTPS for the webhook and the extender: mounted certificate files that are re-read when they
+//! change, or one certificate shared by every replica through a Secret ([`secret`]), whose CA bundle
+//! goes into the webhook configuration's `caBundle`.
+
+pub mod secret;
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -39,9 +41,26 @@ pub struct Generated {
     pub key_pem: String,
 }
 
-/// A new CA and a serving certificate for `dns_names` signed by it.
+/// A new CA and a serving certificate for `dns_names` signed by it (valid without end).
 pub fn generate(dns_names: &[String]) -> Result<Generated, TlsError> {
+    generate_valid(dns_names, None)
+}
+
+/// A new CA and a serving certificate for `dns_names` signed by it; with `valid` (from, to), valid from
+/// the UTC day before `from` to the UTC day of `to`.
+pub fn generate_valid(
+    dns_names: &[String],
+    valid: Option<(SystemTime, SystemTime)>,
+) -> Result<Generated, TlsError> {
+    let day = |t: SystemTime| {
+        let (y, m, d) = utc_date(t);
+        rcgen::date_time_ymd(y, m, d)
+    };
+    let validity = valid.map(|(from, to)| (day(from - std::time::Duration::from_secs(86_400)), day(to)));
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    if let Some((from, to)) = validity {
+        (ca.not_before, ca.not_after) = (from, to);
+    }
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name.push(DnType::CommonName, "nano-gpu-allocator CA");
     ca.key_usages =
@@ -50,10 +69,20 @@ pub fn generate(dns_names: &[String]) -> Result<Generated, TlsError> {
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
     let mut leaf = CertificateParams::new(dns_names.to_vec())?;
+    if let Some((from, to)) = validity {
+        (leaf.not_before, leaf.not_after) = (from, to);
+    }
     leaf.distinguished_name.push(DnType::CommonName, dns_names.first().cloned().unwrap_or_default());
     let leaf_key = KeyPair::generate()?;
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
     Ok(Generated { ca_pem: ca_cert.pem(), cert_pem: leaf_cert.pem(), key_pem: leaf_key.serialize_pem() })
+}
+
+/// The UTC calendar date of `t`.
+fn utc_date(t: SystemTime) -> (i32, u8, u8) {
+    use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
+    let date = Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH).to_zoned(TimeZone::UTC).date();
+    (i32::from(date.year()), date.month() as u8, date.day() as u8)
 }
 
 /// A rustls server configuration from PEM text.
@@ -80,6 +109,8 @@ pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig
 pub enum CertSource {
     /// Generated at start; never changes.
     Fixed(Arc<ServerConfig>),
+    /// Replaced when the shared certificate changes ([`secret::keep`]).
+    Shared(RwLock<Arc<ServerConfig>>),
     /// Mounted files, re-read when either changes.
     Files {
         /// Certificate chain (PEM).
@@ -96,6 +127,13 @@ fn modified(path: &PathBuf) -> Option<SystemTime> {
 }
 
 impl CertSource {
+    /// Serves `config` from now on (only a [`CertSource::Shared`] changes).
+    pub fn replace(&self, config: Arc<ServerConfig>) {
+        if let CertSource::Shared(current) = self {
+            *current.write().unwrap_or_else(|e| e.into_inner()) = config;
+        }
+    }
+
     /// Mounted files (read now: a bad pair is an error at start).
     pub fn files(cert: PathBuf, key: PathBuf) -> Result<Self, TlsError> {
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| TlsError::Pem(format!("{}: {e}", p.display())));
@@ -109,6 +147,7 @@ impl CertSource {
     pub fn config(&self) -> Arc<ServerConfig> {
         match self {
             CertSource::Fixed(c) => c.clone(),
+            CertSource::Shared(c) => c.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone()),
             CertSource::Files { cert, key, current } => {
                 let times = (modified(cert), modified(key));
                 let (config, c_at, k_at) =

@@ -5,6 +5,7 @@
 //!
 //! The first run builds the upstream binaries (hack/k8s-build.sh, a few minutes, cached after).
 
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, NodeInventory};
@@ -425,6 +426,25 @@ async fn the_system_works_against_the_real_control_plane() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(http_get(&format!("{}/readyz", cluster.extender())).0, 200, "the first replica leads");
     assert_eq!(http_get(&format!("{follower}/readyz")).0, 503, "the second replica follows");
+    // One webhook certificate for every replica: the second did not replace the CA the API server
+    // trusts; the bundle in the webhook configuration verifies both replicas' HTTPS endpoints.
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let webhook = hooks.get("nano-gpu-allocator").await.unwrap();
+    let bundle = webhook.webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
+    std::fs::write(cluster.path("webhook-ca.pem"), &bundle.0).unwrap();
+    for port in [cluster.env["WEBHOOK_PORT"].clone(), tls.to_string()] {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(cluster.path("webhook-ca.pem"))
+            .arg(format!("https://localhost:{port}/healthz"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "200",
+            "replica on {port} is not trusted by the webhook's CA"
+        );
+    }
     // A follower that is asked anyway refuses to decide.
     let args = json!({"Pod": percent_pod("probe", 10), "NodeNames": ["node-1"]}).to_string();
     let out = Command::new("curl")
