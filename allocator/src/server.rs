@@ -655,4 +655,28 @@ mod tests {
         assert_eq!(v["nodes"][0]["cards"][0]["percentUsed"], 60);
         assert_eq!(v["nodes"][0]["cards"][0]["pods"], json!(["ns/a"]));
     }
+
+    #[tokio::test]
+    async fn a_malformed_admission_review_is_answered_with_the_reason_and_changes_nothing() {
+        let s = shared();
+        let req = Request::builder().method("POST").uri("/mutate").body(Body::from("{not json")).unwrap();
+        let resp = router(s.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("invalid AdmissionReview"));
+        // Well-formed JSON without a request: refused with the reason, never a crash.
+        let (status, body) = call(
+            &s,
+            "POST",
+            "/mutate",
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let review: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(review["response"]["allowed"], false);
+        assert!(review["response"]["status"]["message"].as_str().unwrap().contains("no request"), "{review}");
+        // The service still answers.
+        assert_eq!(call(&s, "GET", "/healthz", json!(null)).await.0, StatusCode::OK);
+    }
 }

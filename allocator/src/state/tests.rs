@@ -135,6 +135,13 @@ fn an_undecodable_inventory_gives_the_node_no_usable_card() {
         serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
     );
     assert_eq!(r.node_names, Some(vec![]));
+    // The agent writes its inventory again: the node heals.
+    s.apply_node(&node("n1", 2));
+    assert_eq!(free(&s, "n1"), vec![100, 100]);
+    let r = s.filter(
+        serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
+    );
+    assert_eq!(r.node_names, Some(vec!["n1".to_owned()]));
 }
 
 #[test]
