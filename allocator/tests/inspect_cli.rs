@@ -17,10 +17,10 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
         pods: vec![
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "train", "namespace": "ml", "uid": "u1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},
-                "spec": {"nodeName": "n1", "containers": [{"name": "main"}]}, "status": {"phase": "Running"}}),
+                "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"nano-gpu/gpu-percent": "30", "nano-gpu/gpu-memory": "2048"}}}]}, "status": {"phase": "Running"}}),
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "broken", "namespace": "ml", "uid": "u2", "annotations": {"nano-gpu/assignment": "{"}},
-                "spec": {"nodeName": "elsewhere", "containers": [{"name": "main"}]}, "status": {"phase": "Running"}}),
+                "spec": {"nodeName": "elsewhere", "containers": [{"name": "main", "resources": {"limits": {"nano-gpu/gpu-percent": "30"}}}]}, "status": {"phase": "Running"}}),
         ],
     })
     .await
