@@ -3,7 +3,6 @@
 //! served; it comes back healthy once it reads again. A card never read yet is left out.
 
 use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
-use std::process::Command;
 
 const TEST: &str = "a_lost_card_is_unhealthy_with_the_reason_and_the_others_stay_served";
 
@@ -16,20 +15,12 @@ fn a_lost_card_is_unhealthy_with_the_reason_and_the_others_stay_served() {
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("nvml.json");
         std::fs::write(&config, r#"{"cards":[{"uuid":"GPU-a"},{"uuid":"GPU-b"},{"uuid":"GPU-c"}]}"#).unwrap();
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", TEST, "--nocapture"])
-            .env("FAKE_NVML_CONFIG", &config)
-            .env("FAKE_NVML_LOST", dir.join("lost"))
-            .output()
-            .unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let lost = dir.join("lost");
+        nano_gpu_tests::run_test_in_child(
+            TEST,
+            &[("FAKE_NVML_CONFIG", config.as_os_str()), ("FAKE_NVML_LOST", lost.as_os_str())],
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+        std::fs::remove_dir_all(&dir).unwrap();
         return;
     };
     let lib = nano_gpu_tests::fake_nvml();

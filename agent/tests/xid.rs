@@ -5,7 +5,6 @@ use nano_gpu_agent::health::Health;
 use nano_gpu_agent::health::watch_xids_retrying;
 use nano_gpu_agent::inventory::Card;
 use nano_gpu_proto::units::MiB;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -25,20 +24,11 @@ fn critical_xids_mark_the_card_unhealthy_through_the_real_ffi_path() {
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("nvml.json");
         std::fs::write(&config, r#"{"cards":[{"uuid":"GPU-a"},{"uuid":"GPU-b"}],"xids":[{"card":1,"xid":43},{"card":0,"xid":79}]}"#).unwrap();
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", TEST, "--nocapture"])
-            .env("NANO_GPU_XID_CHILD", "1")
-            .env("FAKE_NVML_CONFIG", &config)
-            .output()
-            .unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        nano_gpu_tests::run_test_in_child(
+            TEST,
+            &[("NANO_GPU_XID_CHILD", "1".as_ref()), ("FAKE_NVML_CONFIG", config.as_os_str())],
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+        std::fs::remove_dir_all(&dir).unwrap();
         return;
     }
     let health = Arc::new(Health::new(Duration::from_secs(300)));

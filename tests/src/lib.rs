@@ -40,6 +40,20 @@ pub fn fake_nvml() -> PathBuf {
         .expect("libfakenvml.so is built (fakenvml is a dev-dependency of the tests)")
 }
 
+/// Runs the test `test` of the running test binary again in a child process with `env` (the fake
+/// NVML reads its configuration from the environment, which a test cannot set for itself), and
+/// asserts it passed there.
+pub fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", test, "--nocapture"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("running the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
+}
+
 /// The 99th percentile (nearest rank) of samples; 0 for none.
 pub fn p99(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
