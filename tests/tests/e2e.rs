@@ -324,6 +324,25 @@ async fn the_system_works_against_the_real_control_plane() {
     .unwrap();
     assert!(whole.containers["c"].len() == 2 && whole.containers["c"].iter().all(|g| g.percent.0 == 100));
 
+    // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
+    // cluster admin's, is refused with the reason, on a new pod and on a running one.
+    let stolen = whole.encode();
+    let forged = pod("forged", &[("c", &[])], json!({ ASSIGNMENT_ANNOTATION: stolen }));
+    match pods.create(&PostParams::default(), &forged).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.message.contains("only nano-gpu may set nano-gpu/assignment"), "{}", e.message)
+        }
+        other => panic!("a forged assignment was admitted: {other:?}"),
+    }
+    let patch = json!({"metadata": {"annotations": { ASSIGNMENT_ANNOTATION: stolen }}});
+    match pods.patch("t4", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("may not"), "{}", e.message),
+        other => panic!("an assignment was rewritten by the admin: {other:?}"),
+    }
+    // Other annotations stay the users' own.
+    let label = json!({"metadata": {"annotations": {"team": "ml"}}});
+    pods.patch("t4", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&label)).await.unwrap();
+
     // Pods that fit nowhere stay Pending with a FailedScheduling event naming the reason: one the
     // in-tree fit check stops (more percent than any node has), one only the extender can judge (a
     // card model no node has).
