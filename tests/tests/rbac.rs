@@ -63,3 +63,98 @@ fn the_allocator_has_no_wildcards_and_reads_only_its_own_secret() {
         }
     }
 }
+
+/// Every ServiceAccount's effective rights, computed from every manifest in `deploy/`: each binding
+/// resolved to the rules of the role it names (roles shipped elsewhere, the built-in ones, by name),
+/// one line per rule: `<account>: <where>: <verbs> <resource>[<names>]`.
+fn effective_rights() -> Vec<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let mut docs: Vec<Value> = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let parsed: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+            docs.extend(parsed.into_iter().filter(|d| !d.is_null()));
+        }
+    }
+    let role = |kind: &str, name: &str, ns: Option<&str>| {
+        docs.iter().find(|d| {
+            d["kind"] == kind && d["metadata"]["name"] == name && d["metadata"]["namespace"].as_str() == ns
+        })
+    };
+    let mut lines = Vec::new();
+    for b in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding") {
+        let ns = b["metadata"]["namespace"].as_str();
+        let scope = ns.map_or("cluster-wide".to_owned(), |n| format!("in {n}"));
+        let (ref_kind, ref_name) =
+            (b["roleRef"]["kind"].as_str().unwrap(), b["roleRef"]["name"].as_str().unwrap());
+        let role_ns = if ref_kind == "Role" { ns } else { None };
+        for s in b["subjects"].as_array().unwrap() {
+            assert_eq!(
+                s["kind"], "ServiceAccount",
+                "{}: only ServiceAccounts are bound: {s}",
+                b["metadata"]["name"]
+            );
+            let who = s["name"].as_str().unwrap();
+            match role(ref_kind, ref_name, role_ns) {
+                None => {
+                    assert!(
+                        ref_name.starts_with("system:") || ref_name.starts_with("extension-apiserver"),
+                        "{} names {ref_kind} {ref_name}, which deploy/ does not ship",
+                        b["metadata"]["name"]
+                    );
+                    lines.push(format!("{who}: {scope}: built-in {ref_kind} {ref_name}"));
+                }
+                Some(r) => {
+                    for rule in r["rules"].as_array().unwrap() {
+                        let list = |k: &str| -> Vec<String> {
+                            rule[k]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|v| v.as_str().unwrap().to_owned())
+                                .collect()
+                        };
+                        let groups = list("apiGroups");
+                        for res in list("resources") {
+                            for g in &groups {
+                                let resource = if g.is_empty() { res.clone() } else { format!("{res}.{g}") };
+                                let names = list("resourceNames");
+                                let names = if names.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(" [{}]", names.join(", "))
+                                };
+                                lines.push(format!(
+                                    "{who}: {scope}: {} {resource}{names}",
+                                    list("verbs").join(", ")
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    lines.sort();
+    lines.dedup();
+    lines
+}
+
+#[test]
+fn the_readme_states_every_accounts_effective_rights_exactly() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let (start, end) = ("<!-- rbac:begin -->", "<!-- rbac:end -->");
+    let block =
+        readme.split(start).nth(1).and_then(|r| r.split(end).next()).expect("README has the RBAC block");
+    let stated: Vec<String> =
+        block.lines().filter_map(|l| l.trim().strip_prefix("- ").map(|l| l.replace('`', ""))).collect();
+    let computed = effective_rights();
+    assert_eq!(
+        stated,
+        computed,
+        "README's RBAC block differs from deploy/ (computed:\n- {})",
+        computed.join("\n- ")
+    );
+}
