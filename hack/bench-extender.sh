@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Benchmark of the extender service (issue: allocator service): the real `nano-gpu-allocator serve`
 # on loopback, a fake API server with 5,000 nodes x 8 cards and 40,000 placed pods, then
-# filter -> prioritize -> bind for 10,000 new pods. Prints one JSON line. Extra flags go to the driver
+# filter -> prioritize -> bind for 10,000 new pods. Prints two JSON lines (see below). Extra flags go to the driver
 # (--nodes N --cards N --placed N --pods N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nano-gpu-allocator --bin bench-extender >&2
 target="${CARGO_TARGET_DIR:-target}/release"
-exec "$target/bench-extender" --allocator "$target/nano-gpu-allocator" "$@"
+# First line: the usual mix (6 request shapes). Second line: 2,000 distinct request shapes (exact CPU
+# requests users choose), which the engine's value cache must hold within its entry bound.
+"$target/bench-extender" --allocator "$target/nano-gpu-allocator" "$@"
+"$target/bench-extender" --allocator "$target/nano-gpu-allocator" --shapes 2000 "$@"

@@ -5,8 +5,10 @@
 //! scheduling cycle; keep-alive connections), and prints one JSON line:
 //! `{"nodes":…,"filter_p99_ms":…,"prioritize_p99_ms":…,"bind_p99_ms":…,"pods_per_s":…,"rss_mib":…}`.
 //!
-//! `rss_mib` is the allocator's peak resident memory (VmHWM). Usage:
-//! `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--allocator PATH]`.
+//! `rss_mib` is the allocator's peak resident memory (VmHWM). With `--shapes N` the new pods ask N
+//! distinct CPU requests (1000m + i mod N), so the engine sees N request shapes, as when users pick
+//! exact CPU requests; the line then has a `shapes` field. Usage:
+//! `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--shapes N] [--allocator PATH]`.
 
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
@@ -22,6 +24,7 @@ struct Args {
     cards: usize,
     placed: usize,
     pods: usize,
+    shapes: Option<usize>,
     allocator: PathBuf,
 }
 
@@ -31,6 +34,7 @@ fn args() -> Result<Args> {
         cards: 8,
         placed: 40_000,
         pods: 10_000,
+        shapes: None,
         allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
     };
     let mut it = std::env::args().skip(1);
@@ -41,6 +45,7 @@ fn args() -> Result<Args> {
             "--cards" => a.cards = value.parse()?,
             "--placed" => a.placed = value.parse()?,
             "--pods" => a.pods = value.parse()?,
+            "--shapes" => a.shapes = Some(value.parse::<usize>()?.max(1)),
             "--allocator" => a.allocator = value.into(),
             other => bail!("unknown flag {other}"),
         }
@@ -83,12 +88,13 @@ fn objects(a: &Args) -> Objects {
     Objects { nodes, pods }
 }
 
-fn new_pod(i: usize) -> Value {
+fn new_pod(i: usize, shapes: Option<usize>) -> Value {
     let percent = SHARES[(i * 7) % SHARES.len()];
+    let cpu = shapes.map_or("1".to_owned(), |n| format!("{}m", 1000 + i % n));
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("new-{i}"), "namespace": "bench", "uid": format!("new-{i}"), "resourceVersion": "1"},
         "spec": {"schedulerName": "nano-gpu-scheduler", "containers": [{"name": "main", "resources":
-            {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
+            {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": cpu, "memory": "4Gi"}}}]},
         "status": {"phase": "Pending"}})
 }
 
@@ -181,7 +187,7 @@ async fn main() -> Result<()> {
     });
     let run = Instant::now();
     for i in 0..a.pods {
-        let pod = new_pod(i).to_string();
+        let pod = new_pod(i, a.shapes).to_string();
         let body = format!(r#"{{"Pod":{pod},"NodeNames":{all_names}}}"#).into_bytes();
         let t = Instant::now();
         let (_, answer) = conn.call("POST", "/filter", body).await?;
@@ -230,16 +236,17 @@ async fn main() -> Result<()> {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
-    println!(
-        "{}",
-        json!({
-            "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "new_pods": a.pods,
-            "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
-            "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
-            "ready_s": round(ready_s), "bind_writes": api.writes().len(),
-            "server_mean_ms": {"filter": round(server_mean_ms("filter")), "prioritize": round(server_mean_ms("prioritize")),
-                "bind": round(server_mean_ms("bind"))},
-        })
-    );
+    let mut line = json!({
+        "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "new_pods": a.pods,
+        "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
+        "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
+        "ready_s": round(ready_s), "bind_writes": api.writes().len(),
+        "server_mean_ms": {"filter": round(server_mean_ms("filter")), "prioritize": round(server_mean_ms("prioritize")),
+            "bind": round(server_mean_ms("bind"))},
+    });
+    if let Some(n) = a.shapes {
+        line["shapes"] = json!(n);
+    }
+    println!("{line}");
     Ok(())
 }
