@@ -8,7 +8,11 @@
 //!
 //! Fail closed: a node inventory that cannot be decoded gives the node no usable card; an assignment
 //! that cannot be decoded (or names another node) makes every card of its node count as full until the
-//! pod goes away. Both raise a [`Warning`] for an Event naming the object.
+//! pod goes away. Both raise a [`Warning`] for an Event naming the object. An assignment on a pod that
+//! asks no GPU is somebody else's: it holds nothing (and raises a warning too).
+//!
+//! The service shares the view as a [`SharedView`]: the watches write through it, the handlers decide
+//! on it, and it knows whether both watches have listed.
 //!
 //! A bind reserves the cards in memory before the API calls ([`ClusterState::reserve`]); the reservation
 //! lives until the watch shows the annotated pod, so back-to-back decisions never double-book, and a
