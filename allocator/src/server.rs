@@ -237,7 +237,8 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
     json(&ExtenderBindingResult { error })
 }
 
-/// The mutating admission webhook (served here over plain HTTP; TLS is not implemented yet).
+/// The mutating admission webhook (the API server reaches it over HTTPS, `tls::serve`, with the same
+/// routes).
 async fn mutate<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
     match decode::<AdmissionReview>(&body, "AdmissionReview") {
         Ok(review) => json(&s.admission.review(&review)),
