@@ -1,8 +1,8 @@
 //! The bind protocol, on its own: what `POST /bind` does between decoding kube-scheduler's
 //! `ExtenderBindingArgs` and answering it.
 //!
-//! 1. Take the pod (from the filter call that carried it, else read it) and check it is the pod with
-//!    the uid kube-scheduler names.
+//! 1. Only the leader binds. Take the pod (from the filter call that carried it, else read it) and
+//!    check it is the pod with the uid kube-scheduler names.
 //! 2. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
 //!    back-to-back binds never double-book, and a repeated bind of a bound pod is answered at once.
 //! 3. Write the annotations with uid + resourceVersion preconditions; a conflict re-reads the pod and
@@ -101,6 +101,9 @@ pub async fn bind<B: Binder>(
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
     let key = || format!("{ns}/{name}");
+    if !leader.is_leader() {
+        return Err(BindFailed::NotLeader);
+    }
     let mut pod = match known {
         Some(p) => p,
         None => {

@@ -6,7 +6,7 @@
 //! needed), `POST /mutate` (the admission webhook).
 
 use crate::admission::Admission;
-use crate::bind::{self, BindFailed, NOT_LEADER};
+use crate::bind::{self, NOT_LEADER};
 use crate::binder::Binder;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, Verb};
@@ -218,11 +218,7 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result = if s.leader.is_leader() {
-        bind::bind(&s.view, &s.binder, &s.leader, s.recent(&args.pod_uid), &args).await
-    } else {
-        Err(BindFailed::NotLeader)
-    };
+    let result = bind::bind(&s.view, &s.binder, &s.leader, s.recent(&args.pod_uid), &args).await;
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
