@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
-use nano_gpu_proto::demand::{DemandOptions, pod_demand};
+use nano_gpu_proto::demand::{DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::quantity;
 
 /// What a node object says.
@@ -70,37 +70,50 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
 /// Only a pod that asks a GPU resource can hold cards: the allocator never writes an assignment on
 /// any other pod, so one found there is somebody else's (anyone who may create pods could write one)
 /// and is ignored; the error says why, for a warning Event. `demand` says how pods are read
-/// (gpushare compatibility).
-pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> Result<Holding, String> {
-    let annotation = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
-    if annotation.is_some() {
-        match pod_demand(pod, demand) {
-            Ok(d) if d.wants_gpu() => {}
-            Ok(_) => return Err(format!("{ASSIGNMENT_ANNOTATION} on a pod that asks no GPU is ignored")),
-            Err(e) => {
-                return Err(format!(
-                    "{ASSIGNMENT_ANNOTATION} on a pod with an invalid GPU request ({e}) is ignored"
-                ));
-            }
+/// (gpushare compatibility). The demand read for that check comes back with the answer, so the
+/// caller reads the pod's host requests from it instead of reading the pod again.
+pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> (Result<Holding, String>, Option<PodDemand>) {
+    let Some(annotation) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+    else {
+        return (Ok(Holding::Nothing), None);
+    };
+    let read = match pod_demand(pod, demand) {
+        Ok(d) if d.wants_gpu() => d,
+        Ok(d) => {
+            return (Err(format!("{ASSIGNMENT_ANNOTATION} on a pod that asks no GPU is ignored")), Some(d));
         }
-    }
+        Err(e) => {
+            let why =
+                format!("{ASSIGNMENT_ANNOTATION} on a pod with an invalid GPU request ({e}) is ignored");
+            return (Err(why), None);
+        }
+    };
+    (Ok(assigned(pod, annotation)), Some(read))
+}
+
+/// What the assignment `annotation` of `pod` says it holds.
+fn assigned(pod: &Pod, annotation: &str) -> Holding {
     let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    Ok(match annotation.map(|t| Assignment::decode(t)) {
-        None => Holding::Nothing,
-        Some(Ok(a)) if bound_to.is_none_or(|n| n == a.node) => Holding::Cards(a),
-        Some(Ok(a)) => Holding::Unknown(format!(
+    match Assignment::decode(annotation) {
+        Ok(a) if bound_to.is_none_or(|n| n == a.node) => Holding::Cards(a),
+        Ok(a) => Holding::Unknown(format!(
             "{ASSIGNMENT_ANNOTATION} names node {} but the pod is bound to {}",
             a.node,
             bound_to.unwrap_or("")
         )),
-        Some(Err(e)) => Holding::Unknown(e.to_string()),
-    })
+        Err(e) => Holding::Unknown(e.to_string()),
+    }
 }
 
-/// The host CPU (milli) and memory (MiB) a pod requests; a pod whose demand cannot be read holds none.
-pub(super) fn host_requests(pod: &Pod) -> (u64, u64) {
-    match pod_demand(pod, &DemandOptions::default()) {
-        Ok(d) => (d.cpu.0, d.memory.0),
-        Err(_) => (0, 0),
+/// The host CPU (milli) and memory (MiB) a pod requests, from its demand when it was read already;
+/// a pod whose demand cannot be read holds none. (Host requests do not depend on how GPU resources
+/// are read.)
+pub(super) fn host_requests(pod: &Pod, read: Option<&PodDemand>) -> (u64, u64) {
+    match read {
+        Some(d) => (d.cpu.0, d.memory.0),
+        None => match pod_demand(pod, &DemandOptions::default()) {
+            Ok(d) => (d.cpu.0, d.memory.0),
+            Err(_) => (0, 0),
+        },
     }
 }

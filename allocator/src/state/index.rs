@@ -68,7 +68,8 @@ impl ClusterState {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let holding = match holding(pod, self.extender.demand_options()) {
+        let (holding, read) = holding(pod, self.extender.demand_options());
+        let holding = match holding {
             Ok(h) => h,
             Err(why) => {
                 self.warn("Pod", &ns, &name, "IgnoredAssignment", why);
@@ -97,7 +98,7 @@ impl ClusterState {
                 format!("{why}; every card of {node} is treated as full"),
             );
         }
-        let (cpu, mem) = host_requests(pod);
+        let (cpu, mem) = host_requests(pod, read.as_ref());
         let record = PodRecord { key: (ns, name), node: node.clone(), cpu, mem, holding, reserved: false };
         let previous = self.insert_pod(uid, record.clone());
         if previous.as_ref() != Some(&record) {
