@@ -41,14 +41,9 @@ pub struct Generated {
     pub key_pem: String,
 }
 
-/// A new CA and a serving certificate for `dns_names` signed by it (valid without end).
-pub fn generate(dns_names: &[String]) -> Result<Generated, TlsError> {
-    generate_valid(dns_names, None)
-}
-
 /// A new CA and a serving certificate for `dns_names` signed by it; with `valid` (from, to), valid from
-/// the UTC day before `from` to the UTC day of `to`.
-pub fn generate_valid(
+/// the start of the UTC day before `from` to [`utc_day_start`] of `to`, else without end.
+pub fn generate(
     dns_names: &[String],
     valid: Option<(SystemTime, SystemTime)>,
 ) -> Result<Generated, TlsError> {
@@ -85,6 +80,12 @@ fn utc_date(t: SystemTime) -> (i32, u8, u8) {
     (i32::from(date.year()), date.month() as u8, date.day() as u8)
 }
 
+/// The start (00:00 UTC) of the UTC day of `t`: where a certificate [`generate`]d to `t` ends.
+pub fn utc_day_start(t: SystemTime) -> SystemTime {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs - secs % 86_400)
+}
+
 /// A rustls server configuration from PEM text.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
@@ -107,9 +108,7 @@ pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig
 
 /// Where the serving certificate comes from.
 pub enum CertSource {
-    /// Generated at start; never changes.
-    Fixed(Arc<ServerConfig>),
-    /// Replaced when the shared certificate changes ([`secret::keep`]).
+    /// Served until [`CertSource::replace`]d (the shared certificate, by [`secret::keep`]).
     Shared(RwLock<Arc<ServerConfig>>),
     /// Mounted files, re-read when either changes.
     Files {
@@ -146,7 +145,6 @@ impl CertSource {
     /// and the previous one kept).
     pub fn config(&self) -> Arc<ServerConfig> {
         match self {
-            CertSource::Fixed(c) => c.clone(),
             CertSource::Shared(c) => c.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone()),
             CertSource::Files { cert, key, current } => {
                 let times = (modified(cert), modified(key));
@@ -232,8 +230,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_certificate_ends_at_the_start_of_the_utc_day_of_its_end() {
+        // 2026-11-23T06:30:00Z and midnight of that day.
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_415_400);
+        let day = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_392_000);
+        assert_eq!(utc_day_start(t), day);
+        assert_eq!(utc_date(day), (2026, 11, 23));
+        assert_eq!(utc_day_start(day), day);
+    }
+
+    #[test]
     fn a_generated_pair_makes_a_server_config() {
-        let g = generate(&["nano-gpu-allocator.nano-gpu-system.svc".into()]).unwrap();
+        let g = generate(&["nano-gpu-allocator.nano-gpu-system.svc".into()], None).unwrap();
         assert!(g.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(g.key_pem.contains("PRIVATE KEY"));
         assert!(server_config(g.cert_pem.as_bytes(), g.key_pem.as_bytes()).is_ok());
@@ -255,12 +263,12 @@ mod tests {
     async fn a_client_that_trusts_the_generated_ca_gets_an_answer_over_tls() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         use tokio_rustls::rustls::{ClientConfig, RootCertStore};
-        let g = generate(&["localhost".into()]).unwrap();
+        let g = generate(&["localhost".into()], None).unwrap();
         let config = server_config(g.cert_pem.as_bytes(), g.key_pem.as_bytes()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
-        tokio::spawn(serve(listener, router, Arc::new(CertSource::Fixed(config))));
+        tokio::spawn(serve(listener, router, Arc::new(CertSource::Shared(RwLock::new(config)))));
 
         let mut roots = RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(g.ca_pem.as_bytes()) {
@@ -296,7 +304,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nano-gpu-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-        let first = generate(&["a.example".into()]).unwrap();
+        let first = generate(&["a.example".into()], None).unwrap();
         std::fs::write(&cert, &first.cert_pem).unwrap();
         std::fs::write(&key, &first.key_pem).unwrap();
         let source = CertSource::files(cert.clone(), key.clone()).unwrap();
@@ -309,7 +317,7 @@ mod tests {
             std::fs::File::options().write(true).open(path).unwrap().set_modified(later).unwrap();
         };
         // A rotation.
-        let second = generate(&["a.example".into()]).unwrap();
+        let second = generate(&["a.example".into()], None).unwrap();
         rewrite(&cert, &second.cert_pem, 10);
         rewrite(&key, &second.key_pem, 10);
         let after = source.config();

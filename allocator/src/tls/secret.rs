@@ -10,7 +10,7 @@
 //! CA after the new one, so the API server trusts the replicas still serving the previous certificate
 //! until they re-read the Secret ([`keep`] does that every [`RECHECK`]).
 
-use super::{CertSource, TlsError, generate_valid, publish_ca_bundle, server_config};
+use super::{CertSource, TlsError, generate, publish_ca_bundle, server_config, utc_day_start};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -127,17 +127,15 @@ pub fn decide(secret: Option<&Secret>, now: SystemTime) -> Decision {
 /// A new certificate for `dns_names`, valid from `now` for [`VALIDITY`], whose bundle also trusts
 /// `previous_ca`.
 pub fn fresh(dns_names: &[String], now: SystemTime, previous_ca: Option<&str>) -> Result<Material, TlsError> {
-    let not_after = now + VALIDITY;
-    let g = generate_valid(dns_names, Some((now, not_after)))?;
+    let g = generate(dns_names, Some((now, now + VALIDITY)))?;
     // Only the newest previous CA: a bundle does not grow with every rotation.
     let previous = previous_ca.and_then(|p| p.split_inclusive("-----END CERTIFICATE-----").next());
     let ca_pem = match previous {
         Some(p) if !g.ca_pem.contains(p.trim()) => format!("{}\n{}\n", g.ca_pem.trim_end(), p.trim()),
         _ => g.ca_pem,
     };
-    // The annotation has whole seconds; the certificate ends at the start of that UTC day.
-    let not_after = SystemTime::UNIX_EPOCH
-        + Duration::from_secs(not_after.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs());
+    // Where the certificate really ends (certificates carry whole UTC days).
+    let not_after = utc_day_start(now + VALIDITY);
     Ok(Material { ca_pem, cert_pem: g.cert_pem, key_pem: g.key_pem, not_after })
 }
 
