@@ -100,10 +100,7 @@ type Record = (Option<String>, Option<MicroTime>, Option<i32>, Option<MicroTime>
 
 /// The Lease record as last seen by this replica, and since when (by its own clock).
 #[derive(Clone, Debug, Default)]
-pub struct Observation {
-    record: Option<Record>,
-    since: Option<Instant>,
-}
+pub struct Observation(Option<(Record, Instant)>);
 
 /// The decision for `lease` (None: absent) by replica `me` at `now` (this process's monotonic clock),
 /// with leases lasting `duration`. Updates `seen` with the record and when it last changed.
@@ -124,16 +121,22 @@ pub fn step(
         spec.lease_transitions,
         spec.acquire_time.clone(),
     );
-    if seen.record.as_ref() != Some(&record) || seen.since.is_none() {
-        seen.record = Some(record);
-        seen.since = Some(now);
-    }
+    let since = match &seen.0 {
+        Some((seen_record, since)) if *seen_record == record => *since,
+        _ => {
+            seen.0 = Some((record, now));
+            now
+        }
+    };
     match spec.holder_identity.as_deref() {
         Some(h) if h == me => Step::Renew,
         None | Some("") => Step::TakeOver,
         Some(holder) => {
-            let unchanged_for = seen.since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-            if unchanged_for > duration { Step::TakeOver } else { Step::Follow(holder.to_owned()) }
+            if now.saturating_duration_since(since) > duration {
+                Step::TakeOver
+            } else {
+                Step::Follow(holder.to_owned())
+            }
         }
     }
 }
