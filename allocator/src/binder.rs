@@ -153,6 +153,7 @@ impl Binder for KubeBinder {
 mod tests {
     //! The exact requests the real binder sends, against a fake API server (tower-test).
     use super::*;
+    use crate::api_replies::respond;
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::{Value, json};
@@ -170,10 +171,6 @@ mod tests {
         let ctype = req.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
         let bytes = req.into_body().collect_bytes().await.unwrap();
         (method, path, ctype, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-
-    fn respond(code: u16, value: Value) -> Response<Body> {
-        Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
     }
 
     fn pod() -> Value {

@@ -273,13 +273,10 @@ mod tests {
     mod api {
         //! The requests of one attempt, against a fake API server (tower-test).
         use super::super::*;
+        use crate::api_replies::{failure, respond};
         use http::{Request, Response};
         use kube::client::Body;
         use serde_json::{Value, json};
-
-        fn respond(code: u16, value: Value) -> Response<Body> {
-            Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
-        }
 
         const TIMING: Timing = Timing {
             lease: Duration::from_secs(15),
@@ -297,7 +294,7 @@ mod tests {
                     (req.method().as_str(), req.uri().path()),
                     ("GET", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
                 );
-                send.send_response(respond(404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})));
+                send.send_response(failure(404, "NotFound"));
                 let (req, send) = handle.next_request().await.unwrap();
                 assert_eq!(
                     (req.method().as_str(), req.uri().path()),
@@ -356,7 +353,7 @@ mod tests {
             let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
             let server = tokio::spawn(async move {
                 let (_, send) = handle.next_request().await.unwrap();
-                send.send_response(respond(404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})));
+                send.send_response(failure(404, "NotFound"));
                 let (req, send) = handle.next_request().await.unwrap();
                 let body: Value =
                     serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();

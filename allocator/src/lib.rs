@@ -20,6 +20,8 @@
 //! extender) and [`inspect`] (`inspect`: the view as a table).
 
 pub mod admission;
+#[cfg(test)]
+mod api_replies;
 pub mod bind;
 pub mod binder;
 pub mod extender;

@@ -169,14 +169,18 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn a_relist_replaces_the_nodes_and_reports_completion() {
+    fn state() -> ClusterState {
         let engine = Engine::new(
             nano_gpu_engine::model::Cluster::new(),
             policy::by_name("fgd", 0).unwrap(),
             Workload::default(),
         );
-        let mut state = ClusterState::new(engine, 0, DemandOptions::default());
+        ClusterState::new(engine, 0, DemandOptions::default())
+    }
+
+    #[test]
+    fn a_relist_replaces_the_nodes_and_reports_completion() {
+        let mut state = state();
         assert!(!apply_event(&mut state, Event::Apply(node("old"))));
         assert!(!apply_event(&mut state, Event::<Node>::Init));
         assert!(!apply_event(&mut state, Event::InitApply(node("new"))));
@@ -188,12 +192,7 @@ mod tests {
 
     #[test]
     fn the_view_is_synced_only_once_both_kinds_listed_not_after_two_node_lists() {
-        let engine = Engine::new(
-            nano_gpu_engine::model::Cluster::new(),
-            policy::by_name("fgd", 0).unwrap(),
-            Workload::default(),
-        );
-        let view = SharedView::new(ClusterState::new(engine, 0, DemandOptions::default()));
+        let view = SharedView::new(state());
         // The node watch lists, breaks and lists again before the pod list completes.
         view.set_listed(<Node as Feed>::KIND);
         view.set_listed(<Node as Feed>::KIND);

@@ -248,9 +248,10 @@ pub async fn publish(client: &kube::Client, webhook: &str, ca_pem: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api_replies::{failure, respond};
     use http::{Request, Response};
     use kube::client::Body;
-    use serde_json::{Value, json};
+    use serde_json::Value;
 
     const DNS: &[&str] = &["nano-gpu-allocator.nano-gpu-system.svc"];
 
@@ -304,14 +305,6 @@ mod tests {
         assert!(server_config(third.cert_pem.as_bytes(), third.key_pem.as_bytes()).is_ok());
     }
 
-    fn respond(code: u16, value: Value) -> Response<Body> {
-        Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
-    }
-
-    fn status(code: u16, reason: &str) -> Value {
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code})
-    }
-
     #[tokio::test]
     async fn the_first_replica_creates_it_and_a_replica_that_loses_the_race_reads_the_winners() {
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -321,7 +314,7 @@ mod tests {
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.uri().path(), "/api/v1/namespaces/nano-gpu-system/secrets/tls");
-            send.send_response(respond(404, status(404, "NotFound")));
+            send.send_response(failure(404, "NotFound"));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(
                 (req.method().as_str(), req.uri().path()),
@@ -334,7 +327,7 @@ mod tests {
                 (Some("kubernetes.io/tls"), Some("tls"))
             );
             // Another replica created it a moment earlier.
-            send.send_response(respond(409, status(409, "AlreadyExists")));
+            send.send_response(failure(409, "AlreadyExists"));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method().as_str(), "GET");
             send.send_response(respond(200, theirs));

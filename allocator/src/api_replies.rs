@@ -1,0 +1,20 @@
+//! Answers of a fake API server for the tower-test scenarios of the real kube adapters (binder,
+//! leader election, the shared certificate): a JSON body with a status code, and the `Status` object
+//! the API server sends with an error.
+
+use http::Response;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+/// `value` as the API server's answer with HTTP status `code`.
+pub fn respond(code: u16, value: Value) -> Response<Body> {
+    Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
+}
+
+/// The API server's error answer: a `Status` with `reason` (`NotFound`, `AlreadyExists`, `Conflict`…).
+pub fn failure(code: u16, reason: &str) -> Response<Body> {
+    respond(
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code}),
+    )
+}
