@@ -405,7 +405,17 @@ mod tests {
         path: &str,
         body: Value,
     ) -> (StatusCode, String) {
-        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_string())).unwrap();
+        call_raw(s, method, path, &body.to_string()).await
+    }
+
+    /// [`call`] with a body that need not be JSON.
+    async fn call_raw(
+        s: &Arc<Shared<FakeBinder>>,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (StatusCode, String) {
+        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_owned())).unwrap();
         let resp = router(s.clone()).oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
@@ -494,11 +504,9 @@ mod tests {
     #[tokio::test]
     async fn bad_json_is_a_400_with_a_message() {
         let s = shared();
-        let req = Request::builder().method("POST").uri("/filter").body(Body::from("{nope")).unwrap();
-        let resp = router(s.clone()).oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-        assert!(String::from_utf8_lossy(&body).starts_with("invalid ExtenderArgs: key must be a string"));
+        let (status, body) = call_raw(&s, "POST", "/filter", "{nope").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.starts_with("invalid ExtenderArgs: key must be a string"), "{body}");
         let (status, _) = call(&s, "POST", "/bind", json!({"PodName": 3})).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
     }
@@ -656,11 +664,9 @@ mod tests {
     #[tokio::test]
     async fn a_malformed_admission_review_is_answered_with_the_reason_and_changes_nothing() {
         let s = shared();
-        let req = Request::builder().method("POST").uri("/mutate").body(Body::from("{not json")).unwrap();
-        let resp = router(s.clone()).oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-        assert!(String::from_utf8_lossy(&body).contains("invalid AdmissionReview"));
+        let (status, body) = call_raw(&s, "POST", "/mutate", "{not json").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("invalid AdmissionReview"), "{body}");
         // Well-formed JSON without a request: refused with the reason, never a crash.
         let (status, body) = call(
             &s,
