@@ -35,21 +35,13 @@ impl Resource {
         }
     }
 
-    /// MiB per ID of a gpushare resource.
-    fn unit_mib(unit: GpushareUnit) -> u64 {
-        match unit {
-            GpushareUnit::GiB => 1024,
-            GpushareUnit::MiB => 1,
-        }
-    }
-
     /// The device IDs a card advertises.
     pub fn ids(self, card: &Card) -> Vec<String> {
         match self {
             Resource::Percent => {
                 (0..device_id::IDS_PER_CARD).map(|n| device_id::encode(&card.info.uuid, n)).collect()
             }
-            Resource::Gpushare(unit) => (0..card.info.memory_mib.0 / Self::unit_mib(unit))
+            Resource::Gpushare(unit) => (0..unit.units_in(card.info.memory_mib))
                 .map(|n| device_id::encode_unit(&card.info.uuid, n))
                 .collect(),
         }
@@ -59,7 +51,7 @@ impl Resource {
     pub fn memory_of(self, n: u64) -> Option<MiB> {
         match self {
             Resource::Percent => None,
-            Resource::Gpushare(unit) => Some(MiB(n * Self::unit_mib(unit))),
+            Resource::Gpushare(unit) => unit.to_mib(n),
         }
     }
 
@@ -67,7 +59,7 @@ impl Resource {
     pub fn card_units(self, card: &Card) -> u64 {
         match self {
             Resource::Percent => u64::from(device_id::IDS_PER_CARD),
-            Resource::Gpushare(unit) => card.info.memory_mib.0 / Self::unit_mib(unit),
+            Resource::Gpushare(unit) => unit.units_in(card.info.memory_mib),
         }
     }
 

@@ -92,6 +92,26 @@ pub enum GpushareUnit {
     MiB,
 }
 
+impl GpushareUnit {
+    /// MiB in one unit.
+    pub fn mib(self) -> u64 {
+        match self {
+            GpushareUnit::GiB => 1024,
+            GpushareUnit::MiB => 1,
+        }
+    }
+
+    /// `units` of this unit in MiB, `None` past `u64`.
+    pub fn to_mib(self, units: u64) -> Option<MiB> {
+        units.checked_mul(self.mib()).map(MiB)
+    }
+
+    /// Whole units in `mib` (a card's memory as gpushare counts it).
+    pub fn units_in(self, mib: MiB) -> u64 {
+        mib.0 / self.mib()
+    }
+}
+
 /// Options that change how a pod is read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DemandOptions {
@@ -138,11 +158,9 @@ fn container_demand(c: &Container, opts: &DemandOptions) -> Result<Option<Contai
         if memory.is_some() {
             return Err(invalid(&c.name, format!("asks both {GPU_MEMORY} and {GPUSHARE_MEMORY}; use one")));
         }
-        let mib = match unit {
-            GpushareUnit::GiB => m.checked_mul(1024),
-            GpushareUnit::MiB => Some(m),
-        };
-        memory = Some(mib.ok_or_else(|| invalid(&c.name, format!("{GPUSHARE_MEMORY} {m} is too large")))?);
+        let mib =
+            unit.to_mib(m).ok_or_else(|| invalid(&c.name, format!("{GPUSHARE_MEMORY} {m} is too large")))?;
+        memory = Some(mib.0);
     }
     let gpu = match percent {
         None | Some(0) => match memory {

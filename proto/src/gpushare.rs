@@ -20,8 +20,40 @@ pub const ASSIGNED: &str = "ALIYUN_COM_GPU_MEM_ASSIGNED";
 /// Bind time in nanoseconds since the epoch (gpushare's device plugin sorts candidates by it).
 pub const ASSUME_TIME: &str = "ALIYUN_COM_GPU_MEM_ASSUME_TIME";
 
+/// Newer gpushare extenders (multi-card pods) also write, per container index, the units each card
+/// index got: `{"0":{"1":4}}`; gpushare's tools read it before [`IDX`].
+pub const ALLOCATION: &str = "scheduler.framework.gpushare.allocation";
+
 /// Every key, for removal on a failed bind.
 pub const KEYS: [&str; 5] = [IDX, POD, DEV, ASSIGNED, ASSUME_TIME];
+
+/// Where gpushare placed a pod, read from its annotations the way gpushare's own tools read them
+/// ([`ALLOCATION`] first, else [`IDX`] with the pod's total units): per card index, the units it holds.
+/// `None` when the pod carries neither; an error says what cannot be read.
+pub fn placement(pod: &Pod) -> Option<Result<BTreeMap<u32, u64>, String>> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    if let Some(text) = annotations.get(ALLOCATION) {
+        return Some(read_allocation(text).map_err(|e| format!("{ALLOCATION} {text:?}: {e}")));
+    }
+    let text = annotations.get(IDX)?;
+    Some(match text.trim().parse::<u32>() {
+        Ok(index) => Ok(BTreeMap::from([(index, pod_units(pod))])),
+        Err(_) => Err(format!("{IDX} {text:?} is not a card index")),
+    })
+}
+
+fn read_allocation(text: &str) -> Result<BTreeMap<u32, u64>, String> {
+    let per_container: BTreeMap<String, BTreeMap<String, u64>> =
+        serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut cards = BTreeMap::new();
+    for units in per_container.values() {
+        for (index, n) in units {
+            let index: u32 = index.parse().map_err(|_| format!("{index:?} is not a card index"))?;
+            *cards.entry(index).or_default() += n;
+        }
+    }
+    Ok(cards)
+}
 
 /// The pod's total `aliyun.com/gpu-mem` over its app containers (limits, else requests); 0 when it
 /// asks none or a value is not a whole number.
@@ -70,6 +102,30 @@ mod tests {
             {"name": "c"}]}}))
         .unwrap();
         assert_eq!(pod_units(&pod), 5);
+    }
+
+    fn annotated(annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"annotations": annotations}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"aliyun.com/gpu-mem": "3"}}}]}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn placement_is_read_as_gpushare_tools_read_it() {
+        assert_eq!(placement(&annotated(json!({}))), None);
+        assert_eq!(placement(&annotated(json!({IDX: "2"}))), Some(Ok(BTreeMap::from([(2, 3)]))));
+        // The per-container map wins over the index, and sums per card.
+        let multi = json!({IDX: "0", ALLOCATION: r#"{"0":{"1":2,"3":1},"1":{"1":4}}"#});
+        assert_eq!(placement(&annotated(multi)), Some(Ok(BTreeMap::from([(1, 6), (3, 1)]))));
+        for bad in [
+            json!({IDX: "x"}),
+            json!({IDX: "-1"}),
+            json!({ALLOCATION: "{"}),
+            json!({ALLOCATION: r#"{"0":{"a":1}}"#}),
+        ] {
+            let err = placement(&annotated(bad.clone())).unwrap().unwrap_err();
+            assert!(err.contains("ALIYUN_COM_GPU_MEM_IDX") || err.contains(ALLOCATION), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! Decoding Nodes and Pods into the records the view keeps: a Node's allocatable CPU and memory and
 //! its `nano-gpu/gpus` inventory ([`node_record`]); a Pod's host requests and what its
-//! `nano-gpu/assignment` says it holds ([`holding`]). Nothing undecodable is dropped: it becomes a
-//! record that fails closed (an inventory error, an [`Holding::Unknown`] assignment).
+//! `nano-gpu/assignment` (or, for a pod gpushare placed, gpushare's annotations) says it holds
+//! ([`holding`]). Nothing undecodable is dropped: it becomes a record that fails closed (an inventory
+//! error, an [`Holding::Unknown`] assignment, a gpushare share on an unknown card).
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
-use nano_gpu_proto::demand::{DemandOptions, PodDemand, pod_demand};
-use nano_gpu_proto::quantity;
+use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, pod_demand};
+use nano_gpu_proto::units::MiB;
+use nano_gpu_proto::{gpushare, quantity};
+use std::collections::BTreeMap;
 
 /// What a node object says.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,8 +28,21 @@ pub(super) enum Holding {
     Nothing,
     /// The cards of its assignment.
     Cards(Assignment),
+    /// Memory on cards that gpushare placed it on (before nano-gpu took over): named by card index in
+    /// gpushare's own annotations, resolved against the node's cards when the node is rebuilt.
+    Gpushare(Vec<GpushareShare>),
     /// An assignment that cannot be trusted: every card of the node counts as full.
     Unknown(String),
+}
+
+/// Memory a pod placed by gpushare holds on one card.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct GpushareShare {
+    /// The card's index on the node, or why gpushare's annotations do not tell it (then the memory
+    /// counts on every card of the node: it may be on any of them).
+    pub(super) card: Result<u32, String>,
+    /// Memory held.
+    pub(super) memory: MiB,
 }
 
 /// What a pod holds, and where.
@@ -65,7 +81,8 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
 }
 
 /// What a pod's assignment says it holds; an assignment that names another node than the one the pod
-/// is bound to cannot be trusted.
+/// is bound to cannot be trusted. A bound pod without one that gpushare placed (its annotations, with
+/// gpushare compatibility on) holds the memory gpushare gave it.
 ///
 /// Only a pod that asks a GPU resource can hold cards: the allocator never writes an assignment on
 /// any other pod, so one found there is somebody else's (anyone who may create pods could write one)
@@ -73,22 +90,53 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
 /// (gpushare compatibility). The demand read for that check comes back with the answer, so the
 /// caller reads the pod's host requests from it instead of reading the pod again.
 pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> (Result<Holding, String>, Option<PodDemand>) {
-    let Some(annotation) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
-    else {
-        return (Ok(Holding::Nothing), None);
+    let Some(claim) = claim(pod, demand) else { return (Ok(Holding::Nothing), None) };
+    let what = match &claim {
+        Claim::Assignment(_) => ASSIGNMENT_ANNOTATION,
+        Claim::Gpushare(..) => "gpushare's annotations",
     };
     let read = match pod_demand(pod, demand) {
         Ok(d) if d.wants_gpu() => d,
-        Ok(d) => {
-            return (Err(format!("{ASSIGNMENT_ANNOTATION} on a pod that asks no GPU is ignored")), Some(d));
-        }
+        Ok(d) => return (Err(format!("{what} on a pod that asks no GPU is ignored")), Some(d)),
         Err(e) => {
-            let why =
-                format!("{ASSIGNMENT_ANNOTATION} on a pod with an invalid GPU request ({e}) is ignored");
-            return (Err(why), None);
+            return (Err(format!("{what} on a pod with an invalid GPU request ({e}) is ignored")), None);
         }
     };
-    (Ok(assigned(pod, annotation)), Some(read))
+    let held = match claim {
+        Claim::Assignment(annotation) => assigned(pod, annotation),
+        Claim::Gpushare(unit, placed) => placed_by_gpushare(pod, unit, placed),
+    };
+    (Ok(held), Some(read))
+}
+
+/// What a pod's annotations say it holds, before checking that it asks a GPU.
+enum Claim<'a> {
+    /// Our `nano-gpu/assignment`.
+    Assignment(&'a str),
+    /// gpushare's placement of a bound pod (see [`gpushare::placement`]), with gpushare's unit.
+    Gpushare(GpushareUnit, Result<BTreeMap<u32, u64>, String>),
+}
+
+fn claim<'a>(pod: &'a Pod, demand: &DemandOptions) -> Option<Claim<'a>> {
+    if let Some(annotation) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) {
+        return Some(Claim::Assignment(annotation));
+    }
+    // gpushare's bind writes its annotations before binding: on a pod still Pending they hold nothing.
+    pod.spec.as_ref()?.node_name.as_ref()?;
+    Some(Claim::Gpushare(demand.gpushare?, gpushare::placement(pod)?))
+}
+
+/// What gpushare's `placed` says `pod` holds: per card index, its units in MiB; when the card cannot be
+/// told, the pod's whole memory on whichever card it is.
+fn placed_by_gpushare(pod: &Pod, unit: GpushareUnit, placed: Result<BTreeMap<u32, u64>, String>) -> Holding {
+    let mib = |units: u64| unit.to_mib(units).unwrap_or(MiB(u64::MAX));
+    Holding::Gpushare(match placed {
+        Ok(cards) => cards
+            .into_iter()
+            .map(|(index, units)| GpushareShare { card: Ok(index), memory: mib(units) })
+            .collect(),
+        Err(why) => vec![GpushareShare { card: Err(why), memory: mib(gpushare::pod_units(pod)) }],
+    })
 }
 
 /// What the assignment `annotation` of `pod` says it holds.

@@ -1,5 +1,6 @@
 //! The `/inspect` document: per node its CPU and memory, per card its model, health, percent and
-//! memory used and free, and the pods holding it (`namespace/name`, sorted).
+//! memory used and free, and the pods holding it (`namespace/name`, sorted; pods gpushare placed
+//! included).
 
 use super::ClusterState;
 use super::decode::Holding;
@@ -23,9 +24,15 @@ impl ClusterState {
                         .into_iter()
                         .flatten()
                         .filter_map(|uid| self.pods.get(uid))
-                        .filter(
-                            |p| matches!(&p.holding, Holding::Cards(a) if a.held().any(|g| g.uuid == c.uuid)),
-                        )
+                        .filter(|p| match &p.holding {
+                            Holding::Cards(a) => a.held().any(|g| g.uuid == c.uuid),
+                            // As counted: on gpushare's card, or on every card when it cannot be told.
+                            Holding::Gpushare(shares) => shares.iter().any(|s| match s.card {
+                                Ok(i) => i == c.index || !n.cards.iter().any(|k| k.index == i),
+                                Err(_) => true,
+                            }),
+                            Holding::Nothing | Holding::Unknown(_) => false,
+                        })
                         .map(|p| format!("{}/{}", p.key.0, p.key.1))
                         .collect();
                     let mut pods = pods;

@@ -66,7 +66,8 @@ fn held_percent(p: &PodRecord) -> u32 {
     }
 }
 
-/// Gives a pod's CPU, memory and cards back to a copy of its node.
+/// Gives a pod's CPU, memory and cards back to a copy of its node. (The memory of a pod gpushare
+/// placed is not given back: a node where only its eviction would make room is not proposed.)
 fn free_record(n: &mut Node, p: &PodRecord) {
     n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
     n.mem_free = (n.mem_free + p.mem).min(n.mem_total);

@@ -1,10 +1,14 @@
 //! Rebuilding one node of the engine's cluster from the view: its record's cards (none when its
 //! inventory does not decode), minus what every pod on it holds; a node with an untrusted assignment
-//! has every card full. A card asked past 100 % raises an `Overcommitted` warning.
+//! has every card full. A card asked past 100 % raises an `Overcommitted` warning. A pod gpushare
+//! placed holds its memory (and the percent of the card that memory is, the rule for memory-only
+//! shares) on the card of gpushare's index; when that card cannot be told, on every card of the node
+//! (it may be on any), with a `GpushareCardUnknown` warning.
 
 use super::ClusterState;
 use super::decode::Holding;
 use nano_gpu_engine::model::{Card, Node};
+use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::units::{MiB, Percent};
 
 impl ClusterState {
@@ -28,6 +32,7 @@ impl ClusterState {
         let mut node = Node::new(name, record.cpu, record.mem, cards);
         let mut poisoned = false;
         let mut overcommit = Vec::new();
+        let mut unknown_card = Vec::new();
         let on_node = self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid));
         for p in on_node {
             node.cpu_free = node.cpu_free.saturating_sub(p.cpu);
@@ -37,17 +42,36 @@ impl ClusterState {
                 Holding::Unknown(_) => poisoned = true,
                 Holding::Cards(a) => {
                     for g in a.held() {
-                        match node.cards.iter_mut().find(|c| c.uuid == g.uuid) {
-                            Some(c) if c.free >= g.percent => {
-                                c.free -= g.percent;
-                                c.mem_free = c.mem_free.saturating_sub(g.memory_mib.unwrap_or(MiB::ZERO));
+                        // A card gone from the inventory: nothing to take from.
+                        if let Some(c) = node.cards.iter_mut().find(|c| c.uuid == g.uuid)
+                            && !take(c, g.percent, g.memory_mib.unwrap_or(MiB::ZERO))
+                        {
+                            overcommit.push((p.key.clone(), g.uuid.clone()));
+                        }
+                    }
+                }
+                Holding::Gpushare(shares) => {
+                    for s in shares {
+                        let share = SlotDemand::Share { percent: None, mem: Some(s.memory) };
+                        let found =
+                            s.card.as_ref().ok().and_then(|i| node.cards.iter().position(|c| c.index == *i));
+                        if let Some(k) = found {
+                            let c = &mut node.cards[k];
+                            if !take(c, share.percent_on(c).unwrap_or(Percent::FULL), s.memory) {
+                                overcommit.push((p.key.clone(), c.uuid.clone()));
                             }
-                            Some(c) => {
-                                c.free = Percent::ZERO;
-                                overcommit.push((p.key.clone(), g.uuid.clone()));
-                            }
-                            // The card is gone from the inventory: nothing to take from.
-                            None => {}
+                            continue;
+                        }
+                        let why = match &s.card {
+                            Ok(i) => format!("gpushare's card index {i} is not a card of {name}"),
+                            Err(why) => why.clone(),
+                        };
+                        unknown_card.push((
+                            p.key.clone(),
+                            format!("{why}; its {} MiB count on every card of {name}", s.memory.0),
+                        ));
+                        for c in &mut node.cards {
+                            take(c, share.percent_on(c).unwrap_or(Percent::FULL), s.memory);
                         }
                     }
                 }
@@ -59,6 +83,9 @@ impl ClusterState {
             }
         }
         cluster.upsert_node(node);
+        for ((ns, pod), message) in unknown_card {
+            self.warn("Pod", &ns, &pod, "GpushareCardUnknown", message);
+        }
         for ((ns, pod), uuid) in overcommit {
             self.warn(
                 "Pod",
@@ -69,4 +96,16 @@ impl ClusterState {
             );
         }
     }
+}
+
+/// Takes `percent` and `memory` from `card`; false (and the card full) when the card does not have the
+/// percent left.
+fn take(card: &mut Card, percent: Percent, memory: MiB) -> bool {
+    if card.free < percent {
+        card.free = Percent::ZERO;
+        return false;
+    }
+    card.free -= percent;
+    card.mem_free = card.mem_free.saturating_sub(memory);
+    true
 }

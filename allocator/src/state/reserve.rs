@@ -8,7 +8,6 @@ use super::decode::{Holding, PodRecord, pod_uid};
 use crate::extender::{BindError, Bound};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
-use nano_gpu_proto::demand::GpushareUnit;
 use nano_gpu_proto::gpushare;
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -57,10 +56,7 @@ impl ClusterState {
             cluster.node(id).cards.iter().find(|c| c.uuid == first.uuid)
         });
         if let (true, Some(card)) = (units > 0, card) {
-            let dev = match unit {
-                GpushareUnit::GiB => card.mem_total.0 / 1024,
-                GpushareUnit::MiB => card.mem_total.0,
-            };
+            let dev = unit.units_in(card.mem_total);
             let ns = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             out.extend(gpushare::annotations(card.index, units, dev, ns));
         }

@@ -358,3 +358,104 @@ mod properties {
         }
     }
 }
+
+/// A pod gpushare placed before nano-gpu took over: `aliyun.com/gpu-mem` (GiB), bound, with
+/// gpushare's own annotations and no assignment.
+fn gpushare_pod(uid: &str, gib: &str, node: Option<&str>, annotations: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": gib}}}]}
+    }))
+    .unwrap()
+}
+
+fn gpushare_state() -> ClusterState {
+    let engine = Engine::new(
+        nano_gpu_engine::model::Cluster::new(),
+        policy::by_name("fgd-balance", 0).unwrap(),
+        Workload::default(),
+    );
+    ClusterState::new(engine, 1, DemandOptions { gpushare: Some(nano_gpu_proto::demand::GpushareUnit::GiB) })
+}
+
+fn mem_free(s: &ClusterState, node: &str) -> Vec<u64> {
+    let c = s.extender().engine().cluster();
+    c.node(c.id(node).unwrap()).cards.iter().map(|c| c.mem_free.0).collect()
+}
+
+#[test]
+fn pods_gpushare_placed_hold_their_memory_on_gpushare_s_card() {
+    let mut s = gpushare_state();
+    s.apply_node(&node("n1", 3));
+    // 3 GiB of a 15 GiB card: 3072 MiB and 20 %, the rule of a memory-only share.
+    s.apply_pod(&gpushare_pod(
+        "a",
+        "3",
+        Some("n1"),
+        json!({"ALIYUN_COM_GPU_MEM_IDX": "1", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}),
+    ));
+    assert_eq!(free(&s, "n1"), vec![100, 80, 100]);
+    assert_eq!(mem_free(&s, "n1"), vec![15360, 12288, 15360]);
+    // The per-container map of newer gpushare extenders wins over the index.
+    s.apply_pod(&gpushare_pod(
+        "b",
+        "2",
+        Some("n1"),
+        json!({"ALIYUN_COM_GPU_MEM_IDX": "0", "scheduler.framework.gpushare.allocation": r#"{"0":{"2":2}}"#}),
+    ));
+    assert_eq!(mem_free(&s, "n1"), vec![15360, 12288, 13312]);
+    let inspect = s.inspect();
+    assert_eq!(inspect["nodes"][0]["cards"][1]["pods"], json!(["ns/a"]));
+    assert_eq!(inspect["nodes"][0]["cards"][2]["pods"], json!(["ns/b"]));
+    // New pods are placed around them: 14 GiB fits only card 0.
+    let mut p = gpushare_pod("c", "14", None, json!({}));
+    p.spec.as_mut().unwrap().node_name = None;
+    let r = s.reserve(&p, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    assert_eq!(r.assignment.containers["c"][0].index, 0);
+    assert!(s.take_warnings().is_empty());
+    s.delete_pod(&gpushare_pod("a", "3", None, json!({})));
+    assert_eq!(mem_free(&s, "n1")[1], 15360);
+}
+
+#[test]
+fn gpushare_annotations_hold_nothing_on_pending_pods_or_pods_asking_no_gpu_or_without_compatibility() {
+    let idx = json!({"ALIYUN_COM_GPU_MEM_IDX": "0"});
+    let mut s = gpushare_state();
+    s.apply_node(&node("n1", 1));
+    s.apply_pod(&gpushare_pod("pending", "3", None, idx.clone()));
+    let mut no_gpu = gpushare_pod("no-gpu", "3", Some("n1"), idx.clone());
+    no_gpu.spec.as_mut().unwrap().containers[0].resources = None;
+    s.apply_pod(&no_gpu);
+    assert_eq!(free(&s, "n1"), vec![100]);
+    let w = s.take_warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].message.contains("gpushare's annotations on a pod that asks no GPU"), "{w:?}");
+    // Without gpushare compatibility, aliyun.com/gpu-mem is not ours to read.
+    let mut plain = state();
+    plain.apply_node(&node("n1", 1));
+    plain.apply_pod(&gpushare_pod("a", "3", Some("n1"), idx));
+    assert_eq!(free(&plain, "n1"), vec![100]);
+}
+
+#[test]
+fn a_gpushare_card_that_cannot_be_told_counts_on_every_card_and_warns() {
+    let mut s = gpushare_state();
+    s.apply_node(&node("n1", 2));
+    for (uid, idx) in [("gone", "7"), ("garbled", "x")] {
+        s.apply_pod(&gpushare_pod(uid, "3", Some("n1"), json!({"ALIYUN_COM_GPU_MEM_IDX": idx})));
+    }
+    // Each pod's 3 GiB (20 %) on both cards: whichever card it is on, nothing is over-committed.
+    assert_eq!(free(&s, "n1"), vec![60, 60]);
+    assert_eq!(mem_free(&s, "n1"), vec![15360 - 6144, 15360 - 6144]);
+    let w = s.take_warnings();
+    assert!(w.iter().all(|w| w.reason == "GpushareCardUnknown"), "{w:?}");
+    assert!(
+        w.iter().any(|w| w.name == "gone" && w.message.contains("card index 7 is not a card of n1")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter().any(|w| w.name == "garbled" && w.message.contains("\"x\" is not a card index")),
+        "{w:?}"
+    );
+    assert_eq!(s.inspect()["nodes"][0]["cards"][0]["pods"], json!(["ns/garbled", "ns/gone"]));
+}
