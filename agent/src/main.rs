@@ -4,6 +4,7 @@
 use clap::Parser;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
+use nano_gpu_agent::resource::Resource;
 use nano_gpu_agent::{Command, Flags, inventory, pods, repair, run};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
@@ -51,8 +52,10 @@ fn serve(flags: &Flags) -> ExitCode {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
-                    let publisher =
-                        nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone()).watching(seen);
+                    let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
+                    let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
+                        .with_gpushare(gpushare)
+                        .watching(seen);
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);

@@ -2,8 +2,15 @@
 //! `nano-gpu/gpu.*` labels, with one merge patch, only when they differ from what the Node carries
 //! (a watch on the Node; before it has shown the Node, from what was last written). So an annotation
 //! someone removed or changed is written again.
+//!
+//! With gpushare compatibility, also what gpushare's device plugin put in the Node's status for
+//! gpushare's tools (`kubectl inspect gpushare` divides `aliyun.com/gpu-mem` by it to show each card):
+//! `aliyun.com/gpu-count` capacity and allocatable, the cards that serve `aliyun.com/gpu-mem`. The
+//! kubelet keeps extended resources others write in the status (and copies capacity to allocatable);
+//! when it resets them (a node registered anew) the watch shows it and they are written again.
 
 use crate::inventory::Card;
+use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -11,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{
     COUNT_LABEL, GPUS_ANNOTATION, MODEL_LABEL, NodeInventory, VENDOR_LABEL, node_labels,
 };
+use nano_gpu_proto::resources::GPUSHARE_COUNT;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -23,6 +31,27 @@ pub fn node_patch(cards: &[Card]) -> Value {
         .map(|k| (k.to_string(), present.get(*k).map_or(Value::Null, |v| Value::String(v.clone()))))
         .collect();
     json!({"metadata": {"annotations": {GPUS_ANNOTATION: inv.encode()}, "labels": labels}})
+}
+
+/// The merge patch of the Node's status for gpushare's tools: `aliyun.com/gpu-count` capacity and
+/// allocatable, the cards that serve `resource` (gpushare's `aliyun.com/gpu-mem`).
+pub fn gpushare_status_patch(cards: &[Card], resource: Resource) -> Value {
+    let count = cards.iter().filter(|c| resource.card_units(c) > 0).count().to_string();
+    json!({"status": {"capacity": {GPUSHARE_COUNT: count}, "allocatable": {GPUSHARE_COUNT: count}}})
+}
+
+/// What a Node's status carries of [`gpushare_status_patch`] (absent as `null`).
+pub fn carried_status(node: &Node) -> Value {
+    let status = node.status.as_ref();
+    let read = |list: Option<
+        &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        list.and_then(|l| l.get(GPUSHARE_COUNT)).map_or(Value::Null, |q| Value::String(q.0.clone()))
+    };
+    json!({"status": {
+        "capacity": {GPUSHARE_COUNT: read(status.and_then(|s| s.capacity.as_ref()))},
+        "allocatable": {GPUSHARE_COUNT: read(status.and_then(|s| s.allocatable.as_ref()))},
+    }})
 }
 
 /// What a Node carries of ours, in the shape of [`node_patch`] (absent labels as `null`).
@@ -42,8 +71,11 @@ pub fn carried(node: &Node) -> Value {
     json!({"metadata": {"annotations": annotations, "labels": labels}})
 }
 
+/// What a Node carries of ours: its metadata ([`carried`]) and status ([`carried_status`]).
+pub type Carried = (Value, Value);
+
 /// Watches one Node; the receiver holds what it carries of ours (`None` until it is seen).
-pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Value>> {
+pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Carried>> {
     let (tx, rx) = watch::channel(None);
     let api: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -53,7 +85,7 @@ pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Va
             match stream.try_next().await {
                 Ok(Some(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
                     tx.send_if_modified(|seen| {
-                        let now = Some(carried(&n));
+                        let now = Some((carried(&n), carried_status(&n)));
                         let changed = *seen != now;
                         *seen = now;
                         changed
@@ -71,22 +103,29 @@ pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Va
     rx
 }
 
-/// Writes the patch to one Node when it differs from what the Node carries.
+/// Writes the patches to one Node when they differ from what the Node carries.
 pub struct Publisher {
     api: Api<Node>,
     node: String,
-    last: Option<Value>,
-    seen: Option<watch::Receiver<Option<Value>>>,
+    gpushare: Option<Resource>,
+    last: (Option<Value>, Option<Value>),
+    seen: Option<watch::Receiver<Option<Carried>>>,
 }
 
 impl Publisher {
     /// For the Node `node`, comparing with the last patch written.
     pub fn new(client: kube::Client, node: String) -> Self {
-        Publisher { api: Api::all(client), node, last: None, seen: None }
+        Publisher { api: Api::all(client), node, gpushare: None, last: (None, None), seen: None }
+    }
+
+    /// Also publishes the status gpushare's tools read ([`gpushare_status_patch`]) for `resource`.
+    pub fn with_gpushare(mut self, resource: Option<Resource>) -> Self {
+        self.gpushare = resource;
+        self
     }
 
     /// Compares with what `seen` (see [`watch_node`]) shows the Node carries, once it has shown it.
-    pub fn watching(mut self, seen: watch::Receiver<Option<Value>>) -> Self {
+    pub fn watching(mut self, seen: watch::Receiver<Option<Carried>>) -> Self {
         self.seen = Some(seen);
         self
     }
@@ -105,15 +144,24 @@ impl Publisher {
 
     /// Publishes `cards`; returns whether a write was needed.
     pub async fn publish(&mut self, cards: &[Card]) -> Result<bool, kube::Error> {
-        let patch = node_patch(cards);
         let seen = self.seen.as_ref().and_then(|rx| rx.borrow().clone());
-        let current = seen.as_ref().or(self.last.as_ref());
-        if current == Some(&patch) {
-            return Ok(false);
+        let (seen_metadata, seen_status) = seen.map_or((None, None), |(m, s)| (Some(m), Some(s)));
+        let mut wrote = false;
+        let patch = node_patch(cards);
+        if seen_metadata.as_ref().or(self.last.0.as_ref()) != Some(&patch) {
+            self.api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            self.last.0 = Some(patch);
+            wrote = true;
         }
-        self.api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        self.last = Some(patch);
-        Ok(true)
+        if let Some(resource) = self.gpushare {
+            let patch = gpushare_status_patch(cards, resource);
+            if seen_status.as_ref().or(self.last.1.as_ref()) != Some(&patch) {
+                self.api.patch_status(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                self.last.1 = Some(patch);
+                wrote = true;
+            }
+        }
+        Ok(wrote)
     }
 }
 
@@ -165,11 +213,11 @@ mod tests {
         let mut publisher = Publisher::new(kube::Client::new(svc, "default"), "n1".into()).watching(seen);
         let cards = [card("GPU-a")];
         // The Node carries our cards already: nothing to write.
-        seen_tx.send_replace(Some(node_patch(&cards)));
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&bare))));
         assert!(!publisher.publish(&cards).await.unwrap());
         // Someone removed the annotation: written again.
-        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
-        seen_tx.send_replace(Some(carried(&bare)));
+        seen_tx.send_replace(Some((carried(&bare), carried_status(&bare))));
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!((req.method().as_str(), req.uri().path()), ("PATCH", "/api/v1/nodes/n1"));
@@ -178,5 +226,42 @@ mod tests {
         });
         assert!(publisher.publish(&cards).await.unwrap());
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn with_gpushare_the_status_carries_gpushare_s_card_count_and_gets_it_back_after_a_reset() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (seen_tx, seen) = watch::channel(None);
+        let gib = Resource::Gpushare(nano_gpu_proto::demand::GpushareUnit::GiB);
+        let mut publisher = Publisher::new(kube::Client::new(svc, "default"), "n1".into())
+            .with_gpushare(Some(gib))
+            .watching(seen);
+        // Two cards serve gpushare memory; one of under 1 GiB serves none and is not counted.
+        let cards = [card("GPU-a"), card("GPU-b"), Card::nvidia(2, "GPU-c", "tiny", MiB(512), None)];
+        let node = |count: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n1"}, "status": {
+                "capacity": {"aliyun.com/gpu-count": count}, "allocatable": {"aliyun.com/gpu-count": count}}}))
+            .unwrap()
+        };
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!((req.method().as_str(), req.uri().path()), ("PATCH", "/api/v1/nodes/n1/status"));
+            assert_eq!(req.headers()["content-type"], "application/merge-patch+json");
+            let body: Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(
+                body,
+                json!({"status": {"capacity": {"aliyun.com/gpu-count": "2"}, "allocatable": {"aliyun.com/gpu-count": "2"}}})
+            );
+            let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}});
+            send.send_response(Response::new(Body::from(serde_json::to_vec(&node).unwrap())));
+        });
+        // The Node carries our metadata and a count the kubelet reset to 0: only the status is written.
+        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&node("0")))));
+        assert!(publisher.publish(&cards).await.unwrap());
+        server.await.unwrap();
+        // Once the watch shows it, nothing more to write.
+        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&node("2")))));
+        assert!(!publisher.publish(&cards).await.unwrap());
     }
 }

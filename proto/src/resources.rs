@@ -9,6 +9,8 @@ pub const GPU_MEMORY: &str = "nano-gpu/gpu-memory";
 
 /// The Aliyun gpushare resource, accepted as GPU memory when gpushare compatibility is on.
 pub const GPUSHARE_MEMORY: &str = "aliyun.com/gpu-mem";
+/// gpushare's card count in a Node's status (published by its device plugin, read by its tools).
+pub const GPUSHARE_COUNT: &str = "aliyun.com/gpu-count";
 
 /// Pod annotation restricting which card models may serve the pod: models separated by `|`,
 /// matched against the inventory model name or its label form (`nano-gpu/gpu.model`).
