@@ -3,7 +3,8 @@
 //! Allocates, and the verify-and-repair of every starting container (ARCHITECTURE §4 step 3): the owner of its IDs from
 //! pod-resources, compared with its assignment; when they differ the assignment is patched to what the
 //! container really got, so the allocator's accounting converges to the truth, and a warning Event
-//! says so.
+//! says so. A gpushare container's pod also gets what gpushare's device plugin wrote after Allocate
+//! (`ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`, and the card index of a repair).
 
 use crate::plugin::Report;
 use crate::podresources::Lister;
@@ -13,6 +14,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
+use nano_gpu_proto::gpushare;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,16 +107,33 @@ impl Repairer {
             let current = text.and_then(|t| Assignment::decode(t).ok());
             let now = rfc3339(std::time::SystemTime::now());
             let at = RepairAt { node: &self.node, cards, resource, now: &now };
-            let Some(next) = repaired(current.as_ref(), &container, ids, at)? else {
+            let next = repaired(current.as_ref(), &container, ids, at)?;
+            let mut annotations = serde_json::Map::new();
+            if let Some(next) = &next {
+                annotations.insert(ASSIGNMENT_ANNOTATION.into(), next.encode().into());
+            }
+            if let Resource::Gpushare(_) = resource {
+                // What gpushare's device plugin writes once a container got its memory; and its card
+                // index follows a repair.
+                if let Some(g) = next.as_ref().and_then(|n| n.containers[&container].first()) {
+                    annotations.insert(gpushare::IDX.into(), g.index.to_string().into());
+                }
+                let assigned = pod.metadata.annotations.as_ref().and_then(|a| a.get(gpushare::ASSIGNED));
+                if assigned.map(String::as_str) != Some("true") {
+                    annotations.insert(gpushare::ASSIGNED.into(), "true".into());
+                }
+            }
+            if annotations.is_empty() {
                 return Ok(Verdict::Agrees);
-            };
+            }
             let patch = json!({"metadata": {
                 "uid": pod.metadata.uid,
                 "resourceVersion": pod.metadata.resource_version,
-                "annotations": {ASSIGNMENT_ANNOTATION: next.encode()},
+                "annotations": annotations,
             }});
             match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
+                    let Some(next) = next else { return Ok(Verdict::Agrees) };
                     let was = current
                         .as_ref()
                         .and_then(|a| a.containers.get(&container))

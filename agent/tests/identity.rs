@@ -217,10 +217,25 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         ["GPU-a", "GPU-b"].iter().flat_map(|u| (0..15).map(move |n| device_id::encode_unit(u, n))).collect();
     let chosen = preferred(&mut memory, units, 4).await;
     assert!(chosen.len() == 4 && chosen.iter().all(|id| id.starts_with("GPU-b-m")), "{chosen:?}");
-    let got = memory.allocate(allocate(chosen)).await.unwrap().into_inner();
+    let got = memory.allocate(allocate(chosen.clone())).await.unwrap().into_inner();
     let env = &got.container_responses[0].envs;
     assert_eq!((env["ALIYUN_COM_GPU_MEM_IDX"].as_str(), env["ALIYUN_COM_GPU_MEM_POD"].as_str()), ("1", "4"));
     assert_eq!(env["NANO_GPU_MEMORY_MIB"], "4096");
+    // Once it starts on its assigned card, the pod gets what gpushare's device plugin wrote after
+    // Allocate, and its assignment is left as it is.
+    pod_resources.put(Allocated { resource: GPUSHARE_MEMORY.into(), ..entry("shared", &chosen) });
+    memory.pre_start_container(PreStartContainerRequest { devices_ids: chosen }).await.unwrap();
+    let marked = |api: &FakeApi| {
+        api.writes().iter().any(|(m, p, b)| {
+            let annotations = &b["metadata"]["annotations"];
+            m == "PATCH"
+                && p.ends_with("/pods/shared")
+                && annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "true"
+                && annotations.get(ASSIGNMENT_ANNOTATION).is_none()
+                && b["metadata"]["uid"] == "uid-shared"
+        })
+    };
+    eventually("ALIYUN_COM_GPU_MEM_ASSIGNED on pod shared", || marked(&api)).await;
 
     agent.kill().unwrap();
     agent.wait().unwrap();
