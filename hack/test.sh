@@ -18,6 +18,8 @@ cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
 # version, cached), so their build shows here rather than inside the test.
 echo "== upstream Kubernetes binaries (hack/k8s-build.sh)"
 bash hack/k8s-build.sh >/dev/null
+echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
+bash hack/gpushare-inspect-build.sh >/dev/null
 echo "== go test (hack/kubelet-standin: the simulated node on the upstream kubelet device manager)"
 (cd hack/kubelet-standin && go test ./...)
 echo "== cargo test --workspace"

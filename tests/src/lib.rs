@@ -1,6 +1,8 @@
 //! Helpers shared by the cross-crate tests and benchmarks in `tests/`: where the shared data lives,
-//! a fake API server, and a small HTTP client for driving the extender.
+//! a fake API server, the local cluster as the end-to-end tests drive it, and a small HTTP client for
+//! driving the extender.
 
+pub mod cluster;
 pub mod fake_api;
 pub mod fake_kubelet;
 pub mod http_client;

@@ -10,168 +10,14 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, NodeInventory};
 use nano_gpu_proto::device_id;
+use nano_gpu_tests::cluster::{
+    Cluster, NS, create, http_get, kill_and_restart, percent_pod, phase, pod, wait_running, wait_until,
+};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-const NS: &str = "e2e";
-
-/// The running cluster; stopped (every process) when dropped.
-struct Cluster {
-    dir: PathBuf,
-    env: HashMap<String, String>,
-}
-
-impl Cluster {
-    fn up(nodes: u32) -> Cluster {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let dir = std::env::temp_dir().join(format!("nano-gpu-e2e-{}", std::process::id()));
-        let bin = nano_gpu_tests::workspace_binary("nano-gpu-allocator").parent().unwrap().to_path_buf();
-        let status = Command::new("bash")
-            .arg(root.join("hack/cluster.sh"))
-            .args(["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()])
-            .env("NANO_GPU_BIN", &bin)
-            .env("NANO_GPU_FAKE_NVML", nano_gpu_tests::fake_nvml())
-            .status()
-            .unwrap();
-        // From here on, a failure stops what was started.
-        let mut cluster = Cluster { dir: dir.clone(), env: HashMap::new() };
-        assert!(status.success(), "hack/cluster.sh up failed; logs in {}", dir.display());
-        cluster.env = std::fs::read_to_string(dir.join("cluster.env"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-            .collect();
-        cluster
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// What the kubelet stand-in of `node` recorded: pods, their containers' env and device IDs.
-    fn standin(&self, node: &str) -> Value {
-        let file = self.dir.join(format!("nodes/{node}/standin-state.json"));
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_default()).unwrap_or(Value::Null)
-    }
-
-    fn extender(&self) -> &str {
-        &self.env["EXTENDER_URL"]
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() && std::env::var_os("NANO_GPU_E2E_KEEP").is_some() {
-            eprintln!("NANO_GPU_E2E_KEEP: the cluster in {} keeps running", self.dir.display());
-            return;
-        }
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let _ = Command::new("bash").arg(root.join("hack/cluster.sh")).arg("down").arg(&self.dir).status();
-        // Logs stay after a failure; a passing run leaves nothing behind.
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// Kills a component of the cluster with SIGKILL and starts it again exactly as it was (arguments,
-/// environment, log file, pid file).
-fn kill_and_restart(cluster: &Cluster, name: &str, restart: bool) {
-    let pid_file = cluster.path(&format!("{name}.pid"));
-    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let split = |file: &str| -> Vec<String> {
-        let bytes = std::fs::read(format!("/proc/{pid}/{file}")).unwrap();
-        bytes
-            .split(|b| *b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect()
-    };
-    let (argv, environ) = (split("cmdline"), split("environ"));
-    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
-    while Path::new(&format!("/proc/{pid}/stat")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if !restart {
-        return;
-    }
-    let log = std::fs::OpenOptions::new().append(true).open(cluster.path(&format!("{name}.log"))).unwrap();
-    let child = Command::new("setsid")
-        .args(&argv)
-        .env_clear()
-        .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    std::fs::write(pid_file, child.id().to_string()).unwrap();
-    // `hack/cluster.sh down` stops it through the pid file; this thread reaps it then.
-    let mut child = child;
-    std::thread::spawn(move || child.wait());
-}
-
-fn http_get(url: &str) -> (u16, String) {
-    let out = Command::new("curl").args(["-s", "-o", "-", "-w", "\n%{http_code}", url]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
-fn pod(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Value) -> Pod {
-    let containers: Vec<Value> = containers
-        .iter()
-        .map(|(c, limits)| {
-            let limits: serde_json::Map<String, Value> =
-                limits.iter().map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
-            json!({"name": c, "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-        "spec": {"containers": containers, "terminationGracePeriodSeconds": 0}}))
-    .unwrap()
-}
-
-fn percent_pod(name: &str, percent: u32) -> Pod {
-    pod(name, &[("c", &[("nano-gpu/gpu-percent", &percent.to_string())])], json!({}))
-}
-
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn phase(p: &Pod) -> &str {
-    p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
-}
-
-async fn wait_running(pods: &Api<Pod>, names: &[String], limit: Duration) {
-    wait_until(&format!("{} pods Running", names.len()), limit, || async {
-        let list = pods.list(&ListParams::default()).await.unwrap();
-        let running: BTreeSet<&str> = list
-            .items
-            .iter()
-            .filter(|p| phase(p) == "Running")
-            .filter_map(|p| p.metadata.name.as_deref())
-            .collect();
-        names.iter().all(|n| running.contains(n.as_str()))
-    })
-    .await;
-}
+use std::time::Duration;
 
 /// Every Running pod: the card(s) in its env equal its assignment and the cards of its kubelet device
 /// IDs; no card is over 100 % or over its memory; the allocator's view holds exactly what the
@@ -250,22 +96,6 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
         }
     }
     checked
-}
-
-/// Creates a pod; while the allocator restarts its webhook refuses (failurePolicy Fail), and the
-/// creation is retried as a controller would.
-async fn create(pods: &Api<Pod>, pod: &Pod) -> Pod {
-    let start = Instant::now();
-    loop {
-        match pods.create(&PostParams::default(), pod).await {
-            Ok(p) => return p,
-            Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => {
-                assert!(start.elapsed() < Duration::from_secs(60), "the webhook stayed down: {}", e.message);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("creating pod {:?}: {e}", pod.metadata.name),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
