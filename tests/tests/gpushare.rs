@@ -54,8 +54,11 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The allocator's view: per node, per card index, (memory MiB, memory used MiB, pods).
-fn view(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u64, (u64, u64, Vec<String>)>> {
+/// One card in the allocator's view: memory MiB, memory used MiB, the pods holding it.
+type CardView = (u64, u64, Vec<String>);
+
+/// The allocator's view: per node, per card index.
+fn view(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u64, CardView>> {
     let (_, body) = http_get(&format!("{}/inspect", cluster.extender()));
     let view: Value = serde_json::from_str(&body).unwrap();
     let mut out = BTreeMap::new();
