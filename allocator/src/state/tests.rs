@@ -459,3 +459,18 @@ fn a_gpushare_card_that_cannot_be_told_counts_on_every_card_and_warns() {
     );
     assert_eq!(s.inspect()["nodes"][0]["cards"][0]["pods"], json!(["ns/garbled", "ns/gone"]));
 }
+
+#[test]
+fn what_the_agent_publishes_for_gpushare_s_tools_changes_nothing_the_allocator_counts() {
+    let mut s = gpushare_state();
+    s.apply_node(&node("n1", 2));
+    let before = (free(&s, "n1"), mem_free(&s, "n1"));
+    // gpushare's tools divide aliyun.com/gpu-mem by aliyun.com/gpu-count; the allocator reads neither.
+    let mut published = node("n1", 2);
+    let alloc = published.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+    for (k, v) in [("aliyun.com/gpu-count", "9"), ("aliyun.com/gpu-mem", "1")] {
+        alloc.insert(k.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.into()));
+    }
+    s.apply_node(&published);
+    assert_eq!((free(&s, "n1"), mem_free(&s, "n1")), before);
+}
