@@ -112,13 +112,17 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
+fn supply_of(cluster: &Cluster) -> (Vec<u32>, f64) {
+    (cluster.supply().to_vec(), cluster.cpu_per_card())
+}
+
 /// A policy deciding over a cluster.
 pub struct Engine {
     cluster: Cluster,
     policy: Box<dyn Policy>,
     ctx: Context,
-    /// The model supply `ctx.pressure` was computed for.
-    supply: Vec<u32>,
+    /// The model supply `ctx.pressure` was computed for, and the cluster's CPU per card.
+    supply: (Vec<u32>, f64),
     shapes: HashMap<Request, usize>,
     cache: Vec<Vec<Option<Cached>>>,
     /// Cache counters.
@@ -128,8 +132,8 @@ pub struct Engine {
 impl Engine {
     /// An engine for `cluster` under `policy` with target workload `workload`.
     pub fn new(cluster: Cluster, policy: Box<dyn Policy>, workload: Workload) -> Self {
-        let supply = cluster.supply().to_vec();
-        let ctx = Context { pressure: workload.pressure(&supply), workload };
+        let supply = supply_of(&cluster);
+        let ctx = Context::new(workload, &supply.0, supply.1);
         Engine {
             cluster,
             policy,
@@ -165,8 +169,7 @@ impl Engine {
     /// Replaces the target workload; cached values that depend on it are dropped.
     pub fn set_workload(&mut self, workload: Workload) {
         if workload != self.ctx.workload {
-            self.ctx.pressure = workload.pressure(&self.supply);
-            self.ctx.workload = workload;
+            self.ctx = Context::new(workload, &self.supply.0, self.supply.1);
             self.context_changed();
         }
     }
@@ -178,13 +181,14 @@ impl Engine {
         }
     }
 
-    /// Recomputes the model pressure when nodes brought new cards (a rare event: node add/remove).
+    /// Recomputes the model pressure and the CPU load when nodes brought new cards or CPU (a rare
+    /// event: node add/remove).
     fn refresh_supply(&mut self) {
-        if self.cluster.supply() != self.supply.as_slice() {
-            self.supply = self.cluster.supply().to_vec();
-            let pressure = self.ctx.workload.pressure(&self.supply);
-            if pressure != self.ctx.pressure {
-                self.ctx.pressure = pressure;
+        if self.cluster.supply() != self.supply.0.as_slice() || self.cluster.cpu_per_card() != self.supply.1 {
+            self.supply = supply_of(&self.cluster);
+            let ctx = Context::new(self.ctx.workload.clone(), &self.supply.0, self.supply.1);
+            if ctx != self.ctx {
+                self.ctx = ctx;
                 self.context_changed();
             }
         }

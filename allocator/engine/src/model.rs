@@ -199,6 +199,9 @@ pub struct Cluster {
     /// Card model names.
     pub models: Models,
     supply: Vec<u32>,
+    /// CPU (millicores) and cards of every node, kept with `supply`.
+    cpu_total: u64,
+    cards_total: u64,
     clock: u64,
 }
 
@@ -247,6 +250,9 @@ impl Cluster {
     }
 
     fn count_supply(&mut self, node: &Node, sign: i64) {
+        let add = |total: u64, n: u64| if sign > 0 { total + n } else { total.saturating_sub(n) };
+        self.cpu_total = add(self.cpu_total, node.cpu_total);
+        self.cards_total = add(self.cards_total, node.cards.len() as u64);
         for c in &node.cards {
             let m = usize::from(c.model.0);
             if self.supply.len() <= m {
@@ -335,6 +341,11 @@ impl Cluster {
     /// Cards per model, indexed by [`ModelId`].
     pub fn supply(&self) -> &[u32] {
         &self.supply
+    }
+
+    /// CPU (millicores) per card over the whole cluster; 0 without cards.
+    pub fn cpu_per_card(&self) -> f64 {
+        if self.cards_total == 0 { 0.0 } else { self.cpu_total as f64 / self.cards_total as f64 }
     }
 
     /// Total cards in the cluster.

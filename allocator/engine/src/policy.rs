@@ -35,6 +35,28 @@ pub struct Context {
     /// Per card model ([`crate::model::ModelId`]), the model-constrained demand per card of that model
     /// in the cluster ([`Workload::pressure`]).
     pub pressure: Vec<f64>,
+    /// The CPU the workload asks per card (GPU pods' and CPU-only pods') over the CPU the cluster has
+    /// per card: above 1, CPU runs out before the cards do.
+    pub cpu_load: f64,
+    /// The share of its cards that the most pressed model's constrained pods will ask once the
+    /// workload has filled the cluster's cards (0 without model constraints).
+    pub model_load: f64,
+}
+
+impl Context {
+    /// The context of `workload` on a cluster with `supply` cards per model and `cpu_per_card`
+    /// millicores per card.
+    pub fn new(workload: Workload, supply: &[u32], cpu_per_card: f64) -> Self {
+        let asked = workload.cpu_per_card + workload.cpu_only_per_card;
+        let cpu_load = if cpu_per_card > 0.0 { asked / cpu_per_card } else { 0.0 };
+        let pressure = workload.pressure(supply);
+        // Pods that fill the cluster's cards, times each model's constrained cards per pod and card.
+        let cards: u64 = supply.iter().map(|&n| u64::from(n)).sum();
+        let pods_to_fill =
+            if workload.cards_per_pod > 0.0 { cards as f64 / workload.cards_per_pod } else { 0.0 };
+        let model_load = pressure.iter().fold(0.0, |m: f64, p| m.max(p * pods_to_fill));
+        Context { pressure, workload, cpu_load, model_load }
+    }
 }
 
 /// How the engine breaks ties that remain after `score` and `tiebreak`.

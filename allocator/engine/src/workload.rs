@@ -51,6 +51,11 @@ pub struct Workload {
     pub types: Vec<Typical>,
     /// Expected CPU (millicores) a GPU pod brings per card it uses.
     pub cpu_per_card: f64,
+    /// Expected CPU (millicores) that pods asking no GPU bring per card the GPU pods use: with
+    /// `cpu_per_card`, the CPU the workload asks per card.
+    pub cpu_only_per_card: f64,
+    /// Expected cards a pod asks (CPU-only pods counting 0).
+    pub cards_per_pod: f64,
     /// Expected cards per pod that only cards of each model may serve, indexed by [`ModelId`]: the
     /// demand of model-constrained pods (a pod allowing several models counts a share for each).
     pub constrained: Vec<f64>,
@@ -73,8 +78,15 @@ impl Workload {
                 constrained[i] += t.probability * size / t.models.as_ref().map_or(1, Vec::len) as f64;
             }
         }
-        let cpu_per_card = if cards > 0.0 { cpu / cards } else { 0.0 };
-        Workload { types, cpu_per_card, constrained }
+        let cpu_only: f64 = types.iter().filter(|t| t.cards == 0).map(|t| t.probability * t.cpu as f64).sum();
+        let per_card = |cpu: f64| if cards > 0.0 { cpu / cards } else { 0.0 };
+        Workload {
+            cpu_per_card: per_card(cpu),
+            cpu_only_per_card: per_card(cpu_only),
+            cards_per_pod: cards,
+            types,
+            constrained,
+        }
     }
 
     /// How much model-constrained demand weighs on each model: constrained cards asked per card of
