@@ -295,8 +295,8 @@ mod tests {
             let name: &'static str = Box::leak(format!("p{i}").into_boxed_str());
             rows.push(match i % 8 {
                 0 => (name, 0, 0, ""),
-                1 | 2 | 3 => (name, 1, 500, ""),
-                4 | 5 => (name, 1, 1000, ""),
+                1..=3 => (name, 1, 500, ""),
+                4..=5 => (name, 1, 1000, ""),
                 6 => (name, 2, 1000, ""),
                 _ => (name, 8, 1000, ""),
             });
