@@ -291,7 +291,7 @@ mod tests {
 
     fn small() -> PodList {
         let mut rows = Vec::new();
-        for i in 0..40 {
+        for i in 0..400 {
             let name: &'static str = Box::leak(format!("p{i}").into_boxed_str());
             rows.push(match i % 8 {
                 0 => (name, 0, 0, ""),
@@ -316,7 +316,7 @@ mod tests {
         for (axis, at, want, tolerance) in [
             (Axis::Cpu(30.0), 0, 30.0, 1.0),
             (Axis::Cpu(0.0), 0, 0.0, 0.0),
-            (Axis::Gpushare(80.0), 1, 80.0, 8.0),
+            (Axis::Gpushare(80.0), 1, 80.0, 12.0),
             (Axis::Multigpu(90.0), 2, 90.0, 3.0),
         ] {
             let v = generate(&default, &spec, axis, 7).unwrap();
