@@ -94,7 +94,7 @@ pub enum GpushareUnit {
 
 impl GpushareUnit {
     /// MiB in one unit.
-    pub fn mib(self) -> u64 {
+    fn mib(self) -> u64 {
         match self {
             GpushareUnit::GiB => 1024,
             GpushareUnit::MiB => 1,

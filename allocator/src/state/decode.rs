@@ -5,6 +5,7 @@
 //! error, an [`Holding::Unknown`] assignment, a gpushare share on an unknown card).
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use nano_gpu_engine::model::Card;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
@@ -43,6 +44,15 @@ pub(super) struct GpushareShare {
     pub(super) card: Result<u32, String>,
     /// Memory held.
     pub(super) memory: MiB,
+}
+
+impl GpushareShare {
+    /// Where the share counts among a node's `cards`: the card of its index, or (`None`) every card,
+    /// when the index cannot be read or names no card of the node.
+    pub(super) fn card_in(&self, cards: &[Card]) -> Option<usize> {
+        let index = self.card.as_ref().ok()?;
+        cards.iter().position(|c| c.index == *index)
+    }
 }
 
 /// What a pod holds, and where.

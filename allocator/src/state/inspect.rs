@@ -27,10 +27,9 @@ impl ClusterState {
                         .filter(|p| match &p.holding {
                             Holding::Cards(a) => a.held().any(|g| g.uuid == c.uuid),
                             // As counted: on gpushare's card, or on every card when it cannot be told.
-                            Holding::Gpushare(shares) => shares.iter().any(|s| match s.card {
-                                Ok(i) => i == c.index || !n.cards.iter().any(|k| k.index == i),
-                                Err(_) => true,
-                            }),
+                            Holding::Gpushare(shares) => shares
+                                .iter()
+                                .any(|s| s.card_in(&n.cards).is_none_or(|k| n.cards[k].uuid == c.uuid)),
                             Holding::Nothing | Holding::Unknown(_) => false,
                         })
                         .map(|p| format!("{}/{}", p.key.0, p.key.1))

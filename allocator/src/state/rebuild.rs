@@ -53,9 +53,7 @@ impl ClusterState {
                 Holding::Gpushare(shares) => {
                     for s in shares {
                         let share = SlotDemand::Share { percent: None, mem: Some(s.memory) };
-                        let found =
-                            s.card.as_ref().ok().and_then(|i| node.cards.iter().position(|c| c.index == *i));
-                        if let Some(k) = found {
+                        if let Some(k) = s.card_in(&node.cards) {
                             let c = &mut node.cards[k];
                             if !take(c, share.percent_on(c).unwrap_or(Percent::FULL), s.memory) {
                                 overcommit.push((p.key.clone(), c.uuid.clone()));
