@@ -10,12 +10,17 @@ use serde_json::json;
 use std::time::SystemTime;
 
 fn state() -> ClusterState {
+    state_with("fgd-balance", DemandOptions::default())
+}
+
+/// An empty view deciding with `policy`, reading pods with `demand`.
+fn state_with(policy: &str, demand: DemandOptions) -> ClusterState {
     let engine = Engine::new(
         nano_gpu_engine::model::Cluster::new(),
-        policy::by_name("fgd-balance", 0).unwrap(),
+        policy::by_name(policy, 0).unwrap(),
         Workload::default(),
     );
-    ClusterState::new(engine, 1, DemandOptions::default())
+    ClusterState::new(engine, 1, demand)
 }
 
 fn node(name: &str, cards: usize) -> KubeNode {
@@ -259,12 +264,7 @@ mod properties {
     }
 
     fn state() -> ClusterState {
-        let engine = Engine::new(
-            nano_gpu_engine::model::Cluster::new(),
-            policy::by_name("fgd", 0).unwrap(),
-            Workload::default(),
-        );
-        ClusterState::new(engine, 1, DemandOptions::default())
+        super::state_with("fgd", DemandOptions::default())
     }
 
     fn kube_node(name: usize, cards: usize, broken: bool) -> KubeNode {
@@ -370,12 +370,7 @@ fn gpushare_pod(uid: &str, gib: &str, node: Option<&str>, annotations: serde_jso
 }
 
 fn gpushare_state() -> ClusterState {
-    let engine = Engine::new(
-        nano_gpu_engine::model::Cluster::new(),
-        policy::by_name("fgd-balance", 0).unwrap(),
-        Workload::default(),
-    );
-    ClusterState::new(engine, 1, DemandOptions { gpushare: Some(nano_gpu_proto::demand::GpushareUnit::GiB) })
+    state_with("fgd-balance", DemandOptions { gpushare: Some(nano_gpu_proto::demand::GpushareUnit::GiB) })
 }
 
 fn mem_free(s: &ClusterState, node: &str) -> Vec<u64> {

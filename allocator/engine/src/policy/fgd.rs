@@ -150,6 +150,11 @@ mod tests {
         Context { workload: Workload::new(types), pressure: vec![], cpu_load: 0.5, model_load: 0.0 }
     }
 
+    /// A workload of whole-card pods bringing 10 CPUs each.
+    fn ten_cpus_per_card() -> Context {
+        ctx(vec![Typical { cpu: 10_000, cards: 1, percent: Percent(100), models: None, probability: 1.0 }])
+    }
+
     fn node(name: &str, cpu: u64, frees: &[u32], model: ModelId) -> Node {
         let cards = frees
             .iter()
@@ -188,14 +193,7 @@ mod tests {
 
     #[test]
     fn a_cpu_only_pod_prefers_the_node_whose_idle_cards_need_the_cpu_least() {
-        // 10 CPUs per card in the workload.
-        let c = ctx(vec![Typical {
-            cpu: 10_000,
-            cards: 1,
-            percent: Percent(100),
-            models: None,
-            probability: 1.0,
-        }]);
+        let c = ten_cpus_per_card();
         let req = Request::new(8000, 0, vec![]);
         let busy = node("busy", 40_000, &[0, 0], ModelId(0)); // no idle card: all CPU is spare
         let idle = node("idle", 40_000, &[100, 100], ModelId(0)); // 20 CPUs spoken for
@@ -212,13 +210,7 @@ mod tests {
 
     #[test]
     fn a_gpu_pod_avoids_starving_the_cards_left_of_cpu() {
-        let c = ctx(vec![Typical {
-            cpu: 10_000,
-            cards: 1,
-            percent: Percent(100),
-            models: None,
-            probability: 1.0,
-        }]);
+        let c = ten_cpus_per_card();
         let req = Request::new(10_000, 0, vec![SlotDemand::Whole { cards: 1, mem: None }]);
         // After the pod: 2 idle cards with 20 CPUs (balanced) vs 2 idle cards with 5 CPUs (short).
         let balanced = node("balanced", 30_000, &[100, 100, 100], ModelId(0));
