@@ -13,6 +13,7 @@ use crate::inventory::Card;
 use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{
@@ -20,6 +21,7 @@ use nano_gpu_proto::annotations::{
 };
 use nano_gpu_proto::resources::GPUSHARE_COUNT;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use tokio::sync::watch;
 
 /// The merge patch for `cards`: labels the inventory no longer has are removed (`null`).
@@ -43,14 +45,12 @@ pub fn gpushare_status_patch(cards: &[Card], resource: Resource) -> Value {
 /// What a Node's status carries of [`gpushare_status_patch`] (absent as `null`).
 pub fn carried_status(node: &Node) -> Value {
     let status = node.status.as_ref();
-    let read = |list: Option<
-        &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >| {
+    let count = |list: Option<&BTreeMap<String, Quantity>>| {
         list.and_then(|l| l.get(GPUSHARE_COUNT)).map_or(Value::Null, |q| Value::String(q.0.clone()))
     };
     json!({"status": {
-        "capacity": {GPUSHARE_COUNT: read(status.and_then(|s| s.capacity.as_ref()))},
-        "allocatable": {GPUSHARE_COUNT: read(status.and_then(|s| s.allocatable.as_ref()))},
+        "capacity": {GPUSHARE_COUNT: count(status.and_then(|s| s.capacity.as_ref()))},
+        "allocatable": {GPUSHARE_COUNT: count(status.and_then(|s| s.allocatable.as_ref()))},
     }})
 }
 

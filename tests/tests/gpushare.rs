@@ -80,7 +80,7 @@ fn view(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u64, CardView>> {
 }
 
 /// Per card index of `node`, the GiB its gpushare pods hold by their annotations (`IDX`, the pod's
-/// total), and whether any card is over its memory.
+/// total).
 async fn held_by_annotations(pods: &Api<Pod>, node: &str) -> BTreeMap<u64, u64> {
     let mut held = BTreeMap::new();
     for p in pods.list(&ListParams::default()).await.unwrap().items {
