@@ -57,6 +57,13 @@ pub fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)]) {
     assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
 }
 
+/// The value after `--<flag>` on the command line of the running test tool, if given.
+pub fn flag_value(flag: &str) -> Option<String> {
+    let mut args = std::env::args().skip_while(|a| a != flag);
+    args.next()?;
+    args.next()
+}
+
 /// The 99th percentile (nearest rank) of samples; 0 for none.
 pub fn p99(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {

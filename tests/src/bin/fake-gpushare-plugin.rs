@@ -87,9 +87,7 @@ impl DevicePlugin for Plugin {
 }
 
 fn arg(name: &str) -> anyhow::Result<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let at = args.iter().position(|a| a == name).ok_or_else(|| anyhow::anyhow!("{name} is required"))?;
-    args.get(at + 1).cloned().ok_or_else(|| anyhow::anyhow!("{name} needs a value"))
+    nano_gpu_tests::flag_value(name).ok_or_else(|| anyhow::anyhow!("{name} <value> is required"))
 }
 
 #[tokio::main(flavor = "current_thread")]

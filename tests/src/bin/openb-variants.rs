@@ -8,8 +8,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let value = nano_gpu_tests::flag_value;
     let out = value("--out").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/openb-variants"));
     let seed: u64 = value("--seed").map_or(Ok(1), |s| s.parse().map_err(|_| format!("--seed {s}")))?;
     let written = nano_gpu_tests::variants::write_all(&out, seed)?;
