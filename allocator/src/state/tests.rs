@@ -225,8 +225,6 @@ fn a_deleted_node_takes_no_pods_and_comes_back_with_its_pods() {
 mod properties {
     //! State rebuilt from a list of objects equals state built from the same events one by one.
     use super::*;
-    use nano_gpu_engine::policy;
-    use nano_gpu_engine::workload::Workload;
     use proptest::prelude::*;
     use serde_json::json;
 
