@@ -3,7 +3,13 @@
 # on loopback for tests. No kube-scheduler or controller-manager here.
 # Usage: hack/control-plane.sh start <dir>   # fresh state in <dir>, waits for /readyz
 #        hack/control-plane.sh stop <dir>    # kills every process with a <dir>/*.pid
+#        hack/control-plane.sh client <dir> NAME SUBJECT SERVER
+#                                            # <dir>/NAME.kubeconfig: a client cert for SUBJECT
+#                                            # (e.g. /O=system:nodes/CN=system:node:node-1) at SERVER
 # Env:   K8S_BIN  dir with etcd/kube-apiserver/kubectl (default: hack/k8s-build.sh)
+#        NETNS    a network namespace file (hack/cluster.sh makes it): the control plane runs in it,
+#                 the apiserver on $CP_IP:6443 for what runs there (nodes, pods), for real nodes;
+#                 this machine's loopback reaches it through NETNS_FORWARD (tests/src/bin/netns-forward.rs)
 # <dir> afterwards holds admin.kubeconfig (system:masters), scheduler.kubeconfig
 # (CN=system:kube-scheduler), pki/, *.log, *.pid and control-plane.env.
 set -euo pipefail
@@ -11,11 +17,12 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SERVICE_CIDR=10.0.0.0/24      # only allocated in etcd; nothing routes it
 SERVICE_IP=10.0.0.1           # first IP: the "kubernetes" Service
+CP_IP=10.201.0.254            # with NETNS: the apiserver's address in that namespace
 READY_TIMEOUT=${READY_TIMEOUT:-90}
 
 log() { echo "control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
-usage() { die "usage: $0 start|stop <dir>"; }
+usage() { die "usage: $0 start|stop <dir> | client <dir> NAME SUBJECT SERVER"; }
 
 # alive PID: running and not a zombie.
 alive() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
@@ -46,7 +53,6 @@ stop() {
   done
 }
 
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # shellcheck source=hack/ports.sh
 source "$ROOT/hack/ports.sh"
 
@@ -70,17 +76,19 @@ certs() {
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
     >>"$pki/openssl.log" 2>&1 || die "openssl failed for the CA; see $pki/openssl.log"
   cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,IP:$CP_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin "/O=system:masters/CN=nano-gpu-admin" extendedKeyUsage=clientAuth
   cert scheduler "/CN=system:kube-scheduler" extendedKeyUsage=clientAuth
   cert front-proxy-client "/CN=front-proxy-client" extendedKeyUsage=clientAuth
+  # The apiserver's client certificate towards kubelets (logs, exec).
+  cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" extendedKeyUsage=clientAuth
   # Service-account token signing key pair.
   { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$pki/sa.key" &&
     openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub"; } >>"$pki/openssl.log" 2>&1 ||
     die "openssl failed for the service-account key; see $pki/openssl.log"
 }
 
-# kubeconfig NAME USER: self-contained (certs embedded) kubeconfig.
+# kubeconfig NAME USER [SERVER]: self-contained (certs embedded) kubeconfig.
 kubeconfig() {
   local pki=$DIR/pki
   cat >"$DIR/$1.kubeconfig" <<EOF
@@ -89,7 +97,7 @@ kind: Config
 clusters:
 - name: nano-gpu-test
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: ${3:-https://127.0.0.1:$APISERVER_PORT}
     certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
 users:
 - name: $2
@@ -107,7 +115,7 @@ EOF
 # capture our output do not hang and Ctrl-C in their terminal does not reach it.
 launch() {
   local name=$1; shift
-  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+  setsid "${IN_NS[@]}" "$@" </dev/null >"$DIR/$name.log" 2>&1 &
   echo $! >"$DIR/$name.pid"
 }
 
@@ -119,7 +127,28 @@ start() {
   for f in etcd kube-apiserver kubectl; do [[ -x $BIN/$f ]] || die "$BIN/$f missing; run hack/k8s-build.sh"; done
   # Fresh state each start: only our own files, never the whole dir.
   rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.pid "$DIR/control-plane.env"
-  free_port ETCD_PORT; free_port ETCD_PEER_PORT; free_port APISERVER_PORT
+  # What differs with NETNS: where the processes run and listen, and what a real cluster needs.
+  local bind=127.0.0.1 advertise=127.0.0.1 port ns_flags=()
+  IN_NS=()
+  free_port APISERVER_PORT
+  if [[ -n ${NETNS:-} ]]; then
+    [[ -x ${NETNS_FORWARD:-} ]] || die "NETNS needs NETNS_FORWARD (the netns-forward binary)"
+    IN_NS=(nsenter "--net=$NETNS")
+    # A fresh namespace: fixed ports; tests reach the apiserver through the forwarder.
+    ETCD_PORT=2379 ETCD_PEER_PORT=2380 port=6443 bind=0.0.0.0 advertise=$CP_IP
+    # Real kubelets and a controller-manager: ServiceAccounts and their tokens exist, nodes clear
+    # their own taints, the "kubernetes" Service points at the apiserver, and logs/exec reach nodes
+    # by their InternalIP (node names do not resolve).
+    ns_flags=(--kubelet-preferred-address-types=InternalIP,Hostname
+      --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" --kubelet-client-key="$DIR/pki/kubelet-client.key")
+  else
+    free_port ETCD_PORT; free_port ETCD_PEER_PORT
+    port=$APISERVER_PORT
+    # ServiceAccount admission is off because no controller-manager creates the "default"
+    # ServiceAccounts; TaintNodesByCondition is off because no kubelet ever clears the not-ready
+    # taint from test Nodes. No endpoint reconciler: Endpoints may not hold the loopback address.
+    ns_flags=(--disable-admission-plugins=ServiceAccount,TaintNodesByCondition --endpoint-reconciler-type=none)
+  fi
   certs
   kubeconfig admin nano-gpu-admin
   kubeconfig scheduler system:kube-scheduler
@@ -133,17 +162,13 @@ start() {
     --listen-peer-urls="$peer_url" --initial-advertise-peer-urls="$peer_url" \
     --initial-cluster="nano-gpu=$peer_url"
   # Let etcd listen first, so the apiserver does not log a burst of dial errors.
-  until listening "$ETCD_PORT"; do
+  until "${IN_NS[@]}" bash -c "(exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT)" 2>/dev/null; do
     ours "$DIR/etcd.pid" >/dev/null || die "etcd exited; log: $DIR/etcd.log"; sleep 0.1
   done
 
-  # ServiceAccount admission is off because no controller-manager creates the
-  # "default" ServiceAccounts; TaintNodesByCondition is off because no kubelet
-  # ever clears the not-ready taint from test Nodes. The requestheader (front
-  # proxy) settings let delegated authn in kube-scheduler etc. start cleanly.
-  # No endpoint reconciler: Endpoints may not hold the loopback advertise address.
+  # The requestheader (front proxy) settings let delegated authn in kube-scheduler etc. start cleanly.
   launch kube-apiserver "$BIN/kube-apiserver" \
-    --etcd-servers="$etcd_url" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    --etcd-servers="$etcd_url" --bind-address="$bind" --advertise-address="$advertise" --secure-port="$port" \
     --cert-dir="$DIR/pki" --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
     --client-ca-file="$DIR/pki/ca.crt" \
     --requestheader-client-ca-file="$DIR/pki/ca.crt" --requestheader-allowed-names=front-proxy-client \
@@ -153,8 +178,13 @@ start() {
     --authorization-mode=Node,RBAC --service-cluster-ip-range="$SERVICE_CIDR" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
-    --disable-admission-plugins=ServiceAccount,TaintNodesByCondition --endpoint-reconciler-type=none \
-    --allow-privileged=true --profiling=false
+    "${ns_flags[@]}" --allow-privileged=true --profiling=false
+  if [[ -n ${NETNS:-} ]]; then
+    # Not in the namespace (IN_NS): it listens here and joins NETNS itself.
+    setsid "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443" \
+      </dev/null >"$DIR/apiserver-forward.log" 2>&1 &
+    echo $! >"$DIR/apiserver-forward.pid"
+  fi
 
   log "waiting for kube-apiserver on https://127.0.0.1:$APISERVER_PORT/readyz (up to ${READY_TIMEOUT}s)"
   deadline=$((SECONDS + READY_TIMEOUT))
@@ -175,15 +205,20 @@ APISERVER_PORT=$APISERVER_PORT
 ETCD_URL=$etcd_url
 ADMIN_KUBECONFIG=$DIR/admin.kubeconfig
 SCHEDULER_KUBECONFIG=$DIR/scheduler.kubeconfig
+CP_URL=https://$advertise:$port
 EOF
   log "ready: kubectl --kubeconfig=$DIR/admin.kubeconfig get ns   (stop: $0 stop $DIR)"
 }
 
-[[ $# -eq 2 ]] || usage
+[[ $# -ge 2 ]] || usage
 # Absolute, so pid ownership checks and kubeconfig paths do not depend on cwd.
 DIR=$(mkdir -p "$2" && cd "$2" && pwd)
 case $1 in
-  start) start ;;
-  stop) stop; log "stopped" ;;
+  start) [[ $# -eq 2 ]] || usage; start ;;
+  stop) [[ $# -eq 2 ]] || usage; stop; log "stopped" ;;
+  client)
+    [[ $# -eq 5 ]] || usage
+    cert "$3" "$4" extendedKeyUsage=clientAuth
+    kubeconfig "$3" "$(sed -n 's#.*/CN=\([^/]*\).*#\1#p' <<<"$4")" "$5" ;;
   *) usage ;;
 esac

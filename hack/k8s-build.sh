@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds pinned upstream Kubernetes test binaries (etcd, kube-apiserver,
-# kube-scheduler, kubectl) from the Go module proxy into a per-version cache,
+# kube-scheduler, kubectl, kubelet, kube-controller-manager, kube-proxy) from the Go module proxy into a per-version cache,
 # plus kubelet-standin (hack/kubelet-standin/: a simulated node driving the
 # upstream kubelet device manager of the same version).
 # Test harness only: Go is used here to build and drive upstream components,
@@ -28,8 +28,8 @@ BIN=$CACHE/k8s/$K8S_VERSION/bin
 STAMP="$BIN/.versions"
 NICE=${NANO_GPU_BUILD_NICE:-15}
 STANDIN_STAMP="$BIN/.kubelet-standin"
-BINARIES=(etcd kube-apiserver kube-scheduler kubectl)
-K8S_CMDS=(kube-apiserver kube-scheduler kubectl)
+BINARIES=(etcd kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
+K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 
 log() { echo "k8s-build: $*" >&2; }
 die() { log "error: $*"; exit 1; }

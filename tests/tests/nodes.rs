@@ -1,0 +1,192 @@
+//! The real-node harness (`hack/nodes.sh`) does what a real cluster does: two nodes, each a real
+//! kubelet on a containerd, with kube-controller-manager, kube-scheduler and kube-proxy; a Deployment
+//! rolls out on both, a Service answers across nodes, exec and logs reach the containers, a drain
+//! finishes, and `down` leaves no process, mount or cgroup behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+struct Nodes {
+    dir: PathBuf,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+fn hack(script: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack").join(script)
+}
+
+impl Nodes {
+    fn up(nodes: u32) -> Nodes {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-nodes-{}", std::process::id()));
+        let bin = Path::new(env!("CARGO_BIN_EXE_pause")).parent().unwrap();
+        let status = Command::new("bash")
+            .arg(hack("nodes.sh"))
+            .args(["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()])
+            .env("NANO_GPU_BIN", bin)
+            .status()
+            .unwrap();
+        let k8s_bin = Command::new("bash").arg(hack("k8s-build.sh")).output().unwrap();
+        let k8s_bin = String::from_utf8(k8s_bin.stdout).unwrap();
+        let nodes = Nodes {
+            kubectl: Path::new(k8s_bin.trim()).join("kubectl"),
+            kubeconfig: dir.join("admin.kubeconfig"),
+            dir,
+        };
+        assert!(status.success(), "hack/nodes.sh up failed; logs in {}", nodes.dir.display());
+        nodes
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(&self.kubectl).arg("--kubeconfig").arg(&self.kubeconfig).args(args).output().unwrap()
+    }
+
+    /// kubectl's stdout; panics with its stderr when it fails.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn apply(&self, yaml: &str) {
+        let file = self.dir.join("apply.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        self.ok(&["apply", "-f", file.to_str().unwrap()]);
+    }
+
+    fn down(&self) {
+        let status = Command::new("bash").arg(hack("nodes.sh")).arg("down").arg(&self.dir).status().unwrap();
+        assert!(status.success(), "hack/nodes.sh down failed");
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = Command::new("bash").arg(hack("nodes.sh")).arg("down").arg(&self.dir).status();
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn eventually(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not after {secs}s");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+const WEB: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: web, namespace: default }
+spec:
+  replicas: 2
+  selector: { matchLabels: { app: web } }
+  template:
+    metadata: { labels: { app: web } }
+    spec:
+      terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+        - { maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
+            labelSelector: { matchLabels: { app: web } } }
+      containers:
+        - name: web
+          image: nano-gpu.local/busybox:1
+          imagePullPolicy: Never
+          command: ["/bin/sh", "-c", "echo serving; while true; do printf 'HTTP/1.0 200 OK\r\n\r\n%s\n' $(hostname) | nc -l -p 8080; done"]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: default }
+spec:
+  selector: { app: web }
+  ports: [{ port: 80, targetPort: 8080 }]
+"#;
+
+#[test]
+fn real_nodes_run_a_deployment_a_service_and_a_drain_and_leave_nothing() {
+    let nodes = Nodes::up(2);
+    let ready =
+        nodes.ok(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.containerRuntimeVersion}"]);
+    assert_eq!(ready.split_whitespace().filter(|v| v.starts_with("containerd://")).count(), 2, "{ready}");
+
+    nodes.apply(WEB);
+    nodes.ok(&["rollout", "status", "deploy/web", "--timeout=90s"]);
+    let placed = nodes.ok(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"]);
+    let mut placed: Vec<&str> = placed.split_whitespace().collect();
+    placed.sort();
+    assert_eq!(placed, ["node-1", "node-2"], "one replica per node");
+
+    // The Service (kube-proxy's rules) answers from a pod, with both replicas across the two nodes.
+    let ip = nodes.ok(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let pods = nodes.ok(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].metadata.name}"]);
+    let pods: Vec<&str> = pods.split_whitespace().collect();
+    let mut seen = std::collections::BTreeSet::new();
+    eventually("both replicas answer through the Service", 60, || {
+        let out = nodes.kubectl(&["exec", pods[0], "--", "sh", "-c", &format!("nc -w 2 {ip} 80 </dev/null")]);
+        let body = String::from_utf8_lossy(&out.stdout);
+        if let Some(host) = body.lines().last().filter(|l| pods.contains(l)) {
+            seen.insert(host.to_owned());
+        }
+        seen.len() == 2
+    });
+    // The container's own log, through the kubelet.
+    assert_eq!(nodes.ok(&["logs", pods[1]]).lines().next(), Some("serving"));
+    // The pods reach the apiserver through the "kubernetes" Service with their ServiceAccount.
+    let api = nodes.kubectl(&[
+        "exec",
+        pods[0],
+        "--",
+        "sh",
+        "-c",
+        "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && nc -w 2 $KUBERNETES_SERVICE_HOST 443 </dev/null",
+    ]);
+    assert!(api.status.success(), "{}", String::from_utf8_lossy(&api.stderr));
+
+    // A drain evicts node-1's replica and the Deployment replaces it on node-2.
+    nodes.ok(&["drain", "node-1", "--ignore-daemonsets", "--timeout=60s"]);
+    nodes.ok(&["rollout", "status", "deploy/web", "--timeout=60s"]);
+    let placed = nodes.ok(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"]);
+    assert_eq!(placed.split_whitespace().collect::<Vec<_>>(), ["node-2", "node-2"]);
+
+    let netns_inode =
+        std::fs::metadata(nodes.dir.join("netns")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    nodes.down();
+    let dir = nodes.dir.to_str().unwrap().to_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&format!("{dir}/")), "mounts left under {dir}");
+    for proc in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(proc.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(!cmdline.contains(&format!("{dir}/")), "process left: {cmdline}");
+        if let (Ok(ino), Ok(ns)) = (&netns_inode, std::fs::metadata(proc.path().join("ns/net"))) {
+            assert_ne!(
+                *ino,
+                std::os::unix::fs::MetadataExt::ino(&ns),
+                "process left in the netns: {cmdline}"
+            );
+        }
+    }
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .flat_map(|h| std::fs::read_dir(h.path()).into_iter().flatten().flatten().map(|e| e.file_name()));
+    let prefix = format!("nano-gpu-{}", &sha256_prefix(&format!("{dir}\n")));
+    assert!(cgroups.into_iter().all(|c| !c.to_string_lossy().starts_with(&prefix)), "cgroups {prefix}* left");
+}
+
+/// The first 8 hex digits of the SHA-256 of `s`, as `hack/nodes.sh` names a cluster's cgroups.
+fn sha256_prefix(s: &str) -> String {
+    let mut child = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), s.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..8].to_owned()
+}
