@@ -16,11 +16,16 @@
 #        hack/nodes.sh down <dir>             (no process, mount, cgroup or namespace is left)
 #        hack/nodes.sh load <dir> IMAGE.tar   (imports an image archive into every node's containerd)
 #        hack/nodes.sh images                 (prints the dir of the harness's base images)
-# Env:   NANO_GPU_BIN   dir with the test tools netns-forward and pause (default: release build)
+#        hack/nodes.sh install <dir>          (nano-gpu as shipped: images made here, deploy/ applied)
+# Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
+#                       netns-forward, pause, nvidia-runtime-standin (default: release build)
+#        NANO_GPU_FAKE_NVML  path of libfakenvml.so (default: in NANO_GPU_BIN)
 #        NANO_GPU_CACHE cache root (default ~/.cache/nano-gpu)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=hack/cards.sh
+source "$ROOT/hack/cards.sh"
 CP_IP=10.201.0.254
 SERVICE_CIDR=10.0.0.0/24
 POD_CIDR=10.244.0.0/16
@@ -36,10 +41,26 @@ alive() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>
 # The test tools (Rust, tests/src/bin) the harness runs.
 tools() {
   if [[ -z ${NANO_GPU_BIN:-} ]]; then
-    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause >&2)
+    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
+      --bin nvidia-runtime-standin -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
   fi
-  for f in netns-forward pause; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  for f in netns-forward pause nvidia-runtime-standin; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
+  [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
+}
+
+# rootfs_new: an empty root filesystem laid out as Debian's (merged /usr), with the users the shipped
+# images have (root, and nonroot 65532 as in distroless).
+rootfs_new() {
+  local r
+  r=$(mktemp -d)
+  mkdir -p "$r"/{usr/bin,usr/lib,usr/lib64,usr/local/bin,etc,tmp,proc,sys,dev,run,var}
+  chmod 1777 "$r/tmp"
+  ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; ln -s usr/lib64 "$r/lib64"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$r/etc/group"
+  echo "$r"
 }
 
 # rootfs_add ROOTFS FILE [DEST]: FILE at DEST (default: the same path) with the libraries it loads.
@@ -56,22 +77,88 @@ rootfs_add() {
 base_images() {
   local busybox=/bin/busybox hash out rootfs
   [[ -x $busybox ]] && "$busybox" --list | grep -qx nc || die "$busybox missing; apt-get install busybox-static"
-  hash=$(cat "$NANO_GPU_BIN/pause" "$busybox" "$ROOT/hack/image.sh" | sha256sum | cut -c1-16)
+  hash=$(cat "$NANO_GPU_BIN/pause" "$busybox" "$ROOT/hack/image.sh" "$ROOT/hack/nodes.sh" | sha256sum | cut -c1-16)
   out=$CACHE/images/base-$hash
   if [[ ! -f $out/busybox.tar ]]; then
     mkdir -p "$out"
-    rootfs=$(mktemp -d)
+    rootfs=$(rootfs_new)
     rootfs_add "$rootfs" "$NANO_GPU_BIN/pause" /pause
     bash "$ROOT/hack/image.sh" "$out/pause.tar" nano-gpu.local/pause:1 "$rootfs" '{"Entrypoint":["/pause"]}'
-    rm -rf "$rootfs"; rootfs=$(mktemp -d)
-    install -D -m 755 "$busybox" "$rootfs/bin/busybox"
-    for a in $("$busybox" --list); do [[ $a == busybox ]] || ln -s busybox "$rootfs/bin/$a"; done
-    mkdir -p "$rootfs/tmp" "$rootfs/etc"
+    rm -rf "$rootfs"; rootfs=$(rootfs_new)
+    install -D -m 755 "$busybox" "$rootfs/usr/bin/busybox"
+    for a in $("$busybox" --list); do [[ $a == busybox ]] || ln -s busybox "$rootfs/usr/bin/$a"; done
     bash "$ROOT/hack/image.sh" "$out/busybox.tar" nano-gpu.local/busybox:1 "$rootfs" \
       '{"Entrypoint":["/bin/sh"],"Env":["PATH=/bin"]}'
     rm -rf "$rootfs"
   fi
   echo "$out"
+}
+
+# image_ref FILE NAME: the image deploy/FILE names for NAME (e.g. nano-gpu/agent:0.1.0).
+image_ref() { grep -o "image: *[^ ]*$2:[^ ]*" "$ROOT/deploy/$1" | head -1 | sed 's/image: *//'; }
+
+# nano-gpu's images, as the Dockerfiles lay them out (binary, user, entrypoint), and kube-scheduler's
+# under the name deploy/ uses; made once per content. Prints the dir holding the archives.
+nano_gpu_images() {
+  local hash out rootfs
+  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  hash=$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" "$K8S_BIN/kube-scheduler" \
+    "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)
+  out=$CACHE/images/nano-gpu-$hash
+  if [[ ! -f $out/kube-scheduler.tar ]]; then
+    mkdir -p "$out"
+    # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
+    rootfs=$(rootfs_new)
+    rootfs_add "$rootfs" "$NANO_GPU_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
+    bash "$ROOT/hack/image.sh" "$out/allocator.tar" "$(image_ref allocator.yaml nano-gpu/allocator)" "$rootfs" \
+      '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
+    rm -rf "$rootfs"
+    # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
+    rootfs=$(rootfs_new)
+    rootfs_add "$rootfs" "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+    bash "$ROOT/hack/image.sh" "$out/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" "$rootfs" \
+      '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
+    rm -rf "$rootfs"
+    # registry.k8s.io/kube-scheduler: the static binary on PATH.
+    rootfs=$(rootfs_new)
+    install -D -m 755 "$K8S_BIN/kube-scheduler" "$rootfs/usr/local/bin/kube-scheduler"
+    bash "$ROOT/hack/image.sh" "$out/kube-scheduler.tar" "$(image_ref allocator.yaml kube-scheduler)" "$rootfs" \
+      '{"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
+    rm -rf "$rootfs"
+  fi
+  echo "$out"
+}
+
+# The shipped install on the real nodes: `kubectl apply -f deploy/` with one swap (no cluster DNS
+# here: kube-scheduler's extender URL names the allocator Service by its ClusterIP, not its DNS name).
+install_nano_gpu() {
+  local images k node ip
+  # shellcheck source=/dev/null
+  source "$DIR/control-plane.env"
+  # shellcheck source=/dev/null
+  source "$DIR/nodes.env"
+  images=$(nano_gpu_images)
+  kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+  for node in "$DIR"/nodes/*/; do
+    node=$(basename "$node")
+    for f in allocator agent kube-scheduler; do in_node "$node" ctr -n k8s.io images import "$images/$f.tar" >/dev/null; done
+    kubectl label node "$node" nano-gpu/node=true --overwrite >&2
+  done
+  kubectl apply -f "$ROOT/deploy/" >&2
+  ip=$(kubectl get service nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
+  kubectl get configmap nano-gpu-scheduler-config -n nano-gpu-system -o yaml |
+    sed "s#urlPrefix: http://nano-gpu-allocator.nano-gpu-system.svc:#urlPrefix: http://$ip:#" |
+    kubectl replace -f - >&2
+  # Pods made before the swap read the old configuration: replace them.
+  kubectl delete pods -n nano-gpu-system -l app.kubernetes.io/name=nano-gpu-allocator --wait=true >&2
+  wait_for "nano-gpu-allocator (a leader ready)" 120 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' \
+    get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'"
+  for node in "$DIR"/nodes/*/; do
+    node=$(basename "$node")
+    wait_for "$node allocatable" 120 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' get node $node \
+      -o jsonpath='{.status.allocatable.nano-gpu/gpu-percent}' | grep -q '[1-9]'"
+  done
+  log "installed: deploy/ on $NODES real nodes"
 }
 
 # ---- pieces run inside the namespaces ----
@@ -138,6 +225,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
+      # In place of nvidia-container-runtime as the default runtime (nvidia-docker's setup): the
+      # fake driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc.
+      BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$root/cni/net.d"
@@ -253,6 +343,10 @@ EOF
   for ((k = 1; k <= n; k++)); do
     node=node-$k
     node_mounts "$node"
+    # The node's fake driver (see tests/src/bin/nvidia-runtime-standin.rs): its cards and NVML.
+    mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver"
+    nvml_config "$node" "$k" >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/nvml.json"
+    install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
     start_containerd "$node" "$k"
   done
   for ((k = 1; k <= n; k++)); do
@@ -353,7 +447,7 @@ down() {
     log "mounts left under $DIR" || true
 }
 
-[[ $# -ge 1 ]] || die "usage: $0 up|down|load <dir> ... | images"
+[[ $# -ge 1 ]] || die "usage: $0 up|down|install|load <dir> ... | images"
 CMD=$1; shift
 case $CMD in
   images) tools; base_images; exit 0 ;;
@@ -372,6 +466,7 @@ case $CMD in
     done
     up "$NODES" ;;
   down) down; log "down" ;;
+  install) tools; K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}; install_nano_gpu ;;
   load)
     [[ $# -eq 1 && -f $1 ]] || die "usage: $0 load <dir> IMAGE.tar"
     for node in "$DIR"/nodes/*/; do in_node "$(basename "$node")" ctr -n k8s.io images import "$1" >/dev/null; done ;;

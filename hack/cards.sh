@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# The simulated GPU nodes' cards, one list for both kinds of node (hack/cluster.sh, hack/nodes.sh).
+# Sourced; `nvml_config NODE K` prints node K's cards in the fake NVML's format (tests/fakenvml).
+
+# Simulated GPU nodes, mixed card models: name|memory MiB|count, one line per model of a node.
+node_cards() {
+  case $(( ($1 - 1) % 3 )) in
+    0) echo "NVIDIA A100-SXM4-80GB|81920|4" ;;
+    1) printf '%s\n' "Tesla T4|15360|2" "NVIDIA A10|23028|2" ;;
+    2) echo "Tesla V100-SXM2-32GB|32768|8" ;;
+  esac
+}
+nvml_config() {
+  local node=$1 i=0 model mem count first=1 n
+  printf '{"cards":['
+  while IFS='|' read -r model mem count; do
+    for ((n = 0; n < count; n++)); do
+      ((first)) || printf ','
+      first=0
+      printf '{"uuid":"GPU-%s-%d","name":"%s","memoryMiB":%d,"minor":%d,"pciBusId":"00000000:%02X:00.0"}' \
+        "$node" "$i" "$model" "$mem" "$i" $((0x10 + i))
+      i=$((i + 1))
+    done
+  done < <(node_cards "$2")
+  printf ']}\n'
+}
+
