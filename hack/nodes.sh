@@ -79,7 +79,11 @@ base_images() {
   [[ -x $busybox ]] && "$busybox" --list | grep -qx nc || die "$busybox missing; apt-get install busybox-static"
   hash=$(cat "$NANO_GPU_BIN/pause" "$busybox" "$ROOT/hack/image.sh" "$ROOT/hack/nodes.sh" | sha256sum | cut -c1-16)
   out=$CACHE/images/base-$hash
+  # One writer at a time (tests start clusters side by side).
+  mkdir -p "$CACHE/images"
+  exec 8>"$CACHE/images/.lock" && flock 8
   if [[ ! -f $out/busybox.tar ]]; then
+    rm -rf "$CACHE"/images/base-*
     mkdir -p "$out"
     rootfs=$(rootfs_new)
     rootfs_add "$rootfs" "$NANO_GPU_BIN/pause" /pause
@@ -105,7 +109,11 @@ nano_gpu_images() {
   hash=$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" "$K8S_BIN/kube-scheduler" \
     "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)
   out=$CACHE/images/nano-gpu-$hash
+  mkdir -p "$CACHE/images"
+  exec 8>"$CACHE/images/.lock" && flock 8
   if [[ ! -f $out/kube-scheduler.tar ]]; then
+    # One set at a time: the images of earlier builds go.
+    rm -rf "$CACHE"/images/nano-gpu-*
     mkdir -p "$out"
     # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
     rootfs=$(rootfs_new)

@@ -1,7 +1,9 @@
 //! The real-node harness (`hack/nodes.sh`) does what a real cluster does: two nodes, each a real
 //! kubelet on a containerd, with kube-controller-manager, kube-scheduler and kube-proxy; a Deployment
 //! rolls out on both, a Service answers across nodes, exec and logs reach the containers, a drain
-//! finishes, and `down` leaves no process, mount or cgroup behind.
+//! finishes, and `down` leaves no process, mount or cgroup behind. And nano-gpu installed as shipped
+//! (`hack/nodes.sh install`: deploy/ applied, the allocator Deployment and the agent DaemonSet on
+//! those nodes) hands real containers exactly their cards.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -18,8 +20,8 @@ fn hack(script: &str) -> PathBuf {
 }
 
 impl Nodes {
-    fn up(nodes: u32) -> Nodes {
-        let dir = std::env::temp_dir().join(format!("nano-gpu-nodes-{}", std::process::id()));
+    fn up(name: &str, nodes: u32) -> Nodes {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-nodes-{name}-{}", std::process::id()));
         let bin = Path::new(env!("CARGO_BIN_EXE_pause")).parent().unwrap();
         let status = Command::new("bash")
             .arg(hack("nodes.sh"))
@@ -49,8 +51,14 @@ impl Nodes {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    fn install(&self) {
+        let status =
+            Command::new("bash").arg(hack("nodes.sh")).arg("install").arg(&self.dir).status().unwrap();
+        assert!(status.success(), "hack/nodes.sh install failed; logs in {}", self.dir.display());
+    }
+
     fn apply(&self, yaml: &str) {
-        let file = self.dir.join("apply.yaml");
+        let file = self.dir.join(format!("apply-{}.yaml", yaml.len()));
         std::fs::write(&file, yaml).unwrap();
         self.ok(&["apply", "-f", file.to_str().unwrap()]);
     }
@@ -109,7 +117,7 @@ spec:
 
 #[test]
 fn real_nodes_run_a_deployment_a_service_and_a_drain_and_leave_nothing() {
-    let nodes = Nodes::up(2);
+    let nodes = Nodes::up("plain", 2);
     let ready =
         nodes.ok(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.containerRuntimeVersion}"]);
     assert_eq!(ready.split_whitespace().filter(|v| v.starts_with("containerd://")).count(), 2, "{ready}");
@@ -189,4 +197,128 @@ fn sha256_prefix(s: &str) -> String {
     std::io::Write::write_all(child.stdin.as_mut().unwrap(), s.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     String::from_utf8(out.stdout).unwrap()[..8].to_owned()
+}
+
+/// A pod whose containers print their GPU environment and the cards their NVML shows, then sleep.
+fn gpu_pod(name: &str, containers: &[(&str, &str)], model: Option<&str>) -> String {
+    let script = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|NANO_GPU_[A-Z_]+)=' | sort; \
+                  echo cards=$(grep -o 'GPU-[a-z0-9-]*' $FAKE_NVML_CONFIG | tr '\\n' ' '); sleep 3600";
+    let containers: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|(c, percent)| {
+            serde_json::json!({
+                "name": c, "image": "nano-gpu.local/busybox:1", "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"limits": {"nano-gpu/gpu-percent": percent}},
+            })
+        })
+        .collect();
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": containers},
+    });
+    if let Some(model) = model {
+        pod["metadata"]["annotations"] = serde_json::json!({"nano-gpu/gpu-model": model});
+    }
+    pod.to_string()
+}
+
+#[test]
+fn installed_as_shipped_real_containers_get_exactly_their_cards() {
+    let nodes = Nodes::up("install", 2);
+    nodes.install();
+    // Both agents (DaemonSet) ready, one per node; the allocator Deployment has its leader ready.
+    let ds = nodes.ok(&[
+        "get",
+        "ds",
+        "nano-gpu-agent",
+        "-n",
+        "nano-gpu-system",
+        "-o",
+        "jsonpath={.status.numberReady}",
+    ]);
+    assert_eq!(ds, "2");
+
+    // The card-model pod goes first: only node-2's two T4 cards (GPU-node-2-0, -1) can take it.
+    let pods = [
+        ("t4", vec![("c", "40")], Some("Tesla T4")),
+        ("share30", vec![("c", "30")], None),
+        ("share50", vec![("c", "50")], None),
+        ("whole", vec![("c", "100")], None),
+        ("two-cards", vec![("c", "200")], None),
+        ("pair", vec![("a", "20"), ("b", "40")], None),
+    ];
+    for (name, containers, model) in &pods {
+        // The webhook (through its Service) may refuse while the leader changes; retry as a user would.
+        let yaml = gpu_pod(name, containers, *model);
+        eventually(&format!("{name} created"), 60, || {
+            let file = nodes.dir.join(format!("{name}.json"));
+            std::fs::write(&file, &yaml).unwrap();
+            nodes.kubectl(&["apply", "-f", file.to_str().unwrap()]).status.success()
+        });
+    }
+    for (name, containers, _) in &pods {
+        eventually(&format!("{name} Running"), 90, || {
+            nodes.ok(&["get", "pod", name, "-o", "jsonpath={.status.phase}"]) == "Running"
+        });
+        let assignment =
+            nodes.ok(&["get", "pod", name, "-o", "jsonpath={.metadata.annotations.nano-gpu/assignment}"]);
+        let assignment: serde_json::Value = serde_json::from_str(&assignment).unwrap();
+        for (c, percent) in containers {
+            let mut want: Vec<String> = assignment["containers"][c]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["uuid"].as_str().unwrap().to_owned())
+                .collect();
+            want.sort();
+            let mut log = String::new();
+            eventually(&format!("{name}/{c} printed its cards"), 30, || {
+                log = nodes.ok(&["logs", name, "-c", c]);
+                log.contains("cards=")
+            });
+            let line = |key: &str| {
+                log.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                    .map(str::to_owned)
+                    .unwrap_or_default()
+            };
+            let mut visible: Vec<String> =
+                line("NVIDIA_VISIBLE_DEVICES").split(',').map(String::from).collect();
+            visible.sort();
+            let mut seen: Vec<String> = line("cards").split_whitespace().map(String::from).collect();
+            seen.sort();
+            assert_eq!(visible, want, "{name}/{c}: NVIDIA_VISIBLE_DEVICES against its assignment\n{log}");
+            assert_eq!(seen, want, "{name}/{c}: the cards its NVML shows\n{log}");
+            if *name == "t4" {
+                assert!(want == ["GPU-node-2-0"] || want == ["GPU-node-2-1"], "t4 on {want:?}");
+            }
+            let p: u32 = percent.parse().unwrap();
+            if p < 100 {
+                assert_eq!(line("NANO_GPU_PERCENT"), *percent, "{name}/{c}\n{log}");
+            }
+        }
+    }
+    // Six pods, seven containers: 40 + 30 + 50 + 100 + 200 + 20 + 40 percent on 2 x 400: none over 100.
+    let mut per_card = std::collections::BTreeMap::<String, u64>::new();
+    let all = nodes.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.annotations.nano-gpu/assignment}{\"\\n\"}{end}",
+    ]);
+    for a in all.lines().filter(|l| !l.is_empty()) {
+        let a: serde_json::Value = serde_json::from_str(a).unwrap();
+        for grants in a["containers"].as_object().unwrap().values() {
+            for g in grants.as_array().unwrap() {
+                *per_card.entry(g["uuid"].as_str().unwrap().to_owned()).or_default() +=
+                    g["percent"].as_u64().unwrap();
+            }
+        }
+    }
+    assert!(per_card.values().all(|p| *p <= 100), "{per_card:?}");
+    nodes.down();
 }

@@ -80,9 +80,7 @@ fn edit_spec(bundle: &Path) -> Result<()> {
         cards
             .into_iter()
             .enumerate()
-            .filter(|(i, c)| {
-                wanted.iter().any(|w| c["uuid"].as_str() == Some(w) || i.to_string() == *w)
-            })
+            .filter(|(i, c)| wanted.iter().any(|w| c["uuid"].as_str() == Some(w) || i.to_string() == *w))
             .map(|(_, c)| c)
             .collect()
     };
