@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # README command 2: every test of the project, with the lint gates CI enforces, end-to-end tests
 # against the real control plane included.
-# Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it, and Go
-# (to build upstream etcd, kube-apiserver and kube-scheduler from the Go module proxy).
+# Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it, Go
+# (to build upstream etcd and Kubernetes from the Go module proxy), and for the real-node tests root
+# with Debian's containerd, runc, containernetworking-plugins, iptables, conntrack and busybox-static
+# (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
