@@ -19,16 +19,21 @@ fn hack(script: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack").join(script)
 }
 
+/// `hack/nodes.sh ARGS` with the binaries of this test build: ours (nano-gpu-allocator and -agent
+/// sit beside the test tools netns-forward, pause and nvidia-runtime-standin), and the fake NVML.
+fn script(args: &[&str]) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(hack("nodes.sh"))
+        .args(args)
+        .env("NANO_GPU_BIN", Path::new(env!("CARGO_BIN_EXE_pause")).parent().unwrap())
+        .env("NANO_GPU_FAKE_NVML", nano_gpu_tests::fake_nvml());
+    cmd
+}
+
 impl Nodes {
     fn up(name: &str, nodes: u32) -> Nodes {
         let dir = std::env::temp_dir().join(format!("nano-gpu-nodes-{name}-{}", std::process::id()));
-        let bin = Path::new(env!("CARGO_BIN_EXE_pause")).parent().unwrap();
-        let status = Command::new("bash")
-            .arg(hack("nodes.sh"))
-            .args(["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()])
-            .env("NANO_GPU_BIN", bin)
-            .status()
-            .unwrap();
+        let status = script(&["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()]).status().unwrap();
         let k8s_bin = Command::new("bash").arg(hack("k8s-build.sh")).output().unwrap();
         let k8s_bin = String::from_utf8(k8s_bin.stdout).unwrap();
         let nodes = Nodes {
@@ -52,8 +57,7 @@ impl Nodes {
     }
 
     fn install(&self) {
-        let status =
-            Command::new("bash").arg(hack("nodes.sh")).arg("install").arg(&self.dir).status().unwrap();
+        let status = script(&["install", self.dir.to_str().unwrap()]).status().unwrap();
         assert!(status.success(), "hack/nodes.sh install failed; logs in {}", self.dir.display());
     }
 
