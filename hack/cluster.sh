@@ -56,23 +56,8 @@ K8S_BIN=$K8S_BIN bash "$ROOT/hack/control-plane.sh" start "$DIR" >&2
 # shellcheck source=/dev/null
 source "$DIR/control-plane.env"
 trap 'log "up failed; logs in $DIR"; bash "$ROOT/hack/control-plane.sh" stop "$DIR"' EXIT
-kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-
-# shellcheck source=hack/ports.sh
-source "$ROOT/hack/ports.sh"
-
-launch() {
-  local name=$1; shift
-  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
-  echo $! >"$DIR/$name.pid"
-}
-
-# wait_for WHAT SECONDS COMMAND...: retries COMMAND every 0.2 s.
-wait_for() {
-  local what=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  die "$what not ready after ${secs}s; logs in $DIR"
-}
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
 
 # The shipped manifests, as they are.
 kubectl apply -f "$ROOT/deploy/" >&2
@@ -145,8 +130,7 @@ done
 for ((k = 1; k <= NODES; k++)); do
   node=node-$k
   wait_for "agent on $node" 60 curl -sf "http://127.0.0.1:$(cat "$DIR/nodes/$node/agent-probe-port")/readyz"
-  wait_for "$node allocatable" 60 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' get node $node \
-    -o jsonpath='{.status.allocatable.nano-gpu/gpu-percent}' | grep -q '[1-9]'"
+  wait_for "$node allocatable" 60 gpu_allocatable "$node"
 done
 # The allocator has seen every node's cards.
 for ((k = 1; k <= NODES; k++)); do

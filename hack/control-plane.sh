@@ -7,9 +7,10 @@
 #                                            # <dir>/NAME.kubeconfig: a client cert for SUBJECT
 #                                            # (e.g. /O=system:nodes/CN=system:node:node-1) at SERVER
 # Env:   K8S_BIN  dir with etcd/kube-apiserver/kubectl (default: hack/k8s-build.sh)
-#        NETNS    a network namespace file (hack/cluster.sh makes it): the control plane runs in it,
-#                 the apiserver on $CP_IP:6443 for what runs there (nodes, pods), for real nodes;
-#                 this machine's loopback reaches it through NETNS_FORWARD (tests/src/bin/netns-forward.rs)
+#        NETNS    a network namespace file (hack/nodes.sh makes it): the control plane runs in it,
+#                 the apiserver on CP_IP:6443 (the address nodes.sh gives it there) for the real
+#                 nodes and their pods; this machine's loopback reaches it through NETNS_FORWARD
+#                 (tests/src/bin/netns-forward.rs)
 # <dir> afterwards holds admin.kubeconfig (system:masters), scheduler.kubeconfig
 # (CN=system:kube-scheduler), pki/, *.log, *.pid and control-plane.env.
 set -euo pipefail
@@ -17,44 +18,25 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SERVICE_CIDR=10.0.0.0/24      # only allocated in etcd; nothing routes it
 SERVICE_IP=10.0.0.1           # first IP: the "kubernetes" Service
-CP_IP=10.201.0.254            # with NETNS: the apiserver's address in that namespace
 READY_TIMEOUT=${READY_TIMEOUT:-90}
 
 log() { echo "control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 usage() { die "usage: $0 start|stop <dir> | client <dir> NAME SUBJECT SERVER"; }
 
-# alive PID: running and not a zombie.
-alive() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
-
-# ours PIDFILE: the pid is alive and its command line mentions $DIR, so a
-# recycled pid is never killed.
-ours() {
-  local pid
-  pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR/" && echo "$pid"
-}
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
 
 stop() {
-  local f pid i files=()
+  local f files=()
   # Others first (e.g. a scheduler a later script put here), etcd last.
   for f in "$DIR"/*.pid; do
     [[ -e $f && $f != */kube-apiserver.pid && $f != */etcd.pid ]] && files+=("$f")
   done
   files+=("$DIR/kube-apiserver.pid" "$DIR/etcd.pid")
-  for f in "${files[@]}"; do
-    if pid=$(ours "$f"); then
-      log "stopping $(basename "$f" .pid) (pid $pid)"
-      kill -TERM "$pid" 2>/dev/null || true
-      for ((i = 0; i < 100; i++)); do alive "$pid" || break; sleep 0.1; done
-      alive "$pid" && { log "$(basename "$f" .pid) ignored SIGTERM, killing"; kill -KILL "$pid" 2>/dev/null || true; }
-    fi
-    rm -f "$f"
-  done
+  for f in "${files[@]}"; do stop_pid "$f"; done
 }
 
-# shellcheck source=hack/ports.sh
-source "$ROOT/hack/ports.sh"
 
 # cert NAME SUBJECT EXTENSIONS: EC key + cert signed by the test CA.
 cert() {
@@ -76,7 +58,7 @@ certs() {
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
     >>"$pki/openssl.log" 2>&1 || die "openssl failed for the CA; see $pki/openssl.log"
   cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,IP:$CP_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,${CP_IP:+IP:$CP_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin "/O=system:masters/CN=nano-gpu-admin" extendedKeyUsage=clientAuth
   cert scheduler "/CN=system:kube-scheduler" extendedKeyUsage=clientAuth
   cert front-proxy-client "/CN=front-proxy-client" extendedKeyUsage=clientAuth
@@ -111,13 +93,6 @@ current-context: $2@nano-gpu-test
 EOF
 }
 
-# launch NAME ARGS...: detached from our session and stdio, so callers that
-# capture our output do not hang and Ctrl-C in their terminal does not reach it.
-launch() {
-  local name=$1; shift
-  setsid "${IN_NS[@]}" "$@" </dev/null >"$DIR/$name.log" 2>&1 &
-  echo $! >"$DIR/$name.pid"
-}
 
 start() {
   command -v openssl >/dev/null || die "openssl not found (needed for test certificates)"
@@ -132,7 +107,7 @@ start() {
   IN_NS=()
   free_port APISERVER_PORT
   if [[ -n ${NETNS:-} ]]; then
-    [[ -x ${NETNS_FORWARD:-} ]] || die "NETNS needs NETNS_FORWARD (the netns-forward binary)"
+    [[ -x ${NETNS_FORWARD:-} && -n ${CP_IP:-} ]] || die "NETNS needs NETNS_FORWARD (the netns-forward binary) and CP_IP"
     IN_NS=(nsenter "--net=$NETNS")
     # A fresh namespace: fixed ports; tests reach the apiserver through the forwarder.
     ETCD_PORT=2379 ETCD_PEER_PORT=2380 port=6443 bind=0.0.0.0 advertise=$CP_IP
@@ -157,7 +132,7 @@ start() {
 
   local etcd_url=http://127.0.0.1:$ETCD_PORT peer_url=http://127.0.0.1:$ETCD_PEER_PORT deadline
   # No fsync: throwaway test data, and fsync dominates etcd latency on CI disks.
-  launch etcd "$BIN/etcd" --name=nano-gpu --data-dir="$DIR/etcd" --log-level=warn --unsafe-no-fsync \
+  launch etcd "${IN_NS[@]}" "$BIN/etcd" --name=nano-gpu --data-dir="$DIR/etcd" --log-level=warn --unsafe-no-fsync \
     --listen-client-urls="$etcd_url" --advertise-client-urls="$etcd_url" \
     --listen-peer-urls="$peer_url" --initial-advertise-peer-urls="$peer_url" \
     --initial-cluster="nano-gpu=$peer_url"
@@ -167,7 +142,7 @@ start() {
   done
 
   # The requestheader (front proxy) settings let delegated authn in kube-scheduler etc. start cleanly.
-  launch kube-apiserver "$BIN/kube-apiserver" \
+  launch kube-apiserver "${IN_NS[@]}" "$BIN/kube-apiserver" \
     --etcd-servers="$etcd_url" --bind-address="$bind" --advertise-address="$advertise" --secure-port="$port" \
     --cert-dir="$DIR/pki" --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
     --client-ca-file="$DIR/pki/ca.crt" \
@@ -180,10 +155,8 @@ start() {
     --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
     "${ns_flags[@]}" --allow-privileged=true --profiling=false
   if [[ -n ${NETNS:-} ]]; then
-    # Not in the namespace (IN_NS): it listens here and joins NETNS itself.
-    setsid "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443" \
-      </dev/null >"$DIR/apiserver-forward.log" 2>&1 &
-    echo $! >"$DIR/apiserver-forward.pid"
+    # Not in the namespace: it listens here and joins NETNS itself.
+    launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
   fi
 
   log "waiting for kube-apiserver on https://127.0.0.1:$APISERVER_PORT/readyz (up to ${READY_TIMEOUT}s)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds pinned upstream Kubernetes test binaries (etcd, kube-apiserver,
-# kube-scheduler, kubectl, kubelet, kube-controller-manager, kube-proxy) from the Go module proxy into a per-version cache,
-# plus kubelet-standin (hack/kubelet-standin/: a simulated node driving the
+# kube-scheduler, kubectl, kubelet, kube-controller-manager, kube-proxy) from
+# the Go module proxy into a per-version cache, plus kubelet-standin (hack/kubelet-standin/: a simulated node driving the
 # upstream kubelet device manager of the same version).
 # Test harness only: Go is used here to build and drive upstream components,
 # never product logic.

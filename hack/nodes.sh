@@ -10,12 +10,11 @@
 #   - one mount namespace per node (<dir>/nodes/<node>/mntns) in which the node's own directories
 #     stand at the kubelet's and containerd's hard-coded paths (/var/lib, /var/log, /run/containerd,
 #     /run/netns), so a hostPath in a pod means that node's path, as on a real machine;
-#   - one cgroup root per node in every cgroup v1 hierarchy.
+#   - one cgroup root per node in every cgroup hierarchy.
 #
-# Usage: hack/nodes.sh up <dir> [--nodes N]   (sources nothing; writes <dir>/nodes.env)
+# Usage: hack/nodes.sh up <dir> [--nodes N]   (writes <dir>/nodes.env beside control-plane.env)
 #        hack/nodes.sh down <dir>             (no process, mount, cgroup or namespace is left)
 #        hack/nodes.sh load <dir> IMAGE.tar   (imports an image archive into every node's containerd)
-#        hack/nodes.sh images                 (prints the dir of the harness's base images)
 #        hack/nodes.sh install <dir>          (nano-gpu as shipped: images made here, deploy/ applied)
 # Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
 #                       netns-forward, pause, nvidia-runtime-standin (default: release build)
@@ -26,6 +25,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=hack/cards.sh
 source "$ROOT/hack/cards.sh"
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
 CP_IP=10.201.0.254
 SERVICE_CIDR=10.0.0.0/24
 POD_CIDR=10.244.0.0/16
@@ -34,9 +35,6 @@ log() { echo "nodes: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 node_ip() { echo "10.201.0.$1"; }
-
-# alive PID: running and not a zombie.
-alive() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
 
 # The test tools (Rust, tests/src/bin) the harness runs.
 tools() {
@@ -72,85 +70,85 @@ rootfs_add() {
   done < <(ldd "$src" 2>/dev/null | grep -o '/[^ ]*' || true)
 }
 
-# The base images every node needs, made once per content: the sandbox's pause, and busybox for tests.
-# Prints the dir holding pause.tar and busybox.tar.
-base_images() {
-  local busybox=/bin/busybox hash out rootfs
-  [[ -x $busybox ]] && "$busybox" --list | grep -qx nc || die "$busybox missing; apt-get install busybox-static"
-  hash=$(cat "$NANO_GPU_BIN/pause" "$busybox" "$ROOT/hack/image.sh" "$ROOT/hack/nodes.sh" | sha256sum | cut -c1-16)
-  out=$CACHE/images/base-$hash
-  # One writer at a time (tests start clusters side by side).
+# image_of OUT.tar REF CONFIG FILL ARGS...: an image REF (hack/image.sh) of a fresh root filesystem
+# that `FILL ROOTFS ARGS...` filled.
+image_of() {
+  local out=$1 ref=$2 config=$3 rootfs
+  shift 3
+  rootfs=$(rootfs_new)
+  "$1" "$rootfs" "${@:2}"
+  bash "$ROOT/hack/image.sh" "$out" "$ref" "$rootfs" "$config"
+  rm -rf "$rootfs"
+}
+
+# busybox_fill ROOTFS BUSYBOX: busybox and a link per applet in /usr/bin.
+busybox_fill() {
+  local a
+  install -D -m 755 "$2" "$1/usr/bin/busybox"
+  for a in $("$2" --list); do [[ $a == busybox ]] || ln -s busybox "$1/usr/bin/$a"; done
+}
+
+# cached_images NAME HASH MAKE: prints $CACHE/images/NAME-HASH, running `MAKE DIR` first unless it
+# is complete; one set per NAME is kept, and one writer at a time (tests start clusters side by side).
+cached_images() {
+  local out=$CACHE/images/$1-$2
   mkdir -p "$CACHE/images"
   exec 8>"$CACHE/images/.lock" && flock 8
-  if [[ ! -f $out/busybox.tar ]]; then
-    rm -rf "$CACHE"/images/base-*
+  if [[ ! -f $out/.complete ]]; then
+    rm -rf "$CACHE/images/$1"-*
     mkdir -p "$out"
-    rootfs=$(rootfs_new)
-    rootfs_add "$rootfs" "$NANO_GPU_BIN/pause" /pause
-    bash "$ROOT/hack/image.sh" "$out/pause.tar" nano-gpu.local/pause:1 "$rootfs" '{"Entrypoint":["/pause"]}'
-    rm -rf "$rootfs"; rootfs=$(rootfs_new)
-    install -D -m 755 "$busybox" "$rootfs/usr/bin/busybox"
-    for a in $("$busybox" --list); do [[ $a == busybox ]] || ln -s busybox "$rootfs/usr/bin/$a"; done
-    bash "$ROOT/hack/image.sh" "$out/busybox.tar" nano-gpu.local/busybox:1 "$rootfs" \
-      '{"Entrypoint":["/bin/sh"],"Env":["PATH=/bin"]}'
-    rm -rf "$rootfs"
+    "$3" "$out"
+    touch "$out/.complete"
   fi
   echo "$out"
+}
+
+# The base images every node needs: the sandbox's pause, and busybox for tests.
+base_images_into() {
+  image_of "$1/pause.tar" nano-gpu.local/pause:1 '{"Entrypoint":["/pause"]}' rootfs_add "$NANO_GPU_BIN/pause" /pause
+  image_of "$1/busybox.tar" nano-gpu.local/busybox:1 '{"Entrypoint":["/bin/sh"],"Env":["PATH=/bin"]}' \
+    busybox_fill /bin/busybox
 }
 
 # image_ref FILE NAME: the image deploy/FILE names for NAME (e.g. nano-gpu/agent:0.1.0).
 image_ref() { grep -o "image: *[^ ]*$2:[^ ]*" "$ROOT/deploy/$1" | head -1 | sed 's/image: *//'; }
 
-# nano-gpu's images, as the Dockerfiles lay them out (binary, user, entrypoint), and kube-scheduler's
-# under the name deploy/ uses; made once per content. Prints the dir holding the archives.
-nano_gpu_images() {
-  local hash out rootfs
-  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
-  hash=$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" "$K8S_BIN/kube-scheduler" \
-    "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)
-  out=$CACHE/images/nano-gpu-$hash
-  mkdir -p "$CACHE/images"
-  exec 8>"$CACHE/images/.lock" && flock 8
-  if [[ ! -f $out/kube-scheduler.tar ]]; then
-    # One set at a time: the images of earlier builds go.
-    rm -rf "$CACHE"/images/nano-gpu-*
-    mkdir -p "$out"
-    # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
-    rootfs=$(rootfs_new)
-    rootfs_add "$rootfs" "$NANO_GPU_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
-    bash "$ROOT/hack/image.sh" "$out/allocator.tar" "$(image_ref allocator.yaml nano-gpu/allocator)" "$rootfs" \
-      '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
-    rm -rf "$rootfs"
-    # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
-    rootfs=$(rootfs_new)
-    rootfs_add "$rootfs" "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
-    bash "$ROOT/hack/image.sh" "$out/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" "$rootfs" \
-      '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
-    rm -rf "$rootfs"
-    # registry.k8s.io/kube-scheduler: the static binary on PATH.
-    rootfs=$(rootfs_new)
-    install -D -m 755 "$K8S_BIN/kube-scheduler" "$rootfs/usr/local/bin/kube-scheduler"
-    bash "$ROOT/hack/image.sh" "$out/kube-scheduler.tar" "$(image_ref allocator.yaml kube-scheduler)" "$rootfs" \
-      '{"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]}'
-    rm -rf "$rootfs"
-  fi
-  echo "$out"
+# nano-gpu's images, as the Dockerfiles lay them out (binary in /usr/local/bin, user, entrypoint), and
+# kube-scheduler's (the upstream binary built here) under the name deploy/ uses.
+nano_gpu_images_into() {
+  local path='"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]'
+  # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
+  image_of "$1/allocator.tar" "$(image_ref allocator.yaml nano-gpu/allocator)" \
+    '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],'"$path}" \
+    rootfs_add "$NANO_GPU_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
+  # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
+  image_of "$1/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" \
+    '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" \
+    rootfs_add "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+  image_of "$1/kube-scheduler.tar" "$(image_ref allocator.yaml kube-scheduler)" "{$path}" \
+    rootfs_add "$K8S_BIN/kube-scheduler" /usr/local/bin/kube-scheduler
+}
+
+# import_images NODE ARCHIVE...: the images into the node's containerd.
+import_images() {
+  local a
+  for a in "${@:2}"; do in_node "$1" ctr -n k8s.io images import "$a" >/dev/null; done
 }
 
 # The shipped install on the real nodes: `kubectl apply -f deploy/` with one swap (no cluster DNS
 # here: kube-scheduler's extender URL names the allocator Service by its ClusterIP, not its DNS name).
 install_nano_gpu() {
-  local images k node ip
+  local images k ip f
   # shellcheck source=/dev/null
   source "$DIR/control-plane.env"
   # shellcheck source=/dev/null
   source "$DIR/nodes.env"
-  images=$(nano_gpu_images)
-  kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-  for node in "$DIR"/nodes/*/; do
-    node=$(basename "$node")
-    for f in allocator agent kube-scheduler; do in_node "$node" ctr -n k8s.io images import "$images/$f.tar" >/dev/null; done
-    kubectl label node "$node" nano-gpu/node=true --overwrite >&2
+  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  images=$(cached_images nano-gpu "$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" \
+    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
+  for ((k = 1; k <= NODES; k++)); do
+    import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar
+    kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2
   done
   kubectl apply -f "$ROOT/deploy/" >&2
   ip=$(kubectl get service nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
@@ -159,37 +157,25 @@ install_nano_gpu() {
     kubectl replace -f - >&2
   # Pods made before the swap read the old configuration: replace them.
   kubectl delete pods -n nano-gpu-system -l app.kubernetes.io/name=nano-gpu-allocator --wait=true >&2
-  wait_for "nano-gpu-allocator (a leader ready)" 120 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' \
-    get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'"
-  for node in "$DIR"/nodes/*/; do
-    node=$(basename "$node")
-    wait_for "$node allocatable" 120 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' get node $node \
-      -o jsonpath='{.status.allocatable.nano-gpu/gpu-percent}' | grep -q '[1-9]'"
-  done
+  wait_for "nano-gpu-allocator (a leader ready)" 120 allocator_ready
+  for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
   log "installed: deploy/ on $NODES real nodes"
+}
+
+allocator_ready() {
+  kubectl get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'
+}
+node_ready() {
+  kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
 }
 
 # ---- pieces run inside the namespaces ----
 
-IN_NET=()
-in_node() { nsenter "--net=$NETNS" "--mount=$DIR/nodes/$1/mntns" "${@:2}"; }
+# in_node NODE ARGS...: runs ARGS in the node's namespaces (the cluster's network, the node's mounts).
+in_node() { "${IN_NET[@]}" "--mount=$DIR/nodes/$1/mntns" "${@:2}"; }
 
-# launch NAME ARGS...: detached; its pid (the program itself: nsenter execs it) in <dir>/NAME.pid.
-launch() {
-  local name=$1; shift
-  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
-  echo $! >"$DIR/$name.pid"
-}
-
-# wait_for WHAT SECONDS COMMAND...: retries COMMAND every 0.5 s.
-wait_for() {
-  local what=$1 secs=$2 i; shift 2
-  for ((i = 0; i < secs * 2; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  die "$what not ready after ${secs}s; logs in $DIR"
-}
-
-cgroup_root() { echo "/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)-$1"; }
-HIERARCHIES=(cpu cpuacct cpuset memory devices freezer blkio pids systemd unified)
+# cgroup_root NODE: the node's cgroup root (the kubelet's cgroupRoot), the same in every hierarchy.
+cgroup_root() { echo "$CGROUP_PREFIX-$1"; }
 
 # node_mounts NODE: the node's mount namespace, its paths bound over the hard-coded ones.
 node_mounts() {
@@ -209,10 +195,8 @@ node_mounts() {
     mount --bind "$1/sysctl/panic" /proc/sys/kernel/panic
     mount --bind "$1/sysctl/panic_on_oops" /proc/sys/kernel/panic_on_oops
 EOF
-  for d in "${HIERARCHIES[@]}"; do
-    [[ -d /sys/fs/cgroup/$d ]] || continue
-    mkdir -p "/sys/fs/cgroup/$d$(cgroup_root "$node")"
-  done
+  # The kubelet needs its cgroup root in every hierarchy before it starts (real-nodes.md).
+  for d in /sys/fs/cgroup/*/; do mkdir -p "${d%/}$(cgroup_root "$node")"; done
   if [[ -d /sys/fs/cgroup/cpuset ]]; then
     cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.cpus"
     cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.mems"
@@ -247,7 +231,7 @@ EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "dataDir": "$root/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
-  launch "containerd-$node" nsenter "--net=$NETNS" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
+  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
 }
 
 start_kubelet() {
@@ -280,7 +264,7 @@ imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
 maxPods: 60
 EOF
-  launch "kubelet-$node" nsenter "--net=$NETNS" "--mount=$root/mntns" "$K8S_BIN/kubelet" --config "$root/kubelet.yaml" \
+  launch "kubelet-$node" "${IN_NET[@]}" "--mount=$root/mntns" "$K8S_BIN/kubelet" --config "$root/kubelet.yaml" \
     --kubeconfig "$DIR/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" -v=1
 }
 
@@ -291,7 +275,9 @@ up() {
     command -v "$c" >/dev/null || die "$c not found; apt-get install containerd runc containernetworking-plugins iptables"
   done
   [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
-  images=$(base_images)
+  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || die "/bin/busybox missing; apt-get install busybox-static"
+  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/nodes.sh" |
+    sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
   mkdir -p "$DIR"
   [[ -e $DIR/netns ]] && die "$DIR/netns exists: run $0 down $DIR first"
@@ -299,17 +285,15 @@ up() {
 
   # The network namespace: loopback addresses for the apiserver and the nodes, ClusterIPs routed to
   # loopback (kube-proxy's rules take them from there), forwarding between the nodes' pod bridges.
-  touch "$DIR/netns"
-  unshare "--net=$DIR/netns" true
-  NETNS=$DIR/netns
-  IN_NET=(nsenter "--net=$NETNS")
+  touch "$NETNS"
+  unshare "--net=$NETNS" true
   "${IN_NET[@]}" ip link set lo up
   "${IN_NET[@]}" ip addr add "$CP_IP/32" dev lo
   for ((k = 1; k <= n; k++)); do "${IN_NET[@]}" ip addr add "$(node_ip "$k")/32" dev lo; done
   "${IN_NET[@]}" ip route add "$SERVICE_CIDR" dev lo
   "${IN_NET[@]}" sysctl -qw net.ipv4.ip_forward=1
 
-  K8S_BIN=$K8S_BIN NETNS=$NETNS NETNS_FORWARD=$NANO_GPU_BIN/netns-forward \
+  K8S_BIN=$K8S_BIN NETNS=$NETNS CP_IP=$CP_IP NETNS_FORWARD=$NANO_GPU_BIN/netns-forward \
     bash "$ROOT/hack/control-plane.sh" start "$DIR" >&2
   # shellcheck source=/dev/null
   source "$DIR/control-plane.env"
@@ -360,37 +344,19 @@ EOF
   for ((k = 1; k <= n; k++)); do
     node=node-$k
     wait_for "containerd on $node" 30 in_node "$node" ctr version
-    in_node "$node" ctr -n k8s.io images import "$images/pause.tar" >/dev/null
-    in_node "$node" ctr -n k8s.io images import "$images/busybox.tar" >/dev/null
+    import_images "$node" "$images"/{pause,busybox}.tar
     start_kubelet "$node" "$k"
   done
-  kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-  for ((k = 1; k <= n; k++)); do
-    wait_for "node-$k Ready" 90 bash -c "'$K8S_BIN/kubectl' --kubeconfig '$ADMIN_KUBECONFIG' get node node-$k \
-      -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
-  done
+  for ((k = 1; k <= n; k++)); do wait_for "node-$k Ready" 90 node_ready "node-$k"; done
   wait_for "default ServiceAccount" 60 kubectl get serviceaccount default -n default
 
   cat >"$DIR/nodes.env" <<EOF
 NETNS=$NETNS
 NODES=$n
-NETNS_FORWARD=$NANO_GPU_BIN/netns-forward
-BASE_IMAGES=$images
+CGROUP_PREFIX=$CGROUP_PREFIX
 EOF
   trap - EXIT
   log "up: $n real nodes; kubectl --kubeconfig $ADMIN_KUBECONFIG get nodes; stop with: $0 down $DIR"
-}
-
-# stop_pid FILE: SIGTERM, up to 10 s, then SIGKILL; only a process that still names $DIR.
-stop_pid() {
-  local pid i
-  pid=$(cat "$1" 2>/dev/null) || return 0
-  if [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR/"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$1"
 }
 
 # Every process whose network namespace is ours (containerd shims, anything left running).
@@ -403,8 +369,15 @@ ns_pids() {
   return 0
 }
 
+# Our cgroup roots that exist, one per node and hierarchy.
+our_cgroups() {
+  local cg
+  for cg in /sys/fs/cgroup/*/"${CGROUP_PREFIX#/}"-*; do [[ -d $cg ]] && echo "$cg"; done
+  return 0
+}
+
 down() {
-  local f node pid d m tries
+  local f pid m cg tries
   trap - EXIT
   [[ -d $DIR ]] || return 0
   # Pods first, while their kubelets run: the kubelets stop their containers and sandboxes. No
@@ -413,40 +386,29 @@ down() {
   if [[ -f $DIR/control-plane.env ]]; then
     # shellcheck source=/dev/null
     source "$DIR/control-plane.env"
-    if "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" get --raw /readyz >/dev/null 2>&1; then
-      "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" delete pods --all -A --grace-period=1 \
-        --wait=true --timeout=60s >/dev/null 2>&1 || log "some pods were not deleted in 60s; killing them"
+    if kubectl get --raw /readyz >/dev/null 2>&1; then
+      kubectl delete pods --all -A --grace-period=1 --wait=true --timeout=60s >/dev/null 2>&1 ||
+        log "some pods were not deleted in 60s; killing them"
     fi
   fi
   for f in "$DIR"/kubelet-*.pid "$DIR"/kube-proxy.pid "$DIR"/containerd-*.pid; do
     [[ -e $f ]] && stop_pid "$f"
   done
-  # What is left in our namespaces and cgroups: shims, containers whose kubelet is gone.
-  for node in "$DIR"/nodes/*/; do
-    node=$(basename "$node")
-    for d in "${HIERARCHIES[@]}"; do
-      [[ -d /sys/fs/cgroup/$d$(cgroup_root "$node") ]] || continue
-      find "/sys/fs/cgroup/$d$(cgroup_root "$node")" -name cgroup.procs -exec cat {} + 2>/dev/null
-    done
-  done | sort -u | xargs -r kill -KILL 2>/dev/null || true
-  for pid in $(ns_pids); do
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "apiserver-forward\|kube-apiserver\|etcd" || kill -KILL "$pid" 2>/dev/null || true
-  done
+  # What is left in our cgroups (containers whose kubelet is gone), the control plane, then anything
+  # still in our network namespace (containerd shims).
+  while read -r cg; do find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null; done < <(our_cgroups) |
+    sort -u | xargs -r kill -KILL 2>/dev/null || true
   bash "$ROOT/hack/control-plane.sh" stop "$DIR" >&2
   for pid in $(ns_pids); do kill -KILL "$pid" 2>/dev/null || true; done
   # cgroups, deepest first (a cgroup empties a moment after its last process dies).
-  for node in "$DIR"/nodes/*/; do
-    node=$(basename "$node")
-    for d in "${HIERARCHIES[@]}"; do
-      [[ -d /sys/fs/cgroup/$d$(cgroup_root "$node") ]] || continue
-      for ((tries = 0; tries < 50; tries++)); do
-        find "/sys/fs/cgroup/$d$(cgroup_root "$node")" -depth -type d -exec rmdir {} + 2>/dev/null || true
-        [[ -d /sys/fs/cgroup/$d$(cgroup_root "$node") ]] || break
-        sleep 0.1
-      done
-      [[ -d /sys/fs/cgroup/$d$(cgroup_root "$node") ]] && log "could not remove cgroup $d$(cgroup_root "$node")"
+  while read -r cg; do
+    for ((tries = 0; tries < 50; tries++)); do
+      find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      [[ -d $cg ]] || break
+      sleep 0.1
     done
-  done
+    if [[ -d $cg ]]; then log "could not remove cgroup $cg"; fi
+  done < <(our_cgroups)
   # The namespaces' pins, and any mount under $DIR, deepest first.
   while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done \
     < <(awk -v d="$DIR/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
@@ -455,14 +417,14 @@ down() {
     log "mounts left under $DIR" || true
 }
 
-[[ $# -ge 1 ]] || die "usage: $0 up|down|install|load <dir> ... | images"
-CMD=$1; shift
-case $CMD in
-  images) tools; base_images; exit 0 ;;
-esac
-[[ $# -ge 1 ]] || die "usage: $0 $CMD <dir> ..."
-DIR=$(realpath -m "$1"); shift
+[[ $# -ge 2 ]] || die "usage: $0 up|down|install|load <dir> ..."
+CMD=$1
+DIR=$(realpath -m "$2")
+shift 2
 NETNS=$DIR/netns
+IN_NET=(nsenter "--net=$NETNS")
+# Per cluster directory, so clusters side by side never share a cgroup.
+CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
   up)
     NODES=3
@@ -477,6 +439,6 @@ case $CMD in
   install) tools; K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}; install_nano_gpu ;;
   load)
     [[ $# -eq 1 && -f $1 ]] || die "usage: $0 load <dir> IMAGE.tar"
-    for node in "$DIR"/nodes/*/; do in_node "$(basename "$node")" ctr -n k8s.io images import "$1" >/dev/null; done ;;
+    for node in "$DIR"/nodes/*/; do import_images "$(basename "$node")" "$1"; done ;;
   *) die "unknown command $CMD" ;;
 esac

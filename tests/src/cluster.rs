@@ -35,11 +35,7 @@ impl Cluster {
         // From here on, a failure stops what was started.
         let mut cluster = Cluster { dir: dir.clone(), env: HashMap::new() };
         assert!(status.success(), "hack/cluster.sh up failed; logs in {}", dir.display());
-        cluster.env = std::fs::read_to_string(dir.join("cluster.env"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-            .collect();
+        cluster.env = crate::read_env(&dir.join("cluster.env"));
         cluster
     }
 

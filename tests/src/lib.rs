@@ -57,6 +57,15 @@ pub fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)]) {
     assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
 }
 
+/// The `KEY=VALUE` lines of an env file the harness wrote (`cluster.env`, `control-plane.env`, ...).
+pub fn read_env(path: &std::path::Path) -> std::collections::HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
 /// The value after `--<flag>` on the command line of the running test tool, if given.
 pub fn flag_value(flag: &str) -> Option<String> {
     let mut args = std::env::args().skip_while(|a| a != flag);

@@ -291,12 +291,7 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     eprintln!("kubectl-inspect-gpushare:\n{summary}");
     let ours = view(&cluster);
     for (node, cards) in &ours {
-        let row: Vec<&str> = summary
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(node))
-            .unwrap_or_else(|| panic!("{node} missing from:\n{summary}"))
-            .split_whitespace()
-            .collect();
+        let row = row(&summary, node);
         let total_gib: u64 = cards.values().map(|(t, ..)| t / GIB).sum();
         // gpushare assumes equal cards: each card is shown as the node's memory over its card count.
         let shown_card = total_gib / cards.len() as u64;
@@ -313,12 +308,7 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     for p in pods.list(&ListParams::default()).await.unwrap().items.iter().filter(|p| phase(p) == "Running") {
         let a = p.metadata.annotations.as_ref().unwrap();
         let name = p.metadata.name.as_deref().unwrap();
-        let row: Vec<&str> = details
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .unwrap_or_else(|| panic!("{name} missing from:\n{details}"))
-            .split_whitespace()
-            .collect();
+        let row = row(&details, name);
         let index: usize = a["ALIYUN_COM_GPU_MEM_IDX"].parse().unwrap();
         let cards = &ours[p.spec.as_ref().unwrap().node_name.as_ref().unwrap()];
         assert!(
@@ -330,4 +320,14 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
             assert_eq!(*cell, expected, "{name} GPU{i} in:\n{details}");
         }
     }
+}
+
+/// The cells of the row of `table` (kubectl-inspect-gpushare's output) whose first cell is `first`.
+fn row<'a>(table: &'a str, first: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(first))
+        .unwrap_or_else(|| panic!("{first} missing from:\n{table}"))
+        .split_whitespace()
+        .collect()
 }

@@ -5,25 +5,23 @@
 //! (`hack/nodes.sh install`: deploy/ applied, the allocator Deployment and the agent DaemonSet on
 //! those nodes) hands real containers exactly their cards.
 
+use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 struct Nodes {
     dir: PathBuf,
-    kubectl: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-fn hack(script: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack").join(script)
+    /// What `hack/nodes.sh up` wrote: `control-plane.env` and `nodes.env` together.
+    env: HashMap<String, String>,
 }
 
 /// `hack/nodes.sh ARGS` with the binaries of this test build: ours (nano-gpu-allocator and -agent
 /// sit beside the test tools netns-forward, pause and nvidia-runtime-standin), and the fake NVML.
 fn script(args: &[&str]) -> Command {
     let mut cmd = Command::new("bash");
-    cmd.arg(hack("nodes.sh"))
+    cmd.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack/nodes.sh"))
         .args(args)
         .env("NANO_GPU_BIN", Path::new(env!("CARGO_BIN_EXE_pause")).parent().unwrap())
         .env("NANO_GPU_FAKE_NVML", nano_gpu_tests::fake_nvml());
@@ -34,19 +32,23 @@ impl Nodes {
     fn up(name: &str, nodes: u32) -> Nodes {
         let dir = std::env::temp_dir().join(format!("nano-gpu-nodes-{name}-{}", std::process::id()));
         let status = script(&["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()]).status().unwrap();
-        let k8s_bin = Command::new("bash").arg(hack("k8s-build.sh")).output().unwrap();
-        let k8s_bin = String::from_utf8(k8s_bin.stdout).unwrap();
-        let nodes = Nodes {
-            kubectl: Path::new(k8s_bin.trim()).join("kubectl"),
-            kubeconfig: dir.join("admin.kubeconfig"),
-            dir,
-        };
+        // From here on, a failure takes down what was started.
+        let mut nodes = Nodes { dir, env: HashMap::new() };
         assert!(status.success(), "hack/nodes.sh up failed; logs in {}", nodes.dir.display());
+        for file in ["control-plane.env", "nodes.env"] {
+            nodes.env.extend(nano_gpu_tests::read_env(&nodes.dir.join(file)));
+        }
         nodes
     }
 
+    fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(Path::new(&self.env["K8S_BIN"]).join("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.env["ADMIN_KUBECONFIG"]).args(args);
+        cmd
+    }
+
     fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(&self.kubectl).arg("--kubeconfig").arg(&self.kubeconfig).args(args).output().unwrap()
+        self.kubectl_cmd(args).output().unwrap()
     }
 
     /// kubectl's stdout; panics with its stderr when it fails.
@@ -61,22 +63,26 @@ impl Nodes {
         assert!(status.success(), "hack/nodes.sh install failed; logs in {}", self.dir.display());
     }
 
-    fn apply(&self, yaml: &str) {
-        let file = self.dir.join(format!("apply-{}.yaml", yaml.len()));
-        std::fs::write(&file, yaml).unwrap();
-        self.ok(&["apply", "-f", file.to_str().unwrap()]);
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON); whether it succeeded.
+    fn apply(&self, manifest: &str) -> bool {
+        let mut child = self.kubectl_cmd(&["apply", "-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
+        child.wait().unwrap().success()
+    }
+
+    fn down_status(&self) -> ExitStatus {
+        script(&["down", self.dir.to_str().unwrap()]).status().unwrap()
     }
 
     fn down(&self) {
-        let status = Command::new("bash").arg(hack("nodes.sh")).arg("down").arg(&self.dir).status().unwrap();
-        assert!(status.success(), "hack/nodes.sh down failed");
+        assert!(self.down_status().success(), "hack/nodes.sh down failed");
     }
 }
 
 impl Drop for Nodes {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = Command::new("bash").arg(hack("nodes.sh")).arg("down").arg(&self.dir).status();
+            let _ = self.down_status();
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -126,7 +132,7 @@ fn real_nodes_run_a_deployment_a_service_and_a_drain_and_leave_nothing() {
         nodes.ok(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.containerRuntimeVersion}"]);
     assert_eq!(ready.split_whitespace().filter(|v| v.starts_with("containerd://")).count(), 2, "{ready}");
 
-    nodes.apply(WEB);
+    assert!(nodes.apply(WEB));
     nodes.ok(&["rollout", "status", "deploy/web", "--timeout=90s"]);
     let placed = nodes.ok(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"]);
     let mut placed: Vec<&str> = placed.split_whitespace().collect();
@@ -187,20 +193,8 @@ fn real_nodes_run_a_deployment_a_service_and_a_drain_and_leave_nothing() {
         .unwrap()
         .flatten()
         .flat_map(|h| std::fs::read_dir(h.path()).into_iter().flatten().flatten().map(|e| e.file_name()));
-    let prefix = format!("nano-gpu-{}", &sha256_prefix(&format!("{dir}\n")));
-    assert!(cgroups.into_iter().all(|c| !c.to_string_lossy().starts_with(&prefix)), "cgroups {prefix}* left");
-}
-
-/// The first 8 hex digits of the SHA-256 of `s`, as `hack/nodes.sh` names a cluster's cgroups.
-fn sha256_prefix(s: &str) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), s.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap()[..8].to_owned()
+    let prefix = nodes.env["CGROUP_PREFIX"].trim_start_matches('/');
+    assert!(cgroups.into_iter().all(|c| !c.to_string_lossy().starts_with(prefix)), "cgroups {prefix}* left");
 }
 
 /// A pod whose containers print their GPU environment and the cards their NVML shows, then sleep.
@@ -255,12 +249,8 @@ fn installed_as_shipped_real_containers_get_exactly_their_cards() {
     ];
     for (name, containers, model) in &pods {
         // The webhook (through its Service) may refuse while the leader changes; retry as a user would.
-        let yaml = gpu_pod(name, containers, *model);
-        eventually(&format!("{name} created"), 60, || {
-            let file = nodes.dir.join(format!("{name}.json"));
-            std::fs::write(&file, &yaml).unwrap();
-            nodes.kubectl(&["apply", "-f", file.to_str().unwrap()]).status.success()
-        });
+        let pod = gpu_pod(name, containers, *model);
+        eventually(&format!("{name} created"), 60, || nodes.apply(&pod));
     }
     for (name, containers, _) in &pods {
         eventually(&format!("{name} Running"), 90, || {

@@ -11,7 +11,6 @@
 //! belongs to the namespace it was created in, whichever the process later joins).
 
 use std::fs::File;
-use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::thread;
@@ -19,19 +18,15 @@ use std::thread;
 use anyhow::{Context, Result, bail};
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut netns = None;
-    let mut forwards = Vec::new();
-    while let Some(arg) = args.next() {
-        if arg == "--netns" {
-            netns = Some(args.next().context("--netns needs a file")?);
-        } else {
-            forwards.push(parse_forward(&arg)?);
-        }
-    }
-    let Some(netns) = netns else { bail!("usage: netns-forward --netns FILE LISTEN=TARGET...") };
+    const USAGE: &str = "usage: netns-forward --netns FILE LISTEN=TARGET...";
+    let netns = nano_gpu_tests::flag_value("--netns").context(USAGE)?;
+    let forwards = std::env::args()
+        .skip(1)
+        .filter(|a| a.contains('=') && *a != netns)
+        .map(|a| parse_forward(&a))
+        .collect::<Result<Vec<_>>>()?;
     if forwards.is_empty() {
-        bail!("no LISTEN=TARGET given");
+        bail!("no LISTEN=TARGET given; {USAGE}");
     }
     let listeners = forwards
         .iter()
@@ -93,16 +88,6 @@ fn splice(a: TcpStream, b: TcpStream) {
 }
 
 fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 64 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
+    let _ = std::io::copy(&mut from, &mut to);
     let _ = to.shutdown(Shutdown::Write);
 }

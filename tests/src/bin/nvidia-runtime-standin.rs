@@ -58,41 +58,26 @@ fn creating(args: &[String]) -> Option<PathBuf> {
 fn edit_spec(bundle: &Path) -> Result<()> {
     let file = bundle.join("config.json");
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&file)?)?;
-    let env: Vec<String> = spec["process"]["env"]
-        .as_array()
-        .map(|e| e.iter().filter_map(|v| v.as_str().map(String::from)).collect())
-        .unwrap_or_default();
-    let Some(visible) = env.iter().rev().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")) else {
+    // The last setting wins, as in a process environment.
+    let visible = spec["process"]["env"].as_array().and_then(|env| {
+        env.iter().rev().find_map(|e| e.as_str()?.strip_prefix("NVIDIA_VISIBLE_DEVICES=").map(str::to_owned))
+    });
+    let Some(visible) = visible.filter(|v| !matches!(v.as_str(), "" | "void" | "none")) else {
         return Ok(());
     };
-    if matches!(visible, "" | "void" | "none") {
-        return Ok(());
-    }
-    // The node's cards, kept to the visible ones (by UUID or index, as the real runtime takes them).
-    let all: Value = serde_json::from_slice(
+    // The node's cards, kept to the visible ones.
+    let mut list: Value = serde_json::from_slice(
         &std::fs::read(Path::new(DRIVER).join("nvml.json")).context("reading the node's card list")?,
     )?;
-    let cards = all["cards"].as_array().cloned().unwrap_or_default();
-    let cards: Vec<Value> = if visible == "all" {
-        cards
-    } else {
-        let wanted: Vec<&str> = visible.split(',').map(str::trim).collect();
-        cards
-            .into_iter()
-            .enumerate()
-            .filter(|(i, c)| wanted.iter().any(|w| c["uuid"].as_str() == Some(w) || i.to_string() == *w))
-            .map(|(_, c)| c)
-            .collect()
-    };
-    let mut visible_list = all.clone();
-    visible_list["cards"] = Value::Array(cards);
-    let list = bundle.join("nano-gpu-fake-nvml.json");
-    std::fs::write(&list, serde_json::to_vec(&visible_list)?)?;
+    let cards = visible_cards(list["cards"].take(), &visible);
+    list["cards"] = cards;
+    let list_file = bundle.join("nano-gpu-fake-nvml.json");
+    std::fs::write(&list_file, serde_json::to_vec(&list)?)?;
 
     let mounts = spec["mounts"].as_array_mut().context("spec without mounts")?;
     for (source, target) in [
         (Path::new(DRIVER).join("libnvidia-ml.so.1"), NVML_TARGET.into()),
-        (list, PathBuf::from(CARDS_TARGET)),
+        (list_file, PathBuf::from(CARDS_TARGET)),
     ] {
         mounts.push(json!({
             "destination": target,
@@ -107,4 +92,47 @@ fn edit_spec(bundle: &Path) -> Result<()> {
         .push(json!(format!("FAKE_NVML_CONFIG={CARDS_TARGET}")));
     std::fs::write(&file, serde_json::to_vec(&spec)?)?;
     Ok(())
+}
+
+/// The cards of `cards` (a JSON array) that `visible` names: `all`, or a comma list of UUIDs or
+/// indexes, as the real runtime takes them.
+fn visible_cards(cards: Value, visible: &str) -> Value {
+    let Value::Array(cards) = cards else { return Value::Array(vec![]) };
+    if visible == "all" {
+        return Value::Array(cards);
+    }
+    let wanted: Vec<&str> = visible.split(',').map(str::trim).collect();
+    let named =
+        |(i, c): &(usize, Value)| wanted.iter().any(|w| c["uuid"].as_str() == Some(w) || i.to_string() == *w);
+    Value::Array(cards.into_iter().enumerate().filter(named).map(|(_, c)| c).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_bundle_of_a_create_is_found_past_runc_s_global_flags() {
+        let shim = args(
+            "--root /run/containerd/runc/k8s.io --log /x/log.json --log-format json create --bundle /b/1 --pid-file /x/pid id",
+        );
+        assert_eq!(creating(&shim), Some(PathBuf::from("/b/1")));
+        assert_eq!(creating(&args("create -b /b/2 id")), Some(PathBuf::from("/b/2")));
+        assert_eq!(creating(&args("--systemd-cgroup create --bundle=/b/3 id")), Some(PathBuf::from("/b/3")));
+        // Other commands pass through untouched, even with a --bundle-like word after them.
+        assert_eq!(creating(&args("--root /r start id")), None);
+        assert_eq!(creating(&args("--log /x state --bundle /b id")), None);
+    }
+
+    #[test]
+    fn only_the_visible_cards_are_kept() {
+        let cards = json!([{"uuid": "GPU-a"}, {"uuid": "GPU-b"}, {"uuid": "GPU-c"}]);
+        assert_eq!(visible_cards(cards.clone(), "all"), cards);
+        assert_eq!(visible_cards(cards.clone(), "GPU-c, 0"), json!([{"uuid": "GPU-a"}, {"uuid": "GPU-c"}]));
+        assert_eq!(visible_cards(cards, "GPU-z"), json!([]));
+    }
 }
