@@ -1,151 +1,498 @@
 #!/usr/bin/env bash
-# A local nano-gpu cluster with simulated GPU nodes, from real parts:
-#   - etcd, kube-apiserver (RBAC) and kube-scheduler built from upstream (hack/k8s-build.sh);
-#   - deploy/ applied as shipped: namespace, RBAC, scheduler ConfigMap, webhook configuration, ...;
-#   - kube-scheduler started with the KubeSchedulerConfiguration of deploy/scheduler-config.yaml;
-#   - nano-gpu-allocator with its webhook registered;
-#   - per node: a kubelet stand-in (upstream kubelet device manager, hack/kubelet-standin) and a
-#     nano-gpu-agent reading fake cards through the real NVML path (libfakenvml.so).
-# The components run as local processes instead of the Deployment and DaemonSet (there are no
-# container runtime and no controller-manager here); what has to change for that is swapped in the
-# applied objects, and said below where it happens. Each component authenticates with a token of the
-# ServiceAccount deploy/ gives it, so the shipped RBAC is what is tested.
+# The local cluster with simulated GPU nodes, for README command 1 and the end-to-end tests: a real
+# Kubernetes cluster on this one machine with nano-gpu installed as shipped. The control plane
+# (hack/control-plane.sh), kube-controller-manager, the default kube-scheduler, kube-proxy and N real
+# nodes, each a containerd (Debian's, with runc and the CNI plugins) and a real kubelet, all built or
+# installed like upstream; then `kubectl apply -f deploy/`: the allocator as its Deployment, the agent
+# as its DaemonSet, on fake NVML cards. How, and why each step is needed here, is in
+# ../shared/reference/real-nodes.md; in short:
+#   - one network namespace (<dir>/netns) holds every process and pod: node IPs 10.201.0.<k>/32 and
+#     the apiserver's 10.201.0.254 on its loopback, one CNI bridge per node (10.244.<k>.0/24); this
+#     machine's own network is never touched, and its loopback reaches the apiserver through a
+#     forwarder (tests/src/bin/netns-forward.rs);
+#   - one mount namespace per node (<dir>/nodes/<node>/mntns) in which the node's own directories
+#     stand at the kubelet's and containerd's hard-coded paths (/var/lib, /var/log, /run/containerd,
+#     /run/netns), so a hostPath in a pod means that node's path, as on a real machine;
+#   - one cgroup root per node in every cgroup hierarchy;
+#   - the GPU driver: each containerd runs containers through nvidia-runtime-standin
+#     (tests/src/bin/nvidia-runtime-standin.rs), which gives a container that sets
+#     NVIDIA_VISIBLE_DEVICES the fake NVML and only its visible cards, as nvidia-container-runtime
+#     gives the driver's.
 #
-# Usage: hack/cluster.sh up <dir> [--nodes N]   (prints nothing on stdout; sources <dir>/cluster.env)
-#        hack/cluster.sh down <dir>             (stops every process it started; nothing is left)
-# Env:   NANO_GPU_BIN        dir with nano-gpu-allocator and nano-gpu-agent (default: release build)
-#        NANO_GPU_FAKE_NVML  path of libfakenvml.so (default: next to the binaries)
+# Usage: hack/cluster.sh up <dir> [--nodes N] [--bare]  (--bare: no nano-gpu; writes <dir>/cluster.env)
+#        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied)
+#        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
+#        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
+#        hack/cluster.sh ctr <dir> <node> ARGS...  (containerd's ctr on that node, namespace k8s.io)
+#        hack/cluster.sh load <dir> IMAGE.tar    (imports an image archive into every node's containerd)
+# Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
+#                       netns-forward, pause, nvidia-runtime-standin, nvidia-smi (default: release build)
+#        NANO_GPU_FAKE_NVML  path of libfakenvml.so (default: in NANO_GPU_BIN)
+#        NANO_GPU_CACHE cache root (default ~/.cache/nano-gpu)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=hack/cards.sh
+source "$ROOT/hack/cards.sh"
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
+CP_IP=10.201.0.254
+SERVICE_CIDR=10.0.0.0/24
+POD_CIDR=10.244.0.0/16
+CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
 log() { echo "cluster: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-[[ $# -ge 2 ]] || die "usage: $0 up|down <dir> [--nodes N]"
+node_ip() { echo "10.201.0.$1"; }
+
+# The test tools (Rust, tests/src/bin) the harness runs.
+tools() {
+  if [[ -z ${NANO_GPU_BIN:-} ]]; then
+    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
+      --bin nvidia-runtime-standin --bin nvidia-smi -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
+    NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+  fi
+  for f in netns-forward pause nvidia-runtime-standin nvidia-smi; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
+  [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
+}
+
+# rootfs_new: an empty root filesystem laid out as Debian's (merged /usr), with the users the shipped
+# images have (root, and nonroot 65532 as in distroless).
+rootfs_new() {
+  local r
+  r=$(mktemp -d)
+  mkdir -p "$r"/{usr/bin,usr/lib,usr/lib64,usr/local/bin,etc,tmp,proc,sys,dev,run,var}
+  chmod 1777 "$r/tmp"
+  ln -s usr/bin "$r/bin"; ln -s usr/lib "$r/lib"; ln -s usr/lib64 "$r/lib64"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$r/etc/group"
+  echo "$r"
+}
+
+# rootfs_add ROOTFS FILE [DEST]: FILE at DEST (default: the same path) with the libraries it loads.
+rootfs_add() {
+  local rootfs=$1 src=$2 dest=${3:-$2} lib
+  install -D -m 755 "$src" "$rootfs$dest"
+  while read -r lib; do
+    [[ -e $rootfs$lib ]] || install -D -m 755 "$lib" "$rootfs$lib"
+  done < <(ldd "$src" 2>/dev/null | grep -o '/[^ ]*' || true)
+}
+
+# image_of OUT.tar REF CONFIG FILL ARGS...: an image REF (hack/image.sh) of a fresh root filesystem
+# that `FILL ROOTFS ARGS...` filled.
+image_of() {
+  local out=$1 ref=$2 config=$3 rootfs
+  shift 3
+  rootfs=$(rootfs_new)
+  "$1" "$rootfs" "${@:2}"
+  bash "$ROOT/hack/image.sh" "$out" "$ref" "$rootfs" "$config"
+  rm -rf "$rootfs"
+}
+
+# busybox_fill ROOTFS BUSYBOX: busybox and a link per applet in /usr/bin.
+busybox_fill() {
+  local a
+  install -D -m 755 "$2" "$1/usr/bin/busybox"
+  for a in $("$2" --list); do [[ $a == busybox ]] || ln -s busybox "$1/usr/bin/$a"; done
+}
+
+# cached_images NAME HASH MAKE: prints $CACHE/images/NAME-HASH, running `MAKE DIR` first unless it
+# is complete; one set per NAME is kept, and one writer at a time (tests start clusters side by side).
+cached_images() {
+  local out=$CACHE/images/$1-$2
+  mkdir -p "$CACHE/images"
+  exec 8>"$CACHE/images/.lock" && flock 8
+  if [[ ! -f $out/.complete ]]; then
+    rm -rf "$CACHE/images/$1"-*
+    mkdir -p "$out"
+    "$3" "$out"
+    touch "$out/.complete"
+  fi
+  echo "$out"
+}
+
+# cuda_fill ROOTFS: busybox with the nvidia-smi stand-in (tests/src/bin/nvidia-smi.rs).
+cuda_fill() {
+  busybox_fill "$1" /bin/busybox
+  rootfs_add "$1" "$NANO_GPU_BIN/nvidia-smi" /usr/bin/nvidia-smi
+}
+
+# The base images every node needs: the sandbox's pause, busybox, and the GPU workload image the
+# examples and tests run, under the name deploy/examples/ uses (there: CUDA's base image, which sets
+# NVIDIA_VISIBLE_DEVICES=all as this one does; here busybox and `nvidia-smi -L`).
+base_images_into() {
+  image_of "$1/pause.tar" nano-gpu.local/pause:1 '{"Entrypoint":["/pause"]}' rootfs_add "$NANO_GPU_BIN/pause" /pause
+  image_of "$1/busybox.tar" nano-gpu.local/busybox:1 '{"Entrypoint":["/bin/sh"],"Env":["PATH=/bin"]}' \
+    busybox_fill /bin/busybox
+  image_of "$1/cuda.tar" "$(image_ref examples/share-30.yaml nvidia/cuda)" \
+    '{"Env":["PATH=/usr/bin:/bin","NVIDIA_VISIBLE_DEVICES=all","NVIDIA_DRIVER_CAPABILITIES=compute,utility"]}' cuda_fill
+}
+
+# image_ref FILE NAME: the image deploy/FILE names for NAME (e.g. nano-gpu/agent:0.1.0).
+image_ref() { grep -o "image: *[^ ]*$2:[^ ]*" "$ROOT/deploy/$1" | head -1 | sed 's/image: *//'; }
+
+# nano-gpu's images, as the Dockerfiles lay them out (binary in /usr/local/bin, user, entrypoint), and
+# kube-scheduler's (the upstream binary built here) under the name deploy/ uses.
+nano_gpu_images_into() {
+  local path='"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]'
+  # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
+  image_of "$1/allocator.tar" "$(image_ref allocator.yaml nano-gpu/allocator)" \
+    '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],'"$path}" \
+    rootfs_add "$NANO_GPU_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
+  # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
+  image_of "$1/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" \
+    '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" \
+    rootfs_add "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+  image_of "$1/kube-scheduler.tar" "$(image_ref allocator.yaml kube-scheduler)" "{$path}" \
+    rootfs_add "$K8S_BIN/kube-scheduler" /usr/local/bin/kube-scheduler
+}
+
+# import_images NODE ARCHIVE...: the images into the node's containerd.
+import_images() {
+  local a
+  for a in "${@:2}"; do in_node "$1" ctr -n k8s.io images import "$a" >/dev/null; done
+}
+
+# The shipped install on the real nodes: `kubectl apply -f deploy/` with two swaps, each applied before
+# the pods it concerns exist (so nothing rolls over right after the install):
+#   - no cluster DNS here: kube-scheduler's extender URL names the allocator Service by its ClusterIP,
+#     not its DNS name;
+#   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
+#     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator.
+install_nano_gpu() {
+  local images k ip f sel=app.kubernetes.io/name=nano-gpu-allocator
+  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  images=$(cached_images nano-gpu "$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" \
+    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
+  for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
+  # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
+  kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
+  ip=$(kubectl get service nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
+  kubectl get configmap nano-gpu-scheduler-config -n nano-gpu-system -o yaml |
+    sed "s#urlPrefix: http://nano-gpu-allocator.nano-gpu-system.svc:#urlPrefix: http://$ip:#" |
+    kubectl replace -f - >&2
+  kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
+  kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
+    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | kubectl apply -f - >&2
+  # The user's step: label the GPU nodes.
+  for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
+  wait_for "nano-gpu-allocator (a leader ready)" 120 allocator_ready
+  for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
+  log "installed: deploy/ on $NODES real nodes"
+}
+
+allocator_ready() {
+  kubectl get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'
+}
+node_ready() {
+  kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
+}
+
+# ---- pieces run inside the namespaces ----
+
+# in_node NODE ARGS...: runs ARGS in the node's namespaces (the cluster's network, the node's mounts).
+in_node() { "${IN_NET[@]}" "--mount=$DIR/nodes/$1/mntns" "${@:2}"; }
+
+# cgroup_root NODE: the node's cgroup root (the kubelet's cgroupRoot), the same in every hierarchy.
+cgroup_root() { echo "$CGROUP_PREFIX-$1"; }
+
+# node_mounts NODE: the node's mount namespace, its paths bound over the hard-coded ones.
+node_mounts() {
+  local node=$1 root=$DIR/nodes/$1 d
+  mkdir -p "$root"/{var/lib,var/log,run/containerd,run/netns,cni/net.d,cni/ipam,sysctl}
+  touch "$root/mntns"
+  unshare "--mount=$root/mntns" --propagation private true
+  # protectKernelDefaults: the kubelet checks these sysctls and would write them machine-wide if
+  # it were allowed to; it sees the values it expects here, and the machine keeps its own.
+  printf '1\n' >"$root/sysctl/overcommit_memory"
+  printf '10\n' >"$root/sysctl/panic"
+  printf '1\n' >"$root/sysctl/panic_on_oops"
+  nsenter "--mount=$root/mntns" bash -s -- "$root" <<'EOF'
+    set -e
+    for d in var/lib var/log run/containerd run/netns; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
+    mount --bind "$1/sysctl/overcommit_memory" /proc/sys/vm/overcommit_memory
+    mount --bind "$1/sysctl/panic" /proc/sys/kernel/panic
+    mount --bind "$1/sysctl/panic_on_oops" /proc/sys/kernel/panic_on_oops
+EOF
+  # The kubelet needs its cgroup root in every hierarchy before it starts (real-nodes.md).
+  for d in /sys/fs/cgroup/*/; do mkdir -p "${d%/}$(cgroup_root "$node")"; done
+  if [[ -d /sys/fs/cgroup/cpuset ]]; then
+    cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.mems"
+  fi
+}
+
+start_containerd() {
+  local node=$1 k=$2 root=$DIR/nodes/$1
+  cat >"$root/containerd.toml" <<EOF
+version = 2
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "nano-gpu.local/pause:1"
+  # Nothing here may lower oom_score_adj (real-nodes.md).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+      # In place of nvidia-container-runtime as the default runtime (nvidia-docker's setup): the
+      # fake driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc.
+      BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$root/cni/net.d"
+EOF
+  cat >"$root/cni/net.d/10-bridge.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "nano-gpu-$node", "plugins": [
+  {"type": "bridge", "bridge": "ngbr$k", "isGateway": true, "isDefaultGateway": true,
+   "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "dataDir": "$root/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
+}
+
+start_kubelet() {
+  local node=$1 k=$2 root=$DIR/nodes/$1 ip
+  ip=$(node_ip "$k")
+  bash "$ROOT/hack/control-plane.sh" client "$DIR" "kubelet-$node" "/O=system:nodes/CN=system:node:$node" "$CP_URL" >&2
+  cat >"$root/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $ip
+healthzBindAddress: $ip
+readOnlyPort: 0
+authentication:
+  anonymous: { enabled: false }
+  webhook: { enabled: true }
+  x509: { clientCAFile: $DIR/pki/ca.crt }
+authorization: { mode: Webhook }
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: $(cgroup_root "$node")
+failCgroupV1: false
+failSwapOn: false
+oomScoreAdj: 0
+protectKernelDefaults: true
+resolvConf: ""
+clusterDomain: cluster.local
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: { memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
+maxPods: 60
+EOF
+  launch "kubelet-$node" "${IN_NET[@]}" "--mount=$root/mntns" "$K8S_BIN/kubelet" --config "$root/kubelet.yaml" \
+    --kubeconfig "$DIR/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" -v=1
+}
+
+up() {
+  local n=$1 k node images
+  tools
+  for c in containerd runc iptables nsenter unshare; do
+    command -v "$c" >/dev/null || die "$c not found; apt-get install containerd runc containernetworking-plugins iptables"
+  done
+  [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
+  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || die "/bin/busybox missing; apt-get install busybox-static"
+  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
+    sha256sum | cut -c1-16)" base_images_into)
+  K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
+  mkdir -p "$DIR"
+  [[ -e $DIR/netns ]] && die "$DIR/netns exists: run $0 down $DIR first"
+  trap 'log "up failed; logs in $DIR"; down' EXIT
+
+  # The network namespace: loopback addresses for the apiserver and the nodes, ClusterIPs routed to
+  # loopback (kube-proxy's rules take them from there), forwarding between the nodes' pod bridges.
+  touch "$NETNS"
+  unshare "--net=$NETNS" true
+  "${IN_NET[@]}" ip link set lo up
+  "${IN_NET[@]}" ip addr add "$CP_IP/32" dev lo
+  for ((k = 1; k <= n; k++)); do "${IN_NET[@]}" ip addr add "$(node_ip "$k")/32" dev lo; done
+  "${IN_NET[@]}" ip route add "$SERVICE_CIDR" dev lo
+  "${IN_NET[@]}" sysctl -qw net.ipv4.ip_forward=1
+
+  K8S_BIN=$K8S_BIN NETNS=$NETNS CP_IP=$CP_IP NETNS_FORWARD=$NANO_GPU_BIN/netns-forward \
+    bash "$ROOT/hack/control-plane.sh" start "$DIR" >&2
+  # shellcheck source=/dev/null
+  source "$DIR/control-plane.env"
+
+  bash "$ROOT/hack/control-plane.sh" client "$DIR" controller-manager "/CN=system:kube-controller-manager" "$CP_URL" >&2
+  launch kube-controller-manager "${IN_NET[@]}" "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
+    --use-service-account-credentials --leader-elect=false --bind-address 127.0.0.1 \
+    --cluster-signing-cert-file "$DIR/pki/ca.crt" --cluster-signing-key-file "$DIR/pki/ca.key"
+
+  # The cluster's default scheduler (pods that ask no GPU); nano-gpu brings its own profile.
+  bash "$ROOT/hack/control-plane.sh" client "$DIR" default-scheduler "/CN=system:kube-scheduler" "$CP_URL" >&2
+  launch kube-scheduler "${IN_NET[@]}" "$K8S_BIN/kube-scheduler" --kubeconfig "$DIR/default-scheduler.kubeconfig" \
+    --authentication-kubeconfig "$DIR/default-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$DIR/default-scheduler.kubeconfig" --leader-elect=false --bind-address 127.0.0.1
+
+  # One kube-proxy: every node shares the namespace, so one set of rules serves them all.
+  bash "$ROOT/hack/control-plane.sh" client "$DIR" kube-proxy "/CN=system:kube-proxy" "$CP_URL" >&2
+  cat >"$DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: { kubeconfig: $DIR/kube-proxy.kubeconfig }
+mode: iptables
+hostnameOverride: node-1
+clusterCIDR: $POD_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+oomScoreAdj: 0
+# Leave the machine's conntrack settings alone.
+conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s }
+# Pods reach Services on their own bridge without br_netfilter.
+iptables: { masqueradeAll: true }
+EOF
+  launch kube-proxy "${IN_NET[@]}" "$K8S_BIN/kube-proxy" --config "$DIR/kube-proxy.yaml"
+
+  for ((k = 1; k <= n; k++)); do
+    node=node-$k
+    node_mounts "$node"
+    # The node's fake driver (see tests/src/bin/nvidia-runtime-standin.rs): its cards and NVML.
+    mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver"
+    nvml_config "$node" "$k" >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/nvml.json"
+    install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
+    start_containerd "$node" "$k"
+  done
+  for ((k = 1; k <= n; k++)); do
+    node=node-$k
+    wait_for "containerd on $node" 30 in_node "$node" ctr version
+    import_images "$node" "$images"/{pause,busybox,cuda}.tar
+    start_kubelet "$node" "$k"
+  done
+  for ((k = 1; k <= n; k++)); do wait_for "node-$k Ready" 90 node_ready "node-$k"; done
+  wait_for "default ServiceAccount" 60 kubectl get serviceaccount default -n default
+
+  { cat "$DIR/control-plane.env"
+    cat <<EOF
+NETNS=$NETNS
+NODES=$n
+CGROUP_PREFIX=$CGROUP_PREFIX
+NANO_GPU_BIN=$NANO_GPU_BIN
+EOF
+  } >"$DIR/cluster.env"
+  ((bare)) || install_nano_gpu
+  trap - EXIT
+  log "up: $n real nodes$( ((bare)) || echo ", nano-gpu installed"); kubectl --kubeconfig $ADMIN_KUBECONFIG get nodes; stop with: $0 down $DIR"
+}
+
+# restart COMPONENT NODE: kill -9 of the node's kubelet or containerd, then the same one started
+# again (what a crash and its service manager do). Containers keep running through both.
+restart() {
+  local what=$1 node=$2 k pid
+  k=${node#node-}
+  [[ $node == node-* && -d $DIR/nodes/$node ]] || die "no node $node in $DIR"
+  pid=$(ours "$DIR/$what-$node.pid") || die "$what of $node is not running"
+  kill -KILL "$pid"
+  while alive "$pid"; do sleep 0.05; done
+  case $what in
+    kubelet) start_kubelet "$node" "$k" ;;
+    containerd) start_containerd "$node" "$k"; wait_for "containerd on $node" 30 in_node "$node" ctr version ;;
+    *) die "restart: kubelet or containerd, not $what" ;;
+  esac
+  log "restarted $what on $node"
+}
+
+# Every process whose network namespace is ours (containerd shims, anything left running).
+ns_pids() {
+  local ino p
+  ino=$(stat -L -c %i "$DIR/netns" 2>/dev/null) || return 0
+  for p in /proc/[0-9]*; do
+    [[ $(stat -L -c %i "$p/ns/net" 2>/dev/null) == "$ino" ]] && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+# Our cgroup roots that exist, one per node and hierarchy.
+our_cgroups() {
+  local cg
+  for cg in /sys/fs/cgroup/*/"${CGROUP_PREFIX#/}"-*; do [[ -d $cg ]] && echo "$cg"; done
+  return 0
+}
+
+down() {
+  local f pid m cg tries
+  trap - EXIT
+  [[ -d $DIR ]] || return 0
+  # Pods first, while their kubelets run: the kubelets stop their containers and sandboxes. No
+  # controller recreates them once kube-controller-manager is gone.
+  stop_pid "$DIR/kube-controller-manager.pid"
+  if [[ -f $DIR/control-plane.env ]]; then
+    # shellcheck source=/dev/null
+    source "$DIR/control-plane.env"
+    if kubectl get --raw /readyz >/dev/null 2>&1; then
+      kubectl delete pods --all -A --grace-period=1 --wait=true --timeout=60s >/dev/null 2>&1 ||
+        log "some pods were not deleted in 60s; killing them"
+    fi
+  fi
+  for f in "$DIR"/kubelet-*.pid "$DIR"/kube-proxy.pid "$DIR"/containerd-*.pid; do
+    [[ -e $f ]] && stop_pid "$f"
+  done
+  # What is left in our cgroups (containers whose kubelet is gone), the control plane, then anything
+  # still in our network namespace (containerd shims).
+  while read -r cg; do find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null; done < <(our_cgroups) |
+    sort -u | xargs -r kill -KILL 2>/dev/null || true
+  bash "$ROOT/hack/control-plane.sh" stop "$DIR" >&2
+  for pid in $(ns_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+  # cgroups, deepest first (a cgroup empties a moment after its last process dies).
+  while read -r cg; do
+    for ((tries = 0; tries < 50; tries++)); do
+      find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      [[ -d $cg ]] || break
+      sleep 0.1
+    done
+    if [[ -d $cg ]]; then log "could not remove cgroup $cg"; fi
+  done < <(our_cgroups)
+  # The namespaces' pins, and any mount under $DIR, deepest first.
+  while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done \
+    < <(awk -v d="$DIR/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+  rm -f "$DIR/netns" "$DIR"/nodes/*/mntns
+  awk -v d="$DIR/" 'index($5, d) == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo &&
+    log "mounts left under $DIR" || true
+}
+
+# cluster_env: what `up` wrote (NANO_GPU_BIN given in the environment wins).
+cluster_env() {
+  local bin=${NANO_GPU_BIN:-}
+  [[ -f $DIR/cluster.env ]] || die "$DIR/cluster.env missing: run $0 up $DIR first"
+  # shellcheck source=/dev/null
+  source "$DIR/cluster.env"
+  NANO_GPU_BIN=${bin:-$NANO_GPU_BIN}
+}
+
+[[ $# -ge 2 ]] || die "usage: $0 up|down|install|restart|ctr|load <dir> ..."
 CMD=$1
 DIR=$(realpath -m "$2")
 shift 2
-NODES=3
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --nodes) NODES=$2; shift 2 ;;
-    *) die "unknown flag $1" ;;
-  esac
-done
-
-if [[ $CMD == down ]]; then
-  exec bash "$ROOT/hack/control-plane.sh" stop "$DIR"
-fi
-[[ $CMD == up ]] || die "unknown command $CMD"
-
-# Our binaries.
-if [[ -z ${NANO_GPU_BIN:-} ]]; then
-  (cd "$ROOT" && cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-agent -p fakenvml >&2)
-  NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
-fi
-FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
-for f in "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" "$FAKE_NVML"; do
-  [[ -e $f ]] || die "$f missing"
-done
-
-# Upstream binaries and the control plane (its `stop` later stops everything with a pid file here).
-K8S_BIN=$(bash "$ROOT/hack/k8s-build.sh")
-(( NODES == 0 )) || [[ -x $K8S_BIN/kubelet-standin ]] || die "$K8S_BIN/kubelet-standin missing"
-mkdir -p "$DIR"
-K8S_BIN=$K8S_BIN bash "$ROOT/hack/control-plane.sh" start "$DIR" >&2
-# shellcheck source=/dev/null
-source "$DIR/control-plane.env"
-trap 'log "up failed; logs in $DIR"; bash "$ROOT/hack/control-plane.sh" stop "$DIR"' EXIT
-# shellcheck source=hack/lib.sh
-source "$ROOT/hack/lib.sh"
-
-# The shipped manifests, as they are.
-kubectl apply -f "$ROOT/deploy/" >&2
-
-# sa_kubeconfig FILE SERVICEACCOUNT: a kubeconfig with a token of that ServiceAccount.
-sa_kubeconfig() {
-  local token
-  token=$(kubectl create token "$2" -n nano-gpu-system --duration=48h)
-  cat >"$DIR/$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: $APISERVER_URL
-    certificate-authority-data: $(base64 -w0 <"$DIR/pki/ca.crt")
-users:
-- name: $2
-  user:
-    token: $token
-contexts:
-- name: $2
-  context: { cluster: local, user: $2 }
-current-context: $2
-EOF
-}
-sa_kubeconfig allocator.kubeconfig nano-gpu-allocator
-sa_kubeconfig agent.kubeconfig nano-gpu-agent
-
-free_port EXTENDER_PORT; free_port WEBHOOK_PORT; free_port SCHEDULER_PORT
-# Swapped: the webhook reaches the allocator process on loopback instead of through its Service.
-kubectl patch mutatingwebhookconfiguration nano-gpu-allocator --type=json -p \
-  "[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig\",\"value\":{\"url\":\"https://localhost:$WEBHOOK_PORT/mutate\"}}]" >&2
-
-launch allocator env POD_NAME=allocator-0 POD_NAMESPACE=nano-gpu-system \
-  "$NANO_GPU_BIN/nano-gpu-allocator" --kubeconfig "$DIR/allocator.kubeconfig" serve \
-  --listen "127.0.0.1:$EXTENDER_PORT" --tls-listen "127.0.0.1:$WEBHOOK_PORT" --tls-dns-names localhost \
-  --leader-elect --gpushare gib
-wait_for "allocator (leader)" 60 curl -sf "http://127.0.0.1:$EXTENDER_PORT/readyz"
-
-# kube-scheduler with the shipped configuration; swapped: the extender URL (loopback instead of the
-# Service) and the client connection (a ServiceAccount token instead of in-cluster).
-kubectl get configmap nano-gpu-scheduler-config -n nano-gpu-system \
-  -o jsonpath='{.data.scheduler-config\.yaml}' >"$DIR/scheduler-config.yaml"
-sed -i "s#urlPrefix: .*#urlPrefix: http://127.0.0.1:$EXTENDER_PORT#" "$DIR/scheduler-config.yaml"
-printf 'clientConnection:\n  kubeconfig: %s\n' "$DIR/allocator.kubeconfig" >>"$DIR/scheduler-config.yaml"
-launch kube-scheduler "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-config.yaml" \
-  --secure-port "$SCHEDULER_PORT" --bind-address 127.0.0.1 \
-  --authentication-kubeconfig "$DIR/allocator.kubeconfig" --authorization-kubeconfig "$DIR/allocator.kubeconfig"
-wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$SCHEDULER_PORT/healthz"
-
-# shellcheck source=hack/cards.sh
-source "$ROOT/hack/cards.sh"
-
-for ((k = 1; k <= NODES; k++)); do
-  node=node-$k
-  root=$DIR/nodes/$node
-  mkdir -p "$root/device-plugins" "$root/pod-resources" "$root/sys/class/drm"
-  nvml_config "$node" "$k" >"$root/nvml.json"
-  launch "standin-$node" "$K8S_BIN/kubelet-standin" --kubeconfig "$ADMIN_KUBECONFIG" --node-name "$node" \
-    --root-dir "$root"
-  probe=0; free_port probe
-  echo "$probe" >"$root/agent-probe-port"
-  launch "agent-$node" env FAKE_NVML_CONFIG="$root/nvml.json" RUST_LOG=info \
-    "$NANO_GPU_BIN/nano-gpu-agent" --kubeconfig "$DIR/agent.kubeconfig" --node-name "$node" \
-    --plugin-dir "$root/device-plugins" --pod-resources-socket "$root/pod-resources/kubelet.sock" \
-    --nvml-lib "$FAKE_NVML" --sysfs-root "$root/sys" --gpushare gib --probe-listen "127.0.0.1:$probe" \
-    --refresh-seconds 5 --xid-quiet-seconds 10
-done
-for ((k = 1; k <= NODES; k++)); do
-  node=node-$k
-  wait_for "agent on $node" 60 curl -sf "http://127.0.0.1:$(cat "$DIR/nodes/$node/agent-probe-port")/readyz"
-  wait_for "$node allocatable" 60 gpu_allocatable "$node"
-done
-# The allocator has seen every node's cards.
-for ((k = 1; k <= NODES; k++)); do
-  wait_for "allocator view of node-$k" 60 bash -c "curl -sf http://127.0.0.1:$EXTENDER_PORT/inspect | grep -q '\"GPU-node-$k-0\"'"
-done
-
-cat >"$DIR/cluster.env" <<EOF
-K8S_BIN=$K8S_BIN
-NANO_GPU_BIN=$NANO_GPU_BIN
-ADMIN_KUBECONFIG=$ADMIN_KUBECONFIG
-APISERVER_URL=$APISERVER_URL
-EXTENDER_URL=http://127.0.0.1:$EXTENDER_PORT
-WEBHOOK_PORT=$WEBHOOK_PORT
-SCHEDULER_PORT=$SCHEDULER_PORT
-NODES=$NODES
-EOF
-trap - EXIT
-log "up: $NODES nodes; kubectl --kubeconfig $ADMIN_KUBECONFIG ...; stop with: $0 down $DIR"
+NETNS=$DIR/netns
+IN_NET=(nsenter "--net=$NETNS")
+# Per cluster directory, so clusters side by side never share a cgroup.
+CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
+case $CMD in
+  up)
+    NODES=3
+    bare=0
+    while [[ $# -gt 0 ]]; do
+      case $1 in
+        --nodes) NODES=$2; shift 2 ;;
+        --bare) bare=1; shift ;;
+        *) die "unknown flag $1" ;;
+      esac
+    done
+    up "$NODES" ;;
+  down) down; log "down" ;;
+  install) cluster_env; tools; install_nano_gpu ;;
+  restart) [[ $# -eq 2 ]] || die "usage: $0 restart <dir> kubelet|containerd <node>"; cluster_env; restart "$1" "$2" ;;
+  ctr) [[ $# -ge 2 ]] || die "usage: $0 ctr <dir> <node> ARGS..."; in_node "$1" ctr -n k8s.io "${@:2}" ;;
+  load)
+    [[ $# -eq 1 && -f $1 ]] || die "usage: $0 load <dir> IMAGE.tar"
+    for node in "$DIR"/nodes/*/; do import_images "$(basename "$node")" "$1"; done ;;
+  *) die "unknown command $CMD" ;;
+esac

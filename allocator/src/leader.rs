@@ -256,6 +256,35 @@ pub async fn run(api: Api<Lease>, name: String, me: String, timing: Timing, lead
     }
 }
 
+/// The Lease spec that gives it up, when `me` holds `lease`: no holder, which the other replicas take
+/// over at their next attempt instead of after a lease duration (client-go's release on cancel).
+pub fn released(lease: Option<&LeaseSpec>, me: &str) -> Option<LeaseSpec> {
+    let spec = lease.filter(|s| s.holder_identity.as_deref() == Some(me))?;
+    Some(LeaseSpec { holder_identity: None, ..spec.clone() })
+}
+
+/// Gives the Lease up at shutdown, so a rollout or a drain hands over in a moment. The election loop
+/// must have stopped (it would take the Lease again); this replica stops deciding first. Within
+/// `limit`; a failure only means the others wait out the lease.
+pub async fn release(api: &Api<Lease>, name: &str, me: &str, leadership: &Leadership, limit: Duration) {
+    if !leadership.step_down() {
+        return;
+    }
+    let give_up = async {
+        let Some(mut lease) = api.get_opt(name).await? else { return Ok(false) };
+        let Some(spec) = released(lease.spec.as_ref(), me) else { return Ok(false) };
+        lease.spec = Some(spec);
+        // With the read resourceVersion: a replica that took over meanwhile keeps the Lease.
+        api.replace(name, &PostParams::default(), &lease).await.map(|_| true)
+    };
+    match tokio::time::timeout(limit, give_up).await {
+        Ok(Ok(true)) => tracing::info!(lease = %name, "gave the lease up"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(lease = %name, error = %e, "could not give the lease up"),
+        Err(_) => tracing::warn!(lease = %name, "could not give the lease up within {limit:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,6 +487,18 @@ mod tests {
         let only = Leadership::always();
         only.step_down();
         assert!(only.is_leader(), "without election the only replica always decides");
+    }
+
+    #[test]
+    fn a_released_lease_names_no_holder_and_is_taken_over_at_once() {
+        let mine = held("a", 1_000);
+        let given_up = released(Some(&mine), "a").unwrap();
+        assert_eq!(given_up.holder_identity, None);
+        assert_eq!(LeaseSpec { holder_identity: mine.holder_identity.clone(), ..given_up.clone() }, mine);
+        let mut seen = Observation::default();
+        assert_eq!(step(Some(&given_up), "b", &mut seen, Instant::now(), LEASE), Step::TakeOver);
+        assert_eq!(released(Some(&held("b", 1_000)), "a"), None, "only the holder gives a lease up");
+        assert_eq!(released(None, "a"), None);
     }
 
     #[test]

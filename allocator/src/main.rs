@@ -237,15 +237,20 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
         let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);
+        // The election, and what gives its Lease up at shutdown.
+        let mut election = None;
         if args.leader_elect {
             use nano_gpu_allocator::leader;
             shared = shared.with_leadership(std::sync::Arc::new(leader::Leadership::elected()));
             let identity = args.pod_name.clone().unwrap_or_else(|| format!("nano-gpu-allocator-{}", std::process::id()));
             let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
             let timing = leader::Timing { lease, renew_deadline: lease * 2 / 3, retry: lease / 7 };
-            let api = kube::Api::namespaced(client.clone(), &args.lease_namespace);
-            tokio::spawn(leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone()));
+            let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                kube::Api::namespaced(client.clone(), &args.lease_namespace);
+            let task = tokio::spawn(leader::run(api.clone(), args.lease_name.clone(), identity.clone(), timing, shared.leader.clone()));
+            election = Some((task, api, identity));
         }
+        let leadership = shared.leader.clone();
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -274,6 +279,12 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown()) => served.context("serving HTTP")?,
             _ = watches => bail!("the watches stopped"),
+        }
+        if let Some((task, api, identity)) = election {
+            task.abort();
+            let _ = task.await;
+            let limit = std::time::Duration::from_secs(2);
+            nano_gpu_allocator::leader::release(&api, &args.lease_name, &identity, &leadership, limit).await;
         }
         Ok(())
     })

@@ -1,41 +1,72 @@
-//! The local cluster of `hack/cluster.sh` as the end-to-end tests drive it: start and stop it, kill
-//! and restart its components, create pods and wait for them.
+//! The local cluster of `hack/cluster.sh` as the end-to-end tests drive it: real kubelets on
+//! containerd in one network namespace, nano-gpu installed as shipped. Start and stop it, restart
+//! its parts, reach into its network, read what the kubelets and the containers saw, create pods and
+//! wait for them.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, LogParams, PostParams};
+use nano_gpu_proto::kubelet::podresources::ListPodResourcesRequest;
+use nano_gpu_proto::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use serde_json::{Value, json};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The namespace the tests' pods live in.
 pub const NS: &str = "e2e";
 
-/// The running cluster; stopped (every process) when dropped.
+/// The GPU workload image (`deploy/examples/` names it; the harness makes it: busybox and an
+/// `nvidia-smi -L` on the container's NVML).
+pub const CUDA_IMAGE: &str = "nvidia/cuda:12.4.1-base-ubuntu22.04";
+
+/// What a GPU container of the tests runs: its cards as its NVML shows them, its GPU environment,
+/// then a marker, then it sleeps.
+const REPORT: &str = "nvidia-smi -L; env | grep -E '^(NVIDIA_VISIBLE_DEVICES|NANO_GPU_[A-Z_]+|ALIYUN_COM_[A-Z_]+)=' \
+                      | sort; echo reported; exec sleep 86400";
+
+/// The running cluster; taken down (every process, mount, cgroup, namespace) when dropped.
 pub struct Cluster {
     dir: PathBuf,
     /// What `hack/cluster.sh up` wrote to `cluster.env`.
     pub env: HashMap<String, String>,
 }
 
+/// `hack/cluster.sh ARGS` with the binaries of this test build: nano-gpu-allocator and -agent beside
+/// the test tools (pause, netns-forward, nvidia-runtime-standin, nvidia-smi), and the fake NVML.
+fn script(args: &[&str]) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack/cluster.sh"))
+        .args(args)
+        .env("NANO_GPU_BIN", crate::workspace_binary("pause").parent().unwrap())
+        .env("NANO_GPU_FAKE_NVML", crate::fake_nvml());
+    cmd
+}
+
 impl Cluster {
-    /// Starts a cluster of `nodes` simulated GPU nodes (`hack/cluster.sh up`) in a fresh directory.
-    pub fn up(nodes: u32) -> Cluster {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let dir = std::env::temp_dir().join(format!("nano-gpu-e2e-{}", std::process::id()));
-        let bin = crate::workspace_binary("nano-gpu-allocator").parent().unwrap().to_path_buf();
-        let status = Command::new("bash")
-            .arg(root.join("hack/cluster.sh"))
-            .args(["up", dir.to_str().unwrap(), "--nodes", &nodes.to_string()])
-            .env("NANO_GPU_BIN", &bin)
-            .env("NANO_GPU_FAKE_NVML", crate::fake_nvml())
-            .status()
-            .unwrap();
-        // From here on, a failure stops what was started.
-        let mut cluster = Cluster { dir: dir.clone(), env: HashMap::new() };
-        assert!(status.success(), "hack/cluster.sh up failed; logs in {}", dir.display());
-        cluster.env = crate::read_env(&dir.join("cluster.env"));
+    /// `nodes` real nodes with nano-gpu installed (`hack/cluster.sh up`), in a fresh directory named
+    /// after `name` (tests side by side each have their own cluster).
+    pub fn up(name: &str, nodes: u32) -> Cluster {
+        Cluster::start(name, nodes, &[])
+    }
+
+    /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
+    pub fn bare(name: &str, nodes: u32) -> Cluster {
+        Cluster::start(name, nodes, &["--bare"])
+    }
+
+    fn start(name: &str, nodes: u32, flags: &[&str]) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-{name}-{}", std::process::id()));
+        let mut args = vec!["up", dir.to_str().unwrap(), "--nodes"];
+        let n = nodes.to_string();
+        args.push(&n);
+        args.extend(flags);
+        let status = script(&args).status().unwrap();
+        // From here on, a failure takes down what was started.
+        let mut cluster = Cluster { dir, env: HashMap::new() };
+        assert!(status.success(), "hack/cluster.sh up failed; logs in {}", cluster.dir.display());
+        cluster.env = crate::read_env(&cluster.dir.join("cluster.env"));
         cluster
     }
 
@@ -44,119 +75,215 @@ impl Cluster {
         self.dir.join(name)
     }
 
-    /// What the kubelet stand-in of `node` recorded: pods, their containers' env and device IDs.
-    pub fn standin(&self, node: &str) -> Value {
-        let file = self.dir.join(format!("nodes/{node}/standin-state.json"));
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_default()).unwrap_or(Value::Null)
+    /// An admin client of the cluster's API server.
+    pub async fn client(&self) -> kube::Client {
+        nano_gpu_runtime::connect(Some(Path::new(&self.env["ADMIN_KUBECONFIG"]))).await.unwrap()
     }
 
-    /// The allocator's extender URL.
-    pub fn extender(&self) -> &str {
-        &self.env["EXTENDER_URL"]
+    /// kubectl as the cluster's admin.
+    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(Path::new(&self.env["K8S_BIN"]).join("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.env["ADMIN_KUBECONFIG"]).args(args);
+        cmd
     }
-}
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() && std::env::var_os("NANO_GPU_E2E_KEEP").is_some() {
-            eprintln!("NANO_GPU_E2E_KEEP: the cluster in {} keeps running", self.dir.display());
-            return;
+    /// kubectl's output, whatever its exit.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_cmd(args).output().unwrap()
+    }
+
+    /// kubectl's stdout; panics with its stderr when it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON); whether it succeeded.
+    pub fn apply(&self, manifest: &str) -> bool {
+        let mut child = self.kubectl_cmd(&["apply", "-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
+        child.wait().unwrap().success()
+    }
+
+    /// Runs a program inside the cluster's network namespace (where the pods and Services are).
+    pub fn in_netns(&self, args: &[&str]) -> Output {
+        Command::new("nsenter").arg(format!("--net={}", self.env["NETNS"])).args(args).output().unwrap()
+    }
+
+    /// GET (or POST `data` to) `url` from inside the cluster's network: the status code (0 when nothing
+    /// answered) and the body. `extra` goes to curl as is.
+    pub fn curl(&self, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, String) {
+        let mut args = vec!["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"];
+        if let Some(d) = data {
+            args.extend(["-X", "POST", "-H", "Content-Type: application/json", "--data", d]);
         }
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let _ = Command::new("bash").arg(root.join("hack/cluster.sh")).arg("down").arg(&self.dir).status();
-        // Logs stay after a failure; a passing run leaves nothing behind.
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// How a component of the cluster was started, to start it again (see [`Cluster::stop`]).
-pub struct Stopped {
-    name: String,
-    argv: Vec<String>,
-    environ: Vec<(String, String)>,
-}
-
-impl Cluster {
-    /// Kills the component `name` (its `<name>.pid`) with SIGKILL, and says how it was started.
-    pub fn stop(&self, name: &str) -> Stopped {
-        let pid: i32 =
-            std::fs::read_to_string(self.path(&format!("{name}.pid"))).unwrap().trim().parse().unwrap();
-        let split = |file: &str| -> Vec<String> {
-            let bytes = std::fs::read(format!("/proc/{pid}/{file}")).unwrap();
-            bytes
-                .split(|b| *b == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect()
-        };
-        let (argv, environ) = (split("cmdline"), split("environ"));
-        let environ =
-            environ.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
-        assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
-        while Path::new(&format!("/proc/{pid}/stat")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Stopped { name: name.into(), argv, environ }
+        args.extend(extra);
+        args.push(url);
+        let out = self.in_netns(&args);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_owned())
     }
 
-    /// Starts a stopped component again exactly as it was (arguments, environment, log file, pid file).
-    pub fn start(&self, stopped: &Stopped) {
-        self.launch(&stopped.name, &stopped.argv, &stopped.environ);
+    /// The allocator's extender through its Service (what kube-scheduler calls).
+    pub fn extender(&self) -> String {
+        let ip = self.ok(&["get", "svc", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", "jsonpath={.spec.clusterIP}"]);
+        format!("http://{ip}:8888")
     }
 
-    /// Starts a process as a component of the cluster `name`: in its own session, logging to
-    /// `<name>.log`, with `<name>.pid`, so `hack/cluster.sh down` stops it. `environ` is its whole
-    /// environment.
-    pub fn launch(&self, name: &str, argv: &[String], environ: &[(String, String)]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path(&format!("{name}.log")))
+    /// The allocator's view (`/inspect` through its Service).
+    pub fn inspect(&self) -> Value {
+        let (code, body) = self.curl(&format!("{}/inspect", self.extender()), None, &[]);
+        assert_eq!(code, 200, "/inspect: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// kill -9 of the node's `kubelet` or `containerd`, then started again (`hack/cluster.sh restart`).
+    pub fn restart(&self, what: &str, node: &str) {
+        let status = script(&["restart", self.dir.to_str().unwrap(), what, node]).status().unwrap();
+        assert!(status.success(), "restarting {what} on {node}");
+    }
+
+    /// SIGKILL to the processes of one container of a pod, through its node's containerd (a crash;
+    /// the kubelet restarts the container).
+    pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) {
+        let path = format!(
+            "jsonpath={{.spec.nodeName}} {{.status.containerStatuses[?(@.name==\"{container}\")].containerID}}"
+        );
+        let out = self.ok(&["get", "pod", pod, "-n", namespace, "-o", &path]);
+        let (node, id) = out.split_once(' ').unwrap_or_else(|| panic!("{namespace}/{pod}/{container}: {out}"));
+        let id = id.trim().strip_prefix("containerd://").unwrap_or_else(|| panic!("container id {id:?}"));
+        let status = script(&["ctr", self.dir.to_str().unwrap(), node, "tasks", "kill", "-s", "SIGKILL", id])
+            .status()
             .unwrap();
+        assert!(status.success(), "killing {namespace}/{pod}/{container} on {node}");
+    }
+
+    /// The device IDs the node's kubelet gave each container, from its pod-resources API: per
+    /// `namespace/pod/container`, per resource.
+    pub async fn kubelet_devices(&self, node: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        let socket = self.path(&format!("nodes/{node}/var/lib/kubelet/pod-resources/kubelet.sock"));
+        // A kubelet that just (re)started may not serve yet.
+        let start = Instant::now();
+        let list = loop {
+            let answer = match nano_gpu_runtime::unix_channel(socket.clone()).await {
+                Ok(channel) => PodResourcesListerClient::new(channel)
+                    .list(ListPodResourcesRequest::default())
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match answer {
+                Ok(list) => break list.into_inner(),
+                Err(e) => assert!(start.elapsed() < Duration::from_secs(60), "{node}'s pod-resources: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let mut out = BTreeMap::new();
+        for p in list.pod_resources {
+            for c in p.containers {
+                let mut per: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+                for d in c.devices {
+                    per.entry(d.resource_name).or_default().extend(d.device_ids);
+                }
+                out.insert(format!("{}/{}/{}", p.namespace, p.name, c.name), per);
+            }
+        }
+        out
+    }
+
+    /// Starts a program on this machine as a part of the cluster, `name`: logging to `<name>.log`,
+    /// with `<name>.pid`, stopped by `down` when its command line names the cluster's directory.
+    pub fn launch(&self, name: &str, argv: &[String]) {
+        let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
         let child = Command::new("setsid")
             .args(argv)
-            .env_clear()
-            .envs(environ.iter().map(|(k, v)| (k, v)))
-            .stdin(std::process::Stdio::null())
+            .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
         std::fs::write(self.path(&format!("{name}.pid")), child.id().to_string()).unwrap();
-        // `hack/cluster.sh down` stops it through the pid file; this thread reaps it then.
         let mut child = child;
         std::thread::spawn(move || child.wait());
     }
-}
 
-/// Kills a component of the cluster with SIGKILL and, with `restart`, starts it again exactly as it was.
-pub fn kill_and_restart(cluster: &Cluster, name: &str, restart: bool) {
-    let stopped = cluster.stop(name);
-    if restart {
-        cluster.start(&stopped);
+    /// SIGKILL to a program [`Cluster::launch`] started.
+    pub fn kill(&self, name: &str) {
+        let pid = std::fs::read_to_string(self.path(&format!("{name}.pid"))).unwrap();
+        assert!(Command::new("kill").args(["-9", pid.trim()]).status().unwrap().success());
+    }
+
+    fn down_status(&self) -> std::process::ExitStatus {
+        script(&["down", self.dir.to_str().unwrap()]).status().unwrap()
+    }
+
+    /// Takes the cluster down, asserting it went.
+    pub fn down(&self) {
+        assert!(self.down_status().success(), "hack/cluster.sh down failed");
     }
 }
 
-/// GET with curl: the status code (0 when nothing answered) and the body.
-pub fn http_get(url: &str) -> (u16, String) {
-    let out = Command::new("curl").args(["-s", "-o", "-", "-w", "\n%{http_code}", url]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if std::env::var_os("NANO_GPU_E2E_KEEP").is_some() {
+                eprintln!("NANO_GPU_E2E_KEEP: the cluster in {} keeps running", self.dir.display());
+                return;
+            }
+            // Logs stay after a failure.
+            let _ = self.down_status();
+        } else {
+            let _ = self.down_status();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
-/// A pod in [`NS`] with one pause container per `(name, limits)`, and `annotations`.
-pub fn pod(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Value) -> Pod {
+/// What one GPU container reported (see [`gpu_pod`]): its GPU environment, and the UUIDs of the cards
+/// its NVML shows.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// `NVIDIA_VISIBLE_DEVICES`, `NANO_GPU_*` and `ALIYUN_COM_*` as the container saw them.
+    pub env: BTreeMap<String, String>,
+    /// The UUIDs `nvidia-smi -L` listed.
+    pub cards: BTreeSet<String>,
+}
+
+/// Reads what a container of [`gpu_pod`] printed, from its log (waits until it printed all of it).
+pub async fn report(pods: &Api<Pod>, pod: &str, container: &str) -> Report {
+    let params = LogParams { container: Some(container.into()), ..Default::default() };
+    let start = Instant::now();
+    let log = loop {
+        let log = pods.logs(pod, &params).await.unwrap_or_default();
+        if log.lines().any(|l| l == "reported") {
+            break log;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{pod}/{container} did not report: {log}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let mut report = Report::default();
+    for line in log.lines() {
+        if let Some(uuid) = line.strip_prefix("GPU ").and_then(|l| l.split("(UUID: ").nth(1)) {
+            report.cards.insert(uuid.trim_end_matches(')').to_owned());
+        } else if let Some((k, v)) = line.split_once('=') {
+            report.env.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    report
+}
+
+/// A pod in [`NS`] with one container of the GPU workload image per `(name, limits)`, each reporting
+/// its cards and environment (see [`report`]), and `annotations`.
+pub fn gpu_pod(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Value) -> Pod {
     let containers: Vec<Value> = containers
         .iter()
         .map(|(c, limits)| {
             let limits: serde_json::Map<String, Value> =
                 limits.iter().map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
-            json!({"name": c, "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}})
+            json!({"name": c, "image": CUDA_IMAGE, "imagePullPolicy": "Never",
+                   "command": ["sh", "-c", REPORT], "resources": {"limits": limits}})
         })
         .collect();
     serde_json::from_value(json!({
@@ -168,7 +295,7 @@ pub fn pod(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Valu
 
 /// A pod of one container asking `percent` of `nano-gpu/gpu-percent`.
 pub fn percent_pod(name: &str, percent: u32) -> Pod {
-    pod(name, &[("c", &[("nano-gpu/gpu-percent", &percent.to_string())])], json!({}))
+    gpu_pod(name, &[("c", &[("nano-gpu/gpu-percent", &percent.to_string())])], json!({}))
 }
 
 /// Polls `check` every 250 ms until it holds; fails the test after `limit`.
@@ -204,8 +331,8 @@ pub async fn wait_running(pods: &Api<Pod>, names: &[String], limit: Duration) {
     .await;
 }
 
-/// Creates a pod; while the allocator restarts its webhook refuses (failurePolicy Fail), and the
-/// creation is retried as a controller would.
+/// Creates a pod; while no allocator serves its webhook (failurePolicy Fail) the creation is refused,
+/// and retried as a controller would.
 pub async fn create(pods: &Api<Pod>, pod: &Pod) -> Pod {
     let start = Instant::now();
     loop {

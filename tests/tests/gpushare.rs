@@ -1,10 +1,13 @@
-//! gpushare drop-in, end to end on the local cluster (`hack/cluster.sh`, three simulated nodes: node-1
-//! four 80 GiB cards, node-2 two 15 GiB and two 22 GiB cards, node-3 eight 32 GiB cards):
+//! gpushare drop-in, end to end on the local cluster (`hack/cluster.sh`, three real nodes with
+//! nano-gpu installed as shipped: node-1 four 80 GiB cards, node-2 two 15 GiB and two 22 GiB cards,
+//! node-3 eight 32 GiB cards):
 //!
 //! 1. The move from gpushare. node-3 first runs "the gpushare way": a stand-in for gpushare's device
-//!    plugin serves `aliyun.com/gpu-mem` (`fake-gpushare-plugin`), nano-gpu's admission policy is not
-//!    installed yet, and pods are bound with the annotations gpushare's extender and plugin wrote. Then
-//!    the switch: gpushare's plugin goes, nano-gpu's agent and policy come. The old pods keep running
+//!    plugin serves `aliyun.com/gpu-mem` (`fake-gpushare-plugin`, registered with node-3's kubelet),
+//!    nano-gpu's agent does not run there (the node is not labelled for it) and its admission policy
+//!    is not installed yet, and pods are bound with the annotations gpushare's extender and plugin
+//!    wrote. Then the switch: gpushare's plugin goes, the node is labelled and nano-gpu's agent comes,
+//!    and the policy. The old pods keep running
 //!    untouched with their device IDs; new pods never over-commit a card they use. One old pod whose
 //!    card index does not exist counts on every card, with a warning Event.
 //! 2. gpushare's own tool, `kubectl-inspect-gpushare` (built from `../shared/tools`), shows per node and
@@ -14,10 +17,9 @@
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
-use nano_gpu_tests::cluster::{Cluster, NS, create, http_get, phase, pod, wait_running, wait_until};
+use nano_gpu_tests::cluster::{Cluster, NS, create, gpu_pod, phase, wait_running, wait_until};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ const GIB: u64 = 1024;
 
 /// A pod asking `gib` of `aliyun.com/gpu-mem` on `node`.
 fn gpushare_pod(name: &str, gib: u64, node: &str, annotations: Value) -> Pod {
-    let mut p = pod(name, &[("c", &[("aliyun.com/gpu-mem", &gib.to_string())])], annotations);
+    let mut p = gpu_pod(name, &[("c", &[("aliyun.com/gpu-mem", &gib.to_string())])], annotations);
     p.spec.as_mut().unwrap().node_selector =
         Some(BTreeMap::from([("kubernetes.io/hostname".into(), node.into())]));
     p
@@ -43,24 +45,12 @@ fn placed_by_gpushare(name: &str, gib: u64, node: &str, index: &str) -> Pod {
     p
 }
 
-fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
-    let out = Command::new(Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(&cluster.env["ADMIN_KUBECONFIG"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// One card in the allocator's view: memory MiB, memory used MiB, the pods holding it.
 type CardView = (u64, u64, Vec<String>);
 
 /// The allocator's view: per node, per card index.
 fn view(cluster: &Cluster) -> BTreeMap<String, BTreeMap<u64, CardView>> {
-    let (_, body) = http_get(&format!("{}/inspect", cluster.extender()));
-    let view: Value = serde_json::from_str(&body).unwrap();
+    let view = cluster.inspect();
     let mut out = BTreeMap::new();
     for node in view["nodes"].as_array().unwrap() {
         let cards = node["cards"]
@@ -102,7 +92,7 @@ async fn held_by_annotations(pods: &Api<Pod>, node: &str) -> BTreeMap<u64, u64> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_over() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new("bash").arg(root.join("hack/gpushare-inspect-build.sh")).output().unwrap();
     assert!(
         out.status.success(),
@@ -111,30 +101,38 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     );
     let inspect_gpushare = String::from_utf8_lossy(&out.stdout).trim().to_owned();
 
-    let cluster = Cluster::up(3);
-    let client = nano_gpu_runtime::connect(Some(Path::new(&cluster.env["ADMIN_KUBECONFIG"]))).await.unwrap();
-    kubectl(&cluster, &["create", "namespace", NS]);
+    let cluster = Cluster::up("gpushare", 3);
+    let client = cluster.client().await;
+    cluster.ok(&["create", "namespace", NS]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let system: Api<Pod> = Api::namespaced(client.clone(), "nano-gpu-system");
+    let agent_on_node3 = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent").fields("spec.nodeName=node-3");
 
     // --- Before: node-3 runs the gpushare way. ---
-    let agent = cluster.stop("agent-node-3");
-    let node3 = cluster.path("nodes/node-3");
+    cluster.ok(&["label", "node", "node-3", "nano-gpu/node-"]);
+    wait_until("no nano-gpu agent on node-3", Duration::from_secs(60), || async {
+        system.list(&agent_on_node3).await.unwrap().items.is_empty()
+    })
+    .await;
+    // gpushare's plugin, with node-3's paths (a unix socket is reached by its path, so it registers
+    // with node-3's kubelet from here).
+    let node3 = cluster.path("nodes/node-3/var/lib");
     let plugin = nano_gpu_tests::workspace_binary("fake-gpushare-plugin");
     let argv: Vec<String> = vec![
         plugin.to_str().unwrap().into(),
         "--plugin-dir".into(),
-        node3.join("device-plugins").to_str().unwrap().into(),
+        node3.join("kubelet/device-plugins").to_str().unwrap().into(),
         "--nvml-config".into(),
-        node3.join("nvml.json").to_str().unwrap().into(),
+        node3.join("nano-gpu-fake-driver/nvml.json").to_str().unwrap().into(),
     ];
-    cluster.launch("gpushare-plugin-node-3", &argv, &[]);
+    cluster.launch("gpushare-plugin-node-3", &argv);
     wait_until("gpushare's plugin serves node-3", Duration::from_secs(30), || async {
         std::fs::read_to_string(cluster.path("gpushare-plugin-node-3.log"))
             .is_ok_and(|l| l.contains("the kubelet watches 256 device IDs"))
     })
     .await;
     // gpushare had no admission policy: its extender wrote these annotations.
-    kubectl(&cluster, &["delete", "validatingadmissionpolicybinding", "nano-gpu-assignments"]);
+    cluster.ok(&["delete", "validatingadmissionpolicybinding", "nano-gpu-assignments"]);
     let legacy =
         [("old-a", 20, "0"), ("old-b", 10, "1"), ("old-c", 8, "2"), ("old-d", 8, "2"), ("old-bad", 2, "9")];
     for (name, gib, idx) in legacy {
@@ -155,25 +153,20 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     for name in &legacy_names {
         before_pods.insert(name.clone(), pods.get(name).await.unwrap());
     }
-    let devices = |name: &str| {
-        cluster.standin("node-3")["pods"][format!("{NS}/{name}")]["containers"]["c"]["devices"].clone()
-    };
-    let old_ids: HashMap<String, Value> = legacy_names.iter().map(|n| (n.clone(), devices(n))).collect();
-    assert!(
-        old_ids["old-a"]["aliyun.com/gpu-mem"]
-            .as_array()
-            .is_some_and(|ids| ids.len() == 20 && ids.iter().all(|id| id.as_str().unwrap().contains("-_-"))),
-        "gpushare's device IDs: {}",
-        old_ids["old-a"]
-    );
+    let devices = cluster.kubelet_devices("node-3").await;
+    let old_ids: HashMap<String, _> =
+        legacy_names.iter().map(|n| (n.clone(), devices[&format!("{NS}/{n}/c")].clone())).collect();
+    let ids = &old_ids["old-a"]["aliyun.com/gpu-mem"];
+    assert!(ids.len() == 20 && ids.iter().all(|id| id.contains("-_-")), "gpushare's device IDs: {ids:?}");
 
     // --- The switch: gpushare's plugin goes, nano-gpu's agent and admission policy come. ---
-    cluster.stop("gpushare-plugin-node-3");
-    cluster.start(&agent);
-    kubectl(&cluster, &["apply", "-f", root.join("deploy/assignment-policy.yaml").to_str().unwrap()]);
-    let probe = std::fs::read_to_string(node3.join("agent-probe-port")).unwrap();
-    wait_until("nano-gpu's agent serves node-3", Duration::from_secs(60), || async {
-        http_get(&format!("http://127.0.0.1:{}/readyz", probe.trim())).0 == 200
+    cluster.kill("gpushare-plugin-node-3");
+    cluster.ok(&["label", "node", "node-3", "nano-gpu/node=true"]);
+    cluster.ok(&["apply", "-f", root.join("deploy/assignment-policy.yaml").to_str().unwrap()]);
+    wait_until("nano-gpu's agent serves node-3", Duration::from_secs(90), || async {
+        system.list(&agent_on_node3).await.unwrap().items.iter().any(|p| {
+            p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|c| c.iter().all(|c| c.ready))
+        })
     })
     .await;
 
@@ -230,12 +223,13 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     }
     assert_eq!(by_annotations[&0], 20, "nothing new beside old-a");
     // The old pods are untouched: Running, same annotations (no assignment written), same device IDs.
+    let devices = cluster.kubelet_devices("node-3").await;
     for (name, was) in &before_pods {
         let now = pods.get(name).await.unwrap();
         assert_eq!(phase(&now), "Running", "{name}");
         assert_eq!(now.metadata.annotations, was.metadata.annotations, "{name}'s annotations changed");
         assert!(!now.metadata.annotations.as_ref().unwrap().contains_key(ASSIGNMENT_ANNOTATION));
-        assert_eq!(devices(name), old_ids[name], "{name}'s device IDs changed");
+        assert_eq!(devices[&format!("{NS}/{name}/c")], old_ids[name], "{name}'s device IDs changed");
     }
     // New pods got what gpushare's plugin wrote once they ran.
     for p in list
