@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The simulated GPU nodes' cards, one list for both kinds of node (hack/cluster.sh, hack/nodes.sh).
+# The simulated GPU nodes' cards (hack/cluster.sh).
 # Sourced; `nvml_config NODE K` prints node K's cards in the fake NVML's format (tests/fakenvml).
 
 # Simulated GPU nodes, mixed card models: name|memory MiB|count, one line per model of a node.

@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# Starts/stops a real local Kubernetes control plane (etcd + kube-apiserver)
-# on loopback for tests. No kube-scheduler or controller-manager here.
+# Starts/stops a real local Kubernetes control plane (etcd + kube-apiserver) for
+# the local cluster (hack/cluster.sh, which starts the rest).
 # Usage: hack/control-plane.sh start <dir>   # fresh state in <dir>, waits for /readyz
 #        hack/control-plane.sh stop <dir>    # kills every process with a <dir>/*.pid
 #        hack/control-plane.sh client <dir> NAME SUBJECT SERVER
 #                                            # <dir>/NAME.kubeconfig: a client cert for SUBJECT
 #                                            # (e.g. /O=system:nodes/CN=system:node:node-1) at SERVER
 # Env:   K8S_BIN  dir with etcd/kube-apiserver/kubectl (default: hack/k8s-build.sh)
-#        NETNS    a network namespace file (hack/nodes.sh makes it): the control plane runs in it,
-#                 the apiserver on CP_IP:6443 (the address nodes.sh gives it there) for the real
-#                 nodes and their pods; this machine's loopback reaches it through NETNS_FORWARD
-#                 (tests/src/bin/netns-forward.rs)
-# <dir> afterwards holds admin.kubeconfig (system:masters), scheduler.kubeconfig
-# (CN=system:kube-scheduler), pki/, *.log, *.pid and control-plane.env.
+#        NETNS    the cluster's network namespace file (hack/cluster.sh makes it): the control
+#                 plane runs in it, the apiserver on CP_IP:6443 (the address cluster.sh gives it
+#                 there) for the nodes and their pods; this machine's loopback reaches it through
+#                 NETNS_FORWARD (tests/src/bin/netns-forward.rs)
+# <dir> afterwards holds admin.kubeconfig (system:masters), pki/, *.log, *.pid and control-plane.env.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-SERVICE_CIDR=10.0.0.0/24      # only allocated in etcd; nothing routes it
+SERVICE_CIDR=10.0.0.0/24      # kube-proxy routes it inside NETNS
 SERVICE_IP=10.0.0.1           # first IP: the "kubernetes" Service
 READY_TIMEOUT=${READY_TIMEOUT:-90}
 
@@ -60,7 +59,6 @@ certs() {
   cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
 subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,${CP_IP:+IP:$CP_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin "/O=system:masters/CN=nano-gpu-admin" extendedKeyUsage=clientAuth
-  cert scheduler "/CN=system:kube-scheduler" extendedKeyUsage=clientAuth
   cert front-proxy-client "/CN=front-proxy-client" extendedKeyUsage=clientAuth
   # The apiserver's client certificate towards kubelets (logs, exec).
   cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" extendedKeyUsage=clientAuth
@@ -102,31 +100,15 @@ start() {
   for f in etcd kube-apiserver kubectl; do [[ -x $BIN/$f ]] || die "$BIN/$f missing; run hack/k8s-build.sh"; done
   # Fresh state each start: only our own files, never the whole dir.
   rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.pid "$DIR/control-plane.env"
-  # What differs with NETNS: where the processes run and listen, and what a real cluster needs.
-  local bind=127.0.0.1 advertise=127.0.0.1 port ns_flags=()
-  IN_NS=()
+  [[ -n ${NETNS:-} && -x ${NETNS_FORWARD:-} && -n ${CP_IP:-} ]] ||
+    die "needs NETNS, NETNS_FORWARD (the netns-forward binary) and CP_IP (hack/cluster.sh sets them)"
+  IN_NS=(nsenter "--net=$NETNS")
+  # A fresh namespace: fixed ports inside; this machine reaches the apiserver through the forwarder.
+  local bind=0.0.0.0 advertise=$CP_IP port=6443
+  ETCD_PORT=2379 ETCD_PEER_PORT=2380
   free_port APISERVER_PORT
-  if [[ -n ${NETNS:-} ]]; then
-    [[ -x ${NETNS_FORWARD:-} && -n ${CP_IP:-} ]] || die "NETNS needs NETNS_FORWARD (the netns-forward binary) and CP_IP"
-    IN_NS=(nsenter "--net=$NETNS")
-    # A fresh namespace: fixed ports; tests reach the apiserver through the forwarder.
-    ETCD_PORT=2379 ETCD_PEER_PORT=2380 port=6443 bind=0.0.0.0 advertise=$CP_IP
-    # Real kubelets and a controller-manager: ServiceAccounts and their tokens exist, nodes clear
-    # their own taints, the "kubernetes" Service points at the apiserver, and logs/exec reach nodes
-    # by their InternalIP (node names do not resolve).
-    ns_flags=(--kubelet-preferred-address-types=InternalIP,Hostname
-      --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" --kubelet-client-key="$DIR/pki/kubelet-client.key")
-  else
-    free_port ETCD_PORT; free_port ETCD_PEER_PORT
-    port=$APISERVER_PORT
-    # ServiceAccount admission is off because no controller-manager creates the "default"
-    # ServiceAccounts; TaintNodesByCondition is off because no kubelet ever clears the not-ready
-    # taint from test Nodes. No endpoint reconciler: Endpoints may not hold the loopback address.
-    ns_flags=(--disable-admission-plugins=ServiceAccount,TaintNodesByCondition --endpoint-reconciler-type=none)
-  fi
   certs
   kubeconfig admin nano-gpu-admin
-  kubeconfig scheduler system:kube-scheduler
   # Any failure from here on (die or set -e) must not leave processes behind.
   trap 'log "start failed; logs in $DIR"; stop' EXIT
 
@@ -141,7 +123,9 @@ start() {
     ours "$DIR/etcd.pid" >/dev/null || die "etcd exited; log: $DIR/etcd.log"; sleep 0.1
   done
 
-  # The requestheader (front proxy) settings let delegated authn in kube-scheduler etc. start cleanly.
+  # The requestheader (front proxy) settings let delegated authn in kube-scheduler etc. start cleanly;
+  # logs and exec reach the kubelets by their InternalIP (node names do not resolve) with a client
+  # certificate.
   launch kube-apiserver "${IN_NS[@]}" "$BIN/kube-apiserver" \
     --etcd-servers="$etcd_url" --bind-address="$bind" --advertise-address="$advertise" --secure-port="$port" \
     --cert-dir="$DIR/pki" --tls-cert-file="$DIR/pki/apiserver.crt" --tls-private-key-file="$DIR/pki/apiserver.key" \
@@ -153,11 +137,11 @@ start() {
     --authorization-mode=Node,RBAC --service-cluster-ip-range="$SERVICE_CIDR" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
-    "${ns_flags[@]}" --allow-privileged=true --profiling=false
-  if [[ -n ${NETNS:-} ]]; then
-    # Not in the namespace: it listens here and joins NETNS itself.
-    launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
-  fi
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" --kubelet-client-key="$DIR/pki/kubelet-client.key" \
+    --allow-privileged=true --profiling=false
+  # Not in the namespace: it listens here and joins NETNS itself.
+  launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
 
   log "waiting for kube-apiserver on https://127.0.0.1:$APISERVER_PORT/readyz (up to ${READY_TIMEOUT}s)"
   deadline=$((SECONDS + READY_TIMEOUT))
@@ -175,9 +159,7 @@ start() {
 K8S_BIN=$BIN
 APISERVER_URL=https://127.0.0.1:$APISERVER_PORT
 APISERVER_PORT=$APISERVER_PORT
-ETCD_URL=$etcd_url
 ADMIN_KUBECONFIG=$DIR/admin.kubeconfig
-SCHEDULER_KUBECONFIG=$DIR/scheduler.kubeconfig
 CP_URL=https://$advertise:$port
 EOF
   log "ready: kubectl --kubeconfig=$DIR/admin.kubeconfig get ns   (stop: $0 stop $DIR)"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds pinned upstream Kubernetes test binaries (etcd, kube-apiserver,
 # kube-scheduler, kubectl, kubelet, kube-controller-manager, kube-proxy) from
-# the Go module proxy into a per-version cache, plus kubelet-standin (hack/kubelet-standin/: a simulated node driving the
-# upstream kubelet device manager of the same version).
+# the Go module proxy into a per-version cache.
 # Test harness only: Go is used here to build and drive upstream components,
 # never product logic.
 #
@@ -11,9 +10,7 @@
 #        NANO_GPU_BUILD_NICE      nice level for go build (default 15)
 #
 # Bumping: change the versions below and run this script; it re-pins the Go
-# modules in hack/upstream/*/ and hack/kubelet-standin/ (go.mod/go.sum) -
-# commit those files with it, after checking the stand-in's go:linkname
-# signature (hack/kubelet-standin/devicemanager.go) against the new version.
+# modules in hack/upstream/*/ (go.mod/go.sum) - commit those files with it.
 set -euo pipefail
 
 K8S_VERSION=v1.35.8
@@ -22,38 +19,22 @@ ETCD_VERSION=v3.6.6
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 UPSTREAM=$ROOT/hack/upstream
-STANDIN=$ROOT/hack/kubelet-standin
 CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
 BIN=$CACHE/k8s/$K8S_VERSION/bin
 STAMP="$BIN/.versions"
 NICE=${NANO_GPU_BUILD_NICE:-15}
-STANDIN_STAMP="$BIN/.kubelet-standin"
 BINARIES=(etcd kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 
 log() { echo "k8s-build: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# The stand-in is our own code: its stamp is the version plus a hash of its
-# sources (not its tests), so an edit rebuilds it - and only it.
-standin_version() {
-  local f files=()
-  for f in "$STANDIN"/go.mod "$STANDIN"/go.sum "$STANDIN"/*.go; do
-    [[ $f == *_test.go ]] || files+=("$f")
-  done
-  echo "k8s=$K8S_VERSION src=$(cat "${files[@]}" | sha256sum | cut -c1-16)"
-}
-
 # Fast path: everything already built for these exact versions.
-upstream_built() {
+built() {
   local b
   for b in "${BINARIES[@]}"; do [[ -x $BIN/$b ]] || return 1; done
   [[ -f $STAMP && $(cat "$STAMP") == "k8s=$K8S_VERSION etcd=$ETCD_VERSION" ]]
 }
-standin_built() {
-  [[ -x $BIN/kubelet-standin && -f $STANDIN_STAMP && $(cat "$STANDIN_STAMP") == "$(standin_version)" ]]
-}
-built() { upstream_built && standin_built; }
 if built; then echo "$BIN"; exit 0; fi
 
 # One build at a time per cache (parallel test runs may all call us); whoever
@@ -120,19 +101,6 @@ pin_etcd() {
     "$(awk '$1 == "go" { print $2; exit }' "$gomod")" "$m" "$ETCD_VERSION" "$m" | write_gomod "$dir"
 }
 
-# The stand-in requires the same k8s.io/kubernetes with the same staging
-# replaces as hack/upstream/kubernetes (run pin_kubernetes first).
-pin_standin() {
-  local dir=$STANDIN
-  [[ $(required_version "$dir" k8s.io/kubernetes) == "$K8S_VERSION" ]] && return 0
-  {
-    echo "module nano-gpu/hack/kubelet-standin"
-    awk '$1 == "go" || ($1 == "godebug" && NF == 2) { print "\n" $0 }' "$UPSTREAM/kubernetes/go.mod"
-    printf '\nrequire k8s.io/kubernetes %s\n\n' "$K8S_VERSION"
-    sed -n '/^replace (/,/^)/p' "$UPSTREAM/kubernetes/go.mod"
-  } | write_gomod "$dir"
-}
-
 # build NAME MODULE_DIR PACKAGE LDFLAGS: go build into $BIN/NAME atomically.
 build() {
   local name=$1 dir=$2 pkg=$3 ldflags=$4 start=$SECONDS
@@ -150,7 +118,6 @@ total=$SECONDS
 mkdir -p "$UPSTREAM/kubernetes" "$UPSTREAM/etcd"
 pin_kubernetes
 pin_etcd
-pin_standin
 mkdir -p "$BIN"
 
 # Version stamping as upstream's hack/lib/version.sh does, so /version and
@@ -161,19 +128,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 done
-if ! upstream_built; then
-  rm -f "$STAMP"
-  for cmd in "${K8S_CMDS[@]}"; do
-    build "$cmd" "$UPSTREAM/kubernetes" "k8s.io/kubernetes/cmd/$cmd" "$ld"
-  done
-  build etcd "$UPSTREAM/etcd" go.etcd.io/etcd/server/v3 "-s -w"
-  echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION" >"$STAMP"
-fi
-if ! standin_built; then
-  rm -f "$STANDIN_STAMP"
-  build kubelet-standin "$STANDIN" . "$ld"
-  standin_version >"$STANDIN_STAMP"
-fi
+rm -f "$STAMP"
+for cmd in "${K8S_CMDS[@]}"; do
+  build "$cmd" "$UPSTREAM/kubernetes" "k8s.io/kubernetes/cmd/$cmd" "$ld"
+done
+build etcd "$UPSTREAM/etcd" go.etcd.io/etcd/server/v3 "-s -w"
+echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION" >"$STAMP"
 
 log "all binaries built in $((SECONDS - total))s into $BIN"
 echo "$BIN"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # What the harness scripts share: process handling, waiting, free ports, kubectl. Sourced by
-# hack/control-plane.sh, hack/cluster.sh and hack/nodes.sh, which define `log`, `die` and DIR (the
+# hack/control-plane.sh and hack/cluster.sh, which define `log`, `die` and DIR (the
 # cluster's directory: every process the harness starts names it on its command line).
 
 # alive PID: running and not a zombie.

@@ -16,14 +16,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # above, features other crates turn on could hide an engine that reaches for proto's k8s or gRPC parts.
 echo "== cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
 cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
-# The end-to-end test runs the real kube-apiserver and kube-scheduler: build them first (once per
-# version, cached), so their build shows here rather than inside the test.
+# The end-to-end tests run real upstream Kubernetes: build it first (once per version, cached), so
+# its build shows here rather than inside a test.
 echo "== upstream Kubernetes binaries (hack/k8s-build.sh)"
 bash hack/k8s-build.sh >/dev/null
 echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
-echo "== go test (hack/kubelet-standin: the simulated node on the upstream kubelet device manager)"
-(cd hack/kubelet-standin && go test ./...)
 echo "== cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -23,13 +23,7 @@ fn print_inventory(flags: &Flags) -> ExitCode {
 }
 
 fn serve(flags: &Flags) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if flags.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    nano_gpu_runtime::init_logging(flags.log_format == "json");
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -4,6 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nano_gpu_allocator::sim::{self, Options};
 use nano_gpu_engine::trace;
+use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
 use std::path::PathBuf;
 
 #[global_allocator]
@@ -110,6 +111,10 @@ struct InspectArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Count gpushare's `aliyun.com/gpu-mem` as GPU memory, in this unit: as the allocator of the
+    /// cluster is run (`serve --gpushare`), or its pods show as asking no GPU.
+    #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
+    gpushare: Option<GpushareUnitArg>,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -179,15 +184,6 @@ fn parse_seeds(text: &str) -> Result<Vec<u64>> {
     text.split(',').map(|s| s.trim().parse::<u64>().with_context(bad)).collect()
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn simulate(args: SimulateArgs) -> Result<()> {
     let (nodes, pods) = match (&args.nodes, &args.pods) {
         (Some(n), Some(p)) => (sim::read_nodes(n)?, sim::read_pods(p)?),
@@ -220,15 +216,9 @@ fn simulate(args: SimulateArgs) -> Result<()> {
 fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     use nano_gpu_allocator::{binder::KubeBinder, server, state, watch};
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
-    use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
     let policy = policy::by_name(&args.policy, 0)
         .with_context(|| format!("unknown policy {:?}; known: {}", args.policy, policy::NAMES.join(", ")))?;
-    let demand = DemandOptions {
-        gpushare: args.gpushare.map(|u| match u {
-            GpushareUnitArg::Gib => GpushareUnit::GiB,
-            GpushareUnitArg::Mib => GpushareUnit::MiB,
-        }),
-    };
+    let demand = demand_options(args.gpushare);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
@@ -303,8 +293,11 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
         let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("listing pods")?;
         let policy = policy::by_name(policy::DEFAULT, 0).context("default policy")?;
-        let mut state =
-            ClusterState::new(Engine::new(Cluster::new(), policy, Default::default()), 0, Default::default());
+        let mut state = ClusterState::new(
+            Engine::new(Cluster::new(), policy, Default::default()),
+            0,
+            demand_options(args.gpushare),
+        );
         state.reset_nodes(&nodes.items);
         state.reset_pods(&pods.items);
         for w in state.take_warnings() {
@@ -326,6 +319,16 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// How pods' GPU demands are read: gpushare's memory resource accepted in `gpushare`'s unit, if given.
+fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
+    DemandOptions {
+        gpushare: gpushare.map(|u| match u {
+            GpushareUnitArg::Gib => GpushareUnit::GiB,
+            GpushareUnitArg::Mib => GpushareUnit::MiB,
+        }),
+    }
+}
+
 async fn shutdown() {
     nano_gpu_runtime::terminated().await;
     tracing::info!("shutting down");
@@ -333,7 +336,7 @@ async fn shutdown() {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    nano_gpu_runtime::init_logging(matches!(cli.log_format, LogFormat::Json));
     match cli.command {
         Command::Simulate(args) => simulate(args),
         Command::Serve(args) => serve(args, cli.kubeconfig),

@@ -21,6 +21,11 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "broken", "namespace": "ml", "uid": "u2", "annotations": {"nano-gpu/assignment": "{"}},
                 "spec": {"nodeName": "elsewhere", "containers": [{"name": "main", "resources": {"limits": {"nano-gpu/gpu-percent": "30"}}}]}, "status": {"phase": "Running"}}),
+            // Placed by gpushare before the move: counted only as the cluster runs, with --gpushare.
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "legacy", "namespace": "ml", "uid": "u3",
+                    "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]}, "status": {"phase": "Running"}}),
         ],
     })
     .await
@@ -37,10 +42,16 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
             .output()
             .unwrap()
     };
-    let out = tokio::task::spawn_blocking(move || (run(&[]), run(&["--node", "n1", "--format", "json"])))
-        .await
-        .unwrap();
-    let (table, json_out) = out;
+    let out = tokio::task::spawn_blocking(move || {
+        (
+            run(&[]),
+            run(&["--node", "n1", "--format", "json"]),
+            run(&["--gpushare", "gib", "--format", "json"]),
+        )
+    })
+    .await
+    .unwrap();
+    let (table, json_out, gpushare) = out;
     assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
     let text = String::from_utf8(table.stdout).unwrap();
     let card1 = text.lines().find(|l| l.contains("ml/train")).unwrap_or_else(|| panic!("{text}"));
@@ -49,5 +60,13 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
     assert!(stderr.contains("warning: Pod ml/broken: nano-gpu/assignment: .: not JSON"), "{stderr}");
     let view: serde_json::Value = serde_json::from_slice(&json_out.stdout).unwrap();
     assert_eq!(view["nodes"][0]["cards"][1]["percentFree"], 70);
+    assert_eq!(view["nodes"][0]["cards"][0]["pods"], json!([]), "without --gpushare: {}", view["nodes"][0]);
+    let view: serde_json::Value = serde_json::from_slice(&gpushare.stdout).unwrap();
+    let card0 = &view["nodes"][0]["cards"][0];
+    assert_eq!(
+        (card0["pods"].clone(), card0["memoryFreeMiB"].clone()),
+        (json!(["ml/legacy"]), json!(15360 - 4096)),
+        "{card0}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -128,7 +128,15 @@ impl Cluster {
 
     /// The allocator's extender through its Service (what kube-scheduler calls).
     pub fn extender(&self) -> String {
-        let ip = self.ok(&["get", "svc", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", "jsonpath={.spec.clusterIP}"]);
+        let ip = self.ok(&[
+            "get",
+            "svc",
+            "nano-gpu-allocator",
+            "-n",
+            "nano-gpu-system",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ]);
         format!("http://{ip}:8888")
     }
 
@@ -152,7 +160,8 @@ impl Cluster {
             "jsonpath={{.spec.nodeName}} {{.status.containerStatuses[?(@.name==\"{container}\")].containerID}}"
         );
         let out = self.ok(&["get", "pod", pod, "-n", namespace, "-o", &path]);
-        let (node, id) = out.split_once(' ').unwrap_or_else(|| panic!("{namespace}/{pod}/{container}: {out}"));
+        let (node, id) =
+            out.split_once(' ').unwrap_or_else(|| panic!("{namespace}/{pod}/{container}: {out}"));
         let id = id.trim().strip_prefix("containerd://").unwrap_or_else(|| panic!("container id {id:?}"));
         let status = script(&["ctr", self.dir.to_str().unwrap(), node, "tasks", "kill", "-s", "SIGKILL", id])
             .status()

@@ -71,7 +71,9 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
             assert_eq!(seen.cards, assigned, "{key}: the cards its NVML shows vs its assignment");
             let ids: BTreeSet<String> = devices[&node]
                 .get(&key)
-                .map(|per| per.values().flatten().map(|id| device_id::card_of(id).unwrap().to_owned()).collect())
+                .map(|per| {
+                    per.values().flatten().map(|id| device_id::card_of(id).unwrap().to_owned()).collect()
+                })
                 .unwrap_or_default();
             assert_eq!(ids, assigned, "{key}: the kubelet's device IDs vs its assignment");
         }
@@ -79,7 +81,12 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
     }
     for (card, used) in &percent {
         assert!(*used <= 100, "card {card} is at {used} %");
-        assert!(memory[card] <= card_memory[card], "card {card} memory {} > {}", memory[card], card_memory[card]);
+        assert!(
+            memory[card] <= card_memory[card],
+            "card {card} memory {} > {}",
+            memory[card],
+            card_memory[card]
+        );
     }
     // The allocator's accounting equals the assignments: nothing reserved and forgotten.
     let view = cluster.inspect();
@@ -128,7 +135,11 @@ async fn the_system_works_on_real_nodes() {
     // assignment says. The card-model pod goes first: only node-2's two T4 cards can take it.
     create(
         &pods,
-        &gpu_pod("t4", &[("c", &[("nano-gpu/gpu-percent", "40")])], json!({"nano-gpu/gpu-model": "Tesla T4"})),
+        &gpu_pod(
+            "t4",
+            &[("c", &[("nano-gpu/gpu-percent", "40")])],
+            json!({"nano-gpu/gpu-model": "Tesla T4"}),
+        ),
     )
     .await;
     let mut names = vec!["share-30".to_string()];
@@ -147,7 +158,10 @@ async fn the_system_works_on_real_nodes() {
     assert_eq!(a.node, "node-2", "the only Tesla T4 cards are on node-2");
     let env = report(&pods, "gpushare", "c").await.env;
     assert_eq!(env.get("ALIYUN_COM_GPU_MEM_CONTAINER").map(String::as_str), Some("4"), "{env:?}");
-    assert!(env.contains_key("ALIYUN_COM_GPU_MEM_IDX") && env.contains_key("ALIYUN_COM_GPU_MEM_DEV"), "{env:?}");
+    assert!(
+        env.contains_key("ALIYUN_COM_GPU_MEM_IDX") && env.contains_key("ALIYUN_COM_GPU_MEM_DEV"),
+        "{env:?}"
+    );
     let share = report(&pods, "share-30", "c").await.env;
     assert_eq!(share.get("NANO_GPU_PERCENT").map(String::as_str), Some("30"), "{share:?}");
     let whole = Assignment::decode(
@@ -215,7 +229,11 @@ async fn the_system_works_on_real_nodes() {
     // no running container is restarted, and new pods still land.
     let before = cluster.kubelet_devices("node-1").await;
     let agent = system
-        .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent").fields("spec.nodeName=node-1"))
+        .list(
+            &ListParams::default()
+                .labels("app.kubernetes.io/name=nano-gpu-agent")
+                .fields("spec.nodeName=node-1"),
+        )
         .await
         .unwrap()
         .items
@@ -232,13 +250,22 @@ async fn the_system_works_on_real_nodes() {
     })
     .await;
     // The restarted kubelet lists a pod once it has synced it again.
-    wait_until("node-1's kubelet lists every container's devices as before", Duration::from_secs(60), || async {
-        let now = cluster.kubelet_devices("node-1").await;
-        before.iter().all(|(container, ids)| now.get(container) == Some(ids))
-    })
+    wait_until(
+        "node-1's kubelet lists every container's devices as before",
+        Duration::from_secs(60),
+        || async {
+            let now = cluster.kubelet_devices("node-1").await;
+            before.iter().all(|(container, ids)| now.get(container) == Some(ids))
+        },
+    )
     .await;
     for p in pods.list(&ListParams::default()).await.unwrap().items {
-        let restarts: i32 = p.status.iter().flat_map(|s| s.container_statuses.iter().flatten()).map(|c| c.restart_count).sum();
+        let restarts: i32 = p
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| c.restart_count)
+            .sum();
         assert_eq!(restarts, 0, "{:?} was restarted", p.metadata.name);
     }
     let after: Vec<String> = (0..6).map(|i| format!("after-restart-{i}")).collect();
@@ -260,7 +287,10 @@ async fn the_system_works_on_real_nodes() {
     // The allocator's two replicas: only the leader is ready, so only it is behind the Service; both
     // serve the webhook's certificate the webhook configuration's CA trusts; the follower asked
     // anyway refuses to decide; the leader's pod deleted, the follower takes over.
-    let replicas = system.list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator")).await.unwrap();
+    let replicas = system
+        .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator"))
+        .await
+        .unwrap();
     assert_eq!(replicas.items.len(), 2);
     let lead = leader(&client).await.unwrap();
     wait_until("the leader ready", Duration::from_secs(60), || async {
@@ -278,8 +308,11 @@ async fn the_system_works_on_real_nodes() {
     for p in &replicas.items {
         let ip = p.status.as_ref().unwrap().pod_ip.clone().unwrap();
         let resolve = format!("{name}:8443:{ip}");
-        let (code, _) =
-            cluster.curl(&format!("https://{name}:8443/healthz"), None, &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve]);
+        let (code, _) = cluster.curl(
+            &format!("https://{name}:8443/healthz"),
+            None,
+            &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve],
+        );
         assert_eq!(code, 200, "{:?} is not trusted by the webhook's CA", p.metadata.name);
     }
     let follower_ip = follower.status.as_ref().unwrap().pod_ip.clone().unwrap();
@@ -293,7 +326,8 @@ async fn the_system_works_on_real_nodes() {
     system.delete(&lead, &DeleteParams::default()).await.unwrap();
     let follower = follower.metadata.name.clone().unwrap();
     wait_until("the follower takes over", Duration::from_secs(15), || async {
-        leader(&client).await.as_ref() == Some(&follower) && ready(&system.get(&follower).await.unwrap(), "allocator")
+        leader(&client).await.as_ref() == Some(&follower)
+            && ready(&system.get(&follower).await.unwrap(), "allocator")
     })
     .await;
     let view = cluster.inspect().to_string();
@@ -303,7 +337,12 @@ async fn the_system_works_on_real_nodes() {
     // so a CPU-only pod is still admitted, a GPU pod is refused.
     cluster.ok(&["scale", "deployment", "nano-gpu-allocator", "-n", SYSTEM, "--replicas=0"]);
     wait_until("no allocator left", Duration::from_secs(60), || async {
-        system.list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator")).await.unwrap().items.is_empty()
+        system
+            .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
     })
     .await;
     let cpu_only: Pod = serde_json::from_value(json!({"metadata": {"name": "cpu-only", "namespace": NS},

@@ -106,7 +106,8 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     cluster.ok(&["create", "namespace", NS]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let system: Api<Pod> = Api::namespaced(client.clone(), "nano-gpu-system");
-    let agent_on_node3 = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent").fields("spec.nodeName=node-3");
+    let agent_on_node3 =
+        ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent").fields("spec.nodeName=node-3");
 
     // --- Before: node-3 runs the gpushare way. ---
     cluster.ok(&["label", "node", "node-3", "nano-gpu/node-"]);
@@ -165,7 +166,10 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     cluster.ok(&["apply", "-f", root.join("deploy/assignment-policy.yaml").to_str().unwrap()]);
     wait_until("nano-gpu's agent serves node-3", Duration::from_secs(90), || async {
         system.list(&agent_on_node3).await.unwrap().items.iter().any(|p| {
-            p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|c| c.iter().all(|c| c.ready))
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|c| c.iter().all(|c| c.ready))
         })
     })
     .await;

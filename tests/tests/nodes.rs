@@ -89,8 +89,7 @@ fn real_nodes_run_a_deployment_a_service_and_a_drain_and_leave_nothing() {
     let placed = nodes.ok(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"]);
     assert_eq!(placed.split_whitespace().collect::<Vec<_>>(), ["node-2", "node-2"]);
 
-    let netns_inode =
-        std::fs::metadata(nodes.path("netns")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let netns_inode = std::fs::metadata(nodes.path("netns")).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
     nodes.down();
     let dir = nodes.path("").to_str().unwrap().trim_end_matches('/').to_owned();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -1,11 +1,27 @@
-//! What the nano-gpu binaries need to run in a cluster, and nothing of what they decide: a kube client
-//! the way kubectl finds its cluster (from `--kubeconfig` when given, else `KUBECONFIG`,
+//! What the nano-gpu binaries need to run in a cluster, and nothing of what they decide: their logs, a
+//! kube client the way kubectl finds its cluster (from `--kubeconfig` when given, else `KUBECONFIG`,
 //! `~/.kube/config` or the in-cluster service account), the signal that stops them, and a gRPC channel
 //! over a unix socket, the way the kubelet and its device plugins talk.
 //!
 //! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
 
+use std::io::IsTerminal;
 use std::path::Path;
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), as JSON lines or plain text; colours only
+/// on a terminal (a container's log is a file, read by `kubectl logs` and log shippers).
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
 
 /// Connects with the kubeconfig at `path`, or the default chain when `None`.
 pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {

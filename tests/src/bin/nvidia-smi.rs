@@ -24,7 +24,8 @@ fn main() {
     };
     let count = nvml.device_count().unwrap_or(0);
     for i in 0..count {
-        let line = nvml.device_by_index(i).and_then(|d| Ok(format!("GPU {i}: {} (UUID: {})", d.name()?, d.uuid()?)));
+        let line =
+            nvml.device_by_index(i).and_then(|d| Ok(format!("GPU {i}: {} (UUID: {})", d.name()?, d.uuid()?)));
         match line {
             Ok(l) => println!("{l}"),
             Err(e) => {

@@ -1,4 +1,4 @@
-//! The pod sandbox's process in the harness's real-node cluster (`hack/nodes.sh` makes the image
+//! The pod sandbox's process in the harness's real-node cluster (`hack/cluster.sh` makes the image
 //! `nano-gpu.local/pause:1` of it, as no registry can be reached here): holds the pod's namespaces,
 //! does nothing, and exits on SIGTERM or SIGINT (as PID 1 a signal without a handler is ignored).
 
