@@ -156,8 +156,8 @@ import_images() {
 
 # The shipped install on the real nodes: `kubectl apply -f deploy/` with two swaps, each applied before
 # the pods it concerns exist (so nothing rolls over right after the install):
-#   - no cluster DNS here: kube-scheduler's extender URL names the allocator Service by its ClusterIP,
-#     not its DNS name;
+#   - no cluster DNS here: kube-scheduler's extender URL names the extender's Service by its
+#     ClusterIP, not its DNS name;
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
 #     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator.
 install_nano_gpu() {
@@ -168,9 +168,9 @@ install_nano_gpu() {
   for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
   # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
-  ip=$(kubectl get service nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
+  ip=$(kubectl get service nano-gpu-allocator-leader -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
   kubectl get configmap nano-gpu-scheduler-config -n nano-gpu-system -o yaml |
-    sed "s#urlPrefix: http://nano-gpu-allocator.nano-gpu-system.svc:#urlPrefix: http://$ip:#" |
+    sed "s#urlPrefix: http://nano-gpu-allocator-leader.nano-gpu-system.svc:#urlPrefix: http://$ip:#" |
     kubectl replace -f - >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |

@@ -13,6 +13,13 @@
 //! `renew_deadline` after that attempt began, well before any other replica may take over. A leader
 //! whose API calls hang, or whose process is frozen (SIGSTOP) and later resumed, finds its leadership
 //! expired and decides nothing until it renews; every attempt also has a timeout.
+//!
+//! The leader's pod carries a label that routes kube-scheduler's calls to it ([`LeaderLabel`]); at
+//! shutdown a leader gives the Lease and the label up, so another replica leads at its next attempt.
+
+mod label;
+
+pub use label::{LEADER_LABEL, LeaderLabel};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -175,6 +182,13 @@ pub struct Timing {
     pub retry: Duration,
 }
 
+impl Timing {
+    /// How long one API call of the election may take.
+    fn call_limit(&self) -> Duration {
+        self.renew_deadline.min(self.lease / 2).max(Duration::from_millis(100))
+    }
+}
+
 /// Why an attempt did not say who leads.
 #[derive(Debug, thiserror::Error)]
 pub enum AttemptError {
@@ -226,16 +240,26 @@ async fn attempt_in_time(
     timing: Timing,
     seen: &mut Observation,
 ) -> Result<bool, AttemptError> {
-    let limit = timing.renew_deadline.min(timing.lease / 2).max(Duration::from_millis(100));
+    let limit = timing.call_limit();
     match tokio::time::timeout(limit, attempt(api, name, me, timing, seen)).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(AttemptError::Timeout(limit)),
     }
 }
 
-/// Runs the election until the process ends, keeping `leadership` up to date.
-pub async fn run(api: Api<Lease>, name: String, me: String, timing: Timing, leadership: Arc<Leadership>) {
+/// Runs the election until `stop` resolves, keeping `leadership` (and the leader `label`, if given)
+/// up to date; then gives the Lease and the label up.
+pub async fn run(
+    api: Api<Lease>,
+    name: String,
+    me: String,
+    timing: Timing,
+    leadership: Arc<Leadership>,
+    mut label: Option<LeaderLabel>,
+    stop: impl std::future::Future<Output = ()>,
+) {
     let mut seen = Observation::default();
+    tokio::pin!(stop);
     loop {
         let began = Instant::now();
         match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
@@ -252,7 +276,17 @@ pub async fn run(api: Api<Lease>, name: String, me: String, timing: Timing, lead
             // Leadership lapses by itself at its deadline unless a later attempt renews it.
             Err(e) => tracing::warn!(lease = %name, error = %e, "lease update failed"),
         }
-        tokio::time::sleep_until(began + timing.retry).await;
+        if let Some(label) = label.as_mut() {
+            label.reconcile(leadership.is_leader(), timing.call_limit()).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(began + timing.retry) => {}
+            _ = &mut stop => break,
+        }
+    }
+    release(&api, &name, &me, &leadership, timing.call_limit()).await;
+    if let Some(label) = label.as_mut() {
+        label.reconcile(false, timing.call_limit()).await;
     }
 }
 
@@ -263,10 +297,9 @@ pub fn released(lease: Option<&LeaseSpec>, me: &str) -> Option<LeaseSpec> {
     Some(LeaseSpec { holder_identity: None, ..spec.clone() })
 }
 
-/// Gives the Lease up at shutdown, so a rollout or a drain hands over in a moment. The election loop
-/// must have stopped (it would take the Lease again); this replica stops deciding first. Within
-/// `limit`; a failure only means the others wait out the lease.
-pub async fn release(api: &Api<Lease>, name: &str, me: &str, leadership: &Leadership, limit: Duration) {
+/// Gives the Lease up at shutdown, so a rollout or a drain hands over in a moment; this replica stops
+/// deciding first. Within `limit`; a failure only means the others wait out the lease.
+async fn release(api: &Api<Lease>, name: &str, me: &str, leadership: &Leadership, limit: Duration) {
     if !leadership.step_down() {
         return;
     }
@@ -394,7 +427,15 @@ mod tests {
                 }
             });
             let leadership = Arc::new(Leadership::elected());
-            let election = tokio::spawn(run(api, "l".into(), "me".into(), TIMING, leadership.clone()));
+            let election = tokio::spawn(run(
+                api,
+                "l".into(),
+                "me".into(),
+                TIMING,
+                leadership.clone(),
+                None,
+                std::future::pending(),
+            ));
             while !leadership.is_leader() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -407,6 +448,46 @@ mod tests {
             assert!(led < TIMING.lease, "another replica could take over after {:?}", TIMING.lease);
             election.abort();
             server.abort();
+        }
+
+        #[tokio::test]
+        async fn a_stopped_leader_gives_the_lease_up_and_stops_deciding() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(async move {
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(failure(404, "NotFound"));
+                let (req, send) = handle.next_request().await.unwrap();
+                let created: Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                send.send_response(respond(201, created.clone()));
+                stop.send(()).unwrap();
+                // The release: the Lease read, then written back naming no holder.
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method().as_str(), "GET");
+                let mut held = created.clone();
+                held["metadata"]["resourceVersion"] = json!("7");
+                send.send_response(respond(200, held));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(
+                    (req.method().as_str(), req.uri().path()),
+                    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
+                );
+                let body: Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                assert_eq!(body["metadata"]["resourceVersion"], "7", "written over what was read");
+                assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
+                assert_eq!(body["spec"]["acquireTime"], created["spec"]["acquireTime"]);
+                send.send_response(respond(200, body));
+            });
+            let leadership = Arc::new(Leadership::elected());
+            let stop = async {
+                let _ = stopped.await;
+            };
+            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, stop).await;
+            server.await.unwrap();
+            assert!(!leadership.is_leader(), "a replica that gave the lease up decides nothing");
         }
 
         #[tokio::test]

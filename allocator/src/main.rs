@@ -61,7 +61,8 @@ struct ServeArgs {
     /// This replica's name, for the Events it records and the Lease it holds.
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
-    /// Elect one leader among replicas with a Lease; only the leader decides and is ready.
+    /// Elect one leader among replicas with a Lease; only the leader decides (every replica that can
+    /// serve is ready; the leader label routes the extender's Service to the leader).
     #[arg(long, env = "NANO_GPU_LEADER_ELECT")]
     leader_elect: bool,
     /// Namespace of the Lease.
@@ -235,12 +236,17 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let identity = args.pod_name.clone().unwrap_or_else(|| format!("nano-gpu-allocator-{}", std::process::id()));
             let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
             let timing = leader::Timing { lease, renew_deadline: lease * 2 / 3, retry: lease / 7 };
-            let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-                kube::Api::namespaced(client.clone(), &args.lease_namespace);
-            let task = tokio::spawn(leader::run(api.clone(), args.lease_name.clone(), identity.clone(), timing, shared.leader.clone()));
-            election = Some((task, api, identity));
+            let api = kube::Api::namespaced(client.clone(), &args.lease_namespace);
+            // The label routes the extender's Service to the leader's pod (when we know our pod).
+            let label = args.pod_name.clone().map(|pod| {
+                leader::LeaderLabel::new(kube::Api::namespaced(client.clone(), &args.lease_namespace), pod)
+            });
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let run = leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone(), label, async {
+                let _ = stopped.await;
+            });
+            election = Some((tokio::spawn(run), stop));
         }
-        let leadership = shared.leader.clone();
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -267,14 +273,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             tokio::spawn(tls::serve(listener, app.clone(), certs));
         }
         tokio::select! {
-            served = axum::serve(listener, app).with_graceful_shutdown(shutdown()) => served.context("serving HTTP")?,
+            served = axum::serve(listener, app).with_graceful_shutdown(shutdown(election)) => served.context("serving HTTP")?,
             _ = watches => bail!("the watches stopped"),
-        }
-        if let Some((task, api, identity)) = election {
-            task.abort();
-            let _ = task.await;
-            let limit = std::time::Duration::from_secs(2);
-            nano_gpu_allocator::leader::release(&api, &args.lease_name, &identity, &leadership, limit).await;
         }
         Ok(())
     })
@@ -329,9 +329,15 @@ fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
     }
 }
 
-async fn shutdown() {
+/// Resolves at SIGTERM, once the election (if any) gave the Lease and the leader label up: another
+/// replica leads at once, while this one drains its open connections.
+async fn shutdown(election: Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>) {
     nano_gpu_runtime::terminated().await;
     tracing::info!("shutting down");
+    if let Some((task, stop)) = election {
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+    }
 }
 
 fn main() -> Result<()> {

@@ -1,7 +1,7 @@
 //! The extender HTTP service: decode, call the cluster view, encode.
 //!
-//! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs), `GET /healthz`, `/readyz`
-//! (ready once the watches have listed everything), `/metrics` (Prometheus text), `/inspect` (JSON per
+//! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs; only the leader decides),
+//! `GET /healthz`, `/readyz` (ready once the watches have listed everything, leader or not), `/metrics` (Prometheus text), `/inspect` (JSON per
 //! node and card), `POST /preempt` (only nodes where eviction really frees a card, only the victims
 //! needed), `POST /mutate` (the admission webhook).
 
@@ -279,11 +279,13 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
     }
 }
 
+/// Ready = can serve: the view has listed everything. A follower is ready too (it serves the webhook,
+/// and rollouts, PDBs and drains need it Ready); the extender's calls reach only the leader, whose pod
+/// carries the leader label its Service selects, and a follower asked anyway decides nothing.
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    if !s.leader.is_leader() {
-        (StatusCode::SERVICE_UNAVAILABLE, "not the leader\n").into_response()
-    } else if s.view.synced() {
-        (StatusCode::OK, "ready\n").into_response()
+    if s.view.synced() {
+        let role = if s.leader.is_leader() { "leader" } else { "follower" };
+        (StatusCode::OK, format!("ready ({role})\n")).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the node and pod watches to list everything\n")
             .into_response()
@@ -458,11 +460,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_replica_that_is_not_the_leader_decides_nothing_and_is_not_ready() {
+    async fn a_replica_that_is_not_the_leader_decides_nothing_but_is_ready_to_serve() {
         let s = shared();
         s.view.set_synced();
         let s = s.with_leadership(Arc::new(Leadership::elected()));
-        assert_eq!(call(&s, "GET", "/readyz", json!(null)).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            call(&s, "GET", "/readyz", json!(null)).await,
+            (StatusCode::OK, "ready (follower)\n".into())
+        );
         let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1"]});
         let (_, body) = call(&s, "POST", "/filter", args.clone()).await;
         let r: Value = serde_json::from_str(&body).unwrap();

@@ -126,12 +126,12 @@ impl Cluster {
         (code.trim().parse().unwrap_or(0), body.to_owned())
     }
 
-    /// The allocator's extender through its Service (what kube-scheduler calls).
+    /// The allocator's extender through its Service (what kube-scheduler calls: the leader).
     pub fn extender(&self) -> String {
         let ip = self.ok(&[
             "get",
             "svc",
-            "nano-gpu-allocator",
+            "nano-gpu-allocator-leader",
             "-n",
             "nano-gpu-system",
             "-o",
@@ -141,10 +141,17 @@ impl Cluster {
     }
 
     /// The allocator's view (`/inspect` through its Service).
+    /// (Right after a handover kube-proxy may not route to the new leader yet: tried for 30 s.)
     pub fn inspect(&self) -> Value {
-        let (code, body) = self.curl(&format!("{}/inspect", self.extender()), None, &[]);
-        assert_eq!(code, 200, "/inspect: {body}");
-        serde_json::from_str(&body).unwrap()
+        let start = Instant::now();
+        loop {
+            let (code, body) = self.curl(&format!("{}/inspect", self.extender()), None, &[]);
+            if code == 200 {
+                return serde_json::from_str(&body).unwrap();
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "/inspect: {code} {body}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     /// kill -9 of the node's `kubelet` or `containerd`, then started again (`hack/cluster.sh restart`).

@@ -116,6 +116,41 @@ fn ready(p: &Pod, container: &str) -> bool {
     statuses.into_iter().flatten().any(|c| c.name == container && c.ready)
 }
 
+/// The ready endpoints of the extender's Service (the leader's pod IP, when all is well).
+fn extender_endpoints(cluster: &Cluster) -> Vec<String> {
+    let path = "jsonpath={range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]} {end}";
+    let out = cluster.ok(&[
+        "get",
+        "endpointslices",
+        "-n",
+        SYSTEM,
+        "-l",
+        "kubernetes.io/service-name=nano-gpu-allocator-leader",
+        "-o",
+        path,
+    ]);
+    out.split_whitespace().map(String::from).collect()
+}
+
+/// No container of the test's pods was restarted.
+async fn no_restarts(pods: &Api<Pod>) {
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        let statuses = p.status.iter().flat_map(|s| s.container_statuses.iter().flatten());
+        let restarts: i32 = statuses.map(|c| c.restart_count).sum();
+        assert_eq!(restarts, 0, "{:?} was restarted", p.metadata.name);
+    }
+}
+
+/// A Deployment `workers` in [`NS`]: `replicas` pods asking `percent` of a card each.
+fn workers(replicas: u32, percent: u32) -> String {
+    let template = serde_json::to_value(percent_pod("worker", percent)).unwrap();
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "workers", "namespace": NS},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "workers"}},
+                 "template": {"metadata": {"labels": {"app": "workers"}}, "spec": template["spec"]}}})
+    .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_system_works_on_real_nodes() {
     let cluster = Cluster::up("e2e", 3);
@@ -259,15 +294,7 @@ async fn the_system_works_on_real_nodes() {
         },
     )
     .await;
-    for p in pods.list(&ListParams::default()).await.unwrap().items {
-        let restarts: i32 = p
-            .status
-            .iter()
-            .flat_map(|s| s.container_statuses.iter().flatten())
-            .map(|c| c.restart_count)
-            .sum();
-        assert_eq!(restarts, 0, "{:?} was restarted", p.metadata.name);
-    }
+    no_restarts(&pods).await;
     let after: Vec<String> = (0..6).map(|i| format!("after-restart-{i}")).collect();
     for name in &after {
         create(&pods, &percent_pod(name, 5)).await;
@@ -284,21 +311,27 @@ async fn the_system_works_on_real_nodes() {
     })
     .await;
 
-    // The allocator's two replicas: only the leader is ready, so only it is behind the Service; both
-    // serve the webhook's certificate the webhook configuration's CA trusts; the follower asked
-    // anyway refuses to decide; the leader's pod deleted, the follower takes over.
-    let replicas = system
-        .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator"))
-        .await
-        .unwrap();
-    assert_eq!(replicas.items.len(), 2);
+    // The allocator's two replicas: both ready (both serve the webhook), only the leader's pod behind
+    // the extender's Service; both serve the certificate the webhook configuration's CA trusts; the
+    // follower asked anyway refuses to decide; the leader's pod deleted, the follower takes over.
+    let selector = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator");
+    wait_until("both replicas ready", Duration::from_secs(60), || async {
+        let list = system.list(&selector).await.unwrap().items;
+        list.len() == 2 && list.iter().all(|p| ready(p, "allocator"))
+    })
+    .await;
+    let replicas = system.list(&selector).await.unwrap();
     let lead = leader(&client).await.unwrap();
-    wait_until("the leader ready", Duration::from_secs(60), || async {
-        ready(&system.get(&lead).await.unwrap(), "allocator")
+    let ip_of = |name: &str| {
+        let p = replicas.items.iter().find(|p| p.metadata.name.as_deref() == Some(name)).unwrap();
+        p.status.as_ref().unwrap().pod_ip.clone().unwrap()
+    };
+    let leader_ip = ip_of(&lead);
+    wait_until("only the leader behind the extender's Service", Duration::from_secs(30), || async {
+        extender_endpoints(&cluster) == [leader_ip.clone()]
     })
     .await;
     let follower = replicas.items.iter().find(|p| p.metadata.name.as_deref() != Some(lead.as_str())).unwrap();
-    assert!(!ready(follower, "allocator"), "the follower is not ready");
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let webhook = hooks.get("nano-gpu-allocator").await.unwrap();
     let bundle = webhook.webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
@@ -315,23 +348,84 @@ async fn the_system_works_on_real_nodes() {
         );
         assert_eq!(code, 200, "{:?} is not trusted by the webhook's CA", p.metadata.name);
     }
-    let follower_ip = follower.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let follower = follower.metadata.name.clone().unwrap();
+    let follower_ip = ip_of(&follower);
     let args = json!({"Pod": percent_pod("probe", 10), "NodeNames": ["node-1"]}).to_string();
     let (_, body) = cluster.curl(&format!("http://{follower_ip}:8888/filter"), Some(&args), &[]);
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(answer["Error"].as_str().is_some_and(|e| !e.is_empty()), "the follower decided: {answer}");
     // (A leader killed with SIGKILL comes back under the same name and leads on, as in the burst
-    // above; a leader that goes away hands over.) The leader's pod deleted: it gives the Lease up as
-    // it stops, the follower takes over at its next attempt.
+    // above; a leader that goes away hands over.) The leader's pod deleted: it gives the Lease and
+    // the label up as it stops; another replica (the follower, or the Deployment's replacement if it
+    // is up first) takes over at its next attempt and is the extender's one endpoint.
     system.delete(&lead, &DeleteParams::default()).await.unwrap();
-    let follower = follower.metadata.name.clone().unwrap();
-    wait_until("the follower takes over", Duration::from_secs(15), || async {
-        leader(&client).await.as_ref() == Some(&follower)
-            && ready(&system.get(&follower).await.unwrap(), "allocator")
+    let deleted = std::time::Instant::now();
+    wait_until("another replica takes over", Duration::from_secs(15), || async {
+        let Some(now) = leader(&client).await.filter(|l| *l != lead) else { return false };
+        let ip = system.get(&now).await.unwrap().status.and_then(|s| s.pod_ip);
+        ip.is_some_and(|ip| extender_endpoints(&cluster) == [ip])
     })
     .await;
+    eprintln!(
+        "handover: {:?} from the leader's deletion to the next leader behind the Service",
+        deleted.elapsed()
+    );
     let view = cluster.inspect().to_string();
     assert!(view.contains("e2e/burst-00"), "the new leader sees the cluster");
+
+    // Lifecycle. The agent DaemonSet rolls over while pods run: they keep their devices, nothing
+    // restarts, new pods land.
+    let mut devices = Vec::new();
+    for node in ["node-1", "node-2", "node-3"] {
+        devices.push((node, cluster.kubelet_devices(node).await));
+    }
+    cluster.ok(&["rollout", "restart", "daemonset/nano-gpu-agent", "-n", SYSTEM]);
+    cluster.ok(&["rollout", "status", "daemonset/nano-gpu-agent", "-n", SYSTEM, "--timeout=180s"]);
+    // containerd of node-2 (where t4 runs) crashes and comes back: its containers keep running.
+    cluster.restart("containerd", "node-2");
+    for (node, before) in &devices {
+        let now = cluster.kubelet_devices(node).await;
+        for (container, ids) in before.iter().filter(|(c, _)| c.starts_with(&format!("{NS}/"))) {
+            assert_eq!(now.get(container), Some(ids), "{container}'s devices after the agents rolled over");
+        }
+    }
+    no_restarts(&pods).await;
+    let rolled: Vec<String> = (0..4).map(|i| format!("after-rollover-{i}")).collect();
+    for name in &rolled {
+        create(&pods, &percent_pod(name, 10)).await;
+    }
+    wait_running(&pods, &rolled, Duration::from_secs(120)).await;
+    no_restarts(&pods).await;
+    check_consistency(&cluster, &client).await;
+
+    // A GPU Deployment arrives while the allocator Deployment rolls over (`kubectl rollout restart`):
+    // the rollout finishes (new replicas are ready once they listed the cluster), every replica runs.
+    for name in &burst {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    cluster.ok(&["rollout", "restart", "deployment/nano-gpu-allocator", "-n", SYSTEM]);
+    assert!(cluster.apply(&workers(8, 10)), "the workers Deployment");
+    cluster.ok(&["rollout", "status", "deployment/nano-gpu-allocator", "-n", SYSTEM, "--timeout=180s"]);
+    cluster.ok(&["rollout", "status", "deployment/workers", "-n", NS, "--timeout=180s"]);
+    check_consistency(&cluster, &client).await;
+
+    // `kubectl drain` of the node the leader runs on: the PDB lets one replica go, the other leads;
+    // the node's workers run elsewhere on the cards the allocator gives them. (--force: the test's bare
+    // pods on that node are deleted, as drain does with pods no controller recreates.)
+    let lead = leader(&client).await.unwrap();
+    let node = system.get(&lead).await.unwrap().spec.unwrap().node_name.unwrap();
+    cluster.ok(&["drain", &node, "--ignore-daemonsets", "--force", "--timeout=180s"]);
+    cluster.ok(&["rollout", "status", "deployment/workers", "-n", NS, "--timeout=180s"]);
+    cluster.ok(&["rollout", "status", "deployment/nano-gpu-allocator", "-n", SYSTEM, "--timeout=180s"]);
+    wait_until("a leader behind the extender's Service", Duration::from_secs(30), || async {
+        leader(&client).await.is_some_and(|l| l != lead) && extender_endpoints(&cluster).len() == 1
+    })
+    .await;
+    let on_drained =
+        pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await.unwrap();
+    assert!(on_drained.items.iter().all(|p| p.metadata.deletion_timestamp.is_some()), "pods left on {node}");
+    check_consistency(&cluster, &client).await;
+    cluster.ok(&["uncordon", &node]);
 
     // No allocator at all: only pods asking GPU resources are sent to the webhook (matchConditions),
     // so a CPU-only pod is still admitted, a GPU pod is refused.
