@@ -295,7 +295,8 @@ up() {
     command -v "$c" >/dev/null || die "$c not found; apt-get install containerd runc containernetworking-plugins iptables"
   done
   [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
-  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || die "/bin/busybox missing; apt-get install busybox-static"
+  # (Not `busybox --list | grep -q`: with pipefail, grep leaving early can fail the pipe.)
+  [[ -x /bin/busybox ]] && grep -qx nc <(/bin/busybox --list) || die "/bin/busybox missing; apt-get install busybox-static"
   images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
     sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}

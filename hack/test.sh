@@ -25,6 +25,6 @@ bash hack/gpushare-inspect-build.sh >/dev/null
 echo "== cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # One closing line over every test binary of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
