@@ -144,8 +144,22 @@ nano_gpu_images_into() {
   image_of "$1/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" \
     '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" \
     rootfs_add "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
-  image_of "$1/kube-scheduler.tar" "$(image_ref allocator.yaml kube-scheduler)" "{$path}" \
+  image_of "$1/kube-scheduler.tar" "$(scheduler_image)" "{$path}" \
     rootfs_add "$K8S_BIN/kube-scheduler" /usr/local/bin/kube-scheduler
+}
+
+# scheduler_image: kube-scheduler's image for this cluster's version. deploy/ names the newest tested
+# version; on a cluster of another version it is set to that version, as its user would.
+scheduler_image() { echo "registry.k8s.io/kube-scheduler:$(k8s_version)"; }
+k8s_version() { sed -n 's/^k8s=\([^ ]*\).*/\1/p' "$K8S_BIN/.versions"; }
+# scheduler_version: the Deployment on stdin with that image (`kubectl set image` prints nothing
+# when the image does not change, so only when it does).
+scheduler_version() {
+  if [[ $(image_ref allocator.yaml kube-scheduler) == "$(scheduler_image)" ]]; then
+    cat
+  else
+    kubectl set image --local -f - "kube-scheduler=$(scheduler_image)" -o yaml
+  fi
 }
 
 # import_images NODE ARCHIVE...: the images into the node's containerd.
@@ -159,7 +173,8 @@ import_images() {
 #   - no cluster DNS here: kube-scheduler's extender URL names the extender's Service by its
 #     ClusterIP, not its DNS name;
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
-#     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator.
+#     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator;
+#   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest).
 install_nano_gpu() {
   local images k ip f sel=app.kubernetes.io/name=nano-gpu-allocator
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
@@ -174,7 +189,7 @@ install_nano_gpu() {
     kubectl replace -f - >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
-    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | kubectl apply -f - >&2
+    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | scheduler_version | kubectl apply -f - >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a leader ready)" 120 allocator_ready
@@ -377,6 +392,7 @@ NETNS=$NETNS
 NODES=$n
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
+K8S_VERSION=$(k8s_version)
 EOF
   } >"$DIR/cluster.env"
   ((bare)) || install_nano_gpu

@@ -120,7 +120,7 @@ start() {
     --initial-cluster="nano-gpu=$peer_url"
   # Let etcd listen first, so the apiserver does not log a burst of dial errors.
   until "${IN_NS[@]}" bash -c "(exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT)" 2>/dev/null; do
-    ours "$DIR/etcd.pid" >/dev/null || die "etcd exited; log: $DIR/etcd.log"; sleep 0.1
+    running "$DIR/etcd.pid" || die "etcd exited; log: $DIR/etcd.log"; sleep 0.1
   done
 
   # The requestheader (front proxy) settings let delegated authn in kube-scheduler etc. start cleanly;
@@ -147,7 +147,7 @@ start() {
   deadline=$((SECONDS + READY_TIMEOUT))
   until "$BIN/kubectl" --kubeconfig="$DIR/admin.kubeconfig" get --raw=/readyz >/dev/null 2>&1; do
     for f in etcd kube-apiserver; do
-      ours "$DIR/$f.pid" >/dev/null || { tail -n 20 "$DIR/$f.log" >&2; die "$f exited; log: $DIR/$f.log"; }
+      running "$DIR/$f.pid" || { tail -n 20 "$DIR/$f.log" >&2; die "$f exited; log: $DIR/$f.log"; }
     done
     ((SECONDS < deadline)) || { tail -n 20 "$DIR/kube-apiserver.log" >&2; die "kube-apiserver not ready after ${READY_TIMEOUT}s"; }
     sleep 0.5

@@ -6,28 +6,34 @@
 # never product logic.
 #
 # Usage: hack/k8s-build.sh        -> prints the bin dir on stdout (logs on stderr)
-# Env:   NANO_GPU_CACHE           cache root (default ~/.cache/nano-gpu)
+# Env:   NANO_GPU_K8S_VERSION     which tested version (default: the newest, first below)
+#        NANO_GPU_CACHE           cache root (default ~/.cache/nano-gpu)
 #        NANO_GPU_BUILD_NICE      nice level for go build (default 15)
 #
-# Bumping: change the versions below and run this script; it re-pins the Go
-# modules in hack/upstream/*/ (go.mod/go.sum) - commit those files with it.
+# Bumping: change a version below and run this script; it re-pins the Go
+# modules in hack/upstream/<minor>/*/ (go.mod/go.sum) - commit those files with it.
 set -euo pipefail
 
-K8S_VERSION=v1.35.8
-# The etcd that k8s $K8S_VERSION pins for its own tests (hack/lib/etcd.sh).
-ETCD_VERSION=v3.6.6
+log() { echo "k8s-build: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# The versions tested: the newest release (the default) and the oldest still supported, each with
+# the etcd it pins for its own tests (hack/lib/etcd.sh).
+K8S_VERSION=${NANO_GPU_K8S_VERSION:-v1.37.2}
+case $K8S_VERSION in
+  v1.37.2) ETCD_VERSION=v3.7.0 ;;
+  v1.35.8) ETCD_VERSION=v3.6.6 ;;
+  *) die "NANO_GPU_K8S_VERSION=$K8S_VERSION is not a tested version (v1.37.2, v1.35.8)" ;;
+esac
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-UPSTREAM=$ROOT/hack/upstream
+UPSTREAM=$ROOT/hack/upstream/${K8S_VERSION%.*}
 CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
 BIN=$CACHE/k8s/$K8S_VERSION/bin
 STAMP="$BIN/.versions"
 NICE=${NANO_GPU_BUILD_NICE:-15}
 BINARIES=(etcd kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
-
-log() { echo "k8s-build: $*" >&2; }
-die() { log "error: $*"; exit 1; }
 
 # Fast path: everything already built for these exact versions.
 built() {

@@ -14,6 +14,10 @@ ours() {
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR/" && echo "$pid"
 }
 
+# running PIDFILE: the process we just started is alive (its command line may be empty for a moment
+# while setsid and nsenter exec it, so not `ours`).
+running() { local pid; pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && alive "$pid"; }
+
 # stop_pid PIDFILE: SIGTERM, up to 10 s, then SIGKILL, for a process of ours; removes the file.
 stop_pid() {
   local pid i name

@@ -17,14 +17,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
 cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
 # The end-to-end tests run real upstream Kubernetes: build it first (once per version, cached), so
-# its build shows here rather than inside a test.
-echo "== upstream Kubernetes binaries (hack/k8s-build.sh)"
+# its build shows here rather than inside a test. The newest tested version is the default; the
+# end-to-end test runs again on the oldest still supported.
+OLDEST=v1.35.8
+echo "== upstream Kubernetes binaries (hack/k8s-build.sh): the newest, and $OLDEST"
 bash hack/k8s-build.sh >/dev/null
+NANO_GPU_K8S_VERSION=$OLDEST bash hack/k8s-build.sh >/dev/null
 echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
 echo "== cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+echo "== the end-to-end test on Kubernetes $OLDEST"
+NANO_GPU_K8S_VERSION=$OLDEST cargo test -p nano-gpu-tests --test e2e --locked 2>&1 | tee -a "$log"
 # One closing line over every test binary of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
