@@ -247,8 +247,10 @@ async fn attempt_in_time(
     }
 }
 
-/// Runs the election until `stop` resolves, keeping `leadership` (and the leader `label`, if given)
-/// up to date; then gives the Lease and the label up.
+/// Runs the election from when `start` resolves until `stop` resolves, keeping `leadership` (and the
+/// leader `label`, if given) up to date; then gives the Lease and the label up. `start` is the view
+/// having listed the whole cluster: a replica that (re)started must not decide, nor be routed to,
+/// with half a view, even under the name that holds the Lease.
 pub async fn run(
     api: Api<Lease>,
     name: String,
@@ -256,10 +258,15 @@ pub async fn run(
     timing: Timing,
     leadership: Arc<Leadership>,
     mut label: Option<LeaderLabel>,
+    start: impl std::future::Future<Output = ()>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let mut seen = Observation::default();
     tokio::pin!(stop);
+    tokio::select! {
+        _ = start => {}
+        _ = &mut stop => return,
+    }
     loop {
         let began = Instant::now();
         match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
@@ -434,6 +441,7 @@ mod tests {
                 TIMING,
                 leadership.clone(),
                 None,
+                std::future::ready(()),
                 std::future::pending(),
             ));
             while !leadership.is_leader() {
@@ -448,6 +456,18 @@ mod tests {
             assert!(led < TIMING.lease, "another replica could take over after {:?}", TIMING.lease);
             election.abort();
             server.abort();
+        }
+
+        #[tokio::test]
+        async fn a_replica_whose_view_has_not_listed_everything_does_not_even_try_to_lead() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let leadership = Arc::new(Leadership::elected());
+            let stop = tokio::time::sleep(Duration::from_millis(100));
+            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, std::future::pending(), stop)
+                .await;
+            assert!(!leadership.is_leader());
+            assert!(handle.next_request().await.is_none(), "no request to the API server");
         }
 
         #[tokio::test]
@@ -485,7 +505,8 @@ mod tests {
             let stop = async {
                 let _ = stopped.await;
             };
-            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, stop).await;
+            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, std::future::ready(()), stop)
+                .await;
             server.await.unwrap();
             assert!(!leadership.is_leader(), "a replica that gave the lease up decides nothing");
         }

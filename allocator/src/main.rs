@@ -242,7 +242,13 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 leader::LeaderLabel::new(kube::Api::namespaced(client.clone(), &args.lease_namespace), pod)
             });
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let run = leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone(), label, async {
+            let view = shared.view.clone();
+            let synced = async move {
+                while !view.synced() {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            };
+            let run = leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone(), label, synced, async {
                 let _ = stopped.await;
             });
             election = Some((tokio::spawn(run), stop));
