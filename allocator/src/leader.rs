@@ -247,20 +247,32 @@ async fn attempt_in_time(
     }
 }
 
+/// One replica's part in the election: the Lease (`api`, `name`), its identity `me`, the timing, and
+/// the leader label of its pod (if it knows its pod).
+pub struct Election {
+    /// Leases of the Lease's namespace.
+    pub api: Api<Lease>,
+    /// The Lease's name.
+    pub name: String,
+    /// This replica's identity (its pod's name).
+    pub me: String,
+    /// Lease timing.
+    pub timing: Timing,
+    /// The leader label of this replica's pod.
+    pub label: Option<LeaderLabel>,
+}
+
 /// Runs the election from when `start` resolves until `stop` resolves, keeping `leadership` (and the
-/// leader `label`, if given) up to date; then gives the Lease and the label up. `start` is the view
+/// leader label, if any) up to date; then gives the Lease and the label up. `start` is the view
 /// having listed the whole cluster: a replica that (re)started must not decide, nor be routed to,
 /// with half a view, even under the name that holds the Lease.
 pub async fn run(
-    api: Api<Lease>,
-    name: String,
-    me: String,
-    timing: Timing,
+    election: Election,
     leadership: Arc<Leadership>,
-    mut label: Option<LeaderLabel>,
     start: impl std::future::Future<Output = ()>,
     stop: impl std::future::Future<Output = ()>,
 ) {
+    let Election { api, name, me, timing, mut label } = election;
     let mut seen = Observation::default();
     tokio::pin!(stop);
     tokio::select! {
@@ -353,6 +365,11 @@ mod tests {
             retry: Duration::from_secs(2),
         };
 
+        /// Replica "me" in the election for Lease "l", without a label.
+        fn election(api: Api<Lease>) -> Election {
+            Election { api, name: "l".into(), me: "me".into(), timing: TIMING, label: None }
+        }
+
         #[tokio::test]
         async fn an_absent_lease_is_created_by_us() {
             let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -435,12 +452,8 @@ mod tests {
             });
             let leadership = Arc::new(Leadership::elected());
             let election = tokio::spawn(run(
-                api,
-                "l".into(),
-                "me".into(),
-                TIMING,
+                election(api),
                 leadership.clone(),
-                None,
                 std::future::ready(()),
                 std::future::pending(),
             ));
@@ -464,8 +477,7 @@ mod tests {
             let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
             let leadership = Arc::new(Leadership::elected());
             let stop = tokio::time::sleep(Duration::from_millis(100));
-            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, std::future::pending(), stop)
-                .await;
+            run(election(api), leadership.clone(), std::future::pending(), stop).await;
             assert!(!leadership.is_leader());
             assert!(handle.next_request().await.is_none(), "no request to the API server");
         }
@@ -505,8 +517,7 @@ mod tests {
             let stop = async {
                 let _ = stopped.await;
             };
-            run(api, "l".into(), "me".into(), TIMING, leadership.clone(), None, std::future::ready(()), stop)
-                .await;
+            run(election(api), leadership.clone(), std::future::ready(()), stop).await;
             server.await.unwrap();
             assert!(!leadership.is_leader(), "a replica that gave the lease up decides nothing");
         }

@@ -248,7 +248,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             };
-            let run = leader::run(api, args.lease_name.clone(), identity, timing, shared.leader.clone(), label, synced, async {
+            let part = leader::Election { api, name: args.lease_name.clone(), me: identity, timing, label };
+            let run = leader::run(part, shared.leader.clone(), synced, async {
                 let _ = stopped.await;
             });
             election = Some((tokio::spawn(run), stop));
