@@ -168,25 +168,19 @@ import_images() {
   for a in "${@:2}"; do in_node "$1" ctr -n k8s.io images import "$a" >/dev/null; done
 }
 
-# The shipped install on the real nodes: `kubectl apply -f deploy/` with two swaps, each applied before
+# The shipped install on the real nodes: `kubectl apply -f deploy/` with these swaps, each applied before
 # the pods it concerns exist (so nothing rolls over right after the install):
-#   - no cluster DNS here: kube-scheduler's extender URL names the extender's Service by its
-#     ClusterIP, not its DNS name;
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
 #     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator;
 #   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest).
 install_nano_gpu() {
-  local images k ip f sel=app.kubernetes.io/name=nano-gpu-allocator
+  local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
   images=$(cached_images nano-gpu "$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" \
     "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
   for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
   # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
-  ip=$(kubectl get service nano-gpu-allocator-leader -n nano-gpu-system -o jsonpath='{.spec.clusterIP}')
-  kubectl get configmap nano-gpu-scheduler-config -n nano-gpu-system -o yaml |
-    sed "s#urlPrefix: http://nano-gpu-allocator-leader.nano-gpu-system.svc:#urlPrefix: http://$ip:#" |
-    kubectl replace -f - >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
     kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | scheduler_version | kubectl apply -f - >&2

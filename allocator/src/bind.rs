@@ -1,8 +1,8 @@
 //! The bind protocol, on its own: what `POST /bind` does between decoding kube-scheduler's
 //! `ExtenderBindingArgs` and answering it.
 //!
-//! 1. Only the leader binds. Take the pod (from the filter call that carried it, else read it) and
-//!    check it is the pod with the uid kube-scheduler names.
+//! 1. Only the leader binds. Read the pod from the API server (never from a filter body: what is
+//!    bound is what the API server holds) and check it has the uid kube-scheduler names.
 //! 2. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
 //!    back-to-back binds never double-book, and a repeated bind of a bound pod is answered at once.
 //! 3. Write the annotations with uid + resourceVersion preconditions; a conflict re-reads the pod and
@@ -16,7 +16,6 @@ use crate::binder::{ApiError, Binder};
 use crate::extender::BindError;
 use crate::leader::Leadership;
 use crate::state::{Reservation, SharedView};
-use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::ExtenderBindingArgs;
 use std::collections::BTreeMap;
@@ -89,14 +88,12 @@ pub enum BindFailed {
 }
 
 /// Binds the pod `args` names to `args.node`: reserve, annotate (retrying conflicts), bind; on failure
-/// the annotations and the reservation are removed. `known` is the pod as a filter call carried it,
-/// if this replica saw one. Leadership is checked again before every write: a replica that lost it
+/// the annotations and the reservation are removed. Leadership is checked again before every write: a replica that lost it
 /// mid-bind (a hung API call, a frozen process) writes nothing more.
 pub async fn bind<B: Binder>(
     view: &SharedView,
     binder: &B,
     leader: &Leadership,
-    known: Option<Pod>,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
@@ -104,12 +101,8 @@ pub async fn bind<B: Binder>(
     if !leader.is_leader() {
         return Err(BindFailed::NotLeader);
     }
-    let mut pod = match known {
-        Some(p) => p,
-        None => {
-            binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?
-        }
-    };
+    let mut pod =
+        binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
         return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
     }

@@ -14,8 +14,15 @@
 //! whose API calls hang, or whose process is frozen (SIGSTOP) and later resumed, finds its leadership
 //! expired and decides nothing until it renews; every attempt also has a timeout.
 //!
-//! The leader's pod carries a label that routes kube-scheduler's calls to it ([`LeaderLabel`]); at
-//! shutdown a leader gives the Lease and the label up, so another replica leads at its next attempt.
+//! In the shipped install kube-scheduler runs in the allocator's pod and calls it on loopback, so the
+//! replica that decides must be the one whose kube-scheduler leads: with [`Election::follow`] a replica
+//! contends for the Lease only while the holder of kube-scheduler's own Lease is its pod's
+//! kube-scheduler (`<pod name>_<uuid>`), and gives the Lease up when it is not. The Lease above stays
+//! what makes the decider unique; following only moves it to where the calls come from.
+//!
+//! The leader's pod carries a label ([`LeaderLabel`]) that shows operators (and a Service, where the
+//! extender is reached over the network) which replica decides; at shutdown a leader gives the Lease
+//! and the label up, so another replica leads at its next attempt.
 
 mod label;
 
@@ -260,6 +267,32 @@ pub struct Election {
     pub timing: Timing,
     /// The leader label of this replica's pod.
     pub label: Option<LeaderLabel>,
+    /// kube-scheduler's Lease (same namespace): contend only while this pod's kube-scheduler holds it.
+    pub follow: Option<String>,
+}
+
+/// Whether `holder` of kube-scheduler's Lease is the kube-scheduler of pod `me`: kube-scheduler names
+/// itself `<hostname>_<uuid>`, and a pod's hostname is its name.
+pub fn scheduler_of(holder: Option<&str>, me: &str) -> bool {
+    holder.and_then(|h| h.strip_prefix(me)).is_some_and(|rest| rest.starts_with('_'))
+}
+
+/// Whether this pod's kube-scheduler holds `lease`; None when the API server did not say within `limit`.
+async fn our_scheduler_leads(api: &Api<Lease>, lease: &str, me: &str, limit: Duration) -> Option<bool> {
+    match tokio::time::timeout(limit, api.get_opt(lease)).await {
+        Ok(Ok(found)) => {
+            let holder = found.and_then(|l| l.spec).and_then(|s| s.holder_identity);
+            Some(scheduler_of(holder.as_deref(), me))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(lease = %lease, error = %e, "reading kube-scheduler's lease failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(lease = %lease, "reading kube-scheduler's lease took over {limit:?}");
+            None
+        }
+    }
 }
 
 /// Runs the election from when `start` resolves until `stop` resolves, keeping `leadership` (and the
@@ -272,7 +305,7 @@ pub async fn run(
     start: impl std::future::Future<Output = ()>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let Election { api, name, me, timing, mut label } = election;
+    let Election { api, name, me, timing, mut label, follow } = election;
     let mut seen = Observation::default();
     tokio::pin!(stop);
     tokio::select! {
@@ -281,19 +314,35 @@ pub async fn run(
     }
     loop {
         let began = Instant::now();
-        match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
-            Ok(true) => {
-                if leadership.hold_until(began + timing.renew_deadline) {
-                    tracing::info!(lease = %name, identity = %me, "became the leader");
-                }
+        let contend = match &follow {
+            None => true,
+            // Unknown: a leader renews on (its scheduler most likely leads still), a follower waits.
+            Some(scheduler) => our_scheduler_leads(&api, scheduler, &me, timing.call_limit())
+                .await
+                .unwrap_or_else(|| leadership.is_leader()),
+        };
+        if !contend {
+            if leadership.step_down() {
+                tracing::info!(lease = %name, "this pod's kube-scheduler does not lead; stopped deciding");
             }
-            Ok(false) => {
-                if leadership.step_down() {
-                    tracing::warn!(lease = %name, "another replica holds the lease; stopped deciding");
+            // Still watched, so that a take-over when our scheduler leads need not wait a whole lease
+            // more; and given up if it names us.
+            give_up(&api, &name, &me, timing.call_limit(), &mut seen).await;
+        } else {
+            match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
+                Ok(true) => {
+                    if leadership.hold_until(began + timing.renew_deadline) {
+                        tracing::info!(lease = %name, identity = %me, "became the leader");
+                    }
                 }
+                Ok(false) => {
+                    if leadership.step_down() {
+                        tracing::warn!(lease = %name, "another replica holds the lease; stopped deciding");
+                    }
+                }
+                // Leadership lapses by itself at its deadline unless a later attempt renews it.
+                Err(e) => tracing::warn!(lease = %name, error = %e, "lease update failed"),
             }
-            // Leadership lapses by itself at its deadline unless a later attempt renews it.
-            Err(e) => tracing::warn!(lease = %name, error = %e, "lease update failed"),
         }
         if let Some(label) = label.as_mut() {
             label.reconcile(leadership.is_leader(), timing.call_limit()).await;
@@ -303,7 +352,9 @@ pub async fn run(
             _ = &mut stop => break,
         }
     }
-    release(&api, &name, &me, &leadership, timing.call_limit()).await;
+    if leadership.step_down() {
+        give_up(&api, &name, &me, timing.call_limit(), &mut seen).await;
+    }
     if let Some(label) = label.as_mut() {
         label.reconcile(false, timing.call_limit()).await;
     }
@@ -316,14 +367,14 @@ pub fn released(lease: Option<&LeaseSpec>, me: &str) -> Option<LeaseSpec> {
     Some(LeaseSpec { holder_identity: None, ..spec.clone() })
 }
 
-/// Gives the Lease up at shutdown, so a rollout or a drain hands over in a moment; this replica stops
-/// deciding first. Within `limit`; a failure only means the others wait out the lease.
-async fn release(api: &Api<Lease>, name: &str, me: &str, leadership: &Leadership, limit: Duration) {
-    if !leadership.step_down() {
-        return;
-    }
+/// Reads the Lease (noting its record in `seen`) and gives it up if it names `me` (at shutdown, or
+/// while this pod's kube-scheduler does not lead), so another replica leads at its next attempt; the
+/// caller stopped deciding first. Within `limit`; a failure only means the others wait out the lease.
+async fn give_up(api: &Api<Lease>, name: &str, me: &str, limit: Duration, seen: &mut Observation) {
     let give_up = async {
         let Some(mut lease) = api.get_opt(name).await? else { return Ok(false) };
+        // (The step itself is not taken: only what was seen, and since when.)
+        step(lease.spec.as_ref(), me, seen, Instant::now(), Duration::MAX);
         let Some(spec) = released(lease.spec.as_ref(), me) else { return Ok(false) };
         lease.spec = Some(spec);
         // With the read resourceVersion: a replica that took over meanwhile keeps the Lease.
@@ -367,7 +418,7 @@ mod tests {
 
         /// Replica "me" in the election for Lease "l", without a label.
         fn election(api: Api<Lease>) -> Election {
-            Election { api, name: "l".into(), me: "me".into(), timing: TIMING, label: None }
+            Election { api, name: "l".into(), me: "me".into(), timing: TIMING, label: None, follow: None }
         }
 
         #[tokio::test]
@@ -522,6 +573,69 @@ mod tests {
             assert!(!leadership.is_leader(), "a replica that gave the lease up decides nothing");
         }
 
+        #[tokio::test(start_paused = true)]
+        async fn a_replica_leads_only_while_its_pods_kube_scheduler_does() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let leadership = Arc::new(Leadership::elected());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let watched = leadership.clone();
+            let server = tokio::spawn(async move {
+                let scheduler = |holder: &str| {
+                    respond(
+                        200,
+                        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": "sched", "namespace": "ns", "resourceVersion": "3"},
+                        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}),
+                    )
+                };
+                // Our pod's kube-scheduler leads: the Lease is created, held by us.
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.uri().path(), "/apis/coordination.k8s.io/v1/namespaces/ns/leases/sched");
+                send.send_response(scheduler("me_6f1c"));
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(failure(404, "NotFound"));
+                let (req, send) = handle.next_request().await.unwrap();
+                let created: Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                send.send_response(respond(201, created.clone()));
+                // Another pod's kube-scheduler took over (a pod named "me2" is not us): we give up.
+                let (_, send) = handle.next_request().await.unwrap();
+                assert!(watched.is_leader());
+                send.send_response(scheduler("me2_0a9b"));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!((req.method().as_str(), req.uri().path().ends_with("/leases/l")), ("GET", true));
+                assert!(!watched.is_leader(), "still deciding while another pod's scheduler leads");
+                send.send_response(respond(200, created));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method().as_str(), "PUT");
+                let body: Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
+                send.send_response(respond(200, body.clone()));
+                // Still not ours: the Lease is read (watched, for a prompt take-over later), not written.
+                let (req, send) = handle.next_request().await.unwrap();
+                assert!(req.uri().path().ends_with("/leases/sched"));
+                send.send_response(scheduler("me2_0a9b"));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!((req.method().as_str(), req.uri().path().ends_with("/leases/l")), ("GET", true));
+                let mut other = body.clone();
+                other["spec"]["holderIdentity"] = json!("me2");
+                send.send_response(respond(200, other));
+                stop.send(()).unwrap();
+                assert!(handle.next_request().await.is_none(), "nothing more to give up at stop");
+            });
+            let mut part = election(api);
+            part.follow = Some("sched".into());
+            let stop = async {
+                let _ = stopped.await;
+            };
+            run(part, leadership.clone(), std::future::ready(()), stop).await;
+            assert!(!leadership.is_leader());
+            drop(leadership);
+            server.await.unwrap();
+        }
+
         #[tokio::test]
         async fn a_live_lease_of_another_replica_writes_nothing() {
             let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -542,6 +656,15 @@ mod tests {
     }
 
     const LEASE: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn only_this_pods_kube_scheduler_is_ours() {
+        assert!(scheduler_of(Some("alloc-7d9f-x2_0c3e5a"), "alloc-7d9f-x2"));
+        assert!(!scheduler_of(Some("alloc-7d9f-x2b_0c3e5a"), "alloc-7d9f-x2"));
+        assert!(!scheduler_of(Some("alloc-7d9f-x2"), "alloc-7d9f-x2"));
+        assert!(!scheduler_of(Some(""), "alloc-7d9f-x2"));
+        assert!(!scheduler_of(None, "alloc-7d9f-x2"));
+    }
 
     #[test]
     fn an_absent_lease_is_created_and_our_own_is_renewed() {

@@ -36,7 +36,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the scheduler extender (filter, prioritize, bind) over a cluster view built from watches.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Show every node's cards: model, percent and memory used and free, the pods on each (reads the
     /// cluster with the kubeconfig, like kubectl).
     Inspect(InspectArgs),
@@ -46,9 +46,20 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address of the extender HTTP endpoint.
-    #[arg(long, env = "NANO_GPU_LISTEN", default_value = "0.0.0.0:8888")]
+    /// Address of every route over HTTP: the extender's verbs and `/inspect` besides probes, metrics
+    /// and the webhook. Loopback only: kube-scheduler in the same pod calls it, operators reach it
+    /// with `kubectl port-forward`; an extender anyone can reach would bind any pod anywhere.
+    #[arg(long, env = "NANO_GPU_LISTEN", default_value = "127.0.0.1:8888")]
     listen: std::net::SocketAddr,
+    /// Address of what anyone who reaches the pod may call over HTTP: `/healthz`, `/readyz`,
+    /// `/metrics` and the webhook (for the kubelet's probes and Prometheus).
+    #[arg(long, env = "NANO_GPU_PUBLIC_LISTEN")]
+    public_listen: Option<std::net::SocketAddr>,
+    /// With `--leader-elect`: contend for the Lease only while this pod's kube-scheduler holds
+    /// kube-scheduler's Lease of this name (the shipped install: kube-scheduler in the same pod calls
+    /// this replica on loopback, so the decider must be where its calls come from).
+    #[arg(long, env = "NANO_GPU_FOLLOW_SCHEDULER_LEASE", requires = "leader_elect")]
+    follow_scheduler_lease: Option<String>,
     /// Placement policy (`default` is the best on the openb benchmark).
     #[arg(long, env = "NANO_GPU_POLICY", default_value = "default")]
     policy: String,
@@ -74,7 +85,7 @@ struct ServeArgs {
     /// Lease duration in seconds (renew deadline 2/3 of it, retry every 1/7 of it).
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
-    /// Address of the HTTPS endpoint (the admission webhook, and the extender for `enableHTTPS`).
+    /// Address of the HTTPS endpoint: the admission webhook, probes and metrics.
     #[arg(long, env = "NANO_GPU_TLS_LISTEN")]
     tls_listen: Option<std::net::SocketAddr>,
     /// Mounted serving certificate (PEM); re-read when it changes. Without it every replica serves the
@@ -92,7 +103,7 @@ struct ServeArgs {
     )]
     tls_dns_names: Vec<String>,
     /// The scheduler the webhook gives pods that ask nano-gpu resources: the nano-gpu profile, or
-    /// `default-scheduler` where the default scheduler calls the extender itself.
+    /// `default-scheduler` for a profile that calls this extender from the same pod.
     #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
     scheduler_name: String,
     /// Secret (in the `--lease-namespace` namespace) that holds the webhook certificate all replicas
@@ -215,6 +226,13 @@ fn simulate(args: SimulateArgs) -> Result<()> {
 }
 
 fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
+    if !args.listen.ip().is_loopback() {
+        bail!(
+            "--listen {}: the extender (filter, bind, inspect) must listen on loopback, where only \
+             kube-scheduler in the same pod reaches it; probes and metrics go on --public-listen",
+            args.listen
+        );
+    }
     use nano_gpu_allocator::{binder::KubeBinder, server, state, watch};
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
     let policy = policy::by_name(&args.policy, 0)
@@ -248,7 +266,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             };
-            let part = leader::Election { api, name: args.lease_name.clone(), me: identity, timing, label };
+            let follow = args.follow_scheduler_lease.clone();
+            let part = leader::Election { api, name: args.lease_name.clone(), me: identity, timing, label, follow };
             let run = leader::run(part, shared.leader.clone(), synced, async {
                 let _ = stopped.await;
             });
@@ -259,7 +278,18 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         tracing::info!(listen = %args.listen, "serving the scheduler extender");
-        let app = server::router(shared);
+        let app = server::router(shared.clone());
+        let public = server::public_router(shared);
+        if let Some(addr) = args.public_listen {
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+            tracing::info!(listen = %addr, "serving probes, metrics and the webhook over HTTP");
+            let public = public.clone();
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, public).await {
+                    tracing::error!(error = %e, "the public HTTP endpoint stopped");
+                }
+            });
+        }
         if let Some(addr) = args.tls_listen {
             use nano_gpu_allocator::tls;
             let certs = match (&args.tls_cert, &args.tls_key) {
@@ -276,8 +306,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 }
             };
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
-            tracing::info!(listen = %addr, "serving HTTPS (webhook and extender)");
-            tokio::spawn(tls::serve(listener, app.clone(), certs));
+            tracing::info!(listen = %addr, "serving HTTPS (the webhook, probes and metrics)");
+            tokio::spawn(tls::serve(listener, public, certs));
         }
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown(election)) => served.context("serving HTTP")?,
@@ -352,7 +382,7 @@ fn main() -> Result<()> {
     nano_gpu_runtime::init_logging(matches!(cli.log_format, LogFormat::Json));
     match cli.command {
         Command::Simulate(args) => simulate(args),
-        Command::Serve(args) => serve(args, cli.kubeconfig),
+        Command::Serve(args) => serve(*args, cli.kubeconfig),
         Command::Inspect(args) => inspect(args, cli.kubeconfig),
     }
 }

@@ -24,12 +24,9 @@ use nano_gpu_proto::extender::{
     ExtenderPreemptionResult, MetaPod, MetaVictims,
 };
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
-
-/// Pods seen in filter calls, kept so that bind (which gets only names) need not read the API.
-const RECENT_PODS: usize = 8192;
 
 /// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
 pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
@@ -43,7 +40,6 @@ pub struct Shared<B> {
     pub metrics: Metrics,
     /// Whether this replica may decide (always, unless leader election says otherwise).
     pub leader: Arc<Leadership>,
-    recent: Mutex<(HashMap<String, Pod>, VecDeque<String>)>,
     admission: Admission,
 }
 
@@ -76,7 +72,6 @@ impl<B: Binder> Shared<B> {
             binder,
             metrics: Metrics::default(),
             leader: Arc::new(Leadership::always()),
-            recent: Mutex::new((HashMap::new(), VecDeque::new())),
         })
     }
 
@@ -84,38 +79,29 @@ impl<B: Binder> Shared<B> {
     pub fn state(&self) -> MutexGuard<'_, ClusterState> {
         self.view.lock()
     }
-
-    fn remember(&self, pod: &Pod) {
-        let Some(uid) = pod.metadata.uid.clone() else { return };
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, order) = &mut *recent;
-        if map.insert(uid.clone(), pod.clone()).is_none() {
-            order.push_back(uid);
-            if order.len() > RECENT_PODS
-                && let Some(old) = order.pop_front()
-            {
-                map.remove(&old);
-            }
-        }
-    }
-
-    fn recent(&self, uid: &str) -> Option<Pod> {
-        self.recent.lock().unwrap_or_else(|e| e.into_inner()).0.get(uid).cloned()
-    }
 }
 
-/// The routes.
+/// Every route: the extender's verbs and `/inspect` (for kube-scheduler and operators only: serve
+/// this on loopback, or behind client certificates) and the [`public_router`]'s.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
     Router::new()
         .route("/filter", post(filter::<B>))
         .route("/prioritize", post(prioritize::<B>))
         .route("/bind", post(bind::<B>))
         .route("/preempt", post(preempt::<B>))
+        .route("/inspect", get(inspect::<B>))
+        .with_state(shared.clone())
+        .merge(public_router(shared))
+}
+
+/// What anyone who reaches the pod may call: probes, `/metrics` (counts, latencies and per-card
+/// allocation by node; no pod names) and the webhook (it answers a patch, changes nothing).
+pub fn public_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
+    Router::new()
         .route("/mutate", post(mutate::<B>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<B>))
         .route("/metrics", get(metrics::<B>))
-        .route("/inspect", get(inspect::<B>))
         .with_state(shared)
 }
 
@@ -145,15 +131,6 @@ enum Candidates<'a> {
     Owned(ExtenderArgs),
 }
 
-impl Candidates<'_> {
-    fn pod(&self) -> Option<&Pod> {
-        match self {
-            Candidates::Borrowed(pod, _) => pod.as_ref(),
-            Candidates::Owned(args) => args.pod.as_ref(),
-        }
-    }
-}
-
 fn candidates(body: &Bytes) -> Result<Candidates<'_>, String> {
     if let Ok(ExtenderArgs { pod, nodes: None, node_names: Some(names) }) = serde_json::from_slice(body) {
         return Ok(Candidates::Borrowed(pod, names));
@@ -167,9 +144,6 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Filter, started, e),
     };
-    if let Some(pod) = args.pod() {
-        s.remember(pod);
-    }
     if !s.leader.is_leader() {
         s.metrics.observe(Verb::Filter, false, started.elapsed());
         let error = NOT_LEADER.to_owned();
@@ -218,7 +192,7 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result = bind::bind(&s.view, &s.binder, &s.leader, s.recent(&args.pod_uid), &args).await;
+    let result = bind::bind(&s.view, &s.binder, &s.leader, &args).await;
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
@@ -311,12 +285,15 @@ mod tests {
     use crate::binder::ApiError;
     use axum::body::Body;
     use http::Request;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use nano_gpu_engine::engine::Engine;
     use nano_gpu_engine::policy;
     use nano_gpu_engine::workload::Workload;
     use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
     use nano_gpu_proto::demand::DemandOptions;
     use serde_json::{Value, json};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::SystemTime;
@@ -542,6 +519,7 @@ mod tests {
     #[tokio::test]
     async fn filter_prioritize_and_bind_place_a_pod_and_write_its_assignment() {
         let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "7", None));
         let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1", "n2"]});
         let (status, body) = call(&s, "POST", "/filter", args.clone()).await;
         assert_eq!(status, StatusCode::OK);
@@ -555,9 +533,47 @@ mod tests {
         );
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         assert_eq!(body, r#"{"Error":""}"#);
-        // The pod came from the filter call: no read; the annotation carries the read resourceVersion.
-        assert_eq!(s.binder.calls(), vec!["annotate a rv=7", "bind a n1"]);
+        // The pod is read from the API server; the annotation carries the read resourceVersion.
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=7", "bind a n1"]);
         assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn bind_takes_the_pod_from_the_api_server_never_from_a_filter_body() {
+        let s = shared();
+        // The API server's pod asks 60 %; a filter body under its uid claimed 10 % on another node.
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "3", None));
+        let mut forged = pod("a", "3", Some("elsewhere"));
+        forged.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().limits =
+            Some([("nano-gpu/gpu-percent".to_string(), Quantity("10".into()))].into());
+        call(&s, "POST", "/filter", json!({"Pod": forged, "NodeNames": ["n1"]})).await;
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=3", "bind a n1"]);
+        assert_eq!(free(&s), 40, "60 % held, as the API server's pod asks");
+    }
+
+    #[tokio::test]
+    async fn the_public_routes_hold_no_extender_verb_and_no_pod_names() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        for (method, path) in [
+            ("POST", "/filter"),
+            ("POST", "/prioritize"),
+            ("POST", "/bind"),
+            ("POST", "/preempt"),
+            ("GET", "/inspect"),
+        ] {
+            let req = Request::builder().method(method).uri(path).body(Body::from("{}")).unwrap();
+            let resp = public_router(s.clone()).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{path} is public");
+        }
+        call(&s, "POST", "/bind", binding("a")).await;
+        let req = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
+        let resp = public_router(s.clone()).oneshot(req).await.unwrap();
+        let text = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        let text = String::from_utf8_lossy(&text);
+        assert!(text.contains("n1") && !text.contains("pod=") && !text.contains("\"a\""), "{text}");
     }
 
     #[tokio::test]

@@ -114,42 +114,47 @@ impl Cluster {
     /// GET (or POST `data` to) `url` from inside the cluster's network: the status code (0 when nothing
     /// answered) and the body. `extra` goes to curl as is.
     pub fn curl(&self, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, String) {
-        let mut args = vec!["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"];
-        if let Some(d) = data {
-            args.extend(["-X", "POST", "-H", "Content-Type: application/json", "--data", d]);
+        let args = curl_args(url, data, extra);
+        curl_answer(&self.in_netns(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    }
+
+    /// The allocator replica that decides: the holder of the allocator's Lease.
+    pub fn allocator_leader(&self) -> String {
+        let path = "jsonpath={.spec.holderIdentity}";
+        self.ok(&["get", "lease", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", path])
+    }
+
+    /// [`Cluster::curl`] from inside the network namespace of the allocator pod `pod` (its loopback
+    /// is where kube-scheduler calls the extender, and where `kubectl port-forward` leads).
+    pub fn curl_in_allocator(&self, pod: &str, url: &str, data: Option<&str>) -> (u16, String) {
+        let (node, id) = self.container("nano-gpu-system", pod, "allocator");
+        let out = script(&["ctr", self.dir.to_str().unwrap(), &node, "tasks", "ps", &id]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid = text.lines().nth(1).and_then(|l| l.split_whitespace().next()).unwrap_or_default();
+        if pid.is_empty() {
+            return (0, format!("no process of {pod}'s allocator: {text}"));
         }
-        args.extend(extra);
-        args.push(url);
-        let out = self.in_netns(&args);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.trim().parse().unwrap_or(0), body.to_owned())
+        let mut args = vec!["nsenter".to_owned(), format!("--net=/proc/{pid}/ns/net")];
+        args.extend(curl_args(url, data, &[]));
+        let out = Command::new(&args[0]).args(&args[1..]).output().unwrap();
+        curl_answer(&out)
     }
 
-    /// The allocator's extender through its Service (what kube-scheduler calls: the leader).
-    pub fn extender(&self) -> String {
-        let ip = self.ok(&[
-            "get",
-            "svc",
-            "nano-gpu-allocator-leader",
-            "-n",
-            "nano-gpu-system",
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ]);
-        format!("http://{ip}:8888")
-    }
-
-    /// The allocator's view (`/inspect` through its Service).
-    /// (Right after a handover kube-proxy may not route to the new leader yet: tried for 30 s.)
+    /// The allocator's view (`/inspect` of the replica that decides, on its loopback).
+    /// (Right after a handover the Lease may name a replica that is still starting: tried for 30 s.)
     pub fn inspect(&self) -> Value {
         let start = Instant::now();
         loop {
-            let (code, body) = self.curl(&format!("{}/inspect", self.extender()), None, &[]);
+            let leader = self.allocator_leader();
+            let (code, body) = if leader.is_empty() {
+                (0, "no replica holds the Lease".to_owned())
+            } else {
+                self.curl_in_allocator(&leader, "http://127.0.0.1:8888/inspect", None)
+            };
             if code == 200 {
                 return serde_json::from_str(&body).unwrap();
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "/inspect: {code} {body}");
+            assert!(start.elapsed() < Duration::from_secs(30), "/inspect of {leader}: {code} {body}");
             std::thread::sleep(Duration::from_millis(250));
         }
     }
@@ -163,6 +168,20 @@ impl Cluster {
     /// SIGKILL to the processes of one container of a pod, through its node's containerd (a crash;
     /// the kubelet restarts the container).
     pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) {
+        self.signal_container(namespace, pod, container, "SIGKILL");
+    }
+
+    /// Sends `signal` (`SIGSTOP`, `SIGCONT`, ...) to the processes of one container of a pod, through
+    /// its node's containerd.
+    pub fn signal_container(&self, namespace: &str, pod: &str, container: &str, signal: &str) {
+        let (node, id) = self.container(namespace, pod, container);
+        let kill = ["ctr", self.dir.to_str().unwrap(), &node, "tasks", "kill", "--all", "-s", signal, &id];
+        let status = script(&kill).status().unwrap();
+        assert!(status.success(), "{signal} to {namespace}/{pod}/{container} on {node}");
+    }
+
+    /// The node and containerd ID of one container of a pod.
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> (String, String) {
         let path = format!(
             "jsonpath={{.spec.nodeName}} {{.status.containerStatuses[?(@.name==\"{container}\")].containerID}}"
         );
@@ -170,10 +189,7 @@ impl Cluster {
         let (node, id) =
             out.split_once(' ').unwrap_or_else(|| panic!("{namespace}/{pod}/{container}: {out}"));
         let id = id.trim().strip_prefix("containerd://").unwrap_or_else(|| panic!("container id {id:?}"));
-        let status = script(&["ctr", self.dir.to_str().unwrap(), node, "tasks", "kill", "-s", "SIGKILL", id])
-            .status()
-            .unwrap();
-        assert!(status.success(), "killing {namespace}/{pod}/{container} on {node}");
+        (node.to_owned(), id.to_owned())
     }
 
     /// The device IDs the node's kubelet gave each container, from its pod-resources API: per
@@ -361,4 +377,22 @@ pub async fn create(pods: &Api<Pod>, pod: &Pod) -> Pod {
             Err(e) => panic!("creating pod {:?}: {e}", pod.metadata.name),
         }
     }
+}
+
+/// curl's arguments for [`Cluster::curl`]: the body, then the status code on a line of its own.
+fn curl_args(url: &str, data: Option<&str>, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"];
+    if let Some(d) = data {
+        args.extend(["-X", "POST", "-H", "Content-Type: application/json", "--data", d]);
+    }
+    args.extend(extra);
+    args.push(url);
+    args.into_iter().map(String::from).collect()
+}
+
+/// The status code (0 when nothing answered) and the body curl printed.
+fn curl_answer(out: &Output) -> (u16, String) {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
 }

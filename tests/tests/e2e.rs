@@ -116,20 +116,17 @@ fn ready(p: &Pod, container: &str) -> bool {
     statuses.into_iter().flatten().any(|c| c.name == container && c.ready)
 }
 
-/// The ready endpoints of the extender's Service (the leader's pod IP, when all is well).
-fn extender_endpoints(cluster: &Cluster) -> Vec<String> {
-    let path = "jsonpath={range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]} {end}";
-    let out = cluster.ok(&[
-        "get",
-        "endpointslices",
-        "-n",
-        SYSTEM,
-        "-l",
-        "kubernetes.io/service-name=nano-gpu-allocator-leader",
-        "-o",
-        path,
-    ]);
-    out.split_whitespace().map(String::from).collect()
+/// The replica that decides, when all agree on it: it holds the allocator's Lease, its pod's
+/// kube-scheduler holds kube-scheduler's (`<pod>_<uuid>`: the only scheduler that calls it, on
+/// loopback), and its pod alone carries the leader label.
+async fn decider(client: &kube::Client) -> Option<String> {
+    let lead = leader(client).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM);
+    let scheduler = leases.get("nano-gpu-scheduler").await.ok()?.spec?.holder_identity?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
+    let labelled = pods.list(&ListParams::default().labels("nano-gpu/leader=true")).await.ok()?;
+    let labelled: Vec<_> = labelled.items.into_iter().filter_map(|p| p.metadata.name).collect();
+    (scheduler.strip_prefix(lead.as_str())?.starts_with('_') && labelled == [lead.clone()]).then_some(lead)
 }
 
 /// No container of the test's pods was restarted.
@@ -311,9 +308,10 @@ async fn the_system_works_on_real_nodes() {
     })
     .await;
 
-    // The allocator's two replicas: both ready (both serve the webhook), only the leader's pod behind
-    // the extender's Service; both serve the certificate the webhook configuration's CA trusts; the
-    // follower asked anyway refuses to decide; the leader's pod deleted, the follower takes over.
+    // The allocator's two replicas: both ready (both serve the webhook); the one that decides is the
+    // one whose kube-scheduler leads, and alone carries the leader label; both serve the certificate
+    // the webhook configuration's CA trusts; the follower asked anyway refuses to decide; nothing but
+    // kube-scheduler reaches the extender; the leader's pod deleted, the follower takes over.
     let selector = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-allocator");
     wait_until("both replicas ready", Duration::from_secs(60), || async {
         let list = system.list(&selector).await.unwrap().items;
@@ -321,16 +319,17 @@ async fn the_system_works_on_real_nodes() {
     })
     .await;
     let replicas = system.list(&selector).await.unwrap();
-    let lead = leader(&client).await.unwrap();
+    wait_until(
+        "the decider is where kube-scheduler leads, alone labelled",
+        Duration::from_secs(30),
+        || async { decider(&client).await.is_some() },
+    )
+    .await;
+    let lead = decider(&client).await.unwrap();
     let ip_of = |name: &str| {
         let p = replicas.items.iter().find(|p| p.metadata.name.as_deref() == Some(name)).unwrap();
         p.status.as_ref().unwrap().pod_ip.clone().unwrap()
     };
-    let leader_ip = ip_of(&lead);
-    wait_until("only the leader behind the extender's Service", Duration::from_secs(30), || async {
-        extender_endpoints(&cluster) == [leader_ip.clone()]
-    })
-    .await;
     let follower = replicas.items.iter().find(|p| p.metadata.name.as_deref() != Some(lead.as_str())).unwrap();
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let webhook = hooks.get("nano-gpu-allocator").await.unwrap();
@@ -351,27 +350,73 @@ async fn the_system_works_on_real_nodes() {
     let follower = follower.metadata.name.clone().unwrap();
     let follower_ip = ip_of(&follower);
     let args = json!({"Pod": percent_pod("probe", 10), "NodeNames": ["node-1"]}).to_string();
-    let (_, body) = cluster.curl(&format!("http://{follower_ip}:8888/filter"), Some(&args), &[]);
+    let (_, body) = cluster.curl_in_allocator(&follower, "http://127.0.0.1:8888/filter", Some(&args));
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(answer["Error"].as_str().is_some_and(|e| !e.is_empty()), "the follower decided: {answer}");
+    // Only kube-scheduler reaches the extender: from the cluster's network neither replica answers a
+    // bind (nothing listens on 8888 but loopback; the probe and webhook ports have no such route).
+    let bind =
+        json!({"PodName": "burst-00", "PodNamespace": NS, "PodUID": "x", "Node": "node-1"}).to_string();
+    for ip in [ip_of(&lead), follower_ip.clone()] {
+        for url in [format!("http://{ip}:8888/bind"), format!("http://{ip}:8080/bind")] {
+            let (code, body) = cluster.curl(&url, Some(&bind), &[]);
+            assert!(code == 0 || code == 404, "{url} answered {code}: {body}");
+        }
+        let resolve = format!("{name}:8443:{ip}");
+        // (HTTP/1.1: curl takes hyper's reset of an unread HTTP/2 request body for a failure.)
+        let extra = ["--http1.1", "--cacert", ca.to_str().unwrap(), "--resolve", &resolve];
+        let (code, _) = cluster.curl(&format!("https://{name}:8443/bind"), Some(&bind), &extra);
+        assert_eq!(code, 404, "the webhook's port binds");
+    }
     // (A leader killed with SIGKILL comes back under the same name and leads on, as in the burst
     // above; a leader that goes away hands over.) The leader's pod deleted: it gives the Lease and
     // the label up as it stops; another replica (the follower, or the Deployment's replacement if it
     // is up first) takes over at its next attempt and is the extender's one endpoint.
     system.delete(&lead, &DeleteParams::default()).await.unwrap();
     let deleted = std::time::Instant::now();
-    wait_until("another replica takes over", Duration::from_secs(15), || async {
-        let Some(now) = leader(&client).await.filter(|l| *l != lead) else { return false };
-        let ip = system.get(&now).await.unwrap().status.and_then(|s| s.pod_ip);
-        ip.is_some_and(|ip| extender_endpoints(&cluster) == [ip])
+    wait_until("another replica takes over", Duration::from_secs(30), || async {
+        decider(&client).await.is_some_and(|now| now != lead)
     })
     .await;
     eprintln!(
-        "handover: {:?} from the leader's deletion to the next leader behind the Service",
+        "handover: {:?} from the leader's deletion to the next decider (its kube-scheduler leading)",
         deleted.elapsed()
     );
     let view = cluster.inspect().to_string();
     assert!(view.contains("e2e/burst-00"), "the new leader sees the cluster");
+
+    // The leader hangs instead of dying: both containers of its pod frozen (SIGSTOP) in the middle of
+    // a burst, for longer than a lease, then resumed. The other replica's kube-scheduler and
+    // allocator take over; the resumed one decides nothing more (its leadership lapsed by its own
+    // clock, its kube-scheduler lost its Lease); every pod runs on the card it was given, once.
+    wait_until("both replicas ready again", Duration::from_secs(90), || async {
+        let list = system.list(&selector).await.unwrap().items;
+        list.len() == 2 && list.iter().all(|p| ready(p, "allocator") && ready(p, "kube-scheduler"))
+    })
+    .await;
+    let frozen = decider(&client).await.unwrap();
+    let hang: Vec<String> = (0..16).map(|i| format!("hang-{i:02}")).collect();
+    let mut froze = None;
+    for (i, name) in hang.iter().enumerate() {
+        if i == 4 {
+            for container in ["kube-scheduler", "allocator"] {
+                cluster.signal_container(SYSTEM, &frozen, container, "SIGSTOP");
+            }
+            froze = Some(std::time::Instant::now());
+        }
+        create(&pods, &percent_pod(name, 5)).await;
+    }
+    wait_until("another replica decides while the leader is frozen", Duration::from_secs(40), || async {
+        decider(&client).await.is_some_and(|now| now != frozen)
+    })
+    .await;
+    eprintln!("take-over of a frozen leader: {:?} after the freeze", froze.unwrap().elapsed());
+    for container in ["kube-scheduler", "allocator"] {
+        cluster.signal_container(SYSTEM, &frozen, container, "SIGCONT");
+    }
+    wait_running(&pods, &hang, Duration::from_secs(120)).await;
+    no_restarts(&pods).await;
+    check_consistency(&cluster, &client).await;
 
     // Lifecycle. The agent DaemonSet rolls over while pods run: they keep their devices, nothing
     // restarts, new pods land.
@@ -417,8 +462,8 @@ async fn the_system_works_on_real_nodes() {
     cluster.ok(&["drain", &node, "--ignore-daemonsets", "--force", "--timeout=180s"]);
     cluster.ok(&["rollout", "status", "deployment/workers", "-n", NS, "--timeout=180s"]);
     cluster.ok(&["rollout", "status", "deployment/nano-gpu-allocator", "-n", SYSTEM, "--timeout=180s"]);
-    wait_until("a leader behind the extender's Service", Duration::from_secs(30), || async {
-        leader(&client).await.is_some_and(|l| l != lead) && extender_endpoints(&cluster).len() == 1
+    wait_until("another decider", Duration::from_secs(30), || async {
+        decider(&client).await.is_some_and(|now| now != lead)
     })
     .await;
     let on_drained =
