@@ -99,6 +99,17 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// kubectl authenticated by `token` instead of the admin's certificate.
+    pub fn kubectl_as(&self, token: &str, args: &[&str]) -> Output {
+        let view = self.ok(&["config", "view", "--raw", "--minify", "--flatten", "-o", "json"]);
+        let mut config: Value = serde_json::from_str(&view).unwrap();
+        config["users"][0]["user"] = serde_json::json!({ "token": token });
+        let path = self.path("token.kubeconfig");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let kubectl = Path::new(&self.env["K8S_BIN"]).join("kubectl");
+        Command::new(kubectl).arg("--kubeconfig").arg(&path).args(args).output().unwrap()
+    }
+
     /// `kubectl apply -f -` of `manifest` (YAML or JSON); whether it succeeded.
     pub fn apply(&self, manifest: &str) -> bool {
         let mut child = self.kubectl_cmd(&["apply", "-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();

@@ -221,6 +221,40 @@ async fn the_system_works_on_real_nodes() {
     let label = json!({"metadata": {"annotations": {"team": "ml"}}});
     pods.patch("t4", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
 
+    // An agent writes only on its own node (deploy/agent-policy.yaml): with a token bound to
+    // node-1's agent pod (as the agent's own is), node-2 and its pods are refused, node-1 and its
+    // pods are not; a token of the agent's account that names no node is refused everything.
+    let agent_on = |node: &'static str| {
+        let system = system.clone();
+        async move {
+            let selector = ListParams::default()
+                .labels("app.kubernetes.io/name=nano-gpu-agent")
+                .fields(&format!("spec.nodeName={node}"));
+            system.list(&selector).await.unwrap().items[0].metadata.name.clone().unwrap()
+        }
+    };
+    let (pod_1, pod_2) = (agent_on("node-1").await, agent_on("node-2").await);
+    let bound = ["create", "token", "nano-gpu-agent", "-n", SYSTEM, "--bound-object-kind", "Pod"];
+    let token = cluster.ok(&[&bound[..], &["--bound-object-name", &pod_1]].concat());
+    let unbound = cluster.ok(&["create", "token", "nano-gpu-agent", "-n", SYSTEM]);
+    let writes: [(&[&str], bool); 4] = [
+        (&["annotate", "node", "node-1", "e2e=agent", "--overwrite"], true),
+        (&["annotate", "pod", "-n", SYSTEM, &pod_1, "e2e=agent", "--overwrite"], true),
+        (&["annotate", "node", "node-2", "e2e=agent", "--overwrite"], false),
+        (&["annotate", "pod", "-n", SYSTEM, &pod_2, "e2e=agent", "--overwrite"], false),
+    ];
+    for (args, allowed) in writes {
+        let out = cluster.kubectl_as(token.trim(), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), allowed, "node-1's agent: {args:?}: {err}");
+        if !allowed {
+            assert!(err.contains("may write only its own Node and the pods on it"), "{err}");
+        }
+        let out = cluster.kubectl_as(unbound.trim(), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("names no node"), "an unbound token: {args:?}: {err}");
+    }
+
     // Pods that fit nowhere stay Pending with a FailedScheduling event naming the reason: one the
     // in-tree fit check stops (more percent than any node has), one only the extender can judge (a
     // card model no node has).
