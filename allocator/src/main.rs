@@ -73,7 +73,7 @@ struct ServeArgs {
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
     /// Elect one leader among replicas with a Lease; only the leader decides (every replica that can
-    /// serve is ready; the leader label routes the extender's Service to the leader).
+    /// serve is ready; the leader's pod is labelled `nano-gpu/leader=true`).
     #[arg(long, env = "NANO_GPU_LEADER_ELECT")]
     leader_elect: bool,
     /// Namespace of the Lease.
@@ -255,7 +255,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
             let timing = leader::Timing { lease, renew_deadline: lease * 2 / 3, retry: lease / 7 };
             let api = kube::Api::namespaced(client.clone(), &args.lease_namespace);
-            // The label routes the extender's Service to the leader's pod (when we know our pod).
+            // The label shows which pod decides (when we know our pod).
             let label = args.pod_name.clone().map(|pod| {
                 leader::LeaderLabel::new(kube::Api::namespaced(client.clone(), &args.lease_namespace), pod)
             });

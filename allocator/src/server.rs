@@ -255,7 +255,8 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
 
 /// Ready = can serve: the view has listed everything. A follower is ready too (it serves the webhook,
 /// and rollouts, PDBs and drains need it Ready); the extender's calls reach only the leader, whose pod
-/// carries the leader label its Service selects, and a follower asked anyway decides nothing.
+/// is where they come from (kube-scheduler of the same pod, on loopback), and a follower asked anyway
+/// decides nothing.
 async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
     if s.view.synced() {
         let role = if s.leader.is_leader() { "leader" } else { "follower" };

@@ -1,10 +1,10 @@
-//! The leader's pod carries the label `nano-gpu/leader=true`, which the extender's Service selects
-//! (`deploy/allocator.yaml`): kube-scheduler's calls reach the one replica that decides, while every
-//! replica that can serve is Ready (the webhook's Service reaches them all, and rollouts, PDBs and
-//! drains see two Ready replicas).
+//! The leader's pod carries the label `nano-gpu/leader=true`: operators (`kubectl get pods -l
+//! nano-gpu/leader=true`) and any Service that must reach the deciding replica alone see which one it
+//! is, while every replica that can serve is Ready (the webhook's Service reaches them all, and
+//! rollouts, PDBs and drains see two Ready replicas).
 //!
 //! Deciding never depends on the label: a replica decides only while it holds the Lease (see the
-//! parent module). The label only routes. A replica that takes the Lease first removes the label
+//! parent module). The label only shows. A replica that takes the Lease first removes the label
 //! from any other pod still carrying it (a leader that died or froze before it could), then labels
 //! its own pod; a replica that stops leading removes its own. A patch that fails is tried again at
 //! the next election round.
@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use std::time::Duration;
 
-/// The label the extender's Service selects.
+/// The label on the deciding replica's pod.
 pub const LEADER_LABEL: &str = "nano-gpu/leader";
 
 /// Keeps the leader label of this replica's pod in step with its leadership.
