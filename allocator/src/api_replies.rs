@@ -1,14 +1,20 @@
 //! Answers of a fake API server for the tower-test scenarios of the real kube adapters (binder,
-//! leader election, the shared certificate): a JSON body with a status code, and the `Status` object
-//! the API server sends with an error.
+//! leader election, the shared certificate): a JSON body with a status code, the `Status` object
+//! the API server sends with an error, and the JSON body of what a client sent.
 
-use http::Response;
+use http::{Request, Response};
 use kube::client::Body;
 use serde_json::{Value, json};
 
 /// `value` as the API server's answer with HTTP status `code`.
 pub fn respond(code: u16, value: Value) -> Response<Body> {
     Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap()
+}
+
+/// The JSON body of a request (Null when it has none or it is not JSON).
+pub async fn body_json(req: Request<Body>) -> Value {
+    let bytes = req.into_body().collect_bytes().await.unwrap();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
 }
 
 /// The API server's error answer: a `Status` with `reason` (`NotFound`, `AlreadyExists`, `Conflict`…).

@@ -88,8 +88,8 @@ pub enum BindFailed {
 }
 
 /// Binds the pod `args` names to `args.node`: reserve, annotate (retrying conflicts), bind; on failure
-/// the annotations and the reservation are removed. Leadership is checked again before every write: a replica that lost it
-/// mid-bind (a hung API call, a frozen process) writes nothing more.
+/// the annotations and the reservation are removed. Leadership is checked again before every write:
+/// a replica that lost it mid-bind (a hung API call, a frozen process) writes nothing more.
 pub async fn bind<B: Binder>(
     view: &SharedView,
     binder: &B,

@@ -153,7 +153,7 @@ impl Binder for KubeBinder {
 mod tests {
     //! The exact requests the real binder sends, against a fake API server (tower-test).
     use super::*;
-    use crate::api_replies::respond;
+    use crate::api_replies::{body_json, respond};
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::{Value, json};
@@ -169,8 +169,7 @@ mod tests {
         let method = req.method().to_string();
         let path = req.uri().path().to_owned();
         let ctype = req.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
-        let bytes = req.into_body().collect_bytes().await.unwrap();
-        (method, path, ctype, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        (method, path, ctype, body_json(req).await)
     }
 
     fn pod() -> Value {

@@ -20,9 +20,8 @@
 //! kube-scheduler (`<pod name>_<uuid>`), and gives the Lease up when it is not. The Lease above stays
 //! what makes the decider unique; following only moves it to where the calls come from.
 //!
-//! The leader's pod carries a label ([`LeaderLabel`]) that shows operators (and a Service, where the
-//! extender is reached over the network) which replica decides; at shutdown a leader gives the Lease
-//! and the label up, so another replica leads at its next attempt.
+//! The leader's pod carries a label ([`LeaderLabel`]) that shows operators which replica decides; at
+//! shutdown a leader gives the Lease and the label up, so another replica leads at its next attempt.
 
 mod label;
 
@@ -116,6 +115,29 @@ type Record = (Option<String>, Option<MicroTime>, Option<i32>, Option<MicroTime>
 #[derive(Clone, Debug, Default)]
 pub struct Observation(Option<(Record, Instant)>);
 
+impl Observation {
+    /// Notes `spec` (None: no Lease) as seen at `now`; returns since when its record has stood still.
+    fn note(&mut self, spec: Option<&LeaseSpec>, now: Instant) -> Instant {
+        let Some(spec) = spec else {
+            self.0 = None;
+            return now;
+        };
+        let record = (
+            spec.holder_identity.clone(),
+            spec.renew_time.clone(),
+            spec.lease_transitions,
+            spec.acquire_time.clone(),
+        );
+        match &self.0 {
+            Some((seen, since)) if *seen == record => *since,
+            _ => {
+                self.0 = Some((record, now));
+                now
+            }
+        }
+    }
+}
+
 /// The decision for `lease` (None: absent) by replica `me` at `now` (this process's monotonic clock),
 /// with leases lasting `duration`. Updates `seen` with the record and when it last changed.
 pub fn step(
@@ -125,23 +147,8 @@ pub fn step(
     now: Instant,
     duration: Duration,
 ) -> Step {
-    let Some(spec) = lease else {
-        *seen = Observation::default();
-        return Step::Create;
-    };
-    let record = (
-        spec.holder_identity.clone(),
-        spec.renew_time.clone(),
-        spec.lease_transitions,
-        spec.acquire_time.clone(),
-    );
-    let since = match &seen.0 {
-        Some((seen_record, since)) if *seen_record == record => *since,
-        _ => {
-            seen.0 = Some((record, now));
-            now
-        }
-    };
+    let since = seen.note(lease, now);
+    let Some(spec) = lease else { return Step::Create };
     match spec.holder_identity.as_deref() {
         Some(h) if h == me => Step::Renew,
         None | Some("") => Step::TakeOver,
@@ -297,8 +304,8 @@ async fn our_scheduler_leads(api: &Api<Lease>, lease: &str, me: &str, limit: Dur
 
 /// Runs the election from when `start` resolves until `stop` resolves, keeping `leadership` (and the
 /// leader label, if any) up to date; then gives the Lease and the label up. `start` is the view
-/// having listed the whole cluster: a replica that (re)started must not decide, nor be routed to,
-/// with half a view, even under the name that holds the Lease.
+/// having listed the whole cluster: a replica that (re)started must not decide with half a view,
+/// even under the name that holds the Lease.
 pub async fn run(
     election: Election,
     leadership: Arc<Leadership>,
@@ -373,8 +380,7 @@ pub fn released(lease: Option<&LeaseSpec>, me: &str) -> Option<LeaseSpec> {
 async fn give_up(api: &Api<Lease>, name: &str, me: &str, limit: Duration, seen: &mut Observation) {
     let give_up = async {
         let Some(mut lease) = api.get_opt(name).await? else { return Ok(false) };
-        // (The step itself is not taken: only what was seen, and since when.)
-        step(lease.spec.as_ref(), me, seen, Instant::now(), Duration::MAX);
+        seen.note(lease.spec.as_ref(), Instant::now());
         let Some(spec) = released(lease.spec.as_ref(), me) else { return Ok(false) };
         lease.spec = Some(spec);
         // With the read resourceVersion: a replica that took over meanwhile keeps the Lease.
@@ -405,10 +411,10 @@ mod tests {
     mod api {
         //! The requests of one attempt, against a fake API server (tower-test).
         use super::super::*;
-        use crate::api_replies::{failure, respond};
+        use crate::api_replies::{body_json, failure, respond};
         use http::{Request, Response};
         use kube::client::Body;
-        use serde_json::{Value, json};
+        use serde_json::json;
 
         const TIMING: Timing = Timing {
             lease: Duration::from_secs(15),
@@ -437,8 +443,7 @@ mod tests {
                     (req.method().as_str(), req.uri().path()),
                     ("POST", "/apis/coordination.k8s.io/v1/namespaces/ns/leases")
                 );
-                let body: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body = body_json(req).await;
                 assert_eq!(body["spec"]["holderIdentity"], "me");
                 assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
                 send.send_response(respond(201, body));
@@ -461,8 +466,7 @@ mod tests {
                     (req.method().as_str(), req.uri().path()),
                     ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
                 );
-                let body: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body = body_json(req).await;
                 assert_eq!(body["metadata"]["resourceVersion"], "77");
                 assert_eq!(
                     (body["spec"]["holderIdentity"].as_str(), body["spec"]["leaseTransitions"].as_i64()),
@@ -492,8 +496,7 @@ mod tests {
                 let (_, send) = handle.next_request().await.unwrap();
                 send.send_response(failure(404, "NotFound"));
                 let (req, send) = handle.next_request().await.unwrap();
-                let body: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body = body_json(req).await;
                 send.send_response(respond(201, body));
                 // From now on the API server accepts requests and never answers them.
                 let mut hanging = Vec::new();
@@ -542,8 +545,7 @@ mod tests {
                 let (_, send) = handle.next_request().await.unwrap();
                 send.send_response(failure(404, "NotFound"));
                 let (req, send) = handle.next_request().await.unwrap();
-                let created: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let created = body_json(req).await;
                 send.send_response(respond(201, created.clone()));
                 stop.send(()).unwrap();
                 // The release: the Lease read, then written back naming no holder.
@@ -557,8 +559,7 @@ mod tests {
                     (req.method().as_str(), req.uri().path()),
                     ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
                 );
-                let body: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body = body_json(req).await;
                 assert_eq!(body["metadata"]["resourceVersion"], "7", "written over what was read");
                 assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
                 assert_eq!(body["spec"]["acquireTime"], created["spec"]["acquireTime"]);
@@ -596,8 +597,7 @@ mod tests {
                 let (_, send) = handle.next_request().await.unwrap();
                 send.send_response(failure(404, "NotFound"));
                 let (req, send) = handle.next_request().await.unwrap();
-                let created: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let created = body_json(req).await;
                 send.send_response(respond(201, created.clone()));
                 // Another pod's kube-scheduler took over (a pod named "me2" is not us): we give up.
                 let (_, send) = handle.next_request().await.unwrap();
@@ -609,8 +609,7 @@ mod tests {
                 send.send_response(respond(200, created));
                 let (req, send) = handle.next_request().await.unwrap();
                 assert_eq!(req.method().as_str(), "PUT");
-                let body: Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+                let body = body_json(req).await;
                 assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
                 send.send_response(respond(200, body.clone()));
                 // Still not ours: the Lease is read (watched, for a prompt take-over later), not written.

@@ -102,8 +102,8 @@ struct ServeArgs {
         default_value = "nano-gpu-allocator.nano-gpu-system.svc,nano-gpu-allocator.nano-gpu-system.svc.cluster.local"
     )]
     tls_dns_names: Vec<String>,
-    /// The scheduler the webhook gives pods that ask nano-gpu resources: the nano-gpu profile, or
-    /// `default-scheduler` for a profile that calls this extender from the same pod.
+    /// The scheduler the webhook gives pods that ask nano-gpu resources: the profile of the
+    /// kube-scheduler in this pod that calls this extender.
     #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
     scheduler_name: String,
     /// Secret (in the `--lease-namespace` namespace) that holds the webhook certificate all replicas

@@ -1,9 +1,10 @@
 //! The extender HTTP service: decode, call the cluster view, encode.
 //!
-//! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs; only the leader decides),
-//! `GET /healthz`, `/readyz` (ready once the watches have listed everything, leader or not), `/metrics` (Prometheus text), `/inspect` (JSON per
-//! node and card), `POST /preempt` (only nodes where eviction really frees a card, only the victims
-//! needed), `POST /mutate` (the admission webhook).
+//! `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender verbs; only the leader
+//! decides), `GET /healthz`, `/readyz` (ready once the watches have listed everything, leader or
+//! not), `/metrics` (Prometheus text), `/inspect` (JSON per node and card), `POST /preempt` (only
+//! nodes where eviction really frees a card, only the victims needed), `POST /mutate` (the admission
+//! webhook).
 
 use crate::admission::Admission;
 use crate::bind::{self, NOT_LEADER};
@@ -81,8 +82,8 @@ impl<B: Binder> Shared<B> {
     }
 }
 
-/// Every route: the extender's verbs and `/inspect` (for kube-scheduler and operators only: serve
-/// this on loopback, or behind client certificates) and the [`public_router`]'s.
+/// Every route: the extender's verbs and `/inspect` (for kube-scheduler and operators only: served on
+/// loopback) and the [`public_router`]'s.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
     Router::new()
         .route("/filter", post(filter::<B>))

@@ -89,7 +89,7 @@ async fn set(pods: &Api<Pod>, name: &str, on: bool) -> Result<(), kube::Error> {
 mod tests {
     //! The requests of each step against a fake API server (tower-test).
     use super::*;
-    use crate::api_replies::{failure, respond};
+    use crate::api_replies::{body_json, failure, respond};
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::Value;
@@ -100,11 +100,6 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"}})
     }
 
-    async fn body(req: Request<Body>) -> Value {
-        let bytes = req.into_body().collect_bytes().await.unwrap();
-        serde_json::from_slice(&bytes).unwrap()
-    }
-
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     /// The next request: its method, path, query and JSON body (Null when none).
@@ -112,7 +107,7 @@ mod tests {
         let (req, send) = handle.next_request().await.unwrap();
         let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
         let query = req.uri().query().unwrap_or_default().to_owned();
-        let json = if method == "PATCH" { body(req).await } else { Value::Null };
+        let json = if method == "PATCH" { body_json(req).await } else { Value::Null };
         send.send_response(answer);
         (method, path, query, json)
     }

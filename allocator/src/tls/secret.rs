@@ -248,10 +248,9 @@ pub async fn publish(client: &kube::Client, webhook: &str, ca_pem: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_replies::{failure, respond};
+    use crate::api_replies::{body_json, failure, respond};
     use http::{Request, Response};
     use kube::client::Body;
-    use serde_json::Value;
 
     const DNS: &[&str] = &["nano-gpu-allocator.nano-gpu-system.svc"];
 
@@ -320,8 +319,7 @@ mod tests {
                 (req.method().as_str(), req.uri().path()),
                 ("POST", "/api/v1/namespaces/nano-gpu-system/secrets")
             );
-            let body: Value =
-                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            let body = body_json(req).await;
             assert_eq!(
                 (body["type"].as_str(), body["metadata"]["name"].as_str()),
                 (Some("kubernetes.io/tls"), Some("tls"))
@@ -352,8 +350,7 @@ mod tests {
                 (req.method().as_str(), req.uri().path()),
                 ("PUT", "/api/v1/namespaces/nano-gpu-system/secrets/tls")
             );
-            let body: Value =
-                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            let body = body_json(req).await;
             assert_eq!(body["metadata"]["resourceVersion"], "41");
             send.send_response(respond(200, body));
         });
