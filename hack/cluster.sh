@@ -186,7 +186,7 @@ install_nano_gpu() {
     kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | scheduler_version | kubectl apply -f - >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
-  wait_for "nano-gpu-allocator (a leader ready)" 120 allocator_ready
+  wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
   log "installed: deploy/ on $NODES real nodes"
 }

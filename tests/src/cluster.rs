@@ -82,8 +82,13 @@ impl Cluster {
 
     /// kubectl as the cluster's admin.
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        self.kubectl_with(Path::new(&self.env["ADMIN_KUBECONFIG"]), args)
+    }
+
+    /// kubectl with `kubeconfig`.
+    fn kubectl_with(&self, kubeconfig: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new(Path::new(&self.env["K8S_BIN"]).join("kubectl"));
-        cmd.arg("--kubeconfig").arg(&self.env["ADMIN_KUBECONFIG"]).args(args);
+        cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
         cmd
     }
 
@@ -99,15 +104,19 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    /// kubectl authenticated by `token` instead of the admin's certificate.
-    pub fn kubectl_as(&self, token: &str, args: &[&str]) -> Output {
+    /// A kubeconfig `<name>.kubeconfig` for the cluster that authenticates with `token`.
+    pub fn token_kubeconfig(&self, name: &str, token: &str) -> PathBuf {
         let view = self.ok(&["config", "view", "--raw", "--minify", "--flatten", "-o", "json"]);
         let mut config: Value = serde_json::from_str(&view).unwrap();
-        config["users"][0]["user"] = serde_json::json!({ "token": token });
-        let path = self.path("token.kubeconfig");
+        config["users"][0]["user"] = json!({ "token": token.trim() });
+        let path = self.path(&format!("{name}.kubeconfig"));
         std::fs::write(&path, config.to_string()).unwrap();
-        let kubectl = Path::new(&self.env["K8S_BIN"]).join("kubectl");
-        Command::new(kubectl).arg("--kubeconfig").arg(&path).args(args).output().unwrap()
+        path
+    }
+
+    /// kubectl's output with `kubeconfig` (a [`Cluster::token_kubeconfig`]), whatever its exit.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        self.kubectl_with(kubeconfig, args).output().unwrap()
     }
 
     /// `kubectl apply -f -` of `manifest` (YAML or JSON); whether it succeeded.
@@ -117,22 +126,17 @@ impl Cluster {
         child.wait().unwrap().success()
     }
 
-    /// Runs a program inside the cluster's network namespace (where the pods and Services are).
-    pub fn in_netns(&self, args: &[&str]) -> Output {
-        Command::new("nsenter").arg(format!("--net={}", self.env["NETNS"])).args(args).output().unwrap()
-    }
-
     /// GET (or POST `data` to) `url` from inside the cluster's network: the status code (0 when nothing
     /// answered) and the body. `extra` goes to curl as is.
     pub fn curl(&self, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, String) {
-        let args = curl_args(url, data, extra);
-        curl_answer(&self.in_netns(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+        curl_in(&self.env["NETNS"], url, data, extra)
     }
 
-    /// The allocator replica that decides: the holder of the allocator's Lease.
-    pub fn allocator_leader(&self) -> String {
+    /// The allocator replica that decides: the holder of the allocator's Lease, if any.
+    pub fn allocator_leader(&self) -> Option<String> {
         let path = "jsonpath={.spec.holderIdentity}";
-        self.ok(&["get", "lease", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", path])
+        let holder = self.ok(&["get", "lease", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", path]);
+        Some(holder).filter(|h| !h.is_empty())
     }
 
     /// [`Cluster::curl`] from inside the network namespace of the allocator pod `pod` (its loopback
@@ -145,10 +149,7 @@ impl Cluster {
         if pid.is_empty() {
             return (0, format!("no process of {pod}'s allocator: {text}"));
         }
-        let mut args = vec!["nsenter".to_owned(), format!("--net=/proc/{pid}/ns/net")];
-        args.extend(curl_args(url, data, &[]));
-        let out = Command::new(&args[0]).args(&args[1..]).output().unwrap();
-        curl_answer(&out)
+        curl_in(&format!("/proc/{pid}/ns/net"), url, data, &[])
     }
 
     /// The allocator's view (`/inspect` of the replica that decides, on its loopback).
@@ -157,15 +158,14 @@ impl Cluster {
         let start = Instant::now();
         loop {
             let leader = self.allocator_leader();
-            let (code, body) = if leader.is_empty() {
-                (0, "no replica holds the Lease".to_owned())
-            } else {
-                self.curl_in_allocator(&leader, "http://127.0.0.1:8888/inspect", None)
+            let (code, body) = match &leader {
+                None => (0, "no replica holds the Lease".to_owned()),
+                Some(pod) => self.curl_in_allocator(pod, "http://127.0.0.1:8888/inspect", None),
             };
             if code == 200 {
                 return serde_json::from_str(&body).unwrap();
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "/inspect of {leader}: {code} {body}");
+            assert!(start.elapsed() < Duration::from_secs(30), "/inspect of {leader:?}: {code} {body}");
             std::thread::sleep(Duration::from_millis(250));
         }
     }
@@ -390,19 +390,15 @@ pub async fn create(pods: &Api<Pod>, pod: &Pod) -> Pod {
     }
 }
 
-/// curl's arguments for [`Cluster::curl`]: the body, then the status code on a line of its own.
-fn curl_args(url: &str, data: Option<&str>, extra: &[&str]) -> Vec<String> {
-    let mut args = vec!["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"];
+/// curl in the network namespace `net` (a path): the status code (0 when nothing answered) and the
+/// body.
+fn curl_in(net: &str, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, String) {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={net}")).args(["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"]);
     if let Some(d) = data {
-        args.extend(["-X", "POST", "-H", "Content-Type: application/json", "--data", d]);
+        cmd.args(["-X", "POST", "-H", "Content-Type: application/json", "--data", d]);
     }
-    args.extend(extra);
-    args.push(url);
-    args.into_iter().map(String::from).collect()
-}
-
-/// The status code (0 when nothing answered) and the body curl printed.
-fn curl_answer(out: &Output) -> (u16, String) {
+    let out = cmd.args(extra).arg(url).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())

@@ -10,6 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, NodeInventory};
 use nano_gpu_proto::device_id;
 use nano_gpu_tests::cluster::{
@@ -103,13 +104,6 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
     checked
 }
 
-/// The allocator replica holding the Lease (its pod's name), if one does.
-async fn leader(client: &kube::Client) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM);
-    let lease = leases.get("nano-gpu-allocator").await.unwrap();
-    lease.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty())
-}
-
 /// Whether the pod's `container` is ready.
 fn ready(p: &Pod, container: &str) -> bool {
     let statuses = p.status.as_ref().and_then(|s| s.container_statuses.as_ref());
@@ -119,14 +113,14 @@ fn ready(p: &Pod, container: &str) -> bool {
 /// The replica that decides, when all agree on it: it holds the allocator's Lease, its pod's
 /// kube-scheduler holds kube-scheduler's (`<pod>_<uuid>`: the only scheduler that calls it, on
 /// loopback), and its pod alone carries the leader label.
-async fn decider(client: &kube::Client) -> Option<String> {
-    let lead = leader(client).await?;
+async fn decider(cluster: &Cluster, client: &kube::Client) -> Option<String> {
+    let lead = cluster.allocator_leader()?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM);
-    let scheduler = leases.get("nano-gpu-scheduler").await.ok()?.spec?.holder_identity?;
+    let scheduler = leases.get("nano-gpu-scheduler").await.ok()?.spec?.holder_identity;
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
-    let labelled = pods.list(&ListParams::default().labels("nano-gpu/leader=true")).await.ok()?;
+    let labelled = pods.list(&ListParams::default().labels(&format!("{LEADER_LABEL}=true"))).await.ok()?;
     let labelled: Vec<_> = labelled.items.into_iter().filter_map(|p| p.metadata.name).collect();
-    (scheduler.strip_prefix(lead.as_str())?.starts_with('_') && labelled == [lead.clone()]).then_some(lead)
+    (scheduler_of(scheduler.as_deref(), &lead) && labelled == [lead.clone()]).then_some(lead)
 }
 
 /// No container of the test's pods was restarted.
@@ -236,7 +230,9 @@ async fn the_system_works_on_real_nodes() {
     let (pod_1, pod_2) = (agent_on("node-1").await, agent_on("node-2").await);
     let bound = ["create", "token", "nano-gpu-agent", "-n", SYSTEM, "--bound-object-kind", "Pod"];
     let token = cluster.ok(&[&bound[..], &["--bound-object-name", &pod_1]].concat());
-    let unbound = cluster.ok(&["create", "token", "nano-gpu-agent", "-n", SYSTEM]);
+    let bound = cluster.token_kubeconfig("agent-node-1", &token);
+    let token = cluster.ok(&["create", "token", "nano-gpu-agent", "-n", SYSTEM]);
+    let unbound = cluster.token_kubeconfig("agent-unbound", &token);
     let writes: [(&[&str], bool); 4] = [
         (&["annotate", "node", "node-1", "e2e=agent", "--overwrite"], true),
         (&["annotate", "pod", "-n", SYSTEM, &pod_1, "e2e=agent", "--overwrite"], true),
@@ -244,13 +240,13 @@ async fn the_system_works_on_real_nodes() {
         (&["annotate", "pod", "-n", SYSTEM, &pod_2, "e2e=agent", "--overwrite"], false),
     ];
     for (args, allowed) in writes {
-        let out = cluster.kubectl_as(token.trim(), args);
+        let out = cluster.kubectl_as(&bound, args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.success(), allowed, "node-1's agent: {args:?}: {err}");
         if !allowed {
             assert!(err.contains("may write only its own Node and the pods on it"), "{err}");
         }
-        let out = cluster.kubectl_as(unbound.trim(), args);
+        let out = cluster.kubectl_as(&unbound, args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("names no node"), "an unbound token: {args:?}: {err}");
     }
@@ -285,7 +281,7 @@ async fn the_system_works_on_real_nodes() {
     for (i, name) in burst.iter().enumerate() {
         create(&pods, &percent_pod(name, [1, 2, 3, 4, 5][i % 5])).await;
         if i == 20 {
-            cluster.kill_container(SYSTEM, &leader(&client).await.unwrap(), "allocator");
+            cluster.kill_container(SYSTEM, &cluster.allocator_leader().unwrap(), "allocator");
         }
     }
     wait_running(&pods, &burst, Duration::from_secs(240)).await;
@@ -356,10 +352,10 @@ async fn the_system_works_on_real_nodes() {
     wait_until(
         "the decider is where kube-scheduler leads, alone labelled",
         Duration::from_secs(30),
-        || async { decider(&client).await.is_some() },
+        || async { decider(&cluster, &client).await.is_some() },
     )
     .await;
-    let lead = decider(&client).await.unwrap();
+    let lead = decider(&cluster, &client).await.unwrap();
     let ip_of = |name: &str| {
         let p = replicas.items.iter().find(|p| p.metadata.name.as_deref() == Some(name)).unwrap();
         p.status.as_ref().unwrap().pod_ip.clone().unwrap()
@@ -392,10 +388,10 @@ async fn the_system_works_on_real_nodes() {
     let bind =
         json!({"PodName": "burst-00", "PodNamespace": NS, "PodUID": "x", "Node": "node-1"}).to_string();
     for ip in [ip_of(&lead), follower_ip.clone()] {
-        for url in [format!("http://{ip}:8888/bind"), format!("http://{ip}:8080/bind")] {
-            let (code, body) = cluster.curl(&url, Some(&bind), &[]);
-            assert!(code == 0 || code == 404, "{url} answered {code}: {body}");
-        }
+        let (code, body) = cluster.curl(&format!("http://{ip}:8888/bind"), Some(&bind), &[]);
+        assert_eq!(code, 0, "the extender's port answered on {ip}: {body}");
+        let (code, body) = cluster.curl(&format!("http://{ip}:8080/bind"), Some(&bind), &[]);
+        assert_eq!(code, 404, "the probe port binds on {ip}: {body}");
         let resolve = format!("{name}:8443:{ip}");
         // (HTTP/1.1: curl takes hyper's reset of an unread HTTP/2 request body for a failure.)
         let extra = ["--http1.1", "--cacert", ca.to_str().unwrap(), "--resolve", &resolve];
@@ -403,13 +399,13 @@ async fn the_system_works_on_real_nodes() {
         assert_eq!(code, 404, "the webhook's port binds");
     }
     // (A leader killed with SIGKILL comes back under the same name and leads on, as in the burst
-    // above; a leader that goes away hands over.) The leader's pod deleted: it gives the Lease and
-    // the label up as it stops; another replica (the follower, or the Deployment's replacement if it
-    // is up first) takes over at its next attempt and is the extender's one endpoint.
+    // above; a leader that goes away hands over.) The leader's pod deleted: its kube-scheduler and
+    // allocator give their Leases (and the label) up as they stop; the follower's kube-scheduler
+    // takes kube-scheduler's, then its allocator takes ours and decides.
     system.delete(&lead, &DeleteParams::default()).await.unwrap();
     let deleted = std::time::Instant::now();
     wait_until("another replica takes over", Duration::from_secs(30), || async {
-        decider(&client).await.is_some_and(|now| now != lead)
+        decider(&cluster, &client).await.is_some_and(|now| now != lead)
     })
     .await;
     eprintln!(
@@ -428,7 +424,7 @@ async fn the_system_works_on_real_nodes() {
         list.len() == 2 && list.iter().all(|p| ready(p, "allocator") && ready(p, "kube-scheduler"))
     })
     .await;
-    let frozen = decider(&client).await.unwrap();
+    let frozen = decider(&cluster, &client).await.unwrap();
     let hang: Vec<String> = (0..16).map(|i| format!("hang-{i:02}")).collect();
     let mut froze = None;
     for (i, name) in hang.iter().enumerate() {
@@ -441,13 +437,17 @@ async fn the_system_works_on_real_nodes() {
         create(&pods, &percent_pod(name, 5)).await;
     }
     wait_until("another replica decides while the leader is frozen", Duration::from_secs(40), || async {
-        decider(&client).await.is_some_and(|now| now != frozen)
+        decider(&cluster, &client).await.is_some_and(|now| now != frozen)
     })
     .await;
     eprintln!("take-over of a frozen leader: {:?} after the freeze", froze.unwrap().elapsed());
     for container in ["kube-scheduler", "allocator"] {
         cluster.signal_container(SYSTEM, &frozen, container, "SIGCONT");
     }
+    // Asked at once after it resumed, it refuses to decide: its leadership ran out while it was frozen.
+    let (_, body) = cluster.curl_in_allocator(&frozen, "http://127.0.0.1:8888/filter", Some(&args));
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(answer["Error"].as_str().is_some_and(|e| e.contains("not the leader")), "resumed: {answer}");
     wait_running(&pods, &hang, Duration::from_secs(120)).await;
     no_restarts(&pods).await;
     check_consistency(&cluster, &client).await;
@@ -491,13 +491,13 @@ async fn the_system_works_on_real_nodes() {
     // `kubectl drain` of the node the leader runs on: the PDB lets one replica go, the other leads;
     // the node's workers run elsewhere on the cards the allocator gives them. (--force: the test's bare
     // pods on that node are deleted, as drain does with pods no controller recreates.)
-    let lead = leader(&client).await.unwrap();
+    let lead = cluster.allocator_leader().unwrap();
     let node = system.get(&lead).await.unwrap().spec.unwrap().node_name.unwrap();
     cluster.ok(&["drain", &node, "--ignore-daemonsets", "--force", "--timeout=180s"]);
     cluster.ok(&["rollout", "status", "deployment/workers", "-n", NS, "--timeout=180s"]);
     cluster.ok(&["rollout", "status", "deployment/nano-gpu-allocator", "-n", SYSTEM, "--timeout=180s"]);
     wait_until("another decider", Duration::from_secs(30), || async {
-        decider(&client).await.is_some_and(|now| now != lead)
+        decider(&cluster, &client).await.is_some_and(|now| now != lead)
     })
     .await;
     let on_drained =
