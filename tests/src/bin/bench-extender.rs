@@ -1,5 +1,5 @@
 //! Benchmark of the extender service: starts the real `nano-gpu-allocator serve` on loopback against a
-//! fake API server holding a synthetic cluster (default 5,000 nodes × 8 cards, 40,000 placed pods),
+//! fake API server holding a synthetic cluster (default 5,000 nodes × 8 cards, 40,000 placed pods and the pending pods to place),
 //! drives filter (all nodes by name) → prioritize → bind for new pods (default 10,000) the way
 //! kube-scheduler does (one pod at a time; each bind in a binding cycle beside the next pod's
 //! scheduling cycle; keep-alive connections), and prints one JSON line:
@@ -84,6 +84,8 @@ fn objects(a: &Args) -> Objects {
                     {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
                 "status": {"phase": "Running"}})
         })
+        // The pods to schedule exist before kube-scheduler asks about them (bind reads them).
+        .chain((0..a.pods).map(|i| new_pod(i, a.shapes)))
         .collect();
     Objects { nodes, pods }
 }
@@ -220,6 +222,9 @@ async fn main() -> Result<()> {
     drop(binds);
     let (bind, bind_failed) = binder.await??;
     failed += bind_failed;
+    if a.pods > 0 && failed == a.pods {
+        bail!("no pod was placed: every filter or bind failed (see the allocator's warnings above)");
+    }
     let wall = run.elapsed().as_secs_f64();
     let rss = peak_rss_mib(pid);
     // Server-side mean time per verb, from its own histogram, to tell server time from driver time.
