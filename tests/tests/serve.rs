@@ -107,7 +107,7 @@ async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
 /// someone runs `hack/bench-extender.sh` (bind reading the pod it binds found a fake API server
 /// without the pods to place: every bind failed). Not every pod: binds run beside the next pod's
 /// filter, as in kube-scheduler, so on 40 small cards a filter can pick cards a queued bind is about
-/// to take, and that bind is refused (kube-scheduler would retry the pod); 1 to 3 of 30 in runs here.
+/// to take, and that bind is refused (kube-scheduler would retry the pod); 0 to 3 of 30 in runs here.
 #[test]
 fn the_extender_benchmark_places_the_pods_at_a_small_scale() {
     let allocator = nano_gpu_tests::workspace_binary("nano-gpu-allocator");
