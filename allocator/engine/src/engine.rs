@@ -2,19 +2,22 @@
 //!
 //! A decision evaluates every node, but a node whose version has not changed since the last time the
 //! same request shape was evaluated is not recomputed: after a placement only the chosen node is.
+//! A shape is the GPU part of a request (slots and models); requests of one shape that differ in host
+//! CPU or memory share a node's value where the policy says they may ([`Policy::cpu_band`]), so users
+//! picking exact CPU requests do not multiply the work. The cache holds at most [`MAX_ENTRIES`] node
+//! values; past that the least recently used shapes are forgotten.
 //! Randomness comes only from the `Rng` the caller passes; remaining ties go to the caller's node order.
 
-use crate::model::Grant;
-use crate::model::{Cluster, ModelError, NodeId};
+use crate::model::{Cluster, Grant, ModelError, ModelId, NodeId};
 use crate::policy::{Context, Eval, Policy, Ties};
-use crate::request::{Reason, Request};
+use crate::request::{Reason, Request, SlotDemand, host_check};
 use crate::rng::Rng;
 use crate::workload::Workload;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-/// Request shapes remembered before the cache starts over (a live cluster sees a bounded mix).
-const MAX_SHAPES: usize = 4096;
+/// Node values the cache may hold (about 100 bytes each, plus the grants): 100 shapes at 5,000 nodes.
+pub const MAX_ENTRIES: usize = 1 << 19;
 
 /// Rank of each node for breaking ties: lower rank wins.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,14 +97,51 @@ impl fmt::Display for Unschedulable {
     }
 }
 
+/// A node's value for one shape, and what it was computed for.
 struct Cached {
+    /// The node's version.
     version: u64,
+    /// The last request's host CPU and memory (the value is exactly theirs).
+    cpu: u64,
+    mem: u64,
+    /// Its [`Policy::cpu_band`] and [`host_check`] outcome: requests with the same share the value.
+    band: u64,
+    host: Option<Reason>,
     result: Result<Eval, Reason>,
+}
+
+/// The GPU part of a request: what a cache entry is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Shape {
+    slots: Vec<SlotDemand>,
+    models: Option<Vec<ModelId>>,
+}
+
+impl Shape {
+    fn of(req: &Request) -> Self {
+        Shape { slots: req.slots.clone(), models: req.models.clone() }
+    }
+}
+
+/// One shape's node values.
+#[derive(Default)]
+struct Slots {
+    /// Which shape they are for; `None` while the slot is free.
+    shape: Option<Shape>,
+    /// Per node.
+    values: Vec<Option<Cached>>,
+    /// When a decision last used them.
+    used: u64,
+    /// Tells a [`Prepared`] made before the slot was reused from one made after.
+    serial: u64,
 }
 
 /// A request looked up in the cache, ready to be evaluated on many nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Prepared(usize);
+pub struct Prepared {
+    slot: usize,
+    serial: u64,
+}
 
 /// Cache hit and miss counts, to check that decisions are incremental.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,8 +163,12 @@ pub struct Engine {
     ctx: Context,
     /// The model supply `ctx.pressure` was computed for, and the cluster's CPU per card.
     supply: (Vec<u32>, f64),
-    shapes: HashMap<Request, usize>,
-    cache: Vec<Vec<Option<Cached>>>,
+    shapes: HashMap<Shape, usize>,
+    cache: Vec<Slots>,
+    /// Node values held, over all shapes.
+    entries: usize,
+    /// Counts lookups, for least-recently-used eviction and for [`Prepared`] serials.
+    clock: u64,
     /// Cache counters.
     pub stats: CacheStats,
 }
@@ -141,6 +185,8 @@ impl Engine {
             supply,
             shapes: HashMap::new(),
             cache: Vec::new(),
+            entries: 0,
+            clock: 0,
             stats: CacheStats::default(),
         }
     }
@@ -178,6 +224,7 @@ impl Engine {
         if self.policy.uses_workload() {
             self.cache.clear();
             self.shapes.clear();
+            self.entries = 0;
         }
     }
 
@@ -194,18 +241,50 @@ impl Engine {
         }
     }
 
-    fn shape(&mut self, req: &Request) -> usize {
-        if let Some(&id) = self.shapes.get(req) {
-            return id;
+    /// The cache slot of `req`'s shape, made (forgetting the least recently used shapes if the cache
+    /// is full) if it has none.
+    fn shape(&mut self, req: &Request) -> Prepared {
+        self.clock += 1;
+        let key = Shape::of(req);
+        if let Some(&slot) = self.shapes.get(&key) {
+            let s = &mut self.cache[slot];
+            s.used = self.clock;
+            return Prepared { slot, serial: s.serial };
         }
-        if self.shapes.len() >= MAX_SHAPES {
-            self.shapes.clear();
-            self.cache.clear();
+        let nodes = self.cluster.nodes().len();
+        while self.entries + nodes > MAX_ENTRIES {
+            let Some(oldest) = (0..self.cache.len())
+                .filter(|&i| self.cache[i].shape.is_some())
+                .min_by_key(|&i| self.cache[i].used)
+            else {
+                break;
+            };
+            let s = &mut self.cache[oldest];
+            if let Some(shape) = s.shape.take() {
+                self.shapes.remove(&shape);
+            }
+            self.entries -= s.values.len();
+            s.values = Vec::new();
         }
-        let id = self.cache.len();
-        self.cache.push(Vec::new());
-        self.shapes.insert(req.clone(), id);
-        id
+        let slot = match self.cache.iter().position(|s| s.shape.is_none()) {
+            Some(free) => free,
+            None => {
+                self.cache.push(Slots::default());
+                self.cache.len() - 1
+            }
+        };
+        self.shapes.insert(key.clone(), slot);
+        // Made full size now, so that what the loop above made room for is what it takes.
+        let mut values = Vec::new();
+        values.resize_with(nodes, || None);
+        self.entries += nodes;
+        self.cache[slot] = Slots { shape: Some(key), values, used: self.clock, serial: self.clock };
+        Prepared { slot, serial: self.clock }
+    }
+
+    /// Shapes whose node values the cache holds, and those values: for tests and metrics.
+    pub fn cache_size(&self) -> (usize, usize) {
+        (self.shapes.len(), self.entries)
     }
 
     /// The policy's value of `req` on `node`, computed only if the node changed since last asked.
@@ -217,34 +296,70 @@ impl Engine {
     /// Looks `req` up once before evaluating it on many nodes with [`Engine::evaluate_prepared`].
     pub fn prepare(&mut self, req: &Request) -> Prepared {
         self.refresh_supply();
-        Prepared(self.shape(req))
+        self.shape(req)
     }
 
-    /// [`Engine::evaluate`] for a request [`Engine::prepare`]d just before (the same `req`).
+    /// [`Engine::evaluate`] for a request [`Engine::prepare`]d before (the same `req`; if the cache
+    /// forgot its shape since, it is looked up again).
     pub fn evaluate_prepared(
         &mut self,
         prepared: Prepared,
         req: &Request,
         node: NodeId,
     ) -> &Result<Eval, Reason> {
-        self.evaluate_shape(prepared.0, req, node)
+        let slot =
+            self.cache.get(prepared.slot).filter(|s| s.serial == prepared.serial).map(|_| prepared.slot);
+        let slot = match slot {
+            Some(slot) => slot,
+            None => self.shape(req).slot,
+        };
+        self.evaluate_shape(slot, req, node)
     }
 
-    fn evaluate_shape(&mut self, shape: usize, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
+    fn evaluate_shape(&mut self, slot: usize, req: &Request, node: NodeId) -> &Result<Eval, Reason> {
         let n = self.cluster.node(node);
-        let slots = &mut self.cache[shape];
-        if slots.len() <= node.0 {
-            slots.resize_with(self.cluster.nodes().len().max(node.0 + 1), || None);
+        let (policy, ctx) = (self.policy.as_ref(), &self.ctx);
+        let values = &mut self.cache[slot].values;
+        // Nodes added since the shape was made (a rare event) grow it.
+        if values.len() <= node.0 {
+            let len = self.cluster.nodes().len().max(node.0 + 1);
+            self.entries += len - values.len();
+            values.resize_with(len, || None);
         }
-        let fresh = matches!(&slots[node.0], Some(c) if c.version == n.version);
-        if fresh {
+        let value = &mut values[node.0];
+        let hit = match value {
+            Some(c) if c.version == n.version => {
+                // The same request again is the common case: no band to compute.
+                if (c.cpu, c.mem) == (req.cpu, req.mem) {
+                    true
+                } else if c.band == policy.cpu_band(n, req.cpu, ctx) && c.host == host_check(n, req).err() {
+                    if let Ok(eval) = &mut c.result
+                        && c.cpu != req.cpu
+                    {
+                        policy.refine(n, req, eval, ctx);
+                    }
+                    (c.cpu, c.mem) = (req.cpu, req.mem);
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        };
+        if hit {
             self.stats.hits += 1;
         } else {
             self.stats.misses += 1;
-            let result = self.policy.evaluate(n, req, &self.ctx);
-            slots[node.0] = Some(Cached { version: n.version, result });
+            *value = Some(Cached {
+                version: n.version,
+                cpu: req.cpu,
+                mem: req.mem,
+                band: policy.cpu_band(n, req.cpu, ctx),
+                host: host_check(n, req).err(),
+                result: policy.evaluate(n, req, ctx),
+            });
         }
-        match &slots[node.0] {
+        match value {
             Some(c) => &c.result,
             None => unreachable!("filled above"),
         }
@@ -260,7 +375,7 @@ impl Engine {
         rng: &mut Rng,
     ) -> Result<Decision, Unschedulable> {
         self.refresh_supply();
-        let shape = self.shape(req);
+        let shape = self.shape(req).slot;
         let all: Vec<NodeId>;
         let candidates = match candidates {
             Some(c) => c,
@@ -359,6 +474,63 @@ mod tests {
         e.decide(&req, None, &order, &mut rng).unwrap();
         assert_eq!(e.stats.misses, 51);
         assert_eq!(e.stats.hits, 49 + 1 + 1);
+    }
+
+    #[test]
+    fn requests_differing_only_in_cpu_share_fgds_values() {
+        let reqs: Vec<Request> = (0..20).map(|i| Request { cpu: 1000 + i, ..share(30) }).collect();
+        let workload = Workload::from_requests(&reqs);
+        let mut e = Engine::new(cluster(50), policy::by_name("fgd-balance", 0).unwrap(), workload);
+        let (order, mut rng) = (NodeOrder::identity(50), Rng::new(1));
+        for req in &reqs {
+            e.decide(req, None, &order, &mut rng).unwrap();
+        }
+        // Every node left 14,000 or more CPU: all in the same band, evaluated once.
+        assert_eq!(e.stats.misses, 50);
+        assert_eq!(e.cache_size(), (1, 50));
+        // binpack's score follows the exact CPU: nothing shared.
+        let mut e = Engine::new(cluster(50), policy::by_name("binpack", 0).unwrap(), Workload::default());
+        for req in &reqs {
+            e.decide(req, None, &order, &mut rng).unwrap();
+        }
+        assert_eq!(e.stats.misses, 20 * 50);
+    }
+
+    #[test]
+    fn the_cache_forgets_the_least_recently_used_shapes_past_its_entries() {
+        let nodes = 4096;
+        let fit = MAX_ENTRIES / nodes;
+        let mut e = Engine::new(cluster(nodes), policy::by_name("binpack", 0).unwrap(), Workload::default());
+        let (order, mut rng) = (NodeOrder::identity(nodes), Rng::new(1));
+        // One shape per card memory asked.
+        let shape = |mib: u32| {
+            Request::new(
+                1000,
+                1024,
+                vec![SlotDemand::Share { percent: Some(Percent(1)), mem: Some(MiB(u64::from(mib))) }],
+            )
+        };
+        // Shapes 1..=fit+10 %, then shape 1 again (recently used), then one more.
+        for p in (1..=fit as u32 + 10).chain([1, 99]) {
+            e.decide(&shape(p), None, &order, &mut rng).unwrap();
+            assert!(e.cache_size().1 <= MAX_ENTRIES, "{:?}", e.cache_size());
+        }
+        assert_eq!(e.cache_size(), (fit, fit * nodes));
+        // Shape 1 was kept (used again), the oldest of the others forgotten.
+        let misses = e.stats.misses;
+        e.decide(&shape(1), None, &order, &mut rng).unwrap();
+        assert_eq!(e.stats.misses, misses);
+        let prepared = e.prepare(&shape(2));
+        assert!(e.evaluate_prepared(prepared, &shape(2), NodeId(0)).is_ok());
+        assert_eq!(e.stats.misses, misses + 1);
+        // A request prepared before its shape was forgotten is looked up again.
+        let stale = e.prepare(&shape(3));
+        for p in 20..20 + fit as u32 {
+            e.prepare(&shape(p));
+            e.evaluate(&shape(p), NodeId(0));
+        }
+        assert!(e.evaluate_prepared(stale, &shape(3), NodeId(0)).is_ok());
+        assert!(e.cache_size().1 <= MAX_ENTRIES, "{:?}", e.cache_size());
     }
 
     #[test]

@@ -73,8 +73,21 @@ pub trait Policy: Send + Sync {
     /// Name on the command line.
     fn name(&self) -> &'static str;
 
-    /// Scores `req` on `node` and picks its cards, or says why it does not fit.
+    /// Scores `req` on `node` and picks its cards, or says why it does not fit. The request's host
+    /// memory may count only through [`crate::request::host_check`].
     fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason>;
+
+    /// A key for a request's host CPU on `node`. Two requests that differ only in host CPU and
+    /// memory, with equal keys here and the same outcome of [`crate::request::host_check`], get the
+    /// same value from [`Policy::evaluate`] up to [`Policy::refine`]. The default key is the CPU
+    /// itself: no two CPU requests share a value.
+    fn cpu_band(&self, _node: &Node, cpu: u64, _ctx: &Context) -> u64 {
+        cpu
+    }
+
+    /// Turns `eval`, the value of a request of the same band (see [`Policy::cpu_band`]), into the
+    /// value of `req`.
+    fn refine(&self, _node: &Node, _req: &Request, _eval: &mut Eval, _ctx: &Context) {}
 
     /// How remaining ties are broken.
     fn ties(&self) -> Ties {

@@ -272,6 +272,11 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
             }
         }
     }
+    host_check(node, req)
+}
+
+/// The node's host CPU and memory checks, the last of [`check_node`]'s.
+pub fn host_check(node: &Node, req: &Request) -> Result<(), Reason> {
     if req.cpu > node.cpu_total {
         return Err(Reason::CpuCapacity);
     }

@@ -1,6 +1,7 @@
 //! Property tests of the engine: no sequence of placements and releases, under any policy, ever
 //! over-commits a card's percent or memory or a node's CPU or memory, and releasing everything
-//! returns the cluster to empty.
+//! returns the cluster to empty; the engine's cached values are always what the policy computes
+//! afresh.
 
 use nano_gpu_engine::engine::{Engine, NodeOrder};
 use nano_gpu_engine::model::Grant;
@@ -180,6 +181,35 @@ proptest! {
             for g in &d.eval.grants {
                 let card = &base.node(d.node).cards[g.card];
                 prop_assert!(req.allows(card.model));
+            }
+        }
+    }
+
+    /// Requests of a few GPU shapes with many CPU and memory requests share cached values where the
+    /// policy allows it ([`policy::Policy::cpu_band`]): each value the engine gives must equal the
+    /// one a new engine (empty cache) computes for the cluster as it is.
+    #[test]
+    fn cached_values_equal_fresh_ones_whatever_the_cpu_asked(
+        shapes in shapes(),
+        gpu in proptest::collection::vec(proptest::collection::vec(slot(), 0..3), 1..4),
+        asks in proptest::collection::vec((0usize..4, 0u64..40_000, 0u64..64_000, any::<bool>()), 1..40),
+        policy_index in 0usize..policy::NAMES.len(),
+    ) {
+        let base = cluster(&shapes);
+        let reqs: Vec<Request> =
+            asks.iter().map(|&(g, cpu, mem, _)| Request::new(cpu, mem, gpu[g % gpu.len()].clone())).collect();
+        let workload = Workload::from_requests(&reqs);
+        let name = policy::NAMES[policy_index];
+        let mut e = Engine::new(base.clone(), policy::by_name(name, 7).unwrap(), workload.clone());
+        let order = NodeOrder::identity(base.nodes().len());
+        for (req, &(.., place)) in reqs.iter().zip(&asks) {
+            let mut fresh = Engine::new(e.cluster().clone(), policy::by_name(name, 7).unwrap(), workload.clone());
+            for i in 0..base.nodes().len() {
+                let cached = e.evaluate(req, NodeId(i)).clone();
+                prop_assert_eq!(&cached, fresh.evaluate(req, NodeId(i)), "node {} request {:?}", i, req);
+            }
+            if place && let Ok(d) = e.decide(req, None, &order, &mut Rng::new(1)) {
+                e.commit(req, d.node, &d.eval.grants).unwrap();
             }
         }
     }

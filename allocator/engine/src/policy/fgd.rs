@@ -17,7 +17,7 @@
 //! less than FGD's published result on every other pod list (see the issue notes for the numbers).
 
 use super::{Context, Eval, Policy};
-use crate::model::Node;
+use crate::model::{Card, Grant, Node};
 use crate::request::{CardChooser, Reason, Request, Tentative, fit};
 use crate::workload::Workload;
 use nano_gpu_proto::units::Percent;
@@ -68,14 +68,18 @@ impl CardChooser for LeastFrag<'_> {
     }
 }
 
-/// The fit by least fragmentation, the node after it, and the coarse FGD score.
-fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<(Eval, Tentative), Reason> {
+/// The fit by least fragmentation and the coarse FGD score.
+fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reason> {
     let mut chooser = LeastFrag { workload, scratch: Vec::with_capacity(node.cards.len()) };
     let (grants, hyp) = fit(node, req, &mut chooser)?;
     let before = workload.frag(node, &Tentative::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
-    let eval = Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants };
-    Ok((eval, hyp))
+    Ok(Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants })
+}
+
+/// FGD's value depends on a request's CPU only through the band of the CPU it leaves.
+fn cpu_band(node: &Node, cpu: u64, ctx: &Context) -> u64 {
+    ctx.workload.cpu_band(node.cpu_free.saturating_sub(cpu))
 }
 
 /// `⌊100·σ(−Δ/1000)⌋` with Δ in milli-GPU (Δ here is in percent: 1 % = 10 milli).
@@ -89,12 +93,46 @@ impl Policy for Fgd {
     }
 
     fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
-        descend(node, req, &ctx.workload).map(|(eval, _)| eval)
+        descend(node, req, &ctx.workload)
+    }
+
+    fn cpu_band(&self, node: &Node, cpu: u64, ctx: &Context) -> u64 {
+        cpu_band(node, cpu, ctx)
     }
 
     fn uses_workload(&self) -> bool {
         true
     }
+}
+
+/// `fgd-balance`'s tie order for `req` granted `grants` on `node` (see the module docs).
+fn balance(node: &Node, req: &Request, grants: &[Grant], ctx: &Context) -> [f64; 2] {
+    // Where CPU is what runs out, CPU balance cannot save cards: FGD's own order is kept.
+    let balance_cpu = ctx.cpu_load <= CPU_LOAD_LIMIT;
+    let avoid_models = ctx.model_load >= MODEL_LOAD_MIN;
+    // CPU left beyond what the idle cards will need.
+    let free: Percent = node.cards.iter().map(Card::usable).sum();
+    let granted: Percent = grants.iter().map(|g| g.percent).sum();
+    let idle_cards = f64::from((free - granted).0) / 100.0;
+    let cpu_left = node.cpu_free.saturating_sub(req.cpu);
+    let excess = cpu_left as f64 - idle_cards * ctx.workload.cpu_per_card;
+    if req.slots.is_empty() {
+        return [if balance_cpu { excess } else { 0.0 }, 0.0];
+    }
+    let pressure = if req.models.is_none() && avoid_models {
+        grants
+            .iter()
+            .map(|g| ctx.pressure.get(usize::from(node.cards[g.card].model.0)).copied().unwrap_or(0.0))
+            .fold(0.0, f64::max)
+    } else {
+        0.0
+    };
+    let balance = match (balance_cpu, excess < 0.0) {
+        (false, _) => 0.0,
+        (true, true) => SHORTFALL_WEIGHT * excess,
+        (true, false) => -excess,
+    };
+    [-pressure, balance]
 }
 
 impl Policy for FgdBalance {
@@ -103,34 +141,17 @@ impl Policy for FgdBalance {
     }
 
     fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
-        let (mut eval, hyp) = descend(node, req, &ctx.workload)?;
-        // Where CPU is what runs out, CPU balance cannot save cards: FGD's own order is kept.
-        let balance_cpu = ctx.cpu_load <= CPU_LOAD_LIMIT;
-        let avoid_models = ctx.model_load >= MODEL_LOAD_MIN;
-        // CPU left beyond what the idle cards will need.
-        let idle_cards = f64::from(hyp.free.iter().sum::<Percent>().0) / 100.0;
-        let excess = hyp.cpu_free as f64 - idle_cards * ctx.workload.cpu_per_card;
-        eval.tiebreak = if req.slots.is_empty() {
-            [if balance_cpu { excess } else { 0.0 }, 0.0]
-        } else {
-            let pressure = if req.models.is_none() && avoid_models {
-                eval.grants
-                    .iter()
-                    .map(|g| {
-                        ctx.pressure.get(usize::from(node.cards[g.card].model.0)).copied().unwrap_or(0.0)
-                    })
-                    .fold(0.0, f64::max)
-            } else {
-                0.0
-            };
-            let balance = match (balance_cpu, excess < 0.0) {
-                (false, _) => 0.0,
-                (true, true) => SHORTFALL_WEIGHT * excess,
-                (true, false) => -excess,
-            };
-            [-pressure, balance]
-        };
+        let mut eval = descend(node, req, &ctx.workload)?;
+        eval.tiebreak = balance(node, req, &eval.grants, ctx);
         Ok(eval)
+    }
+
+    fn cpu_band(&self, node: &Node, cpu: u64, ctx: &Context) -> u64 {
+        cpu_band(node, cpu, ctx)
+    }
+
+    fn refine(&self, node: &Node, req: &Request, eval: &mut Eval, ctx: &Context) {
+        eval.tiebreak = balance(node, req, &eval.grants, ctx);
     }
 
     fn uses_workload(&self) -> bool {
