@@ -25,6 +25,8 @@ pub struct Eval {
     pub tiebreak: [f64; 2],
     /// The card(s) each slot gets on this node.
     pub grants: Vec<Grant>,
+    /// What the policy keeps beside the value to [`Policy::refine`] it cheaply (0 if it does not).
+    pub basis: f64,
 }
 
 /// What a policy may know beyond the node and the request.

@@ -262,9 +262,12 @@ pub struct Learner {
     last: Option<Workload>,
 }
 
-/// A rebuilt workload replaces the last one only if some shape's probability moved by more than this
-/// (a shape absent from one of them counting 0 there): a stable mix keeps the policies' cached scores.
-pub const LEARN_TOLERANCE: f64 = 0.01;
+/// A rebuilt workload replaces the last one only if the mix moved by more than this since the last
+/// one, in total variation: half the sum over shapes of the change in probability, a shape absent
+/// from one mix counting 0 there. A stable mix keeps the policies' cached scores, also when many
+/// rare shapes drift by sampling noise or come and go at the popularity cut; a real shift is taken
+/// once 5 % of the pods have moved.
+pub const LEARN_TOLERANCE: f64 = 0.05;
 
 fn close(a: &Workload, b: &Workload) -> bool {
     let p = |w: &Workload, t: &Typical| {
@@ -273,10 +276,9 @@ fn close(a: &Workload, b: &Workload) -> bool {
             .find(|u| (t.cpu, t.cards, t.percent, &t.models) == (u.cpu, u.cards, u.percent, &u.models))
             .map_or(0.0, |u| u.probability)
     };
-    let within = |x: &Workload, y: &Workload| {
-        x.types.iter().all(|t| (t.probability - p(y, t)).abs() <= LEARN_TOLERANCE)
-    };
-    within(a, b) && within(b, a)
+    let moved = a.types.iter().map(|t| (t.probability - p(b, t)).abs()).sum::<f64>()
+        + b.types.iter().filter(|t| p(a, t) == 0.0).map(|t| t.probability).sum::<f64>();
+    moved / 2.0 <= LEARN_TOLERANCE
 }
 
 impl Learner {

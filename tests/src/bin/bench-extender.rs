@@ -6,7 +6,7 @@
 //! `{"nodes":…,"filter_p99_ms":…,"prioritize_p99_ms":…,"bind_p99_ms":…,"pods_per_s":…,"rss_mib":…}`.
 //!
 //! `rss_mib` is the allocator's peak resident memory (VmHWM). With `--shapes N` the new pods ask N
-//! distinct CPU requests (1000m + i mod N), so the engine sees N request shapes, as when users pick
+//! distinct CPU requests (1000m + 7919·i mod N), so the engine sees N request shapes, as when users pick
 //! exact CPU requests; the line then has a `shapes` field. Usage:
 //! `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--shapes N] [--allocator PATH]`.
 
@@ -92,7 +92,9 @@ fn objects(a: &Args) -> Objects {
 
 fn new_pod(i: usize, shapes: Option<usize>) -> Value {
     let percent = SHARES[(i * 7) % SHARES.len()];
-    let cpu = shapes.map_or("1".to_owned(), |n| format!("{}m", 1000 + i % n));
+    // The N values in a scrambled order (7,919 is prime, so every value comes once per N pods), as
+    // pods from many users arrive; not a sweep from the smallest to the largest.
+    let cpu = shapes.map_or("1".to_owned(), |n| format!("{}m", 1000 + (i * 7919) % n));
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("new-{i}"), "namespace": "bench", "uid": format!("new-{i}"), "resourceVersion": "1"},
         "spec": {"schedulerName": "nano-gpu-scheduler", "containers": [{"name": "main", "resources":

@@ -74,7 +74,7 @@ fn descend(node: &Node, req: &Request, workload: &Workload) -> Result<Eval, Reas
     let (grants, hyp) = fit(node, req, &mut chooser)?;
     let before = workload.frag(node, &Tentative::of(node).free, node.cpu_free);
     let after = workload.frag(node, &hyp.free, hyp.cpu_free);
-    Ok(Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants })
+    Ok(Eval { score: coarse_score(after - before), tiebreak: [0.0; 2], grants, basis: 0.0 })
 }
 
 /// FGD's value depends on a request's CPU only through the band of the CPU it leaves.
@@ -105,21 +105,34 @@ impl Policy for Fgd {
     }
 }
 
-/// `fgd-balance`'s tie order for `req` granted `grants` on `node` (see the module docs).
-fn balance(node: &Node, req: &Request, grants: &[Grant], ctx: &Context) -> [f64; 2] {
+/// `fgd-balance`'s tie order for `req` on `node` from `eval.basis` (see [`balance_basis`]): the
+/// element that depends on the CPU asked (see the module docs).
+fn balance(node: &Node, req: &Request, eval: &mut Eval, ctx: &Context) {
     // Where CPU is what runs out, CPU balance cannot save cards: FGD's own order is kept.
     let balance_cpu = ctx.cpu_load <= CPU_LOAD_LIMIT;
-    let avoid_models = ctx.model_load >= MODEL_LOAD_MIN;
     // CPU left beyond what the idle cards will need.
+    let excess = node.cpu_free.saturating_sub(req.cpu) as f64 + eval.basis;
+    if req.slots.is_empty() {
+        eval.tiebreak[0] = if balance_cpu { excess } else { 0.0 };
+        return;
+    }
+    eval.tiebreak[1] = match (balance_cpu, excess < 0.0) {
+        (false, _) => 0.0,
+        (true, true) => SHORTFALL_WEIGHT * excess,
+        (true, false) => -excess,
+    };
+}
+
+/// What `fgd-balance` keeps to refine a value: minus the CPU the idle cards left after `grants` will
+/// need. And the tie order's first element for a GPU pod: minus the pressure of constrained pods on
+/// the models it is given, if it accepts any model (0 for a CPU-only pod, whose first element is set
+/// by [`balance`]).
+fn balance_basis(node: &Node, req: &Request, grants: &[Grant], ctx: &Context) -> (f64, f64) {
     let free: Percent = node.cards.iter().map(Card::usable).sum();
     let granted: Percent = grants.iter().map(|g| g.percent).sum();
     let idle_cards = f64::from((free - granted).0) / 100.0;
-    let cpu_left = node.cpu_free.saturating_sub(req.cpu);
-    let excess = cpu_left as f64 - idle_cards * ctx.workload.cpu_per_card;
-    if req.slots.is_empty() {
-        return [if balance_cpu { excess } else { 0.0 }, 0.0];
-    }
-    let pressure = if req.models.is_none() && avoid_models {
+    let avoid_models = ctx.model_load >= MODEL_LOAD_MIN;
+    let pressure = if !req.slots.is_empty() && req.models.is_none() && avoid_models {
         grants
             .iter()
             .map(|g| ctx.pressure.get(usize::from(node.cards[g.card].model.0)).copied().unwrap_or(0.0))
@@ -127,12 +140,7 @@ fn balance(node: &Node, req: &Request, grants: &[Grant], ctx: &Context) -> [f64;
     } else {
         0.0
     };
-    let balance = match (balance_cpu, excess < 0.0) {
-        (false, _) => 0.0,
-        (true, true) => SHORTFALL_WEIGHT * excess,
-        (true, false) => -excess,
-    };
-    [-pressure, balance]
+    (-idle_cards * ctx.workload.cpu_per_card, -pressure)
 }
 
 impl Policy for FgdBalance {
@@ -142,7 +150,10 @@ impl Policy for FgdBalance {
 
     fn evaluate(&self, node: &Node, req: &Request, ctx: &Context) -> Result<Eval, Reason> {
         let mut eval = descend(node, req, &ctx.workload)?;
-        eval.tiebreak = balance(node, req, &eval.grants, ctx);
+        let (basis, first) = balance_basis(node, req, &eval.grants, ctx);
+        eval.basis = basis;
+        eval.tiebreak[0] = first;
+        balance(node, req, &mut eval, ctx);
         Ok(eval)
     }
 
@@ -151,7 +162,7 @@ impl Policy for FgdBalance {
     }
 
     fn refine(&self, node: &Node, req: &Request, eval: &mut Eval, ctx: &Context) {
-        eval.tiebreak = balance(node, req, &eval.grants, ctx);
+        balance(node, req, eval, ctx);
     }
 
     fn uses_workload(&self) -> bool {

@@ -39,7 +39,7 @@ impl Policy for Random {
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         // The card choice is random but a pure function of the seed and the node's state.
         let (grants, _) = fit(node, req, &mut HashPick(self.seed ^ node.version.wrapping_mul(0x9E37_79B9)))?;
-        Ok(Eval { score: 0.0, tiebreak: [0.0; 2], grants })
+        Ok(Eval { score: 0.0, tiebreak: [0.0; 2], grants, basis: 0.0 })
     }
 
     fn ties(&self) -> Ties {
@@ -66,7 +66,7 @@ impl Policy for Spread {
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Loosest)?;
         let free: Percent = hyp.free.iter().sum();
-        Ok(Eval { score: f64::from(free.0), tiebreak: [hyp.cpu_free as f64, 0.0], grants })
+        Ok(Eval { score: f64::from(free.0), tiebreak: [hyp.cpu_free as f64, 0.0], grants, basis: 0.0 })
     }
 }
 
@@ -81,7 +81,7 @@ impl Policy for Binpack {
     fn evaluate(&self, node: &Node, req: &Request, _: &Context) -> Result<Eval, Reason> {
         let (grants, hyp) = fit(node, req, &mut Tightest)?;
         let free: Percent = hyp.free.iter().sum();
-        Ok(Eval { score: -f64::from(free.0), tiebreak: [-(hyp.cpu_free as f64), 0.0], grants })
+        Ok(Eval { score: -f64::from(free.0), tiebreak: [-(hyp.cpu_free as f64), 0.0], grants, basis: 0.0 })
     }
 }
 
@@ -99,6 +99,6 @@ impl Policy for BestFit {
         let gpu_left = f64::from(node.gpu_free().0) - f64::from(req.gpu_size().0);
         let cpu_left = node.cpu_free as f64 - req.cpu as f64;
         let score = 100.0 * (1.0 - (0.5 * cpu_left / 128_000.0 + 0.5 * gpu_left / 800.0));
-        Ok(Eval { score, tiebreak: [0.0; 2], grants })
+        Ok(Eval { score, tiebreak: [0.0; 2], grants, basis: 0.0 })
     }
 }
