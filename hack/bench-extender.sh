@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nano-gpu-allocator --bin bench-extender >&2
 target="${CARGO_TARGET_DIR:-target}/release"
-# First line: the usual mix (6 request shapes). Second line: 2,000 distinct request shapes (exact CPU
-# requests users choose); with today's engine it does not finish in minutes (README, Extender benchmark).
+# First line: the usual mix (6 request shapes). Second line: 2,000 distinct CPU requests (exact CPU
+# requests users choose), with a `shapes` field; targets and measured numbers in the README.
 "$target/bench-extender" --allocator "$target/nano-gpu-allocator" "$@"
 "$target/bench-extender" --allocator "$target/nano-gpu-allocator" --shapes 2000 "$@"
