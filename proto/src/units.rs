@@ -66,6 +66,13 @@ pub struct Percent(pub u32);
 impl Percent {
     /// A whole card.
     pub const FULL: Percent = Percent(100);
+
+    /// This share of `memory`, rounded down: the GPU memory a share that asks no memory holds on a
+    /// card of `memory` (the one rule the allocator's accounting, its views and the agent's
+    /// `NANO_GPU_MEMORY_MIB` all follow).
+    pub fn of(self, memory: MiB) -> MiB {
+        MiB(memory.0 * u64::from(self.0) / 100)
+    }
 }
 
 impl fmt::Display for Percent {

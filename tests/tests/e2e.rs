@@ -11,8 +11,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
-use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, NodeInventory};
+use nano_gpu_proto::annotations::{
+    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory,
+};
 use nano_gpu_proto::device_id;
+use nano_gpu_proto::units::MiB;
 use nano_gpu_tests::cluster::{
     Cluster, NS, create, gpu_pod, percent_pod, phase, report, wait_running, wait_until,
 };
@@ -26,7 +29,9 @@ const SYSTEM: &str = "nano-gpu-system";
 /// `NVIDIA_VISIBLE_DEVICES` and `NANO_GPU_CARDS`, the cards its NVML shows, and the cards of the
 /// device IDs its kubelet gave it all equal its assignment; no card is over 100 % or over its memory;
 /// the allocator's view holds exactly what the assignments of the bound pods hold (no leaked
-/// reservation). Returns the pods checked.
+/// reservation), percent and memory; one memory truth: a share that asked no memory holds its percent
+/// of the card's memory there, and its container was told exactly that (`NANO_GPU_MEMORY_MIB`).
+/// Returns the pods checked.
 async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
     let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.unwrap();
     let mut card_memory: HashMap<String, u64> = HashMap::new();
@@ -52,7 +57,7 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
         if !matches!(phase(p), "Succeeded" | "Failed") {
             for g in a.held() {
                 *percent.entry(g.uuid.clone()).or_default() += g.percent.0;
-                *memory.entry(g.uuid.clone()).or_default() += g.memory_mib.map_or(0, |m| m.0);
+                *memory.entry(g.uuid.clone()).or_default() += held_memory(g, &card_memory);
             }
         }
         if phase(p) != "Running" {
@@ -77,6 +82,14 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
                 })
                 .unwrap_or_default();
             assert_eq!(ids, assigned, "{key}: the kubelet's device IDs vs its assignment");
+            if grants.iter().all(|g| g.memory_mib.is_none()) {
+                let told: u64 = grants.iter().map(|g| held_memory(g, &card_memory)).sum();
+                assert_eq!(
+                    seen.env.get("NANO_GPU_MEMORY_MIB"),
+                    Some(&told.to_string()),
+                    "{key}: the memory its container was told vs what its share holds"
+                );
+            }
         }
         checked += 1;
     }
@@ -99,9 +112,21 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
                 percent.get(uuid).copied().unwrap_or(0),
                 "allocator's view of {uuid} differs from the assignments"
             );
+            let (total, free) =
+                (card["memoryMiB"].as_u64().unwrap(), card["memoryFreeMiB"].as_u64().unwrap());
+            assert_eq!(
+                total - free,
+                memory.get(uuid).copied().unwrap_or(0),
+                "allocator's view of {uuid}'s memory differs from the assignments"
+            );
         }
     }
     checked
+}
+
+/// The GPU memory a grant holds: what it records, else its percent of the card's memory.
+fn held_memory(g: &CardGrant, card_memory: &HashMap<String, u64>) -> u64 {
+    g.memory_mib.unwrap_or_else(|| g.percent.of(MiB(card_memory[&g.uuid]))).0
 }
 
 /// Whether the pod's `container` is ready.

@@ -8,6 +8,7 @@ use crate::resource::Resource;
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
+use nano_gpu_proto::units::Percent;
 use tonic::Status;
 
 /// How containers are given their cards beyond the environment.
@@ -61,7 +62,7 @@ pub fn allocate(
     let memory: u64 = match (resource.memory_of(u64::from(count)), asked_memory) {
         (Some(m), _) => m.0,
         (None, Some(g)) => g.iter().filter_map(|g| g.memory_mib).map(|m| m.0).sum(),
-        (None, None) => got.iter().map(|(c, n)| c.info.memory_mib.0 * u64::from(*n) / 100).sum(),
+        (None, None) => got.iter().map(|(c, n)| Percent(*n).of(c.info.memory_mib).0).sum(),
     };
     let uuids: Vec<&str> = got.iter().map(|(c, _)| c.info.uuid.as_str()).collect();
     let env = &mut response.envs;

@@ -37,7 +37,7 @@ pub struct Grant {
     pub card: usize,
     /// Share of the card taken.
     pub percent: Percent,
-    /// Card memory taken (all of it for a whole card of known memory).
+    /// Card memory taken ([`crate::request::SlotDemand::mem_on`]).
     pub mem: MiB,
 }
 

@@ -52,10 +52,12 @@ impl SlotDemand {
         }
     }
 
-    /// Memory this slot takes on each of its cards (a whole card takes all of it).
-    fn mem_on(&self, card: &Card) -> MiB {
+    /// Memory this slot takes on each of its cards: what it asked; a whole card all of it; a share
+    /// that asked none its percent of the card's memory ([`Percent::of`]).
+    pub fn mem_on(&self, card: &Card) -> MiB {
         match *self {
-            SlotDemand::Share { mem, .. } => mem.unwrap_or(MiB::ZERO),
+            SlotDemand::Share { mem: Some(m), .. } => m,
+            SlotDemand::Share { percent, mem: None } => percent.unwrap_or(Percent::ZERO).of(card.mem_total),
             SlotDemand::Whole { .. } => card.mem_total,
         }
     }
@@ -390,7 +392,8 @@ mod tests {
     fn best_fit_takes_the_tightest_card_that_fits() {
         let (grants, hyp) =
             fit(&node(&[100, 40, 20]), &Request::new(1000, 0, vec![share(30)]), &mut Tightest).unwrap();
-        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: Percent(30), mem: MiB(0) }]);
+        // A share that asks no memory holds its percent of the card's memory.
+        assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: Percent(30), mem: MiB(4915) }]);
         assert_eq!(hyp.free, [100, 10, 20].map(Percent));
         assert_eq!(hyp.cpu_free, 31_000);
     }

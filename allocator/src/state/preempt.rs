@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::model::Node;
 use nano_gpu_engine::request::{Tightest, fit};
 use nano_gpu_proto::extender::MetaVictims;
-use nano_gpu_proto::units::{MiB, Percent};
+use nano_gpu_proto::units::Percent;
 use std::collections::BTreeMap;
 
 impl ClusterState {
@@ -75,7 +75,7 @@ fn free_record(n: &mut Node, p: &PodRecord) {
         for g in a.held() {
             if let Some(c) = n.cards.iter_mut().find(|c| c.uuid == g.uuid) {
                 c.free = (c.free + g.percent).min(Percent::FULL);
-                c.mem_free = (c.mem_free + g.memory_mib.unwrap_or(MiB::ZERO)).min(c.mem_total);
+                c.mem_free = (c.mem_free + super::rebuild::held_memory(g, c)).min(c.mem_total);
             }
         }
     }

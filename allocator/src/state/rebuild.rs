@@ -1,5 +1,6 @@
 //! Rebuilding one node of the engine's cluster from the view: its record's cards (none when its
-//! inventory does not decode), minus what every pod on it holds; a node with an untrusted assignment
+//! inventory does not decode), minus what every pod on it holds (a share that asked no GPU memory
+//! holds its percent of the card's memory); a node with an untrusted assignment
 //! has every card full. A card asked past 100 % raises an `Overcommitted` warning. A pod gpushare
 //! placed holds its memory (and the percent of the card that memory is, the rule for memory-only
 //! shares) on the card of gpushare's index; when that card cannot be told, on every card of the node
@@ -9,6 +10,7 @@ use super::ClusterState;
 use super::decode::Holding;
 use nano_gpu_engine::model::{Card, Node};
 use nano_gpu_engine::request::SlotDemand;
+use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
 
 impl ClusterState {
@@ -44,7 +46,7 @@ impl ClusterState {
                     for g in a.held() {
                         // A card gone from the inventory: nothing to take from.
                         if let Some(c) = node.cards.iter_mut().find(|c| c.uuid == g.uuid)
-                            && !take(c, g.percent, g.memory_mib.unwrap_or(MiB::ZERO))
+                            && !take(c, g.percent, held_memory(g, c))
                         {
                             overcommit.push((p.key.clone(), g.uuid.clone()));
                         }
@@ -94,6 +96,12 @@ impl ClusterState {
             );
         }
     }
+}
+
+/// The GPU memory a grant holds on `card`: what the assignment records, else (no memory asked) its
+/// percent of the card's memory, the engine's rule ([`SlotDemand::mem_on`]).
+pub(super) fn held_memory(g: &CardGrant, card: &Card) -> MiB {
+    g.memory_mib.unwrap_or_else(|| g.percent.of(card.mem_total))
 }
 
 /// Takes `percent` and `memory` from `card`; false (and the card full) when the card does not have the

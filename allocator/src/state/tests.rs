@@ -6,6 +6,7 @@ use nano_gpu_engine::policy;
 use nano_gpu_engine::workload::Workload;
 use nano_gpu_proto::annotations::GPUS_ANNOTATION;
 use nano_gpu_proto::extender::MetaVictims;
+use nano_gpu_proto::units::{MiB, Percent};
 use serde_json::json;
 use std::time::SystemTime;
 
@@ -466,4 +467,42 @@ fn what_the_agent_publishes_for_gpushare_s_tools_changes_nothing_the_allocator_c
     }
     s.apply_node(&published);
     assert_eq!((free(&s, "n1"), mem_free(&s, "n1")), before);
+}
+
+/// One memory truth: a share that asks no GPU memory holds its percent of the card's memory in the
+/// engine (placed by us or read back from its assignment), in the inspect view and in what the agent
+/// tells its container (`Percent::of`, the agent's `NANO_GPU_MEMORY_MIB`), so a later pod asking
+/// memory is not placed into memory already promised.
+#[test]
+fn a_share_asking_no_memory_holds_its_percent_of_the_cards_memory_everywhere() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    // Read back from an assignment that records no memory.
+    s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n1", 1, 30))));
+    assert_eq!(mem_free(&s, "n1"), vec![15_360, 15_360 - 4608]);
+    assert_eq!(Percent(30).of(MiB(15_360)), MiB(4608));
+    let cards = &s.inspect()["nodes"][0]["cards"];
+    assert_eq!(
+        (cards[1]["memoryMiB"].as_u64(), cards[1]["memoryFreeMiB"].as_u64()),
+        (Some(15_360), Some(10_752))
+    );
+    // 10 % and 11,000 MiB: card 1 has the percent but not the memory any more.
+    let wants_memory: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "m", "namespace": "ns", "uid": "m"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits":
+            {"nano-gpu/gpu-percent": "10", "nano-gpu/gpu-memory": "11000", "cpu": "1"}}}]}
+    }))
+    .unwrap();
+    let r = s.reserve(&wants_memory, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    assert_eq!(r.assignment.containers["c"][0].index, 0);
+    assert_eq!(mem_free(&s, "n1"), vec![15_360 - 11_000, 10_752]);
+    // A share placed by us holds the same as one read back.
+    let b = pod("b", "30", None, None);
+    let r = s.reserve(&b, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    let card = r.assignment.containers["c"][0].index as usize;
+    assert_eq!(card, 1, "only card 1 has 4,608 MiB free");
+    assert_eq!(mem_free(&s, "n1")[1], 15_360 - 2 * 4608);
+    // Released, it gives back what it held.
+    s.delete_pod(&b);
+    assert_eq!(mem_free(&s, "n1"), vec![15_360 - 11_000, 10_752]);
 }
