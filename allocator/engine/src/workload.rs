@@ -161,13 +161,7 @@ impl Workload {
     /// The workload of `counts` at the finest CPU grain from `grain` on that keeps at most
     /// [`MAX_TYPES`] shapes, and that grain.
     fn from_counts(counts: &HashMap<Shape, u64>, total: u64, mut grain: u64) -> (Self, u64) {
-        let at = |grain: u64| {
-            let mut grouped: HashMap<Shape, u64> = HashMap::with_capacity(counts.len());
-            for ((cpu, k, d, models), &n) in counts {
-                *grouped.entry((cpu.div_ceil(grain) * grain, *k, *d, models.clone())).or_default() += n;
-            }
-            popular(grouped.into_iter(), total)
-        };
+        let at = |grain: u64| popular(regroup(counts, grain).into_iter(), total);
         let mut kept = at(grain);
         while kept.len() > MAX_TYPES && grain < MAX_GRAIN {
             grain *= 2;
@@ -232,6 +226,21 @@ impl Workload {
     }
 }
 
+/// A shape with its CPU rounded up to a multiple of `grain`.
+fn coarse((cpu, k, d, models): Shape, grain: u64) -> Shape {
+    (cpu.div_ceil(grain) * grain, k, d, models)
+}
+
+/// `counts` with CPU rounded up to a multiple of `grain` (a power of two: rounding to a finer one
+/// first changes nothing).
+fn regroup(counts: &HashMap<Shape, u64>, grain: u64) -> HashMap<Shape, u64> {
+    let mut grouped: HashMap<Shape, u64> = HashMap::with_capacity(counts.len());
+    for (s, &n) in counts {
+        *grouped.entry(coarse(s.clone(), grain)).or_default() += n;
+    }
+    grouped
+}
+
 /// The most frequent shapes until they cover [`POPULARITY`] of `total`, most frequent first; equal
 /// counts in a fixed order, so the cut is deterministic.
 fn popular(counts: impl Iterator<Item = (Shape, u64)>, total: u64) -> Vec<(Shape, u64)> {
@@ -255,7 +264,8 @@ fn popular(counts: impl Iterator<Item = (Shape, u64)>, total: u64) -> Vec<(Shape
 #[derive(Clone, Debug)]
 pub struct Learner {
     counts: HashMap<Shape, u64>,
-    /// The CPU grain of the last rebuild: shapes only accumulate, so it never needs to get finer.
+    /// The CPU grain of the last rebuild: shapes only accumulate, so it never needs to get finer, and
+    /// shapes are counted at it.
     grain: u64,
     total: u64,
     every: u64,
@@ -290,7 +300,7 @@ impl Learner {
     /// Counts a request; returns the new workload when it is time to rebuild and the mix has moved
     /// (see [`LEARN_TOLERANCE`]).
     pub fn observe(&mut self, r: &Request) -> Option<Workload> {
-        *self.counts.entry(shape(r)).or_default() += 1;
+        *self.counts.entry(coarse(shape(r), self.grain)).or_default() += 1;
         self.total += 1;
         let due =
             self.total.is_multiple_of(self.every) || self.total < self.every && self.total.is_power_of_two();
@@ -298,7 +308,12 @@ impl Learner {
             return None;
         }
         let (next, grain) = Workload::from_counts(&self.counts, self.total, self.grain);
-        self.grain = grain;
+        if grain != self.grain {
+            // Counted at the grain every later rebuild starts from: the same workloads, and as many
+            // entries as shapes at that grain, not as distinct requests ever seen.
+            self.grain = grain;
+            self.counts = regroup(&self.counts, grain);
+        }
         if self.last.as_ref().is_some_and(|last| close(last, &next)) {
             return None;
         }
@@ -470,6 +485,25 @@ mod tests {
             }
         }
         assert_eq!((w.cpu_band(1999), w.cpu_band(2000), w.cpu_band(4000)), (0, 1, 2));
+    }
+
+    #[test]
+    fn the_learner_counts_at_its_grain_and_learns_what_the_whole_list_gives() {
+        let reqs: Vec<Request> = (0..6000)
+            .map(|i| Request::new(1000 + (i * 7919) % 2000, 0, vec![share(10 + (i as u32 % 6) * 10)]))
+            .collect();
+        let mut l = Learner::new(100);
+        let mut last = None;
+        for r in &reqs {
+            last = l.observe(r).or(last);
+        }
+        // 2,000 CPU values × 6 shares asked; counted at 128 m: at most 17 × 6 entries.
+        assert_eq!(l.grain, 128);
+        assert!(l.counts.len() <= 17 * 6, "{}", l.counts.len());
+        // A rebuild from the coarse counts is the workload of all the requests at once.
+        let (now, _) = Workload::from_counts(&l.counts, l.total, l.grain);
+        assert_eq!(now, Workload::from_requests(&reqs));
+        assert!(last.is_some());
     }
 
     #[test]
