@@ -19,6 +19,8 @@ pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 #[derive(Debug)]
 pub struct Health {
     last: Mutex<HashMap<String, Instant>>,
+    /// Every XID (critical or not) per card since the start, for the metrics.
+    counts: Mutex<HashMap<String, u64>>,
     quiet: Duration,
     /// Woken on every critical XID, so the inventory is re-published at once.
     pub changed: Notify,
@@ -27,11 +29,19 @@ pub struct Health {
 impl Health {
     /// Cards recover after `quiet` without a critical XID.
     pub fn new(quiet: Duration) -> Self {
-        Health { last: Mutex::new(HashMap::new()), quiet, changed: Notify::new() }
+        Health {
+            last: Mutex::new(HashMap::new()),
+            counts: Mutex::new(HashMap::new()),
+            quiet,
+            changed: Notify::new(),
+        }
     }
 
     /// Records an XID on card `uuid` at `at`; returns whether it counts (is critical).
     pub fn record(&self, uuid: &str, xid: u64, at: Instant) -> bool {
+        if let Ok(mut counts) = self.counts.lock() {
+            *counts.entry(uuid.to_owned()).or_default() += 1;
+        }
         if APPLICATION_XIDS.contains(&xid) {
             return false;
         }
@@ -40,6 +50,11 @@ impl Health {
         }
         self.changed.notify_one();
         true
+    }
+
+    /// XIDs recorded on card `uuid` since the start.
+    pub fn xids(&self, uuid: &str) -> u64 {
+        self.counts.lock().map_or(0, |c| c.get(uuid).copied().unwrap_or(0))
     }
 
     /// Marks unhealthy the cards with a critical XID less than the quiet period before `now`.

@@ -10,6 +10,7 @@ pub use fake::FakeFile;
 pub use nvml::NvmlInventory;
 pub use sysfs::SysfsDrm;
 
+use crate::usage::CardSample;
 use nano_gpu_proto::annotations::{GpuInfo, Vendor};
 use nano_gpu_proto::units::MiB;
 use std::path::PathBuf;
@@ -84,17 +85,35 @@ pub trait GpuInventory: Send + Sync {
 
     /// The cards now.
     fn cards(&self) -> Result<Vec<Card>, InventoryError>;
+
+    /// What each card is doing now (utilisation, memory, processes); backends that cannot say return
+    /// no samples (Intel cards and the fake file today).
+    fn sample(&self) -> Result<Vec<CardSample>, InventoryError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Every backend's cards, in backend order; a backend that fails is reported, the others still count.
 pub fn read_all(backends: &[Box<dyn GpuInventory>]) -> (Vec<Card>, Vec<(String, InventoryError)>) {
-    let mut cards = Vec::new();
+    each_backend(backends, |b| b.cards())
+}
+
+/// Every backend's samples, as [`read_all`] reads cards.
+pub fn sample_all(backends: &[Box<dyn GpuInventory>]) -> (Vec<CardSample>, Vec<(String, InventoryError)>) {
+    each_backend(backends, |b| b.sample())
+}
+
+fn each_backend<T>(
+    backends: &[Box<dyn GpuInventory>],
+    read: impl Fn(&dyn GpuInventory) -> Result<Vec<T>, InventoryError>,
+) -> (Vec<T>, Vec<(String, InventoryError)>) {
+    let mut all = Vec::new();
     let mut errors = Vec::new();
     for b in backends {
-        match b.cards() {
-            Ok(c) => cards.extend(c),
+        match read(b.as_ref()) {
+            Ok(c) => all.extend(c),
             Err(e) => errors.push((b.name().to_owned(), e)),
         }
     }
-    (cards, errors)
+    (all, errors)
 }

@@ -14,6 +14,8 @@
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
 //! - [`run`]: the serve/register loop that survives kubelet restarts.
+//! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
+//!   memory-overrun watchdog.
 
 pub mod health;
 pub mod inventory;
@@ -25,6 +27,7 @@ pub mod publish;
 pub mod repair;
 pub mod resource;
 pub mod run;
+pub mod usage;
 
 use clap::{Parser, Subcommand};
 use inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
@@ -86,6 +89,18 @@ pub struct Flags {
     /// Seconds between inventory refreshes.
     #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
     pub refresh_seconds: u64,
+    /// Seconds between usage samples (per card and per process, served on `/metrics`); 0 turns
+    /// sampling off.
+    #[arg(long, env = "NANO_GPU_USAGE_SECONDS", default_value_t = 5)]
+    pub usage_seconds: u64,
+    /// The host's `/proc`, where GPU processes are mapped to their containers (the DaemonSet runs
+    /// with `hostPID`, so its own `/proc` is the host's).
+    #[arg(long, env = "NANO_GPU_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Seconds a container may use more card memory than granted before a Warning Event and
+    /// `nano_gpu_container_memory_overrun`.
+    #[arg(long, env = "NANO_GPU_OVERRUN_GRACE_SECONDS", default_value_t = 60)]
+    pub overrun_grace_seconds: u64,
     /// Root of the device nodes (`/dev`).
     #[arg(long, env = "NANO_GPU_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,

@@ -5,7 +5,7 @@ use clap::Parser;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_agent::resource::Resource;
-use nano_gpu_agent::{Command, Flags, inventory, pods, repair, run};
+use nano_gpu_agent::{Command, Flags, inventory, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -42,6 +42,7 @@ fn serve(flags: &Flags) -> ExitCode {
             let _ = stop.send(true);
         });
         let resources = flags.resources();
+        let (mut residents, mut reports_tx) = (None, None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
@@ -54,11 +55,13 @@ fn serve(flags: &Flags) -> ExitCode {
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
                     let views = pods::watch::watch_pods(client.clone(), node, &resources);
+                    residents = Some(views.residents);
+                    reports_tx = Some(reports.clone());
                     tokio::spawn(repair::Repairer::new(client, node.clone(), lister.clone()).run(queue));
                     let wait = Duration::from_millis(flags.identity_wait_ms);
                     let plugins = resources
                         .iter()
-                        .zip(views)
+                        .zip(views.asking)
                         .map(|(r, pods)| {
                             let identity =
                                 Identity::new(node.clone(), *r, pods, lister.clone(), reports.clone(), wait);
@@ -89,13 +92,26 @@ fn serve(flags: &Flags) -> ExitCode {
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
+        let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
                 .await
                 .map_err(|e| format!("probes on {}: {e}", flags.probe_listen))?;
-            let app = nano_gpu_agent::probe::router(readiness.clone());
+            let node = flags.node_name.clone().unwrap_or_default();
+            let app =
+                nano_gpu_agent::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
             tokio::spawn(async move { axum::serve(listener, app).await });
         }
+        let usage = (flags.usage_seconds > 0).then(|| {
+            let sampling = usage::Sampling {
+                every: Duration::from_secs(flags.usage_seconds),
+                proc_root: flags.proc_root.clone(),
+                grace: Duration::from_secs(flags.overrun_grace_seconds),
+                residents: residents.unwrap_or_else(|| tokio::sync::watch::channel(Default::default()).1),
+                reports: reports_tx,
+            };
+            (sampling, latest)
+        });
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
             backends: flags.backends(),
@@ -105,6 +121,7 @@ fn serve(flags: &Flags) -> ExitCode {
             publisher,
             plugins,
             readiness,
+            usage,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

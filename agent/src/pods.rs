@@ -92,6 +92,59 @@ impl NodePod {
 /// The pods on this node that ask the resource, by `namespace/name`.
 pub type Pods = Arc<BTreeMap<String, NodePod>>;
 
+/// Any pod running on this node (asking GPUs or not), as the usage metrics name its processes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resident {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, as its cgroup names it.
+    pub uid: String,
+    /// Container names by runtime ID (the hex part of `containerStatuses[].containerID`), init
+    /// containers included.
+    pub containers: BTreeMap<String, String>,
+    /// Its card grants per container, from a well-formed assignment (none without one).
+    pub grants: BTreeMap<String, Vec<CardGrant>>,
+}
+
+impl Resident {
+    /// Reads a Pod; `None` for one that has finished.
+    pub fn from_pod(pod: &Pod) -> Option<Resident> {
+        let status = pod.status.as_ref();
+        if matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let containers = status
+            .into_iter()
+            .flat_map(|s| {
+                s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
+            })
+            .filter_map(|c| {
+                let id = crate::usage::cgroup::status_id(c.container_id.as_deref()?);
+                Some((id.to_ascii_lowercase(), c.name.clone()))
+            })
+            .collect();
+        let grants = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| Assignment::decode(a.get(ASSIGNMENT_ANNOTATION)?).ok())
+            .map(|a| a.containers)
+            .unwrap_or_default();
+        Some(Resident {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            containers,
+            grants,
+        })
+    }
+}
+
+/// Every pod running on this node, by UID.
+pub type Residents = Arc<BTreeMap<String, Resident>>;
+
 /// What the kubelet has allocated, from pod-resources `List`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Served {

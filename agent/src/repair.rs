@@ -62,7 +62,12 @@ impl Repairer {
                         Some(key) => pod_reference(key),
                         None => node_reference(&self.node),
                     };
-                    record(&self.recorder, &object, "NoUsableAssignment", &message).await;
+                    record(&self.recorder, &object, "NoUsableAssignment", "Allocate", &message).await;
+                }
+                Report::Overrun { pod, message } => {
+                    tracing::warn!(%pod, "{message}");
+                    record(&self.recorder, &pod_reference(&pod), "GpuMemoryOverrun", "Sample", &message)
+                        .await;
                 }
                 Report::Starting { ids, cards, resource } => {
                     match self.verify(&ids, &cards, resource).await {
@@ -143,7 +148,8 @@ impl Repairer {
                          {ASSIGNMENT_ANNOTATION} now says what it got",
                         describe(&next.containers[&container])
                     );
-                    record(&self.recorder, &pod_reference(&key), "AssignmentRepaired", &message).await;
+                    record(&self.recorder, &pod_reference(&key), "AssignmentRepaired", "Allocate", &message)
+                        .await;
                     return Ok(Verdict::Repaired { pod: key, container });
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -174,12 +180,12 @@ fn node_reference(node: &str) -> ObjectReference {
     }
 }
 
-async fn record(recorder: &Recorder, object: &ObjectReference, reason: &str, message: &str) {
+async fn record(recorder: &Recorder, object: &ObjectReference, reason: &str, action: &str, message: &str) {
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
         note: Some(message.chars().take(1000).collect()),
-        action: "Allocate".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, object).await {

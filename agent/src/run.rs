@@ -139,14 +139,27 @@ pub struct Agent {
     pub plugins: Vec<(Resource, Option<Arc<Identity>>)>,
     /// What the readiness probe reports.
     pub readiness: Arc<Readiness>,
+    /// Usage sampling, and where its newest report goes (absent: not sampled).
+    pub usage: Option<(crate::usage::Sampling, crate::usage::Latest)>,
 }
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, plugins, readiness } = agent;
+    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, plugins, readiness, usage } =
+        agent;
     let backends: Backends = Arc::new(backends);
     let first = read_blocking(&backends, &health, &readiness).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
+    // Stopped when the loop ends, however it ends.
+    let _sampler = usage.map(|(sampling, latest)| {
+        AbortOnDrop(tokio::spawn(crate::usage::run(
+            sampling,
+            backends.clone(),
+            snapshot.clone(),
+            health.clone(),
+            latest,
+        )))
+    });
     let refresher = {
         let backends = backends.clone();
         let health = health.clone();
@@ -307,4 +320,13 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     };
     refresher.abort();
     result
+}
+
+/// A task stopped when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

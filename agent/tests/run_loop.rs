@@ -96,6 +96,7 @@ fn agent(
         publisher: None,
         plugins: vec![(nano_gpu_agent::resource::Resource::Percent, None)],
         readiness: Default::default(),
+        usage: None,
     };
     run::run(agent, stopped)
 }

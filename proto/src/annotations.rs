@@ -141,6 +141,14 @@ pub struct CardGrant {
     pub memory_mib: Option<MiB>,
 }
 
+impl CardGrant {
+    /// The memory this grant holds on a card of `card_memory`: what it asked, or, asking none, its
+    /// percent of the card's memory (the one memory rule, [`Percent::of`]).
+    pub fn memory_held(&self, card_memory: MiB) -> MiB {
+        self.memory_mib.unwrap_or_else(|| self.percent.of(card_memory))
+    }
+}
+
 /// The `nano-gpu/assignment` payload: which card(s) each container of the pod gets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {

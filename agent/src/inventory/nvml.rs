@@ -7,8 +7,13 @@
 //! on an async runtime run [`NvmlInventory::cards`] on a blocking thread.
 
 use super::{Card, GpuInventory, InventoryError};
+use crate::usage::{CardSample, ProcessSample};
 use nano_gpu_proto::units::MiB;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -23,6 +28,17 @@ pub struct NvmlInventory {
 struct State {
     nvml: Option<Nvml>,
     last: Vec<Option<Card>>,
+    /// Per card index, the newest process-utilisation sample read (NVML's µs clock), so each
+    /// sampling pass asks only for what is new.
+    seen: Vec<u64>,
+}
+
+/// NVML from `lib`, started now if it was not (a failed start is retried next time).
+fn started<'a>(nvml: &'a mut Option<Nvml>, lib: &std::path::Path) -> Result<&'a Nvml, NvmlError> {
+    if nvml.is_none() {
+        *nvml = Some(Nvml::builder().lib_path(lib.as_os_str()).init()?);
+    }
+    nvml.as_ref().ok_or(NvmlError::Uninitialized)
 }
 
 impl NvmlInventory {
@@ -47,6 +63,59 @@ impl NvmlInventory {
     }
 }
 
+impl NvmlInventory {
+    /// What card `index` is doing; utilisation, temperature and power a card does not report are
+    /// left out, a process list it cannot give is empty.
+    fn sample_card(nvml: &Nvml, index: u32, seen: &mut u64) -> Result<CardSample, String> {
+        let d = nvml.device_by_index(index).map_err(|e| format!("device {index}: {e}"))?;
+        let uuid = d.uuid().map_err(|e| format!("device {index} uuid: {e}"))?;
+        let memory = d.memory_info().map_err(|e| format!("device {index} memory: {e}"))?;
+        let mut sm: HashMap<u32, (u64, u32)> = HashMap::new();
+        match d.process_utilization_stats(Some(*seen).filter(|s| *s > 0)) {
+            Ok(samples) => {
+                for s in samples {
+                    *seen = (*seen).max(s.timestamp);
+                    let newest = sm.entry(s.pid).or_insert((s.timestamp, s.sm_util));
+                    if s.timestamp >= newest.0 {
+                        *newest = (s.timestamp, s.sm_util);
+                    }
+                }
+            }
+            // No process was busy since the last pass.
+            Err(NvmlError::NotFound) => {}
+            Err(e) => tracing::debug!(index, error = %e, "process utilisation not available"),
+        }
+        let processes = match d.running_compute_processes() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(index, error = %e, "running processes not available");
+                Vec::new()
+            }
+        };
+        let processes = processes
+            .into_iter()
+            .map(|p| ProcessSample {
+                pid: p.pid,
+                memory: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(MiB(bytes >> 20)),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                sm: sm.get(&p.pid).map(|(_, u)| *u),
+            })
+            .collect();
+        Ok(CardSample {
+            uuid,
+            index,
+            memory_used: MiB(memory.used >> 20),
+            memory_total: MiB(memory.total >> 20),
+            utilization: d.utilization_rates().ok().map(|u| u.gpu),
+            temperature: d.temperature(TemperatureSensor::Gpu).ok(),
+            power_mw: d.power_usage().ok(),
+            processes,
+        })
+    }
+}
+
 impl GpuInventory for NvmlInventory {
     fn name(&self) -> &'static str {
         "nvml"
@@ -55,11 +124,7 @@ impl GpuInventory for NvmlInventory {
     fn cards(&self) -> Result<Vec<Card>, InventoryError> {
         let mut guard = self.state.lock().map_err(|_| self.invalid("NVML state poisoned"))?;
         let state = &mut *guard;
-        if state.nvml.is_none() {
-            let nvml = Nvml::builder().lib_path(self.lib.as_os_str()).init().map_err(|e| self.invalid(e))?;
-            state.nvml = Some(nvml);
-        }
-        let Some(nvml) = state.nvml.as_ref() else { return Ok(Vec::new()) };
+        let nvml = started(&mut state.nvml, &self.lib).map_err(|e| self.invalid(e))?;
         let count = nvml.device_count().map_err(|e| self.invalid(e))?;
         state.last.resize(count as usize, None);
         let mut cards = Vec::with_capacity(count as usize);
@@ -88,5 +153,22 @@ impl GpuInventory for NvmlInventory {
             }
         }
         Ok(cards)
+    }
+
+    fn sample(&self) -> Result<Vec<CardSample>, InventoryError> {
+        let mut guard = self.state.lock().map_err(|_| self.invalid("NVML state poisoned"))?;
+        let state = &mut *guard;
+        let nvml = started(&mut state.nvml, &self.lib).map_err(|e| self.invalid(e))?;
+        let count = nvml.device_count().map_err(|e| self.invalid(e))?;
+        state.seen.resize(count as usize, 0);
+        let mut samples = Vec::with_capacity(count as usize);
+        for (index, seen) in (0..count).zip(state.seen.iter_mut()) {
+            // A card that cannot be read is reported by the inventory (unhealthy, with its fault).
+            match Self::sample_card(nvml, index, seen) {
+                Ok(s) => samples.push(s),
+                Err(fault) => tracing::debug!(index, %fault, "card not sampled"),
+            }
+        }
+        Ok(samples)
     }
 }

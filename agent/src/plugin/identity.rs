@@ -37,6 +37,13 @@ pub enum Report {
         /// The resource of the IDs.
         resource: Resource,
     },
+    /// A container has used more card memory than granted for longer than the grace period.
+    Overrun {
+        /// The pod (`namespace/name`).
+        pod: String,
+        /// What it uses and was granted.
+        message: String,
+    },
 }
 
 /// What tells containers apart: the pods on this node and the kubelet's pod-resources.

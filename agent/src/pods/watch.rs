@@ -1,8 +1,9 @@
 //! The node-scoped pod watch (`spec.nodeName=<node>`) that feeds the handlers: for each resource, a
-//! watch channel that always holds the latest [`Pods`] asking it. A re-list replaces the view at its
-//! end, so handlers never see half a list.
+//! watch channel that always holds the latest [`Pods`] asking it, and one with every pod of the node
+//! by UID ([`Residents`], for the usage metrics). A re-list replaces a view at its end, so readers
+//! never see half a list.
 
-use super::{NodePod, Pods, pod_key};
+use super::{NodePod, Pods, Resident, Residents, pod_key};
 use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -12,17 +13,33 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 
+/// What the watch feeds.
+pub struct Views {
+    /// For each resource asked, the pods asking it.
+    pub asking: Vec<watch::Receiver<Pods>>,
+    /// Every pod of the node.
+    pub residents: watch::Receiver<Residents>,
+}
+
 /// Watches the pods bound to `node`; for each of `resources`, a receiver that always holds the latest
-/// view of the pods asking it (empty until the first list completes).
-pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> Vec<watch::Receiver<Pods>> {
+/// view of the pods asking it, and one of every pod (all empty until the first list completes).
+pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> Views {
     let (senders, receivers): (Vec<_>, Vec<_>) =
         resources.iter().map(|_| watch::channel(Pods::default())).unzip();
+    let (residents_tx, residents) = watch::channel(Residents::default());
     let resources = resources.to_vec();
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut views: Vec<View> = resources.iter().map(|r| View::new(r.name())).collect();
+        let mut views: Vec<View<NodePod>> = resources
+            .iter()
+            .map(|r| {
+                let resource = r.name();
+                View::new(key, move |p: &Pod| NodePod::from_pod(p, resource))
+            })
+            .collect();
+        let mut all = View::new(|p| p.metadata.uid.clone().unwrap_or_default(), Resident::from_pod);
         loop {
             let event = match stream.try_next().await {
                 Ok(Some(event)) => event,
@@ -37,36 +54,45 @@ pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> V
                     tx.send_replace(Arc::new(view.pods.clone()));
                 }
             }
+            if all.apply(&event) {
+                residents_tx.send_replace(Arc::new(all.pods.clone()));
+            }
         }
     });
-    receivers
+    Views { asking: receivers, residents }
 }
 
-/// The pods asking one resource, kept from watch events.
-struct View {
-    resource: &'static str,
-    pods: BTreeMap<String, NodePod>,
-    relist: Option<BTreeMap<String, NodePod>>,
+/// A pod's `namespace/name`.
+fn key(p: &Pod) -> String {
+    pod_key(p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
 }
 
-impl View {
-    fn new(resource: &'static str) -> Self {
-        View { resource, pods: BTreeMap::new(), relist: None }
+/// What a pod reads as when it counts.
+type Read<T> = Box<dyn Fn(&Pod) -> Option<T> + Send>;
+
+/// The pods that count, by key, kept from watch events.
+struct View<T> {
+    key: fn(&Pod) -> String,
+    read: Read<T>,
+    pods: BTreeMap<String, T>,
+    relist: Option<BTreeMap<String, T>>,
+}
+
+impl<T: Clone + PartialEq> View<T> {
+    fn new(key: fn(&Pod) -> String, read: impl Fn(&Pod) -> Option<T> + Send + 'static) -> Self {
+        View { key, read: Box::new(read), pods: BTreeMap::new(), relist: None }
     }
 
     /// Applies one watch event; returns whether the view changed.
     fn apply(&mut self, event: &watcher::Event<Pod>) -> bool {
-        let key = |p: &Pod| {
-            pod_key(p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
-        };
         match event {
             watcher::Event::Init => {
                 self.relist = Some(BTreeMap::new());
                 false
             }
             watcher::Event::InitApply(p) => {
-                if let (Some(into), Some(n)) = (self.relist.as_mut(), NodePod::from_pod(p, self.resource)) {
-                    into.insert(key(p), n);
+                if let (Some(into), Some(n)) = (self.relist.as_mut(), (self.read)(p)) {
+                    into.insert((self.key)(p), n);
                 }
                 false
             }
@@ -74,11 +100,11 @@ impl View {
                 self.pods = self.relist.take().unwrap_or_default();
                 true
             }
-            watcher::Event::Apply(p) => match NodePod::from_pod(p, self.resource) {
-                Some(n) => self.pods.insert(key(p), n.clone()) != Some(n),
-                None => self.pods.remove(&key(p)).is_some(),
+            watcher::Event::Apply(p) => match (self.read)(p) {
+                Some(n) => self.pods.insert((self.key)(p), n.clone()) != Some(n),
+                None => self.pods.remove(&(self.key)(p)).is_some(),
             },
-            watcher::Event::Delete(p) => self.pods.remove(&key(p)).is_some(),
+            watcher::Event::Delete(p) => self.pods.remove(&(self.key)(p)).is_some(),
         }
     }
 }

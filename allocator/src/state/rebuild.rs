@@ -101,7 +101,7 @@ impl ClusterState {
 /// The GPU memory a grant holds on `card`: what the assignment records, else (no memory asked) its
 /// percent of the card's memory, the engine's rule ([`SlotDemand::mem_on`]).
 pub(super) fn held_memory(g: &CardGrant, card: &Card) -> MiB {
-    g.memory_mib.unwrap_or_else(|| g.percent.of(card.mem_total))
+    g.memory_held(card.mem_total)
 }
 
 /// Takes `percent` and `memory` from `card`; false (and the card full) when the card does not have the

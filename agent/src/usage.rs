@@ -1,0 +1,300 @@
+//! Who uses what on every card: the agent samples its cards every few seconds on a blocking thread,
+//! off the device-plugin path (NVML: utilisation, memory, temperature, power, running processes and
+//! their utilisation samples), maps each host PID to its pod and container through `/proc/<pid>/cgroup`
+//! ([`cgroup`], [`procs`]) and the node's pods, and puts the result beside each container's grant
+//! ([`attribute`]). The newest [`Report`] is served as Prometheus metrics (`/metrics`, [`metrics`]) and
+//! watched for memory overruns ([`watchdog`]).
+
+pub mod cgroup;
+pub mod metrics;
+pub mod procs;
+pub mod watchdog;
+
+use crate::health::Health;
+use crate::inventory::{Card, GpuInventory, sample_all};
+use crate::plugin::Snapshot;
+use crate::pods::{Resident, Residents, pod_key};
+use nano_gpu_proto::units::{MiB, Percent};
+use procs::Procs;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch};
+use watchdog::Watchdog;
+
+/// What one card is doing, as its backend reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CardSample {
+    /// Card UUID.
+    pub uuid: String,
+    /// Index on the node.
+    pub index: u32,
+    /// Memory in use, by every process and the driver.
+    pub memory_used: MiB,
+    /// Memory of the card.
+    pub memory_total: MiB,
+    /// Percent of the last sample period a kernel ran, when the card reports it.
+    pub utilization: Option<u32>,
+    /// Degrees Celsius, when reported.
+    pub temperature: Option<u32>,
+    /// Milliwatts, when reported.
+    pub power_mw: Option<u32>,
+    /// The processes with a compute context on the card.
+    pub processes: Vec<ProcessSample>,
+}
+
+/// One process on a card.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessSample {
+    /// Host PID.
+    pub pid: u32,
+    /// Card memory it uses, when the driver says.
+    pub memory: Option<MiB>,
+    /// Its SM utilisation in the newest sample since the last pass (percent); `None`: no sample (idle).
+    pub sm: Option<u32>,
+}
+
+/// One container's grant on and use of one card.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerUsage {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID.
+    pub pod_uid: String,
+    /// Container name.
+    pub container: String,
+    /// Card UUID.
+    pub uuid: String,
+    /// Card index.
+    pub index: u32,
+    /// Share granted (0: the container uses a card it was not given).
+    pub granted: Percent,
+    /// Memory granted: asked, or its percent of the card's (the one memory rule).
+    pub granted_memory: MiB,
+    /// Memory its processes use.
+    pub memory_used: MiB,
+    /// Sum of its processes' SM utilisation (percent of the card).
+    pub utilization: u32,
+    /// Its processes on the card (host PIDs).
+    pub pids: Vec<u32>,
+    /// Whether the watchdog holds it over its memory grant past the grace period.
+    pub overrun: bool,
+}
+
+impl ContainerUsage {
+    /// Whether it uses more memory than it was granted now.
+    pub fn over_memory(&self) -> bool {
+        self.memory_used > self.granted_memory
+    }
+}
+
+/// A process on a card that belongs to no container of a pod on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unattributed {
+    /// Card UUID.
+    pub uuid: String,
+    /// Card index.
+    pub index: u32,
+    /// Host PID.
+    pub pid: u32,
+    /// Memory it uses.
+    pub memory: MiB,
+}
+
+/// One card as the metrics show it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CardUsage {
+    /// What the backend reported.
+    pub sample: CardSample,
+    /// Model name.
+    pub model: String,
+    /// Whether the card is served as healthy.
+    pub healthy: bool,
+    /// XIDs seen on it since the agent started.
+    pub xids: u64,
+    /// Sum of the shares granted on it to pods of this node.
+    pub granted: u32,
+}
+
+/// One sampling pass, attributed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The cards sampled.
+    pub cards: Vec<CardUsage>,
+    /// Per container and card: every grant of a running pod, and every container seen using a card.
+    pub containers: Vec<ContainerUsage>,
+    /// Processes of no pod on this node.
+    pub unattributed: Vec<Unattributed>,
+}
+
+/// Puts `samples` beside the grants of the node's pods (`residents`), naming each process's
+/// container through `procs`. `cards` are the cards served (model, health); `xids` counts XIDs by UUID.
+pub fn attribute(
+    samples: &[CardSample],
+    cards: &[Card],
+    residents: &BTreeMap<String, Resident>,
+    procs: &mut Procs,
+    xids: impl Fn(&str) -> u64,
+) -> Report {
+    let card_memory = |uuid: &str| cards.iter().find(|c| c.info.uuid == uuid).map(|c| c.info.memory_mib);
+    // Every grant, keyed by pod UID, container and card.
+    let mut rows: BTreeMap<(String, String, String), ContainerUsage> = BTreeMap::new();
+    for r in residents.values() {
+        for (container, grants) in &r.grants {
+            for g in grants {
+                let memory = card_memory(&g.uuid).unwrap_or_default();
+                rows.insert(
+                    (r.uid.clone(), container.clone(), g.uuid.clone()),
+                    ContainerUsage {
+                        namespace: r.namespace.clone(),
+                        pod: r.name.clone(),
+                        pod_uid: r.uid.clone(),
+                        container: container.clone(),
+                        uuid: g.uuid.clone(),
+                        index: g.index,
+                        granted: g.percent,
+                        granted_memory: g.memory_held(memory),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+    }
+    let mut unattributed = Vec::new();
+    for s in samples {
+        for p in &s.processes {
+            let memory = p.memory.unwrap_or_default();
+            let owner = procs.container_of(p.pid).and_then(|c| {
+                let r = residents.get(&c.pod_uid)?;
+                let name = r.containers.get(&c.container_id)?;
+                Some((r, name.clone()))
+            });
+            let Some((r, container)) = owner else {
+                unattributed.push(Unattributed { uuid: s.uuid.clone(), index: s.index, pid: p.pid, memory });
+                continue;
+            };
+            let row = rows.entry((r.uid.clone(), container.clone(), s.uuid.clone())).or_insert_with(|| {
+                ContainerUsage {
+                    namespace: r.namespace.clone(),
+                    pod: r.name.clone(),
+                    pod_uid: r.uid.clone(),
+                    container,
+                    uuid: s.uuid.clone(),
+                    index: s.index,
+                    ..Default::default()
+                }
+            });
+            row.memory_used = MiB(row.memory_used.0 + memory.0);
+            row.utilization += p.sm.unwrap_or(0);
+            row.pids.push(p.pid);
+        }
+    }
+    procs.end_pass();
+    let cards = samples
+        .iter()
+        .map(|s| {
+            let served = cards.iter().find(|c| c.info.uuid == s.uuid);
+            CardUsage {
+                sample: s.clone(),
+                model: served.map(|c| c.info.model.clone()).unwrap_or_default(),
+                healthy: served.is_some_and(|c| c.info.healthy),
+                xids: xids(&s.uuid),
+                granted: rows.values().filter(|r| r.uuid == s.uuid).map(|r| r.granted.0).sum(),
+            }
+        })
+        .collect();
+    Report { cards, containers: rows.into_values().collect(), unattributed }
+}
+
+/// What the sampling loop runs with.
+pub struct Sampling {
+    /// Time between passes.
+    pub every: Duration,
+    /// The host's `/proc` (the agent runs with `hostPID`).
+    pub proc_root: PathBuf,
+    /// How long a container may stay over its memory grant before it is reported.
+    pub grace: Duration,
+    /// The node's pods (an empty view without a node name: every process is then unattributed).
+    pub residents: watch::Receiver<Residents>,
+    /// Where overruns are reported (the Event worker), when there is one.
+    pub reports: Option<mpsc::Sender<crate::plugin::Report>>,
+}
+
+/// The newest report and when it was taken (seconds since the epoch), shared with `/metrics`.
+pub type Latest = Arc<RwLock<Option<(Report, f64)>>>;
+
+/// Samples every `sampling.every` until the task is dropped: on a blocking thread, each pass reads
+/// every backend and attributes the processes; the watchdog looks at the result, which then replaces
+/// `latest`.
+pub async fn run(
+    sampling: Sampling,
+    backends: Arc<Vec<Box<dyn GpuInventory>>>,
+    cards: watch::Receiver<Snapshot>,
+    health: Arc<Health>,
+    latest: Latest,
+) {
+    let Sampling { every, proc_root, grace, residents, reports } = sampling;
+    let mut procs = Some(Procs::new(proc_root.clone()));
+    let mut dog = Watchdog::new(grace);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (backends, cards, residents, health) =
+            (backends.clone(), cards.borrow().clone(), residents.borrow().clone(), health.clone());
+        let Some(mut p) = procs.take() else { return };
+        let pass = tokio::task::spawn_blocking(move || {
+            let (samples, errors) = sample_all(&backends);
+            for (backend, e) in errors {
+                tracing::debug!(backend, error = %e, "backend not sampled");
+            }
+            let report = attribute(&samples, &cards, &residents, &mut p, |uuid| health.xids(uuid));
+            (report, p)
+        })
+        .await;
+        let Ok((mut report, p)) = pass else {
+            tracing::error!("a sampling pass failed; sampling again with an empty cache");
+            procs = Some(Procs::new(proc_root.clone()));
+            continue;
+        };
+        procs = Some(p);
+        for r in dog.observe(&mut report.containers, Instant::now()) {
+            let message = format!(
+                "container {} uses {} of card {} (index {}), above its grant of {} for more than {} s",
+                r.container,
+                r.memory_used,
+                r.uuid,
+                r.index,
+                r.granted_memory,
+                grace.as_secs()
+            );
+            if let Some(tx) = &reports {
+                let _ = tx
+                    .try_send(crate::plugin::Report::Overrun { pod: pod_key(&r.namespace, &r.pod), message });
+            }
+        }
+        let at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        *latest.write().unwrap_or_else(|e| e.into_inner()) = Some((report, at));
+    }
+}
+
+/// `/metrics`: the newest report of node `node` (empty until the first pass).
+pub fn router(latest: Latest, node: String) -> axum::Router {
+    let serve = move || {
+        let (latest, node) = (latest.clone(), node.clone());
+        async move {
+            let body = match &*latest.read().unwrap_or_else(|e| e.into_inner()) {
+                Some((report, at)) => metrics::render(report, &node, *at),
+                None => String::new(),
+            };
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+        }
+    };
+    axum::Router::new().route("/metrics", axum::routing::get(serve))
+}
+
+#[cfg(test)]
+mod tests;
