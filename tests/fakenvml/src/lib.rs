@@ -8,15 +8,28 @@
 //! to an event set on which the card's critical XIDs were registered. A card whose index is listed
 //! (comma-separated) in the file named by `FAKE_NVML_LOST`, read at every call, answers
 //! `NVML_ERROR_GPU_IS_LOST` to every device query, as a card that fell off the bus does.
+//!
+//! **Processes.** A card's compute processes are those listed in the file
+//! (`"processes":[{"card":0,"pid":4242,"memoryMiB":2048,"sm":40}]`) and the live ones of the process
+//! directory named by `"processDir"`: a process there is a file (any name) holding
+//! `{"uuid":"GPU-…","memoryMiB":N,"sm":N}` on which a process holds a lock (`flock` or `fcntl`);
+//! its PID is the lock holder's in `/proc/locks` (or `$FAKE_NVML_PROC/locks`), as the reader's PID
+//! namespace sees it (the host's, for an agent with `hostPID`), so a process's use ends when it does,
+//! as a CUDA context's does. `tests/src/bin/gpu-use.rs` is such a process. A card's used memory is
+//! the sum of its processes', its utilisation the sum of their SM shares (at most 100), and each
+//! process with SM work has one utilisation sample per call, stamped with the time of the call.
+//! `"temperature"` (°C, default 40) and `"powerW"` (default 70) are per card.
+//!
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError, nvmlMemory_v2_t,
-    nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE,
-    nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
-    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+    nvmlPciInfo_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t,
+    nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH, nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    nvmlReturn_enum_NVML_ERROR_NOT_FOUND, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t, nvmlUtilization_t,
 };
 use std::os::raw::{c_char, c_uint};
 use std::sync::Mutex;
@@ -27,9 +40,21 @@ struct Card {
     memory_mib: u64,
     minor: u32,
     bus_id: String,
+    temperature: u32,
+    power_mw: u32,
+}
+
+/// A compute process on a card.
+#[derive(Clone, Copy)]
+struct Process {
+    pid: u32,
+    memory_mib: u64,
+    sm: u32,
 }
 
 static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
+/// The processes listed in the file, by card index, and the live process directory.
+static PROCESSES: Mutex<(Vec<(usize, Process)>, Option<String>)> = Mutex::new((Vec::new(), None));
 /// Pending XID events: (card index, XID).
 static XIDS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
 /// Cards whose critical XIDs an event set listens to.
@@ -47,6 +72,16 @@ fn load() -> Vec<Card> {
             .map(|x| (x["card"].as_u64().unwrap_or(0) as usize, x["xid"].as_u64().unwrap_or(79)))
             .collect();
     }
+    if let Ok(mut p) = PROCESSES.lock() {
+        let listed = doc["processes"].as_array().into_iter().flatten().map(|p| {
+            let n = |k: &str| p[k].as_u64().unwrap_or(0);
+            (
+                n("card") as usize,
+                Process { pid: n("pid") as u32, memory_mib: n("memoryMiB"), sm: n("sm") as u32 },
+            )
+        });
+        *p = (listed.collect(), doc["processDir"].as_str().map(str::to_owned));
+    }
     doc["cards"]
         .as_array()
         .into_iter()
@@ -60,8 +95,86 @@ fn load() -> Vec<Card> {
             bus_id: c["pciBusId"]
                 .as_str()
                 .map_or_else(|| format!("00000000:{:02X}:00.0", i + 1), str::to_owned),
+            temperature: c["temperature"].as_u64().unwrap_or(40) as u32,
+            power_mw: (c["powerW"].as_f64().unwrap_or(70.0) * 1000.0) as u32,
         })
         .collect()
+}
+
+/// The compute processes of card `index` (UUID `uuid`) now: the listed ones and the live ones.
+fn processes(index: usize, uuid: &str) -> Vec<Process> {
+    let Ok(guard) = PROCESSES.lock() else { return Vec::new() };
+    let (listed, dir) = &*guard;
+    let mut all: Vec<Process> = listed.iter().filter(|(card, _)| *card == index).map(|(_, p)| *p).collect();
+    if let Some(dir) = dir {
+        all.extend(live(dir, uuid));
+    }
+    all
+}
+
+/// The live processes on card `uuid` in process directory `dir`: files with a lock held.
+fn live(dir: &str, uuid: &str) -> Vec<Process> {
+    let proc = std::env::var("FAKE_NVML_PROC").unwrap_or_else(|_| "/proc".into());
+    let Ok(locks) = std::fs::read_to_string(format!("{proc}/locks")) else { return Vec::new() };
+    // `1: FLOCK  ADVISORY  WRITE 1234 fd:01:56789 0 EOF` (waiters, `1: -> …`, hold nothing).
+    let holders: Vec<(u32, u64, u64)> = locks
+        .lines()
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            if t.get(1) == Some(&"->") {
+                return None;
+            }
+            let pid = t.get(4)?.parse().ok()?;
+            let mut id = t.get(5)?.split(':');
+            let (major, minor) =
+                (u64::from_str_radix(id.next()?, 16).ok()?, u64::from_str_radix(id.next()?, 16).ok()?);
+            Some((pid, (major << 32) | minor, id.next()?.parse().ok()?))
+        })
+        .collect();
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            use std::os::unix::fs::MetadataExt;
+            let meta = e.metadata().ok()?;
+            let dev = meta.dev();
+            // glibc's major()/minor() of a dev_t.
+            let (major, minor) =
+                (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff));
+            let (pid, _, _) =
+                holders.iter().find(|(_, d, ino)| *d == ((major << 32) | minor) && *ino == meta.ino())?;
+            let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+            (doc["uuid"].as_str()? == uuid).then(|| Process {
+                pid: *pid,
+                memory_mib: doc["memoryMiB"].as_u64().unwrap_or(0),
+                sm: doc["sm"].as_u64().unwrap_or(0) as u32,
+            })
+        })
+        .collect()
+}
+
+/// The processes of the card behind `device`.
+fn card_processes(device: nvmlDevice_t) -> Result<Vec<Process>, nvmlReturn_t> {
+    let uuid = with_card(device, |c| c.uuid.clone())?;
+    Ok(processes(device as usize - 1, &uuid))
+}
+
+/// Fills a caller's array of `*count` entries with `items`, NVML's way: the needed count back, and
+/// `INSUFFICIENT_SIZE` when the array is missing or short.
+unsafe fn fill<T, U>(items: &[T], count: *mut c_uint, out: *mut U, write: impl Fn(&T) -> U) -> nvmlReturn_t {
+    let Some(count) = (unsafe { count.as_mut() }) else { return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT };
+    let room = *count as usize;
+    *count = items.len() as c_uint;
+    if items.is_empty() {
+        return nvmlReturn_enum_NVML_SUCCESS;
+    }
+    if out.is_null() || room < items.len() {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i, item) in items.iter().enumerate() {
+        unsafe { out.add(i).write(write(item)) };
+    }
+    nvmlReturn_enum_NVML_SUCCESS
 }
 
 fn with_card<T>(device: nvmlDevice_t, f: impl FnOnce(&Card) -> T) -> Result<T, nvmlReturn_t> {
@@ -192,11 +305,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     if m.version >> 24 != 2 {
         return nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     }
+    let used: u64 = match card_processes(device) {
+        Ok(p) => p.iter().map(|p| p.memory_mib << 20).sum(),
+        Err(e) => return e,
+    };
     status(with_card(device, |c| c.memory_mib << 20), |total| {
         m.total = total;
         m.reserved = 0;
-        m.used = 0;
-        m.free = total;
+        m.used = used.min(total);
+        m.free = total - m.used;
     })
 }
 
@@ -287,4 +404,81 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
             nvmlReturn_enum_NVML_ERROR_TIMEOUT
         }
     }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match card_processes(device) {
+        Ok(p) => unsafe {
+            fill(&p, count, infos, |p| nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p.memory_mib << 20,
+                gpuInstanceId: u32::MAX,
+                computeInstanceId: u32::MAX,
+            })
+        },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> nvmlReturn_t {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let busy: Vec<Process> = match card_processes(device) {
+        Ok(p) => p.into_iter().filter(|p| p.sm > 0 && now > last_seen).collect(),
+        Err(e) => return e,
+    };
+    // As NVML: no sample since `last_seen` is NOT_FOUND.
+    if busy.is_empty() {
+        return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+    }
+    unsafe {
+        fill(&busy, count, samples, |p| nvmlProcessUtilizationSample_t {
+            pid: p.pid,
+            timeStamp: now,
+            smUtil: p.sm,
+            memUtil: 0,
+            encUtil: 0,
+            decUtil: 0,
+        })
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    let Some(u) = (unsafe { utilization.as_mut() }) else {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    };
+    status(card_processes(device), |p| {
+        u.gpu = p.iter().map(|p| p.sm).sum::<u32>().min(100);
+        u.memory = 0;
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    _sensor: c_uint,
+    temperature: *mut c_uint,
+) -> nvmlReturn_t {
+    status(with_card(device, |c| c.temperature), |t| unsafe { *temperature = t })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power: *mut c_uint) -> nvmlReturn_t {
+    status(with_card(device, |c| c.power_mw), |mw| unsafe { *power = mw })
 }
