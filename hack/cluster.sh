@@ -26,7 +26,7 @@
 #        hack/cluster.sh ctr <dir> <node> ARGS...  (containerd's ctr on that node, namespace k8s.io)
 #        hack/cluster.sh load <dir> IMAGE.tar    (imports an image archive into every node's containerd)
 # Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
-#                       netns-forward, pause, nvidia-runtime-standin, nvidia-smi (default: release build)
+#                       netns-forward, pause, nvidia-runtime-standin, nvidia-smi, gpu-use (default: release build)
 #        NANO_GPU_FAKE_NVML  path of libfakenvml.so (default: in NANO_GPU_BIN)
 #        NANO_GPU_CACHE cache root (default ~/.cache/nano-gpu)
 set -euo pipefail
@@ -49,10 +49,10 @@ node_ip() { echo "10.201.0.$1"; }
 tools() {
   if [[ -z ${NANO_GPU_BIN:-} ]]; then
     (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
-      --bin nvidia-runtime-standin --bin nvidia-smi -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
+      --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
   fi
-  for f in netns-forward pause nvidia-runtime-standin nvidia-smi; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  for f in netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
   FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
   [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
 }
@@ -112,10 +112,12 @@ cached_images() {
   echo "$out"
 }
 
-# cuda_fill ROOTFS: busybox with the nvidia-smi stand-in (tests/src/bin/nvidia-smi.rs).
+# cuda_fill ROOTFS: busybox with the nvidia-smi stand-in (tests/src/bin/nvidia-smi.rs) and a CUDA
+# process stand-in (tests/src/bin/gpu-use.rs).
 cuda_fill() {
   busybox_fill "$1" /bin/busybox
   rootfs_add "$1" "$NANO_GPU_BIN/nvidia-smi" /usr/bin/nvidia-smi
+  rootfs_add "$1" "$NANO_GPU_BIN/gpu-use" /usr/bin/gpu-use
 }
 
 # The base images every node needs: the sandbox's pause, busybox, and the GPU workload image the
@@ -306,7 +308,7 @@ up() {
   [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
   # (Not `busybox --list | grep -q`: with pipefail, grep leaving early can fail the pipe.)
   [[ -x /bin/busybox ]] && grep -qx nc <(/bin/busybox --list) || die "/bin/busybox missing; apt-get install busybox-static"
-  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
+  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" "$NANO_GPU_BIN/gpu-use" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
     sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
   mkdir -p "$DIR"
@@ -366,7 +368,8 @@ EOF
     node=node-$k
     node_mounts "$node"
     # The node's fake driver (see tests/src/bin/nvidia-runtime-standin.rs): its cards and NVML.
-    mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver"
+    mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
+    chmod 1777 "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
     nvml_config "$node" "$k" >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/nvml.json"
     install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
     start_containerd "$node" "$k"

@@ -24,7 +24,7 @@ pub const CUDA_IMAGE: &str = "nvidia/cuda:12.4.1-base-ubuntu22.04";
 /// What a GPU container of the tests runs: its cards as its NVML shows them, its GPU environment,
 /// then a marker, then it sleeps.
 const REPORT: &str = "nvidia-smi -L; env | grep -E '^(NVIDIA_VISIBLE_DEVICES|NANO_GPU_[A-Z_]+|ALIYUN_COM_[A-Z_]+)=' \
-                      | sort; echo reported; exec sleep 86400";
+                      | sort; echo reported; ";
 
 /// The running cluster; taken down (every process, mount, cgroup, namespace) when dropped.
 pub struct Cluster {
@@ -320,13 +320,24 @@ pub async fn report(pods: &Api<Pod>, pod: &str, container: &str) -> Report {
 /// A pod in [`NS`] with one container of the GPU workload image per `(name, limits)`, each reporting
 /// its cards and environment (see [`report`]), and `annotations`.
 pub fn gpu_pod(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Value) -> Pod {
+    gpu_pod_then(name, containers, annotations, "exec sleep 86400")
+}
+
+/// A pod of one container asking `percent`, running `then` (a shell command, e.g. `exec gpu-use …`)
+/// after it reported.
+pub fn percent_pod_then(name: &str, percent: u32, then: &str) -> Pod {
+    gpu_pod_then(name, &[("c", &[("nano-gpu/gpu-percent", &percent.to_string())])], json!({}), then)
+}
+
+fn gpu_pod_then(name: &str, containers: &[(&str, &[(&str, &str)])], annotations: Value, then: &str) -> Pod {
+    let command = format!("{REPORT}{then}");
     let containers: Vec<Value> = containers
         .iter()
         .map(|(c, limits)| {
             let limits: serde_json::Map<String, Value> =
                 limits.iter().map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
             json!({"name": c, "image": CUDA_IMAGE, "imagePullPolicy": "Never",
-                   "command": ["sh", "-c", REPORT], "resources": {"limits": limits}})
+                   "command": ["sh", "-c", command], "resources": {"limits": limits}})
         })
         .collect();
     serde_json::from_value(json!({

@@ -17,7 +17,7 @@ use nano_gpu_proto::annotations::{
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::units::MiB;
 use nano_gpu_tests::cluster::{
-    Cluster, NS, create, gpu_pod, percent_pod, phase, report, wait_running, wait_until,
+    Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running, wait_until,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -126,7 +126,41 @@ async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
 
 /// The GPU memory a grant holds: what it records, else its percent of the card's memory.
 fn held_memory(g: &CardGrant, card_memory: &HashMap<String, u64>) -> u64 {
-    g.memory_mib.unwrap_or_else(|| g.percent.of(MiB(card_memory[&g.uuid]))).0
+    g.memory_held(MiB(card_memory[&g.uuid])).0
+}
+
+/// The node of pod `name`'s container `c`, the labels of its per-container series (its first card),
+/// and the memory (MiB) that grant holds.
+async fn container_series(pods: &Api<Pod>, name: &str) -> (String, String, u64) {
+    let p = pods.get(name).await.unwrap();
+    let a = Assignment::decode(&p.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION]).unwrap();
+    let g = &a.containers["c"][0];
+    let labels = format!(
+        "{{node=\"{}\",namespace=\"{NS}\",pod=\"{name}\",container=\"c\",gpu=\"{}\",uuid=\"{}\"}}",
+        a.node, g.index, g.uuid
+    );
+    let memory = card_memory_of(&a.node, &g.uuid, pods).await;
+    (a.node.clone(), labels, g.memory_held(MiB(memory)).0)
+}
+
+/// The memory of card `uuid` of `node`, from the node's inventory.
+async fn card_memory_of(node: &str, uuid: &str, pods: &Api<Pod>) -> u64 {
+    let nodes: Api<Node> = Api::all(pods.clone().into_client());
+    let n = nodes.get(node).await.unwrap();
+    let inv = NodeInventory::decode(&n.metadata.annotations.unwrap()[GPUS_ANNOTATION]).unwrap();
+    inv.gpus.iter().find(|g| g.uuid == uuid).unwrap().memory_mib.0
+}
+
+/// The Prometheus text of `node`'s agent (`:9401/metrics`, from the cluster's network).
+async fn agent_metrics(cluster: &Cluster, system: &Api<Pod>, node: &str) -> String {
+    let selector = ListParams::default()
+        .labels("app.kubernetes.io/name=nano-gpu-agent")
+        .fields(&format!("spec.nodeName={node}"));
+    let Some(agent) = system.list(&selector).await.unwrap().items.into_iter().next() else {
+        return String::new();
+    };
+    let Some(ip) = agent.status.and_then(|s| s.pod_ip) else { return String::new() };
+    cluster.curl(&format!("http://{ip}:9401/metrics"), None, &[]).1
 }
 
 /// Whether the pod's `container` is ready.
@@ -220,6 +254,35 @@ async fn the_system_works_on_real_nodes() {
     )
     .unwrap();
     assert!(whole.containers["c"].len() == 2 && whole.containers["c"].iter().all(|g| g.percent.0 == 100));
+
+    // Who uses what: each share's CUDA process (the fake driver's, tests/src/bin/gpu-use.rs) shows in
+    // its node's agent metrics under its own pod and container, beside its grant; one uses more
+    // memory than its grant (checked past the watchdog's grace, below).
+    let users = [("use-30", 30, 1000, 25), ("hog-10", 10, 20_000, 5)];
+    for (name, percent, mib, sm) in users {
+        create(
+            &pods,
+            &percent_pod_then(name, percent, &format!("exec gpu-use --memory-mib {mib} --sm {sm}")),
+        )
+        .await;
+    }
+    let names_used: Vec<String> = users.iter().map(|u| u.0.to_string()).collect();
+    wait_running(&pods, &names_used, Duration::from_secs(60)).await;
+    for (name, _, mib, sm) in users {
+        let series = container_series(&pods, name).await;
+        let (node, labels) = (&series.0, &series.1);
+        let want = [
+            format!("nano_gpu_container_memory_used_bytes{labels} {}", mib << 20),
+            format!("nano_gpu_container_utilization_percent{labels} {sm}"),
+            format!("nano_gpu_container_processes{labels} 1"),
+            format!("nano_gpu_container_granted_memory_bytes{labels} {}", series.2 << 20),
+        ];
+        wait_until(&format!("{name}'s usage in {node}'s agent metrics"), Duration::from_secs(60), || async {
+            let text = agent_metrics(&cluster, &system, node).await;
+            want.iter().all(|w| text.lines().any(|l| l == w))
+        })
+        .await;
+    }
 
     // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
     // cluster admin's, is refused with the reason, on a new pod and on a running one.
@@ -476,6 +539,25 @@ async fn the_system_works_on_real_nodes() {
     wait_running(&pods, &hang, Duration::from_secs(120)).await;
     no_restarts(&pods).await;
     check_consistency(&cluster, &client).await;
+
+    // The container over its memory grant for longer than the watchdog's grace (60 s) is marked in
+    // the metrics and gets a Warning Event; its neighbour within its grant is neither.
+    wait_until("hog-10's GpuMemoryOverrun event", Duration::from_secs(120), || async {
+        let list = events.list(&ListParams::default().fields("involvedObject.name=hog-10")).await.unwrap();
+        list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrun"))
+    })
+    .await;
+    for (name, overrun) in [("hog-10", 1), ("use-30", 0)] {
+        let (node, labels, _) = container_series(&pods, name).await;
+        let text = agent_metrics(&cluster, &system, &node).await;
+        let want = format!("nano_gpu_container_memory_overrun{labels} {overrun}");
+        assert!(text.lines().any(|l| l == want), "{want} not in {node}'s metrics:\n{text}");
+    }
+    let list = events.list(&ListParams::default().fields("involvedObject.name=use-30")).await.unwrap();
+    assert!(
+        !list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrun")),
+        "use-30 is within its grant"
+    );
 
     // Lifecycle. The agent DaemonSet rolls over while pods run: they keep their devices, nothing
     // restarts, new pods land.

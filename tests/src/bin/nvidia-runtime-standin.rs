@@ -7,7 +7,10 @@
 //! only the visible cards (`all`: every card of the node), named by `FAKE_NVML_CONFIG`.
 //!
 //! The node's fake driver lives in the node's own `/var/lib/nano-gpu-fake-driver/`:
-//! `libnvidia-ml.so.1` and `nvml.json` (the node's cards, the fake NVML's format).
+//! `libnvidia-ml.so.1`, `nvml.json` (the node's cards, the fake NVML's format) and `procs/`, the
+//! fake driver's process table (mounted read-write at `/run/nano-gpu-fake-driver/procs` and named
+//! as the list's `processDir`: every container's NVML sees the node's GPU processes, as the
+//! driver's does).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +23,7 @@ const DRIVER: &str = "/var/lib/nano-gpu-fake-driver";
 /// Where the NVIDIA runtime puts the driver's NVML in a Debian-based image.
 const NVML_TARGET: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 const CARDS_TARGET: &str = "/run/nano-gpu-fake-driver/nvml.json";
+const PROCS_TARGET: &str = "/run/nano-gpu-fake-driver/procs";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -71,19 +75,21 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     )?;
     let cards = visible_cards(list["cards"].take(), &visible);
     list["cards"] = cards;
+    list["processDir"] = json!(PROCS_TARGET);
     let list_file = bundle.join("nano-gpu-fake-nvml.json");
     std::fs::write(&list_file, serde_json::to_vec(&list)?)?;
 
     let mounts = spec["mounts"].as_array_mut().context("spec without mounts")?;
-    for (source, target) in [
-        (Path::new(DRIVER).join("libnvidia-ml.so.1"), NVML_TARGET.into()),
-        (list_file, PathBuf::from(CARDS_TARGET)),
+    for (source, target, mode) in [
+        (Path::new(DRIVER).join("libnvidia-ml.so.1"), NVML_TARGET.into(), "ro"),
+        (list_file, PathBuf::from(CARDS_TARGET), "ro"),
+        (Path::new(DRIVER).join("procs"), PathBuf::from(PROCS_TARGET), "rw"),
     ] {
         mounts.push(json!({
             "destination": target,
             "type": "bind",
             "source": source,
-            "options": ["rbind", "ro", "nosuid", "nodev"],
+            "options": ["rbind", mode, "nosuid", "nodev"],
         }));
     }
     spec["process"]["env"]

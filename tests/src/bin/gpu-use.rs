@@ -1,0 +1,50 @@
+//! A CUDA process for the real-node cluster's workload image, on the fake driver: it takes
+//! `--memory-mib` of memory and `--sm` percent of the SMs on every card its NVML shows (the cards the
+//! container was given), for as long as it runs. Through the fake NVML's process directory (see
+//! `tests/fakenvml`): one file per card naming the card and the use, held under a lock, so the
+//! driver — here every fake NVML of the node, the agent's included — lists this process on those
+//! cards with its host PID, and forgets it when it ends, as a CUDA context is forgotten.
+
+use anyhow::{Context, Result, bail};
+use std::time::Duration;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| -> Result<u64> {
+        let at = args
+            .iter()
+            .position(|a| a == name)
+            .with_context(|| format!("usage: gpu-use --memory-mib N --sm N (missing {name})"))?;
+        args.get(at + 1).and_then(|v| v.parse().ok()).with_context(|| format!("{name} needs a number"))
+    };
+    let (memory, sm) = (flag("--memory-mib")?, flag("--sm")?);
+    let config = std::env::var("FAKE_NVML_CONFIG")
+        .context("no GPU driver in this container (FAKE_NVML_CONFIG unset)")?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).context("reading the driver's card list")?)?;
+    let dir = doc["processDir"].as_str().context("the driver has no process directory")?;
+    let cards: Vec<&str> =
+        doc["cards"].as_array().into_iter().flatten().filter_map(|c| c["uuid"].as_str()).collect();
+    if cards.is_empty() {
+        bail!("no GPU visible");
+    }
+    // Held open (and locked) until the process ends.
+    let mut held = Vec::new();
+    for uuid in cards {
+        let path = std::path::Path::new(dir).join(format!("{uuid}.{}.{}", hostname(), std::process::id()));
+        std::fs::write(&path, serde_json::json!({"uuid": uuid, "memoryMiB": memory, "sm": sm}).to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
+        let file = std::fs::File::open(&path)?;
+        file.lock().with_context(|| format!("locking {}", path.display()))?;
+        println!("using {memory} MiB and {sm} % of {uuid}");
+        held.push(file);
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The container's hostname (its pod's name), to keep file names apart across containers.
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
+}
