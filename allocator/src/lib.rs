@@ -32,4 +32,5 @@ pub mod server;
 pub mod sim;
 pub mod state;
 pub mod tls;
+pub mod top;
 pub mod watch;

@@ -40,6 +40,9 @@ enum Command {
     /// Show every node's cards: model, percent and memory used and free, the pods on each (reads the
     /// cluster with the kubeconfig, like kubectl).
     Inspect(InspectArgs),
+    /// Show granted against used GPU per pod, container and card, from every agent's `/metrics`
+    /// (through the API server's pod proxy: needs `get pods/proxy` in the agents' namespace).
+    Top(TopArgs),
     /// Replay a workload through the placement engine and report unallocated GPU per policy.
     Simulate(SimulateArgs),
 }
@@ -113,6 +116,19 @@ struct ServeArgs {
     /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// Only pods of this namespace.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Namespace of the agent DaemonSet.
+    #[arg(long, default_value = "nano-gpu-system")]
+    agent_namespace: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
 }
 
 #[derive(Args)]
@@ -356,6 +372,46 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+fn top(args: TopArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    use nano_gpu_allocator::top;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rows = runtime.block_on(async {
+        let client =
+            nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
+        let agents = Api::<Pod>::namespaced(client.clone(), &args.agent_namespace)
+            .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent"))
+            .await
+            .context("listing the agents")?;
+        if agents.items.is_empty() {
+            bail!("no nano-gpu agent pod in namespace {}", args.agent_namespace);
+        }
+        let mut rows = Vec::new();
+        for agent in &agents.items {
+            let name = agent.metadata.name.clone().unwrap_or_default();
+            let node = agent.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let path = format!("/api/v1/namespaces/{}/pods/{name}:9401/proxy/metrics", args.agent_namespace);
+            let request = http::Request::get(path).body(Vec::new())?;
+            let read =
+                tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(request)).await;
+            match read {
+                Ok(Ok(text)) => rows.extend(top::rows(&text)),
+                Ok(Err(e)) => eprintln!("warning: node {node}: agent {name}'s metrics: {e}"),
+                Err(_) => eprintln!("warning: node {node}: agent {name}'s metrics: no answer in 10 s"),
+            }
+        }
+        anyhow::Ok(rows)
+    })?;
+    let rows: Vec<top::Row> =
+        rows.into_iter().filter(|r| args.namespace.as_ref().is_none_or(|n| *n == r.namespace)).collect();
+    match args.format {
+        Format::Table => print!("{}", top::table(&rows)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+    }
+    Ok(())
+}
+
 /// How pods' GPU demands are read: gpushare's memory resource accepted in `gpushare`'s unit, if given.
 fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
     DemandOptions {
@@ -384,5 +440,6 @@ fn main() -> Result<()> {
         Command::Simulate(args) => simulate(args),
         Command::Serve(args) => serve(*args, cli.kubeconfig),
         Command::Inspect(args) => inspect(args, cli.kubeconfig),
+        Command::Top(args) => top(args, cli.kubeconfig),
     }
 }

@@ -258,7 +258,7 @@ async fn the_system_works_on_real_nodes() {
     // Who uses what: each share's CUDA process (the fake driver's, tests/src/bin/gpu-use.rs) shows in
     // its node's agent metrics under its own pod and container, beside its grant; one uses more
     // memory than its grant (checked past the watchdog's grace, below).
-    let users = [("use-30", 30, 1000, 25), ("hog-10", 10, 20_000, 5)];
+    let users: [(&str, u32, u64, u32); 2] = [("use-30", 30, 1000, 25), ("hog-10", 10, 20_000, 5)];
     for (name, percent, mib, sm) in users {
         create(
             &pods,
@@ -277,11 +277,35 @@ async fn the_system_works_on_real_nodes() {
             format!("nano_gpu_container_processes{labels} 1"),
             format!("nano_gpu_container_granted_memory_bytes{labels} {}", series.2 << 20),
         ];
-        wait_until(&format!("{name}'s usage in {node}'s agent metrics"), Duration::from_secs(60), || async {
+        let start = std::time::Instant::now();
+        loop {
             let text = agent_metrics(&cluster, &system, node).await;
-            want.iter().all(|w| text.lines().any(|l| l == w))
-        })
-        .await;
+            let missing: Vec<&String> = want.iter().filter(|w| !text.lines().any(|l| l == *w)).collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{name}'s usage not in {node}'s agent metrics within 60 s: {missing:?}\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // `nano-gpu-allocator top` shows the same, read through the API server's pod proxy.
+    let top = std::process::Command::new(nano_gpu_tests::workspace_binary("nano-gpu-allocator"))
+        .args(["--kubeconfig", &cluster.env["ADMIN_KUBECONFIG"], "top", "-n", NS, "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(top.status.success(), "top: {}", String::from_utf8_lossy(&top.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&top.stdout).unwrap();
+    for (name, percent, mib, sm) in users {
+        let row =
+            rows.iter().find(|r| r["pod"] == name).unwrap_or_else(|| panic!("{name} not in top: {rows:?}"));
+        assert_eq!(
+            (row["grantedPercent"].as_f64(), row["usedPercent"].as_f64(), row["usedMib"].as_f64()),
+            (Some(f64::from(percent)), Some(f64::from(sm)), Some(mib as f64)),
+            "{row}"
+        );
     }
 
     // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
