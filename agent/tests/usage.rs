@@ -5,7 +5,7 @@
 
 use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_agent::pods::Resident;
-use nano_gpu_agent::usage::{attribute, metrics, procs::Procs};
+use nano_gpu_agent::usage::{CardSample, ProcessSample, attribute, metrics, procs::Procs};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;
@@ -81,20 +81,19 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     let nvml = NvmlInventory::new(nano_gpu_tests::fake_nvml());
     let cards = nvml.cards().unwrap();
     let samples = nvml.sample().unwrap();
-    let seen: Vec<(&str, u64, Option<u32>, Option<u32>, Option<u32>, Vec<(u32, Option<MiB>, Option<u32>)>)> =
-        samples
-            .iter()
-            .map(|s| {
-                let processes = s.processes.iter().map(|p| (p.pid, p.memory, p.sm)).collect();
-                (s.uuid.as_str(), s.memory_used.0, s.utilization, s.temperature, s.power_mw, processes)
-            })
-            .collect();
+    let card = |uuid: &str, index, used, util, temperature, power_mw, pid, sm| CardSample {
+        uuid: String::from(uuid),
+        index,
+        memory_used: MiB(used),
+        memory_total: MiB(15_360),
+        utilization: Some(util),
+        temperature: Some(temperature),
+        power_mw: Some(power_mw),
+        processes: vec![ProcessSample { pid, memory: Some(MiB(used)), sm: Some(sm) }],
+    };
     assert_eq!(
-        seen,
-        [
-            ("GPU-a", 2048, Some(30), Some(51), Some(33_500), vec![(4242, Some(MiB(2048)), Some(30))]),
-            ("GPU-b", 5000, Some(10), Some(40), Some(70_000), vec![(me, Some(MiB(5000)), Some(10))]),
-        ]
+        samples,
+        [card("GPU-a", 0, 2048, 30, 51, 33_500, 4242, 30), card("GPU-b", 1, 5000, 10, 40, 70_000, me, 10)]
     );
 
     let proc_root = dir.join("proc");

@@ -50,6 +50,9 @@ fn sample(uuid: &str, processes: &[(u32, u64, Option<u32>)]) -> CardSample {
     }
 }
 
+/// A row as compared: pod, container, card, granted percent and MiB, used MiB, utilisation, PIDs.
+type Row<'a> = (&'a str, &'a str, &'a str, u32, u64, u64, u32, Vec<u32>);
+
 #[test]
 fn processes_are_put_beside_their_containers_grants() {
     let root = temp_dir("attribute");
@@ -89,7 +92,7 @@ fn processes_are_put_beside_their_containers_grants() {
     ];
     let mut procs = procs::Procs::new(&root);
     let report = attribute(&samples, &cards, &residents, &mut procs, |u| if u == "GPU-1" { 2 } else { 0 });
-    let rows: Vec<(&str, &str, &str, u32, u64, u64, u32, Vec<u32>)> = report
+    let rows: Vec<Row> = report
         .containers
         .iter()
         .map(|r| {

@@ -53,8 +53,15 @@ struct Process {
 }
 
 static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
-/// The processes listed in the file, by card index, and the live process directory.
-static PROCESSES: Mutex<(Vec<(usize, Process)>, Option<String>)> = Mutex::new((Vec::new(), None));
+/// Where a card's processes come from.
+struct Processes {
+    /// Listed in the file: (card index, process).
+    listed: Vec<(usize, Process)>,
+    /// The live process directory.
+    dir: Option<String>,
+}
+
+static PROCESSES: Mutex<Processes> = Mutex::new(Processes { listed: Vec::new(), dir: None });
 /// Pending XID events: (card index, XID).
 static XIDS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
 /// Cards whose critical XIDs an event set listens to.
@@ -80,7 +87,7 @@ fn load() -> Vec<Card> {
                 Process { pid: n("pid") as u32, memory_mib: n("memoryMiB"), sm: n("sm") as u32 },
             )
         });
-        *p = (listed.collect(), doc["processDir"].as_str().map(str::to_owned));
+        *p = Processes { listed: listed.collect(), dir: doc["processDir"].as_str().map(str::to_owned) };
     }
     doc["cards"]
         .as_array()
@@ -104,7 +111,7 @@ fn load() -> Vec<Card> {
 /// The compute processes of card `index` (UUID `uuid`) now: the listed ones and the live ones.
 fn processes(index: usize, uuid: &str) -> Vec<Process> {
     let Ok(guard) = PROCESSES.lock() else { return Vec::new() };
-    let (listed, dir) = &*guard;
+    let Processes { listed, dir } = &*guard;
     let mut all: Vec<Process> = listed.iter().filter(|(card, _)| *card == index).map(|(_, p)| *p).collect();
     if let Some(dir) = dir {
         all.extend(live(dir, uuid));
