@@ -121,7 +121,7 @@ impl Resident {
                 s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
             })
             .filter_map(|c| {
-                let id = crate::usage::cgroup::status_id(c.container_id.as_deref()?);
+                let id = status_id(c.container_id.as_deref()?);
                 Some((id.to_ascii_lowercase(), c.name.clone()))
             })
             .collect();
@@ -140,6 +140,11 @@ impl Resident {
             grants,
         })
     }
+}
+
+/// The hex ID of a `containerStatuses[].containerID` (`containerd://<id>`, `cri-o://<id>`, `docker://<id>`).
+pub fn status_id(container_id: &str) -> &str {
+    container_id.rsplit_once("://").map_or(container_id, |(_, id)| id)
 }
 
 /// Every pod running on this node, by UID.

@@ -11,6 +11,8 @@ pub mod procs;
 pub mod watchdog;
 
 use crate::health::Health;
+pub use crate::inventory::{CardSample, ProcessSample};
+
 use crate::inventory::{Card, GpuInventory, sample_all};
 use crate::plugin::Snapshot;
 use crate::pods::{Resident, Residents, pod_key};
@@ -22,38 +24,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 use watchdog::Watchdog;
-
-/// What one card is doing, as its backend reports it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CardSample {
-    /// Card UUID.
-    pub uuid: String,
-    /// Index on the node.
-    pub index: u32,
-    /// Memory in use, by every process and the driver.
-    pub memory_used: MiB,
-    /// Memory of the card.
-    pub memory_total: MiB,
-    /// Percent of the last sample period a kernel ran, when the card reports it.
-    pub utilization: Option<u32>,
-    /// Degrees Celsius, when reported.
-    pub temperature: Option<u32>,
-    /// Milliwatts, when reported.
-    pub power_mw: Option<u32>,
-    /// The processes with a compute context on the card.
-    pub processes: Vec<ProcessSample>,
-}
-
-/// One process on a card.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessSample {
-    /// Host PID.
-    pub pid: u32,
-    /// Card memory it uses, when the driver says.
-    pub memory: Option<MiB>,
-    /// Its SM utilisation in the newest sample since the last pass (percent); `None`: no sample (idle).
-    pub sm: Option<u32>,
-}
 
 /// One container's grant on and use of one card.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

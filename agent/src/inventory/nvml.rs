@@ -6,8 +6,7 @@
 //! fault; a card never read yet is left out (and logged) until it can be. NVML calls block: callers
 //! on an async runtime run [`NvmlInventory::cards`] on a blocking thread.
 
-use super::{Card, GpuInventory, InventoryError};
-use crate::usage::{CardSample, ProcessSample};
+use super::{Card, CardSample, GpuInventory, InventoryError, ProcessSample};
 use nano_gpu_proto::units::MiB;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
