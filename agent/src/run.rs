@@ -150,7 +150,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     let backends: Backends = Arc::new(backends);
     let first = read_blocking(&backends, &health, &readiness).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
-    // Stopped when the loop ends, however it ends.
+    // The background tasks stop when the loop ends, however it ends.
     let _sampler = usage.map(|(sampling, latest)| {
         AbortOnDrop(tokio::spawn(crate::usage::run(
             sampling,
@@ -160,12 +160,12 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             latest,
         )))
     });
-    let refresher = {
+    let _refresher = {
         let backends = backends.clone();
         let health = health.clone();
         let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
-        tokio::spawn(async move {
+        AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
             let mut fresh = first;
@@ -202,11 +202,11 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     changed
                 });
             }
-        })
+        }))
     };
     let sockets: Vec<PathBuf> = plugins.iter().map(|(r, _)| plugin_dir.join(r.socket())).collect();
     let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
-    let result = loop {
+    loop {
         if *shutdown.borrow() {
             break Ok(());
         }
@@ -217,7 +217,6 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             let listener = match plugin::bind(socket) {
                 Ok(l) => l,
                 Err(e) => {
-                    refresher.abort();
                     return Err(RunError::Serve { path: socket.clone(), message: e.to_string() });
                 }
             };
@@ -239,7 +238,6 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                         Ok(Err(m)) => m,
                         _ => "the server stopped".into(),
                     };
-                    refresher.abort();
                     return Err(RunError::Serve { path: socket.clone(), message });
                 }
                 if file_identity(socket).is_none() {
@@ -317,9 +315,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             break Ok(());
         }
         tracing::info!("kubelet restarted; serving and registering again");
-    };
-    refresher.abort();
-    result
+    }
 }
 
 /// A task stopped when this is dropped.

@@ -55,6 +55,19 @@ pub struct ContainerUsage {
 }
 
 impl ContainerUsage {
+    /// Container `container` of pod `r` on card `uuid` (index `index`), nothing granted or used yet.
+    fn of(r: &Resident, container: &str, uuid: &str, index: u32) -> Self {
+        ContainerUsage {
+            namespace: r.namespace.clone(),
+            pod: r.name.clone(),
+            pod_uid: r.uid.clone(),
+            container: container.to_owned(),
+            uuid: uuid.to_owned(),
+            index,
+            ..Default::default()
+        }
+    }
+
     /// Whether it uses more memory than it was granted now.
     pub fn over_memory(&self) -> bool {
         self.memory_used > self.granted_memory
@@ -116,20 +129,12 @@ pub fn attribute(
         for (container, grants) in &r.grants {
             for g in grants {
                 let memory = card_memory(&g.uuid).unwrap_or_default();
-                rows.insert(
-                    (r.uid.clone(), container.clone(), g.uuid.clone()),
-                    ContainerUsage {
-                        namespace: r.namespace.clone(),
-                        pod: r.name.clone(),
-                        pod_uid: r.uid.clone(),
-                        container: container.clone(),
-                        uuid: g.uuid.clone(),
-                        index: g.index,
-                        granted: g.percent,
-                        granted_memory: g.memory_held(memory),
-                        ..Default::default()
-                    },
-                );
+                let row = ContainerUsage {
+                    granted: g.percent,
+                    granted_memory: g.memory_held(memory),
+                    ..ContainerUsage::of(r, container, &g.uuid, g.index)
+                };
+                rows.insert((r.uid.clone(), container.clone(), g.uuid.clone()), row);
             }
         }
     }
@@ -146,17 +151,9 @@ pub fn attribute(
                 unattributed.push(Unattributed { uuid: s.uuid.clone(), index: s.index, pid: p.pid, memory });
                 continue;
             };
-            let row = rows.entry((r.uid.clone(), container.clone(), s.uuid.clone())).or_insert_with(|| {
-                ContainerUsage {
-                    namespace: r.namespace.clone(),
-                    pod: r.name.clone(),
-                    pod_uid: r.uid.clone(),
-                    container,
-                    uuid: s.uuid.clone(),
-                    index: s.index,
-                    ..Default::default()
-                }
-            });
+            let row = rows
+                .entry((r.uid.clone(), container.clone(), s.uuid.clone()))
+                .or_insert_with(|| ContainerUsage::of(r, &container, &s.uuid, s.index));
             row.memory_used = MiB(row.memory_used.0 + memory.0);
             row.utilization += p.sm.unwrap_or(0);
             row.pids.push(p.pid);
@@ -207,7 +204,7 @@ pub async fn run(
     latest: Latest,
 ) {
     let Sampling { every, proc_root, grace, residents, reports } = sampling;
-    let mut procs = Some(Procs::new(proc_root.clone()));
+    let mut procs = Procs::new(proc_root.clone());
     let mut dog = Watchdog::new(grace);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -215,7 +212,9 @@ pub async fn run(
         tick.tick().await;
         let (backends, cards, residents, health) =
             (backends.clone(), cards.borrow().clone(), residents.borrow().clone(), health.clone());
-        let Some(mut p) = procs.take() else { return };
+        // The cache goes to the blocking thread and comes back with the report (a fresh one if the
+        // pass panicked).
+        let mut p = std::mem::replace(&mut procs, Procs::new(proc_root.clone()));
         let pass = tokio::task::spawn_blocking(move || {
             let (samples, errors) = sample_all(&backends);
             for (backend, e) in errors {
@@ -227,10 +226,9 @@ pub async fn run(
         .await;
         let Ok((mut report, p)) = pass else {
             tracing::error!("a sampling pass failed; sampling again with an empty cache");
-            procs = Some(Procs::new(proc_root.clone()));
             continue;
         };
-        procs = Some(p);
+        procs = p;
         for r in dog.observe(&mut report.containers, Instant::now()) {
             let message = format!(
                 "container {} uses {} of card {} (index {}), above its grant of {} for more than {} s",

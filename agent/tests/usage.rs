@@ -9,6 +9,7 @@ use nano_gpu_agent::usage::{CardSample, ProcessSample, attribute, metrics, procs
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 
 const TEST: &str = "processes_on_fake_cards_are_sampled_and_attributed_to_their_containers";
@@ -73,9 +74,9 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     };
     let dir = Path::new(&config).parent().unwrap().to_owned();
     // This process takes 5,000 MiB and 10 % of card b, as long as it holds the lock.
-    let file = std::fs::File::create(dir.join("procs/me.json")).unwrap();
-    std::fs::write(dir.join("procs/me.json"), r#"{"uuid":"GPU-b","memoryMiB":5000,"sm":10}"#).unwrap();
+    let mut file = std::fs::File::create(dir.join("procs/me.json")).unwrap();
     file.lock().unwrap();
+    file.write_all(br#"{"uuid":"GPU-b","memoryMiB":5000,"sm":10}"#).unwrap();
     let me = std::process::id();
 
     let nvml = NvmlInventory::new(nano_gpu_tests::fake_nvml());

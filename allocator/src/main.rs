@@ -373,6 +373,7 @@ fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
 }
 
 fn top(args: TopArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
+    use futures::StreamExt;
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, ListParams};
     use nano_gpu_allocator::top;
@@ -387,18 +388,34 @@ fn top(args: TopArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         if agents.items.is_empty() {
             bail!("no nano-gpu agent pod in namespace {}", args.agent_namespace);
         }
-        let mut rows = Vec::new();
-        for agent in &agents.items {
+        // Every agent asked at once (16 in flight), each given 10 s.
+        let scrape = |agent: &Pod| {
+            let (client, namespace) = (client.clone(), args.agent_namespace.clone());
             let name = agent.metadata.name.clone().unwrap_or_default();
             let node = agent.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            let path = format!("/api/v1/namespaces/{}/pods/{name}:9401/proxy/metrics", args.agent_namespace);
-            let request = http::Request::get(path).body(Vec::new())?;
-            let read =
-                tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(request)).await;
-            match read {
-                Ok(Ok(text)) => rows.extend(top::rows(&text)),
-                Ok(Err(e)) => eprintln!("warning: node {node}: agent {name}'s metrics: {e}"),
-                Err(_) => eprintln!("warning: node {node}: agent {name}'s metrics: no answer in 10 s"),
+            async move {
+                let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:9401/proxy/metrics");
+                let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string());
+                let read = match request {
+                    Ok(r) => {
+                        tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(r)).await
+                    }
+                    Err(e) => return Err(format!("node {node}: agent {name}: {e}")),
+                };
+                match read {
+                    Ok(Ok(text)) => Ok(top::rows(&text)),
+                    Ok(Err(e)) => Err(format!("node {node}: agent {name}'s metrics: {e}")),
+                    Err(_) => Err(format!("node {node}: agent {name}'s metrics: no answer in 10 s")),
+                }
+            }
+        };
+        let answers: Vec<_> =
+            futures::stream::iter(agents.items.iter().map(scrape)).buffer_unordered(16).collect().await;
+        let mut rows = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(r) => rows.extend(r),
+                Err(e) => eprintln!("warning: {e}"),
             }
         }
         anyhow::Ok(rows)

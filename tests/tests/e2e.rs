@@ -34,14 +34,9 @@ const SYSTEM: &str = "nano-gpu-system";
 /// Returns the pods checked.
 async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
     let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.unwrap();
-    let mut card_memory: HashMap<String, u64> = HashMap::new();
+    let card_memory = card_memories(&nodes.items);
     let mut devices = HashMap::new();
     for n in &nodes.items {
-        if let Some(text) = n.metadata.annotations.as_ref().and_then(|a| a.get(GPUS_ANNOTATION)) {
-            for g in NodeInventory::decode(text).unwrap().gpus {
-                card_memory.insert(g.uuid, g.memory_mib.0);
-            }
-        }
         let name = n.metadata.name.clone().unwrap();
         devices.insert(name.clone(), cluster.kubelet_devices(&name).await);
     }
@@ -139,16 +134,17 @@ async fn container_series(pods: &Api<Pod>, name: &str) -> (String, String, u64) 
         "{{node=\"{}\",namespace=\"{NS}\",pod=\"{name}\",container=\"c\",gpu=\"{}\",uuid=\"{}\"}}",
         a.node, g.index, g.uuid
     );
-    let memory = card_memory_of(&a.node, &g.uuid, pods).await;
-    (a.node.clone(), labels, g.memory_held(MiB(memory)).0)
+    let nodes = Api::<Node>::all(pods.clone().into_client()).list(&ListParams::default()).await.unwrap();
+    (a.node.clone(), labels, held_memory(g, &card_memories(&nodes.items)))
 }
 
-/// The memory of card `uuid` of `node`, from the node's inventory.
-async fn card_memory_of(node: &str, uuid: &str, pods: &Api<Pod>) -> u64 {
-    let nodes: Api<Node> = Api::all(pods.clone().into_client());
-    let n = nodes.get(node).await.unwrap();
-    let inv = NodeInventory::decode(&n.metadata.annotations.unwrap()[GPUS_ANNOTATION]).unwrap();
-    inv.gpus.iter().find(|g| g.uuid == uuid).unwrap().memory_mib.0
+/// Every card's memory (MiB) by UUID, from the nodes' inventories.
+fn card_memories(nodes: &[Node]) -> HashMap<String, u64> {
+    let inventories = nodes.iter().filter_map(|n| n.metadata.annotations.as_ref()?.get(GPUS_ANNOTATION));
+    inventories
+        .flat_map(|text| NodeInventory::decode(text).unwrap().gpus)
+        .map(|g| (g.uuid, g.memory_mib.0))
+        .collect()
 }
 
 /// The Prometheus text of `node`'s agent (`:9401/metrics`, from the cluster's network).

@@ -60,9 +60,7 @@ impl NvmlInventory {
     fn invalid(&self, message: impl std::fmt::Display) -> InventoryError {
         InventoryError::Invalid { path: self.lib.clone(), message: message.to_string() }
     }
-}
 
-impl NvmlInventory {
     /// What card `index` is doing; utilisation, temperature and power a card does not report are
     /// left out, a process list it cannot give is empty.
     fn sample_card(nvml: &Nvml, index: u32, seen: &mut u64) -> Result<CardSample, String> {

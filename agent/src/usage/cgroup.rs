@@ -89,60 +89,45 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_v1_with_the_cgroupfs_driver_and_containerd() {
-        let text = format!(
-            "12:pids:/kubepods/burstable/pod{UID}/{ID}\n4:memory:/kubepods/burstable/pod{UID}/{ID}\n\
-             1:name=systemd:/kubepods/burstable/pod{UID}/{ID}\n0::/\n"
-        );
-        assert_eq!(container_of(&text), expected());
-    }
-
-    #[test]
-    fn cgroup_v1_under_a_kubelet_cgroup_root_and_guaranteed_qos() {
-        let text = format!("4:memory:/nano-gpu-e2e-node-1/kubepods/pod{UID}/{ID}\n3:cpuset:/\n");
-        assert_eq!(container_of(&text), expected());
-    }
-
-    #[test]
-    fn cgroup_v2_with_the_systemd_driver_and_containerd() {
+    fn every_version_driver_and_runtime_names_the_same_container() {
         let uid_ = UID.replace('-', "_");
-        let text = format!(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope\n"
-        );
-        assert_eq!(container_of(&text), expected());
-        let guaranteed = format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{ID}.scope\n");
-        assert_eq!(container_of(&guaranteed), expected());
+        let forms = [
+            // cgroup v1, cgroupfs, containerd: one line per hierarchy.
+            format!(
+                "12:pids:/kubepods/burstable/pod{UID}/{ID}\n4:memory:/kubepods/burstable/pod{UID}/{ID}\n\
+                 1:name=systemd:/kubepods/burstable/pod{UID}/{ID}\n0::/\n"
+            ),
+            // Under a kubelet --cgroup-root, Guaranteed QoS (no class segment).
+            format!("4:memory:/nano-gpu-e2e-node-1/kubepods/pod{UID}/{ID}\n3:cpuset:/\n"),
+            // cgroup v2, systemd, containerd; Burstable and Guaranteed.
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope\n"
+            ),
+            format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{ID}.scope\n"),
+            // CRI-O with systemd and with cgroupfs.
+            format!(
+                "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/crio-{ID}.scope\n"
+            ),
+            format!("0::/kubepods/besteffort/pod{UID}/crio-{ID}\n"),
+            // Docker with systemd on cgroup v1.
+            format!(
+                "11:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/docker-{ID}.scope\n"
+            ),
+            // A reader in another cgroup namespace.
+            format!("0::/../../kubepods-besteffort-pod{uid_}.slice/cri-containerd-{ID}.scope\n"),
+        ];
+        for text in forms {
+            assert_eq!(container_of(&text), expected(), "{text}");
+        }
     }
 
     #[test]
-    fn cri_o_with_either_driver_but_not_its_monitor() {
-        let uid_ = UID.replace('-', "_");
-        let systemd = format!(
-            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/crio-{ID}.scope\n"
-        );
-        assert_eq!(container_of(&systemd), expected());
-        let cgroupfs = format!("0::/kubepods/besteffort/pod{UID}/crio-{ID}\n");
-        assert_eq!(container_of(&cgroupfs), expected());
-        let conmon = format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/crio-conmon-{ID}.scope\n");
-        assert_eq!(container_of(&conmon), None);
-    }
-
-    #[test]
-    fn docker_with_the_systemd_driver_on_cgroup_v1() {
-        let uid_ = UID.replace('-', "_");
-        let text = format!(
-            "11:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/docker-{ID}.scope\n"
-        );
-        assert_eq!(container_of(&text), expected());
-    }
-
-    #[test]
-    fn paths_relative_to_another_cgroup_namespace_read_the_same() {
-        let text = format!(
-            "0::/../../kubepods-besteffort-pod{}.slice/cri-containerd-{ID}.scope\n",
+    fn not_cri_o_s_monitor() {
+        let conmon = format!(
+            "0::/kubepods.slice/kubepods-pod{}.slice/crio-conmon-{ID}.scope\n",
             UID.replace('-', "_")
         );
-        assert_eq!(container_of(&text), expected());
+        assert_eq!(container_of(&conmon), None);
     }
 
     #[test]

@@ -17,31 +17,24 @@ fn escape(value: &str) -> String {
 /// One metric family being written.
 struct Family<'a> {
     out: &'a mut String,
+    name: &'a str,
 }
 
 impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
+    fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Self {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        Family { out }
+        Family { out, name }
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-        let _ = writeln!(self.out, "{name}{{{}}} {value}", labels.join(","));
+        let _ = writeln!(self.out, "{}{{{}}} {value}", self.name, labels.join(","));
     }
 }
 
 /// The report of node `node` as metrics; `at` is when it was sampled (seconds since the epoch).
 pub fn render(report: &Report, node: &str, at: f64) -> String {
     let mut out = String::new();
-    let card_labels = |c: &super::CardUsage| {
-        [
-            ("node", node.to_owned()),
-            ("gpu", c.sample.index.to_string()),
-            ("uuid", c.sample.uuid.clone()),
-            ("model", c.model.clone()),
-        ]
-    };
     type CardValue = fn(&super::CardUsage) -> Option<f64>;
     let per_card: [(&str, &str, &str, CardValue); 8] = [
         (
@@ -88,9 +81,8 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         let mut f = Family::new(&mut out, name, kind, help);
         for c in &report.cards {
             if let Some(v) = value(c) {
-                let labels = card_labels(c);
-                let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                f.sample(name, &labels, v);
+                let gpu = c.sample.index.to_string();
+                f.sample(&[("node", node), ("gpu", &gpu), ("uuid", &c.sample.uuid), ("model", &c.model)], v);
             }
         }
     }
@@ -124,18 +116,16 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
     for (name, help, value) in per_container {
         let mut f = Family::new(&mut out, name, "gauge", help);
         for r in &report.containers {
-            let (gpu, labels) = (
-                r.index.to_string(),
-                [
-                    ("node", node),
-                    ("namespace", r.namespace.as_str()),
-                    ("pod", r.pod.as_str()),
-                    ("container", r.container.as_str()),
-                ],
-            );
-            let mut all = labels.to_vec();
-            all.extend([("gpu", gpu.as_str()), ("uuid", r.uuid.as_str())]);
-            f.sample(name, &all, value(r));
+            let gpu = r.index.to_string();
+            let labels = [
+                ("node", node),
+                ("namespace", &r.namespace),
+                ("pod", &r.pod),
+                ("container", &r.container),
+                ("gpu", &gpu),
+                ("uuid", &r.uuid),
+            ];
+            f.sample(&labels, value(r));
         }
     }
     let mut f = Family::new(
@@ -148,11 +138,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         let bytes: u64 =
             report.unattributed.iter().filter(|u| u.uuid == c.sample.uuid).map(|u| u.memory.0 * MIB).sum();
         let (gpu, uuid) = (c.sample.index.to_string(), c.sample.uuid.as_str());
-        f.sample(
-            "nano_gpu_card_unattributed_memory_used_bytes",
-            &[("node", node), ("gpu", &gpu), ("uuid", uuid)],
-            bytes,
-        );
+        f.sample(&[("node", node), ("gpu", &gpu), ("uuid", uuid)], bytes);
     }
     let mut f = Family::new(
         &mut out,
@@ -160,7 +146,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         "gauge",
         "When the cards were last sampled.",
     );
-    f.sample("nano_gpu_usage_sampled_timestamp_seconds", &[("node", node)], at);
+    f.sample(&[("node", node)], at);
     out
 }
 

@@ -6,7 +6,7 @@
 //! the last pass.
 
 use super::cgroup::{ContainerRef, container_of};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 /// The resolver and its cache.
@@ -14,18 +14,18 @@ use std::path::PathBuf;
 pub struct Procs {
     root: PathBuf,
     known: HashMap<u32, (u64, Option<ContainerRef>)>,
-    asked: Vec<u32>,
+    asked: HashSet<u32>,
 }
 
 impl Procs {
     /// PIDs read from the `/proc` tree at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Procs { root: root.into(), known: HashMap::new(), asked: Vec::new() }
+        Procs { root: root.into(), known: HashMap::new(), asked: HashSet::new() }
     }
 
     /// The container of process `pid`; `None` when it is in none or is gone.
     pub fn container_of(&mut self, pid: u32) -> Option<ContainerRef> {
-        self.asked.push(pid);
+        self.asked.insert(pid);
         let started = self.start_time(pid)?;
         if let Some((at, known)) = self.known.get(&pid)
             && *at == started

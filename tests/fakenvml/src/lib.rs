@@ -13,8 +13,8 @@
 //! (`"processes":[{"card":0,"pid":4242,"memoryMiB":2048,"sm":40}]`) and the live ones of the process
 //! directory named by `"processDir"`: a process there is a file (any name) holding
 //! `{"uuid":"GPU-…","memoryMiB":N,"sm":N}` on which a process holds a lock (`flock` or `fcntl`);
-//! its PID is the lock holder's in `/proc/locks` (or `$FAKE_NVML_PROC/locks`), as the reader's PID
-//! namespace sees it (the host's, for an agent with `hostPID`), so a process's use ends when it does,
+//! its PID is the lock holder's in `/proc/locks`, as the reader's PID namespace sees it (the host's,
+//! for an agent with `hostPID`), so a process's use ends when it does,
 //! as a CUDA context's does. `tests/src/bin/gpu-use.rs` is such a process. A card's used memory is
 //! the sum of its processes', its utilisation the sum of their SM shares (at most 100), and each
 //! process with SM work has one utilisation sample per call, stamped with the time of the call.
@@ -121,38 +121,35 @@ fn processes(index: usize, uuid: &str) -> Vec<Process> {
 
 /// The live processes on card `uuid` in process directory `dir`: files with a lock held.
 fn live(dir: &str, uuid: &str) -> Vec<Process> {
-    let proc = std::env::var("FAKE_NVML_PROC").unwrap_or_else(|_| "/proc".into());
-    let Ok(locks) = std::fs::read_to_string(format!("{proc}/locks")) else { return Vec::new() };
-    // `1: FLOCK  ADVISORY  WRITE 1234 fd:01:56789 0 EOF` (waiters, `1: -> …`, hold nothing).
-    let holders: Vec<(u32, u64, u64)> = locks
+    use std::os::unix::fs::MetadataExt;
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else { return Vec::new() };
+    // `1: FLOCK  ADVISORY  WRITE 1234 fd:01:56789 0 EOF`: holder PID, then the file as
+    // `MAJOR:MINOR:INODE` (hex, hex, decimal); a waiter (`1: -> …`) holds nothing.
+    let holders: Vec<(u32, &str)> = locks
         .lines()
         .filter_map(|l| {
             let t: Vec<&str> = l.split_whitespace().collect();
             if t.get(1) == Some(&"->") {
                 return None;
             }
-            let pid = t.get(4)?.parse().ok()?;
-            let mut id = t.get(5)?.split(':');
-            let (major, minor) =
-                (u64::from_str_radix(id.next()?, 16).ok()?, u64::from_str_radix(id.next()?, 16).ok()?);
-            Some((pid, (major << 32) | minor, id.next()?.parse().ok()?))
+            Some((t.get(4)?.parse().ok()?, *t.get(5)?))
         })
         .collect();
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
         .flatten()
         .filter_map(|e| {
-            use std::os::unix::fs::MetadataExt;
             let meta = e.metadata().ok()?;
             let dev = meta.dev();
             // glibc's major()/minor() of a dev_t.
             let (major, minor) =
                 (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff));
-            let (pid, _, _) =
-                holders.iter().find(|(_, d, ino)| *d == ((major << 32) | minor) && *ino == meta.ino())?;
+            let file = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+            let (pid, _) = holders.iter().find(|(_, id)| *id == file)?;
+            let pid = *pid;
             let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
             (doc["uuid"].as_str()? == uuid).then(|| Process {
-                pid: *pid,
+                pid,
                 memory_mib: doc["memoryMiB"].as_u64().unwrap_or(0),
                 sm: doc["sm"].as_u64().unwrap_or(0) as u32,
             })

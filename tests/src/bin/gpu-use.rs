@@ -6,6 +6,7 @@
 //! cards with its host PID, and forgets it when it ends, as a CUDA context is forgotten.
 
 use anyhow::{Context, Result, bail};
+use std::io::Write;
 use std::time::Duration;
 
 fn main() -> Result<()> {
@@ -32,10 +33,12 @@ fn main() -> Result<()> {
     let mut held = Vec::new();
     for uuid in cards {
         let path = std::path::Path::new(dir).join(format!("{uuid}.{}.{}", hostname(), std::process::id()));
-        std::fs::write(&path, serde_json::json!({"uuid": uuid, "memoryMiB": memory, "sm": sm}).to_string())
-            .with_context(|| format!("writing {}", path.display()))?;
-        let file = std::fs::File::open(&path)?;
+        let mut file =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         file.lock().with_context(|| format!("locking {}", path.display()))?;
+        file.write_all(
+            serde_json::json!({"uuid": uuid, "memoryMiB": memory, "sm": sm}).to_string().as_bytes(),
+        )?;
         println!("using {memory} MiB and {sm} % of {uuid}");
         held.push(file);
     }
