@@ -16,7 +16,7 @@ use crate::inventory::Card;
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
+use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant, OVERRUN, Overrun, OverrunMark};
 use nano_gpu_proto::demand::asked;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::podresources::ListPodResourcesResponse;
@@ -106,6 +106,9 @@ pub struct Resident {
     pub containers: BTreeMap<String, String>,
     /// Its card grants per container, from a well-formed assignment (none without one).
     pub grants: BTreeMap<String, Vec<CardGrant>>,
+    /// Its `nano-gpu/overrun` mark: none when it has neither the label nor the annotation; empty when
+    /// it has only one of them or the annotation does not decode (to be rewritten or removed).
+    pub mark: Option<Vec<Overrun>>,
 }
 
 impl Resident {
@@ -132,14 +135,34 @@ impl Resident {
             .and_then(|a| Assignment::decode(a.get(ASSIGNMENT_ANNOTATION)?).ok())
             .map(|a| a.containers)
             .unwrap_or_default();
+        let labelled = pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(OVERRUN));
+        let annotated = pod.metadata.annotations.as_ref().and_then(|a| a.get(OVERRUN));
+        let mark = match (labelled, annotated) {
+            (false, None) => None,
+            (true, Some(text)) => Some(OverrunMark::decode(text).map(|m| m.containers).unwrap_or_default()),
+            _ => Some(Vec::new()),
+        };
         Some(Resident {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             containers,
             grants,
+            mark,
         })
     }
+}
+
+/// A pod whose mark must change: `namespace/name`, UID, and the overruns it should name (none: remove
+/// the mark).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkChange {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Pod UID (the patch's precondition).
+    pub uid: String,
+    /// What the mark should say.
+    pub overruns: Vec<Overrun>,
 }
 
 /// The hex ID of a `containerStatuses[].containerID` (`containerd://<id>`, `cri-o://<id>`, `docker://<id>`).
@@ -366,7 +389,7 @@ mod tests {
     use nano_gpu_proto::kubelet::podresources::{ContainerDevices, ContainerResources, PodResources};
     use nano_gpu_proto::resources::GPU_PERCENT;
     use nano_gpu_proto::units::{MiB, Percent};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn grant(uuid: &str, percent: u32) -> CardGrant {
         CardGrant { uuid: uuid.into(), index: 0, percent: Percent(percent), memory_mib: None }
@@ -439,6 +462,32 @@ mod tests {
             "spec": {"containers": [{"name": "c", "resources": {"limits": {GPU_PERCENT: "50"}}}]}}))
         .unwrap();
         assert!(NodePod::from_pod(&bad, GPU_PERCENT).unwrap().assignment.is_err());
+    }
+
+    #[test]
+    fn a_residents_overrun_mark_is_read_whole_or_as_one_to_rewrite() {
+        let mark = OverrunMark::new(vec![Overrun {
+            container: "c".into(),
+            uuid: "GPU-a".into(),
+            index: 0,
+            used: MiB(9),
+            granted: MiB(1),
+            since: "2026-11-23T10:00:00Z".into(),
+        }]);
+        let resident = |labels: Value, annotations: Value| {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": labels, "annotations": annotations},
+                "spec": {"containers": [{"name": "c"}]}}))
+            .unwrap();
+            Resident::from_pod(&p).unwrap().mark
+        };
+        let marked = json!({OVERRUN: "true"});
+        assert_eq!(resident(json!({}), json!({})), None);
+        assert_eq!(resident(marked.clone(), json!({OVERRUN: mark.encode()})), Some(mark.containers.clone()));
+        // Half a mark, or one that does not decode: to be rewritten (or removed).
+        assert_eq!(resident(json!({}), json!({OVERRUN: mark.encode()})), Some(vec![]));
+        assert_eq!(resident(marked.clone(), json!({})), Some(vec![]));
+        assert_eq!(resident(marked, json!({OVERRUN: "{"})), Some(vec![]));
     }
 
     #[test]

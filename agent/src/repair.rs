@@ -4,21 +4,25 @@
 //! pod-resources, compared with its assignment; when they differ the assignment is patched to what the
 //! container really got, so the allocator's accounting converges to the truth, and a warning Event
 //! says so. A gpushare container's pod also gets what gpushare's device plugin wrote after Allocate
-//! (`ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`, and the card index of a repair).
+//! (`ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`, and the card index of a repair). And the usage watchdog's
+//! findings: a Warning Event for an overrun, and the pod's `nano-gpu/overrun` mark kept up to date.
 
 use crate::plugin::Report;
 use crate::podresources::Lister;
-use crate::pods::{RepairAt, Served, describe, repaired};
+use crate::pods::{MarkChange, RepairAt, Served, describe, repaired};
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
+use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, OVERRUN, OverrunMark, rfc3339};
 use nano_gpu_proto::gpushare;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// How long one write of a mark may take.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The worker.
 pub struct Repairer {
@@ -69,6 +73,11 @@ impl Repairer {
                     record(&self.recorder, &pod_reference(&pod), "GpuMemoryOverrun", "Sample", &message)
                         .await;
                 }
+                Report::Mark(change) => {
+                    if let Err(e) = self.mark(&change).await {
+                        tracing::warn!(pod = %change.pod, error = %e, "the overrun mark was not written");
+                    }
+                }
                 Report::Starting { ids, cards, resource } => {
                     match self.verify(&ids, &cards, resource).await {
                         Ok(Verdict::Agrees) => {}
@@ -79,6 +88,31 @@ impl Repairer {
                     }
                 }
             }
+        }
+    }
+
+    /// Writes pod `change.pod`'s `nano-gpu/overrun` mark (label and annotation), or removes both when
+    /// it names no overrun; only the pod with `change.uid` (a pod re-created under the same name is
+    /// not touched).
+    pub async fn mark(&self, change: &MarkChange) -> Result<(), String> {
+        let (namespace, name) = change.pod.split_once('/').ok_or("a pod without a namespace")?;
+        let (label, annotation) = if change.overruns.is_empty() {
+            (serde_json::Value::Null, serde_json::Value::Null)
+        } else {
+            ("true".into(), OverrunMark::new(change.overruns.clone()).encode().into())
+        };
+        let patch = json!({"metadata": {
+            "uid": change.uid,
+            "labels": {OVERRUN: label},
+            "annotations": {OVERRUN: annotation},
+        }});
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(API_TIMEOUT, api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+            Ok(Ok(_)) => Ok(()),
+            // Gone, or another pod by now: nothing to mark.
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {} s", API_TIMEOUT.as_secs())),
         }
     }
 

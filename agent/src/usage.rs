@@ -21,7 +21,7 @@ use procs::Procs;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 use watchdog::Watchdog;
 
@@ -50,8 +50,9 @@ pub struct ContainerUsage {
     pub utilization: u32,
     /// Its processes on the card (host PIDs).
     pub pids: Vec<u32>,
-    /// Whether the watchdog holds it over its memory grant past the grace period.
-    pub overrun: bool,
+    /// Since when it has been over its memory grant, once the watchdog holds it so past the grace
+    /// period.
+    pub overrun: Option<SystemTime>,
 }
 
 impl ContainerUsage {
@@ -210,8 +211,8 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (backends, cards, residents, health) =
-            (backends.clone(), cards.borrow().clone(), residents.borrow().clone(), health.clone());
+        let pods = residents.borrow().clone();
+        let (backends, cards, residents, health) = (backends.clone(), cards.borrow().clone(), pods.clone(), health.clone());
         // The cache goes to the blocking thread and comes back with the report (a fresh one if the
         // pass panicked).
         let mut p = std::mem::replace(&mut procs, Procs::new(proc_root.clone()));
@@ -229,7 +230,9 @@ pub async fn run(
             continue;
         };
         procs = p;
-        for r in dog.observe(&mut report.containers, Instant::now()) {
+        let now = SystemTime::now();
+        let marked = |row: &ContainerUsage| watchdog::marked_since(pods.get(&row.pod_uid)?, row, now);
+        for r in dog.observe(&mut report.containers, now, marked) {
             let message = format!(
                 "container {} uses {} of card {} (index {}), above its grant of {} for more than {} s",
                 r.container,
@@ -242,6 +245,13 @@ pub async fn run(
             if let Some(tx) = &reports {
                 let _ = tx
                     .try_send(crate::plugin::Report::Overrun { pod: pod_key(&r.namespace, &r.pod), message });
+            }
+        }
+        // The pods' marks follow the overruns (the pod watch shows what was written; a mark lost to a
+        // full queue or a failed patch is tried again next pass).
+        if let Some(tx) = &reports {
+            for change in watchdog::marks(&report.containers, &pods) {
+                let _ = tx.try_send(crate::plugin::Report::Mark(change));
             }
         }
         let at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());

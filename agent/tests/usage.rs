@@ -49,6 +49,7 @@ fn resident(
             vec![CardGrant { uuid: uuid.into(), index, percent: Percent(percent), memory_mib: None }],
         )]
         .into(),
+        mark: None,
     }
 }
 

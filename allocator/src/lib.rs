@@ -13,6 +13,8 @@
 //!   `/inspect`) from Node and Pod watches;
 //! - [`server`] decodes HTTP requests and answers them from the view; `/bind` runs [`bind`] (the bind
 //!   protocol: reserve, annotate, bind, roll back) through [`binder`] (the API calls behind a port);
+//! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
+//!   memory grant;
 //! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
 //!   [`metrics`] renders the Prometheus text.
 //!
@@ -24,6 +26,7 @@ pub mod admission;
 mod api_replies;
 pub mod bind;
 pub mod binder;
+pub mod evict;
 pub mod extender;
 pub mod inspect;
 pub mod leader;

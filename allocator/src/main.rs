@@ -113,6 +113,11 @@ struct ServeArgs {
     /// serve.
     #[arg(long, env = "NANO_GPU_TLS_SECRET", default_value = "nano-gpu-allocator-webhook-tls")]
     tls_secret: String,
+    /// Evict (through the Eviction API, so PodDisruptionBudgets hold) every pod an agent marked as
+    /// over its GPU memory grant past the agent's grace period (`nano-gpu/overrun`); only the leader
+    /// does. Off: overruns get Events, metrics and the mark, nothing more.
+    #[arg(long, env = "NANO_GPU_EVICT_OVERRUNS")]
+    evict_overruns: bool,
     /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
@@ -288,6 +293,14 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 let _ = stopped.await;
             });
             election = Some((tokio::spawn(run), stop));
+        }
+        if args.evict_overruns {
+            use kube::runtime::events::{Recorder, Reporter};
+            let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
+            let recorder = Recorder::new(client.clone(), reporter);
+            let evictor = nano_gpu_allocator::evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);
+            tracing::info!("evicting pods marked as over their GPU memory grant");
+            tokio::spawn(evictor.run());
         }
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -117,13 +117,14 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// hung API server delays Events, never the view.
 async fn post_events(recorder: Recorder, mut warnings: mpsc::Receiver<Warning>) {
     while let Some(w) = warnings.recv().await {
-        if tokio::time::timeout(EVENT_TIMEOUT, publish(&recorder, &w)).await.is_err() {
+        if tokio::time::timeout(EVENT_TIMEOUT, publish(&recorder, &w, "Allocate")).await.is_err() {
             tracing::warn!(object = %w.name, reason = w.reason, "posting a warning event timed out");
         }
     }
 }
 
-async fn publish(recorder: &Recorder, w: &Warning) {
+/// Records `w` as a Warning Event of `action` on its object (failures are logged).
+pub async fn publish(recorder: &Recorder, w: &Warning, action: &str) {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some(w.kind.into()),
@@ -135,7 +136,7 @@ async fn publish(recorder: &Recorder, w: &Warning) {
         type_: EventType::Warning,
         reason: w.reason.into(),
         note: Some(w.message.chars().take(1000).collect()),
-        action: "Allocate".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &reference).await {

@@ -3,6 +3,8 @@
 //! - `nano-gpu/gpus` on a Node: [`NodeInventory`], written by the agent.
 //! - `nano-gpu/assignment` on a Pod: [`Assignment`], written by the allocator at bind.
 //! - `nano-gpu/gpu.model`, `nano-gpu/gpu.count`, `nano-gpu/gpu.vendor` labels on a Node: [`node_labels`].
+//! - `nano-gpu/overrun` on a Pod: [`OverrunMark`] (annotation) and `"true"` (label, for a selecting
+//!   watch), written by the agent while a container of the pod is over its memory grant past the grace.
 //!
 //! Every payload carries `"v"`; a decoder refuses a version it does not know and names the field of
 //! any error, so callers can fail closed (treat the card as full) and say why.
@@ -23,6 +25,9 @@ pub const MODEL_LABEL: &str = "nano-gpu/gpu.model";
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.
 pub const VENDOR_LABEL: &str = "nano-gpu/gpu.vendor";
+
+/// Pod annotation (the [`OverrunMark`]) and label (`"true"`) of a pod over its memory grant.
+pub const OVERRUN: &str = "nano-gpu/overrun";
 
 /// The payload version this build writes and reads.
 pub const VERSION: u32 = 1;
@@ -223,6 +228,64 @@ impl Assignment {
     }
 }
 
+/// The `nano-gpu/overrun` payload: the containers of a pod that have used more card memory than
+/// granted for longer than the agent's grace period. The agent keeps it equal to what it sees and
+/// removes it when all are back under; with `--evict-overruns` the allocator evicts a marked pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrunMark {
+    /// Payload version, [`VERSION`].
+    pub v: u32,
+    /// The containers over their grant, one entry per container and card.
+    pub containers: Vec<Overrun>,
+}
+
+/// One container over its memory grant on one card.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Overrun {
+    /// Container name.
+    pub container: String,
+    /// Card UUID.
+    pub uuid: String,
+    /// Card index.
+    pub index: u32,
+    /// Memory its processes used when it was marked.
+    #[serde(rename = "usedMiB")]
+    pub used: MiB,
+    /// Memory granted.
+    #[serde(rename = "grantedMiB")]
+    pub granted: MiB,
+    /// Since when it has been over (RFC 3339, UTC).
+    pub since: String,
+}
+
+impl OverrunMark {
+    /// A mark of the current version.
+    pub fn new(containers: Vec<Overrun>) -> Self {
+        OverrunMark { v: VERSION, containers }
+    }
+
+    /// The annotation value.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads and checks an annotation value: at least one container, each named, on a named card.
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        let m: OverrunMark = decode(OVERRUN, text)?;
+        let err = |field: String, message: &str| DecodeError { annotation: OVERRUN, field, message: message.into() };
+        if m.containers.is_empty() {
+            return Err(err("containers".into(), "empty"));
+        }
+        for (i, o) in m.containers.iter().enumerate() {
+            if o.container.is_empty() || o.uuid.is_empty() {
+                return Err(err(format!("containers[{i}]"), "no container or card named"));
+            }
+        }
+        Ok(m)
+    }
+}
+
 /// A UTC time as RFC 3339 with second precision (`2026-11-21T10:00:00Z`).
 pub fn rfc3339(t: std::time::SystemTime) -> String {
     let secs = t.duration_since(std::time::SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
@@ -284,6 +347,23 @@ mod tests {
 
     const INVENTORY_GOLDEN: &str = r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-8a1c","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memoryMiB":81559,"healthy":true,"numa":0},{"index":1,"uuid":"0000:03:00.0","vendor":"intel","model":"Intel Data Center GPU Flex 170","memoryMiB":16256,"healthy":false}]}"#;
     const ASSIGNMENT_GOLDEN: &str = r#"{"v":1,"node":"n1","at":"2026-11-21T10:00:00Z","containers":{"infer":[{"uuid":"GPU-b","index":1,"percent":100},{"uuid":"GPU-c","index":2,"percent":100}],"train":[{"uuid":"GPU-a","index":0,"percent":30,"memoryMiB":8192}]}}"#;
+
+    #[test]
+    fn an_overrun_mark_round_trips_and_refuses_what_names_nothing() {
+        let golden = r#"{"v":1,"containers":[{"container":"c","uuid":"GPU-a","index":0,"usedMiB":20000,"grantedMiB":1536,"since":"2026-11-23T10:00:00Z"}]}"#;
+        let mark = OverrunMark::decode(golden).unwrap();
+        assert_eq!(mark.containers[0].used, MiB(20000));
+        assert_eq!(mark.encode(), golden);
+        for (text, field) in [
+            (r#"{"v":1,"containers":[]}"#, "containers"),
+            (r#"{"v":1,"containers":[{"container":"","uuid":"GPU-a","index":0,"usedMiB":1,"grantedMiB":0,"since":""}]}"#, "containers[0]"),
+            (r#"{"v":2,"containers":[]}"#, "v"),
+            (r#"{"v":1,"containers":[{"container":"c"}]}"#, "containers[0].uuid"),
+        ] {
+            let e = OverrunMark::decode(text).unwrap_err();
+            assert_eq!((e.annotation, e.field.as_str()), (OVERRUN, field), "{text}: {e}");
+        }
+    }
 
     fn inventory() -> NodeInventory {
         NodeInventory::new(vec![

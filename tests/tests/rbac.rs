@@ -33,6 +33,7 @@ fn the_allocator_may_do_what_its_code_does() {
         ("", "pods", "watch"),
         ("", "pods", "patch"),
         ("", "pods/binding", "create"),
+        ("", "pods/eviction", "create"),
         ("events.k8s.io", "events", "create"),
         ("coordination.k8s.io", "leases", "update"),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update"),

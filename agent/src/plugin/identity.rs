@@ -44,6 +44,8 @@ pub enum Report {
         /// What it uses and was granted.
         message: String,
     },
+    /// A pod's `nano-gpu/overrun` mark must say this (or go).
+    Mark(crate::pods::MarkChange),
 }
 
 /// What tells containers apart: the pods on this node and the kubelet's pod-resources.

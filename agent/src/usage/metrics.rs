@@ -110,7 +110,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         (
             "nano_gpu_container_memory_overrun",
             "1 when the container has used more card memory than granted for longer than the grace period.",
-            |r| f64::from(u8::from(r.overrun)),
+            |r| f64::from(u8::from(r.overrun.is_some())),
         ),
     ];
     for (name, help, value) in per_container {

@@ -23,6 +23,7 @@ fn resident(
         uid: uid.into(),
         containers: containers.iter().map(|(c, n)| (id(*c), (*n).to_owned())).collect(),
         grants: BTreeMap::new(),
+        mark: None,
     };
     for (container, uuid, percent, memory) in grants {
         r.grants.entry((*container).to_owned()).or_default().push(CardGrant {
