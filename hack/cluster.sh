@@ -174,6 +174,7 @@ import_images() {
 # the pods it concerns exist (so nothing rolls over right after the install):
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
 #     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator;
+#   - the allocator evicts pods over their GPU memory grant (NANO_GPU_EVICT_OVERRUNS=true, opt-in);
 #   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest).
 install_nano_gpu() {
   local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
@@ -185,7 +186,8 @@ install_nano_gpu() {
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
-    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib -o yaml | scheduler_version | kubectl apply -f - >&2
+    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib NANO_GPU_EVICT_OVERRUNS=true -o yaml |
+    scheduler_version | kubectl apply -f - >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready

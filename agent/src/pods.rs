@@ -16,7 +16,9 @@ use crate::inventory::Card;
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant, OVERRUN, Overrun, OverrunMark};
+use nano_gpu_proto::annotations::{
+    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, OVERRUN, Overrun, OverrunMark,
+};
 use nano_gpu_proto::demand::asked;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::podresources::ListPodResourcesResponse;

@@ -107,7 +107,12 @@ impl Repairer {
             "annotations": {OVERRUN: annotation},
         }});
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match tokio::time::timeout(API_TIMEOUT, api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+        match tokio::time::timeout(
+            API_TIMEOUT,
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        {
             Ok(Ok(_)) => Ok(()),
             // Gone, or another pod by now: nothing to mark.
             Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(()),

@@ -212,7 +212,8 @@ pub async fn run(
     loop {
         tick.tick().await;
         let pods = residents.borrow().clone();
-        let (backends, cards, residents, health) = (backends.clone(), cards.borrow().clone(), pods.clone(), health.clone());
+        let (backends, cards, residents, health) =
+            (backends.clone(), cards.borrow().clone(), pods.clone(), health.clone());
         // The cache goes to the blocking thread and comes back with the report (a fresh one if the
         // pass panicked).
         let mut p = std::mem::replace(&mut procs, Procs::new(proc_root.clone()));

@@ -17,10 +17,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use kube::api::{Api, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Config};
-use kube::runtime::WatchStreamExt;
 use nano_gpu_proto::annotations::{OVERRUN, OverrunMark};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,7 +58,8 @@ pub fn verdict(pod: &Pod) -> Result<OverrunMark, &'static str> {
     if matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")) {
         return Err("finished");
     }
-    let text = pod.metadata.annotations.as_ref().and_then(|a| a.get(OVERRUN)).ok_or("labelled, not annotated")?;
+    let text =
+        pod.metadata.annotations.as_ref().and_then(|a| a.get(OVERRUN)).ok_or("labelled, not annotated")?;
     OverrunMark::decode(text).map_err(|_| "its mark does not decode")
 }
 
@@ -116,7 +117,9 @@ impl Evictor {
             let what = mark
                 .containers
                 .iter()
-                .map(|o| format!("{} uses {} of card {} (granted {})", o.container, o.used, o.uuid, o.granted))
+                .map(|o| {
+                    format!("{} uses {} of card {} (granted {})", o.container, o.used, o.uuid, o.granted)
+                })
                 .collect::<Vec<_>>()
                 .join("; ");
             let event = |reason, message| Warning {
@@ -140,7 +143,8 @@ impl Evictor {
                              again every {} s",
                             BLOCKED_RETRY.as_secs()
                         );
-                        publish(&self.recorder, &event("GpuMemoryOverrunEvictionBlocked", message), "Evict").await;
+                        publish(&self.recorder, &event("GpuMemoryOverrunEvictionBlocked", message), "Evict")
+                            .await;
                     }
                     self.tried.insert(uid, (now + BLOCKED_RETRY, true));
                 }
@@ -220,7 +224,10 @@ mod tests {
             (json!({"spec": {"nodeName": null}}), "not on a node"),
             (json!({"status": {"phase": "Succeeded"}}), "finished"),
             (json!({"metadata": {"annotations": null}}), "labelled, not annotated"),
-            (json!({"metadata": {"annotations": {OVERRUN: "{\"v\":1,\"containers\":[]}"}}}), "its mark does not decode"),
+            (
+                json!({"metadata": {"annotations": {OVERRUN: "{\"v\":1,\"containers\":[]}"}}}),
+                "its mark does not decode",
+            ),
         ] {
             assert_eq!(verdict(&pod("p", extra.clone())).unwrap_err(), why, "{extra}");
         }
@@ -253,7 +260,8 @@ mod tests {
                 let body = body_json(req).await;
                 if path.ends_with("/eviction") {
                     // The first is refused by a PodDisruptionBudget, the second accepted.
-                    let evictions = seen.iter().filter(|(p, _): &&(String, Value)| p.ends_with("/eviction")).count();
+                    let evictions =
+                        seen.iter().filter(|(p, _): &&(String, Value)| p.ends_with("/eviction")).count();
                     reply.send_response(if evictions == 0 {
                         failure(429, "TooManyRequests")
                     } else {
@@ -285,6 +293,10 @@ mod tests {
         assert_eq!((&seen[0].1["kind"], &seen[0].1["apiVersion"]), (&json!("Eviction"), &json!("policy/v1")));
         assert_eq!(seen[1].1["reason"], "GpuMemoryOverrunEvictionBlocked");
         assert_eq!(seen[3].1["reason"], "GpuMemoryOverrunEvicted");
-        assert!(seen[3].1["note"].as_str().unwrap().contains("c uses 20000 MiB of card GPU-a"), "{}", seen[3].1);
+        assert!(
+            seen[3].1["note"].as_str().unwrap().contains("c uses 20000 MiB of card GPU-a"),
+            "{}",
+            seen[3].1
+        );
     }
 }

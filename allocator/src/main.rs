@@ -296,6 +296,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         if args.evict_overruns {
             use kube::runtime::events::{Recorder, Reporter};
+            // A 429 of an eviction is a PodDisruptionBudget's answer, not load to back off from.
+            let client = nano_gpu_runtime::connect_without_retries(kubeconfig.as_deref())
+                .await
+                .context("connecting to the API server")?;
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
             let evictor = nano_gpu_allocator::evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);

@@ -273,7 +273,11 @@ impl OverrunMark {
     /// Reads and checks an annotation value: at least one container, each named, on a named card.
     pub fn decode(text: &str) -> Result<Self, DecodeError> {
         let m: OverrunMark = decode(OVERRUN, text)?;
-        let err = |field: String, message: &str| DecodeError { annotation: OVERRUN, field, message: message.into() };
+        let err = |field: String, message: &str| DecodeError {
+            annotation: OVERRUN,
+            field,
+            message: message.into(),
+        };
         if m.containers.is_empty() {
             return Err(err("containers".into(), "empty"));
         }
@@ -356,7 +360,10 @@ mod tests {
         assert_eq!(mark.encode(), golden);
         for (text, field) in [
             (r#"{"v":1,"containers":[]}"#, "containers"),
-            (r#"{"v":1,"containers":[{"container":"","uuid":"GPU-a","index":0,"usedMiB":1,"grantedMiB":0,"since":""}]}"#, "containers[0]"),
+            (
+                r#"{"v":1,"containers":[{"container":"","uuid":"GPU-a","index":0,"usedMiB":1,"grantedMiB":0,"since":""}]}"#,
+                "containers[0]",
+            ),
             (r#"{"v":2,"containers":[]}"#, "v"),
             (r#"{"v":1,"containers":[{"container":"c"}]}"#, "containers[0].uuid"),
         ] {

@@ -9,10 +9,11 @@
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
 use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory,
+    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory, OVERRUN, OverrunMark,
 };
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::units::MiB;
@@ -254,13 +255,20 @@ async fn the_system_works_on_real_nodes() {
     // Who uses what: each share's CUDA process (the fake driver's, tests/src/bin/gpu-use.rs) shows in
     // its node's agent metrics under its own pod and container, beside its grant; one uses more
     // memory than its grant (checked past the watchdog's grace, below).
+    // The local cluster's allocator evicts overruns (--evict-overruns): a PodDisruptionBudget holds
+    // the hog until the checks below let it go.
     let users: [(&str, u32, u64, u32); 2] = [("use-30", 30, 1000, 25), ("hog-10", 10, 20_000, 5)];
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NS);
+    let budget = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "hog", "namespace": NS},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hog"}}}});
+    budgets.create(&PostParams::default(), &serde_json::from_value(budget).unwrap()).await.unwrap();
     for (name, percent, mib, sm) in users {
-        create(
-            &pods,
-            &percent_pod_then(name, percent, &format!("exec gpu-use --memory-mib {mib} --sm {sm}")),
-        )
-        .await;
+        let mut pod = percent_pod_then(name, percent, &format!("exec gpu-use --memory-mib {mib} --sm {sm}"));
+        if name == "hog-10" {
+            pod.metadata.labels = Some([("app".to_owned(), "hog".to_owned())].into());
+        }
+        create(&pods, &pod).await;
     }
     let names_used: Vec<String> = users.iter().map(|u| u.0.to_string()).collect();
     wait_running(&pods, &names_used, Duration::from_secs(60)).await;
@@ -578,6 +586,45 @@ async fn the_system_works_on_real_nodes() {
         !list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrun")),
         "use-30 is within its grant"
     );
+    // The agent marks the hog (nano-gpu/overrun: label and annotation), not its neighbour; the
+    // allocator's eviction of it is refused by its PodDisruptionBudget and said in an Event; once
+    // the budget is gone the hog is evicted and its neighbour runs on.
+    let marked = |pod: &Pod| {
+        let label = pod.metadata.labels.as_ref().and_then(|l| l.get(OVERRUN)).cloned();
+        let mark =
+            pod.metadata.annotations.as_ref().and_then(|a| a.get(OVERRUN)).map(|t| OverrunMark::decode(t));
+        (label, mark)
+    };
+    wait_until("hog-10 marked as overrunning", Duration::from_secs(30), || async {
+        marked(&pods.get("hog-10").await.unwrap()).0.is_some()
+    })
+    .await;
+    let (label, mark) = marked(&pods.get("hog-10").await.unwrap());
+    let mark = mark.expect("an overrun label without its annotation").unwrap();
+    assert_eq!(label.as_deref(), Some("true"));
+    let (_, _, granted) = container_series(&pods, "hog-10").await;
+    assert_eq!(
+        mark.containers.iter().map(|o| (o.container.as_str(), o.used.0, o.granted.0)).collect::<Vec<_>>(),
+        [("c", 20_000, granted)]
+    );
+    assert_eq!(marked(&pods.get("use-30").await.unwrap()), (None, None), "use-30 is not marked");
+    wait_until("hog-10's eviction refused by its budget", Duration::from_secs(60), || async {
+        let list = events.list(&ListParams::default().fields("involvedObject.name=hog-10")).await.unwrap();
+        list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrunEvictionBlocked"))
+    })
+    .await;
+    assert!(
+        pods.get("hog-10").await.unwrap().metadata.deletion_timestamp.is_none(),
+        "evicted past its budget"
+    );
+    budgets.delete("hog", &DeleteParams::default()).await.unwrap();
+    wait_until("hog-10 evicted once its budget is gone", Duration::from_secs(90), || async {
+        pods.get_opt("hog-10").await.unwrap().is_none()
+    })
+    .await;
+    let list = events.list(&ListParams::default().fields("involvedObject.name=hog-10")).await.unwrap();
+    assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrunEvicted")), "{list:?}");
+    wait_running(&pods, &["use-30".to_owned()], Duration::from_secs(5)).await;
 
     // Lifecycle. The agent DaemonSet rolls over while pods run: they keep their devices, nothing
     // restarts, new pods land.

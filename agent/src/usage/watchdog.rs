@@ -43,8 +43,11 @@ impl Watchdog {
         let mut reached = Vec::new();
         for row in rows.iter_mut().filter(|r| r.over_memory()) {
             let key = (row.pod_uid.clone(), row.container.clone(), row.uuid.clone());
-            let (since, reported) =
-                self.over.get(&key).copied().unwrap_or_else(|| marked(row).map_or((now, false), |t| (t, true)));
+            let (since, reported) = self
+                .over
+                .get(&key)
+                .copied()
+                .unwrap_or_else(|| marked(row).map_or((now, false), |t| (t, true)));
             let past = now.duration_since(since).unwrap_or_default() >= self.grace;
             row.overrun = past.then_some(since);
             if past && !reported {
@@ -166,7 +169,13 @@ mod tests {
     }
 
     fn resident(uid: &str, mark: Option<Vec<Overrun>>) -> Resident {
-        Resident { namespace: "ns".into(), name: format!("pod-{uid}"), uid: uid.into(), mark, ..Default::default() }
+        Resident {
+            namespace: "ns".into(),
+            name: format!("pod-{uid}"),
+            uid: uid.into(),
+            mark,
+            ..Default::default()
+        }
     }
 
     fn overrun(container: &str) -> Overrun {
@@ -197,8 +206,10 @@ mod tests {
         .map(|r| (r.uid.clone(), r))
         .collect();
         let changes = marks(&[hog.clone(), fine], &residents);
-        let got: Vec<(&str, Vec<&str>)> =
-            changes.iter().map(|c| (c.uid.as_str(), c.overruns.iter().map(|o| o.container.as_str()).collect())).collect();
+        let got: Vec<(&str, Vec<&str>)> = changes
+            .iter()
+            .map(|c| (c.uid.as_str(), c.overruns.iter().map(|o| o.container.as_str()).collect()))
+            .collect();
         assert_eq!(got, [("a", vec!["hog"]), ("b", vec![]), ("d", vec![])]);
         assert_eq!(changes[0].overruns[0].since, rfc3339(at(0)));
         assert_eq!((changes[0].overruns[0].used, changes[0].overruns[0].granted), (MiB(5000), MiB(4608)));

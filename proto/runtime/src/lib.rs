@@ -23,16 +23,28 @@ pub fn init_logging(json: bool) {
     }
 }
 
-/// Connects with the kubeconfig at `path`, or the default chain when `None`.
+/// Connects with the kubeconfig at `path`, or the default chain when `None`. The client retries an
+/// answer of 429, 503 or 504 with backoff (kube's default), for a while.
 pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
+    kube::Client::try_from(config(path).await?)
+}
+
+/// [`connect`], but every answer comes back as it is: for calls where 429 is the answer, not a
+/// reason to wait (an Eviction a PodDisruptionBudget refuses).
+pub async fn connect_without_retries(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
+    let mut config = config(path).await?;
+    config.default_retry = false;
+    kube::Client::try_from(config)
+}
+
+async fn config(path: Option<&Path>) -> Result<kube::Config, kube::Error> {
     let Some(path) = path else {
-        return kube::Client::try_default().await;
+        return kube::Config::infer().await.map_err(kube::Error::InferConfig);
     };
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
-        .map_err(kube::Error::InferKubeconfig)?;
-    kube::Client::try_from(config)
+        .map_err(kube::Error::InferKubeconfig)
 }
 
 /// Resolves at Ctrl-C or SIGTERM (what the kubelet sends a container to stop it).
