@@ -79,6 +79,11 @@ pub struct Flags {
     /// Milliseconds a device-plugin call waits for the pod watch to show a pod the kubelet admits.
     #[arg(long, env = "NANO_GPU_IDENTITY_WAIT_MS", default_value_t = 3000)]
     pub identity_wait_ms: u64,
+    /// Seconds in all a device-plugin call may spend finding the pod the kubelet admits when the pod
+    /// watch does not show it: the node's pods are read from the API server, again every second while
+    /// it cannot answer (a control-plane restart must not fail a pod). 0: refuse after the wait above.
+    #[arg(long, env = "NANO_GPU_IDENTITY_PATIENCE_SECONDS", default_value_t = 60)]
+    pub identity_patience_seconds: u64,
     /// Also serve gpushare's `aliyun.com/gpu-mem` (one device ID per unit of card memory) and set
     /// gpushare's environment, for workloads placed by the allocator's gpushare compatibility.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]

@@ -57,14 +57,22 @@ fn serve(flags: &Flags) -> ExitCode {
                     let views = pods::watch::watch_pods(client.clone(), node, &resources);
                     residents = Some(views.residents);
                     reports_tx = Some(reports.clone());
-                    tokio::spawn(repair::Repairer::new(client, node.clone(), lister.clone()).run(queue));
+                    tokio::spawn(
+                        repair::Repairer::new(client.clone(), node.clone(), lister.clone()).run(queue),
+                    );
                     let wait = Duration::from_millis(flags.identity_wait_ms);
+                    let patience = Duration::from_secs(flags.identity_patience_seconds);
+                    let reader: Arc<dyn pods::watch::NodePods> =
+                        Arc::new(pods::watch::ApiNodePods::new(client.clone(), node));
                     let plugins = resources
                         .iter()
                         .zip(views.asking)
                         .map(|(r, pods)| {
-                            let identity =
+                            let mut identity =
                                 Identity::new(node.clone(), *r, pods, lister.clone(), reports.clone(), wait);
+                            if !patience.is_zero() {
+                                identity = identity.with_direct_reads(reader.clone(), patience);
+                            }
                             (*r, Some(Arc::new(identity)))
                         })
                         .collect();

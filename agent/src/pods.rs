@@ -226,6 +226,8 @@ pub struct Pending {
     pub grants: Result<Vec<CardGrant>, String>,
     /// What the whole pod asks of the resource.
     pub pod_units: u64,
+    /// Whether the kubelet lists its pod (it is admitting it): what makes a candidate certain.
+    pub known: bool,
 }
 
 /// The containers of `pods` asking `size` that the kubelet has not served (`served`, plus `done`:
@@ -260,10 +262,11 @@ pub fn pending(
                 Err(e) => Err(e.clone()),
             };
             let at = pod.assignment.as_ref().map(|a| a.at.clone()).unwrap_or_default();
-            let rank = (!served.pods.contains(key), past_init, at, pod.created.clone(), key.clone(), order);
+            let known = served.pods.contains(key);
+            let rank = (!known, past_init, at, pod.created.clone(), key.clone(), order);
             let pod_units = pod.asking.iter().map(|(_, n)| n).sum();
             let (pod_key, uid, container) = (key.clone(), pod.uid.clone(), container.clone());
-            found.push((rank, Pending { pod: pod_key, uid, container, grants, pod_units }));
+            found.push((rank, Pending { pod: pod_key, uid, container, grants, pod_units, known }));
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
@@ -545,6 +548,7 @@ mod tests {
                 container: "c".into(),
                 grants: Ok(vec![grant("GPU-a", 30)]),
                 pod_units: 30,
+                known: true,
             },
             Pending {
                 pod: "ns/y".into(),
@@ -552,6 +556,7 @@ mod tests {
                 container: "c".into(),
                 grants: Ok(vec![grant("GPU-b", 30)]),
                 pod_units: 30,
+                known: true,
             },
         ];
         let on_b = BTreeSet::from(["GPU-b"]);

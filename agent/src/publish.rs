@@ -80,7 +80,7 @@ pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Ca
     let api: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
     tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
         loop {
             match stream.try_next().await {
                 Ok(Some(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {

@@ -83,7 +83,7 @@ impl Evictor {
         let (reader, writer) = reflector::store();
         let config = Config::default().labels(OVERRUN);
         let stream = reflector(writer, watcher::watcher(Api::<Pod>::all(self.client.clone()), config))
-            .default_backoff()
+            .backoff(nano_gpu_runtime::watch_backoff())
             .for_each(|event| async move {
                 if let Err(e) = event {
                     tracing::warn!(error = %e, "watch of marked pods failed; retrying with backoff");

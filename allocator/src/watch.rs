@@ -1,7 +1,8 @@
 //! Watches on Nodes and Pods that feed the cluster view, and the warning Events it raises.
 //!
 //! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
-//! by one; a watch that breaks re-lists with backoff. The service is ready once both have listed.
+//! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
+//! most 4 s). The service is ready once both have listed.
 
 use crate::state::{ClusterState, Listed, SharedView, Warning};
 use futures::{StreamExt, TryStreamExt};
@@ -78,7 +79,8 @@ async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, events: mpsc::Sender<W
 where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
 {
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream =
+        watcher::watcher(api, watcher::Config::default()).backoff(nano_gpu_runtime::watch_backoff()).boxed();
     loop {
         match stream.try_next().await {
             Ok(Some(event)) => {

@@ -6,10 +6,11 @@ use super::Snapshot;
 use super::devices::prefer;
 use super::edits::Claimed;
 use crate::podresources::Lister;
-use crate::pods::{Pending, Pods, Served, identify, pending, steer};
+use crate::pods::watch::NodePods;
+use crate::pods::{NodePod, Pending, Pods, Served, identify, pending, steer};
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::CardGrant;
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -18,7 +19,8 @@ use tonic::Status;
 /// Steering decisions kept until their Allocate comes.
 const STEERED_KEPT: usize = 256;
 
-/// Something the background worker acts on (it may call the API server; handlers never do).
+/// Something the background worker acts on (it may call the API server; handlers do only to read
+/// the node's pods when the watch lags).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
     /// An Allocate was refused: no pod placed here by nano-gpu could own the IDs.
@@ -57,6 +59,8 @@ pub struct Identity {
     resource: Resource,
     /// How long to wait for the pod watch to show a pod the kubelet already admits.
     wait: Duration,
+    /// Where to read the node's pods when the watch does not show it, and for how long in all.
+    direct: Option<(Arc<dyn NodePods>, Duration)>,
     memo: std::sync::Mutex<Memo>,
 }
 
@@ -85,29 +89,65 @@ impl Identity {
         reports: mpsc::Sender<Report>,
         wait: Duration,
     ) -> Self {
-        Identity { pods, lister, reports, node, resource, wait, memo: Default::default() }
+        Identity { pods, lister, reports, node, resource, wait, direct: None, memo: Default::default() }
     }
 
-    /// The containers that may be asking `size` now, likeliest first; waits up to `wait` for the pod
-    /// watch when none is known yet (the kubelet can see a pod before our watch does).
+    /// Also reads the node's pods from the API server when the watch does not show the pod the
+    /// kubelet is admitting, for up to `patience` in all (a control-plane blip must not fail a pod).
+    pub fn with_direct_reads(mut self, reader: Arc<dyn NodePods>, patience: Duration) -> Self {
+        self.direct = Some((reader, patience));
+        self
+    }
+
+    /// The containers that may be asking `size` now, likeliest first. Certain is a candidate whose
+    /// pod the kubelet lists (it is admitting it). Waits up to `wait` for the pod watch to show one
+    /// (the kubelet can see a pod before our watch does); then, with direct reads, asks the API
+    /// server for the node's pods, again every second while it cannot answer, up to `patience`.
+    /// What a successful read shows is the answer, even with no certain candidate in it.
     async fn candidates(&self, size: u64) -> Vec<Pending> {
-        let deadline = tokio::time::Instant::now() + self.wait;
+        let found = self.from_watch(size, tokio::time::Instant::now() + self.wait).await;
+        let certain = |found: &[Pending]| found.first().is_some_and(|p| p.known);
+        let Some((reader, patience)) = self.direct.as_ref().filter(|_| !certain(&found)) else {
+            return found;
+        };
+        let deadline = tokio::time::Instant::now() + *patience;
+        let mut said = false;
+        loop {
+            match reader.list().await {
+                Ok(list) => {
+                    // Newer than the watch's view, and whole: it replaces it for this call.
+                    let pods: BTreeMap<String, NodePod> = list
+                        .iter()
+                        .filter_map(|p| NodePod::from_pod(p, self.resource.name()))
+                        .map(|p| (p.key(), p))
+                        .collect();
+                    return self.pending(&pods, &self.served().await, size);
+                }
+                Err(e) if !said => {
+                    tracing::warn!(error = %e, "the pod watch does not show the pod being admitted, and \
+                        the API server cannot be read; asking again every second");
+                    said = true;
+                }
+                Err(_) => {}
+            }
+            // The watch may come back first.
+            let next = (tokio::time::Instant::now() + Duration::from_secs(1)).min(deadline);
+            let found = self.from_watch(size, next).await;
+            if certain(&found) || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            // Never faster than once a second (the watch may have ended, or shown something else).
+            tokio::time::sleep_until(next).await;
+        }
+    }
+
+    /// The candidates the pod watch shows, waiting for it until `deadline` while it shows none.
+    async fn from_watch(&self, size: u64, deadline: tokio::time::Instant) -> Vec<Pending> {
         let mut pods = self.pods.clone();
         loop {
-            let served = match self.lister.list().await {
-                Ok(list) => Served::from_list(&list, self.resource.name()),
-                Err(e) => {
-                    tracing::warn!(error = %e.message(), "pod-resources List failed; identifying by the pod watch alone");
-                    Served::default()
-                }
-            };
+            let served = self.served().await;
             let snapshot = pods.borrow_and_update().clone();
-            let found = {
-                let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-                let uids: HashSet<&str> = snapshot.values().map(|p| p.uid.as_str()).collect();
-                memo.done.retain(|(uid, _)| uids.contains(uid.as_str()));
-                pending(&snapshot, &served, &memo.done, size)
-            };
+            let found = self.pending(&snapshot, &served, size);
             if !found.is_empty() {
                 return found;
             }
@@ -116,6 +156,26 @@ impl Identity {
                 _ => return found,
             }
         }
+    }
+
+    /// What the kubelet has allocated (nothing known when pod-resources cannot be read).
+    async fn served(&self) -> Served {
+        match self.lister.list().await {
+            Ok(list) => Served::from_list(&list, self.resource.name()),
+            Err(e) => {
+                tracing::warn!(error = %e.message(), "pod-resources List failed; identifying by the pod watch alone");
+                Served::default()
+            }
+        }
+    }
+
+    /// [`pending`] among `pods`, leaving out what this agent allocated (and forgetting what it
+    /// allocated for pods that are gone).
+    fn pending(&self, pods: &BTreeMap<String, NodePod>, served: &Served, size: u64) -> Vec<Pending> {
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let uids: HashSet<&str> = pods.values().map(|p| p.uid.as_str()).collect();
+        memo.done.retain(|(uid, _)| uids.contains(uid.as_str()));
+        pending(pods, served, &memo.done, size)
     }
 
     /// [`Identity::candidates`] without the agent's own record (pod-resources alone), no waiting.
@@ -188,5 +248,103 @@ impl Identity {
                 ),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
+    use nano_gpu_proto::device_id;
+    use nano_gpu_proto::kubelet::podresources::{ListPodResourcesResponse, PodResources};
+    use nano_gpu_proto::resources::GPU_PERCENT;
+    use nano_gpu_proto::units::Percent;
+    use serde_json::json;
+    use std::sync::Mutex;
+
+    /// pod-resources listing pod `ns/<name>` (being admitted, nothing allocated yet).
+    struct Admitting(&'static str);
+
+    #[tonic::async_trait]
+    impl Lister for Admitting {
+        async fn list(&self) -> Result<ListPodResourcesResponse, Status> {
+            let pod = PodResources { name: self.0.into(), namespace: "ns".into(), containers: vec![] };
+            Ok(ListPodResourcesResponse { pod_resources: vec![pod] })
+        }
+    }
+
+    /// The API server's answers to direct reads, in order (the last repeats); counts the reads.
+    struct Answers(Mutex<(Vec<Result<Vec<Pod>, String>>, usize)>);
+
+    #[tonic::async_trait]
+    impl NodePods for Answers {
+        async fn list(&self) -> Result<Vec<Pod>, String> {
+            let mut a = self.0.lock().unwrap();
+            a.1 += 1;
+            let i = (a.1 - 1).min(a.0.len() - 1);
+            a.0[i].clone()
+        }
+    }
+
+    fn pod(name: &str) -> Pod {
+        let grant = CardGrant { uuid: "GPU-a".into(), index: 0, percent: Percent(30), memory_mib: None };
+        let a = Assignment::new("n1", "2026-11-23T10:00:00Z", [("c".to_owned(), vec![grant])].into());
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "annotations": {ASSIGNMENT_ANNOTATION: a.encode()}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {GPU_PERCENT: "30"}}}]}}))
+        .unwrap()
+    }
+
+    /// An identity whose pod watch shows nothing (it lags), reading the node's pods from `answers`.
+    fn lagging(answers: Vec<Result<Vec<Pod>, String>>) -> (Identity, Arc<Answers>, mpsc::Receiver<Report>) {
+        let (_, pods) = watch::channel(Pods::default());
+        let (reports, queue) = mpsc::channel(8);
+        let answers = Arc::new(Answers(Mutex::new((answers, 0))));
+        let wait = Duration::from_secs(3);
+        let identity =
+            Identity::new("n1".into(), Resource::Percent, pods, Arc::new(Admitting("new")), reports, wait)
+                .with_direct_reads(answers.clone(), Duration::from_secs(60));
+        (identity, answers, queue)
+    }
+
+    fn claim_ids() -> Vec<String> {
+        (0..30).map(|n| device_id::encode("GPU-a", n)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_the_watch_has_not_shown_is_found_by_reading_the_node_once_the_api_answers() {
+        // The API server is down for 10 s (refusals, as after its restart), then answers.
+        let mut answers: Vec<_> = (0..10).map(|_| Err("403 Forbidden".to_owned())).collect();
+        answers.push(Ok(vec![pod("old-done"), pod("new")]));
+        let (identity, reads, _queue) = lagging(answers);
+        let started = tokio::time::Instant::now();
+        let claimed = identity.claim(&claim_ids(), &BTreeSet::from(["GPU-a"])).await.unwrap();
+        assert_eq!(claimed.grants[0].uuid, "GPU-a");
+        assert_eq!(reads.0.lock().unwrap().1, 11);
+        assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_a_successful_read_does_not_show_is_refused_at_once() {
+        let (identity, reads, mut queue) = lagging(vec![Ok(vec![])]);
+        let started = tokio::time::Instant::now();
+        let refused = identity.claim(&claim_ids(), &BTreeSet::from(["GPU-a"])).await.unwrap_err();
+        assert!(refused.message().contains("no pod placed on node n1"), "{}", refused.message());
+        assert!(matches!(queue.try_recv(), Ok(Report::Refused { .. })));
+        // The watch's wait, one read (and the retry without the agent's record): no patience spent.
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(reads.0.lock().unwrap().1 <= 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_api_that_never_answers_is_waited_for_up_to_the_patience_then_refused() {
+        let (identity, reads, _queue) = lagging(vec![Err("connection refused".into())]);
+        let started = tokio::time::Instant::now();
+        assert!(identity.claim(&claim_ids(), &BTreeSet::from(["GPU-a"])).await.is_err());
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(60) && waited < Duration::from_secs(70), "{waited:?}");
+        assert!(reads.0.lock().unwrap().1 >= 50, "read about once a second");
     }
 }

@@ -1,7 +1,9 @@
 //! The node-scoped pod watch (`spec.nodeName=<node>`) that feeds the handlers: for each resource, a
 //! watch channel that always holds the latest [`Pods`] asking it, and one with every pod of the node
 //! by UID ([`Residents`], for the usage metrics). A re-list replaces a view at its end, so readers
-//! never see half a list.
+//! never see half a list. A watch that breaks comes back within seconds
+//! (`nano_gpu_runtime::watch_backoff`), and
+//! [`NodePods`] reads the node's pods directly for the moments it lags.
 
 use super::{NodePod, Pods, Resident, Residents, pod_key};
 use crate::resource::Resource;
@@ -11,7 +13,44 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long one direct read of the node's pods may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads the pods bound to this node straight from the API server, for the device plugin when the
+/// watch does not show the pod the kubelet is admitting (a trait so handler tests answer in memory).
+#[tonic::async_trait]
+pub trait NodePods: Send + Sync + 'static {
+    /// Every pod bound to the node now.
+    async fn list(&self) -> Result<Vec<Pod>, String>;
+}
+
+/// [`NodePods`] through the API server.
+pub struct ApiNodePods {
+    api: Api<Pod>,
+    node: String,
+}
+
+impl ApiNodePods {
+    /// The pods of node `node`.
+    pub fn new(client: kube::Client, node: &str) -> Self {
+        ApiNodePods { api: Api::all(client), node: node.to_owned() }
+    }
+}
+
+#[tonic::async_trait]
+impl NodePods for ApiNodePods {
+    async fn list(&self) -> Result<Vec<Pod>, String> {
+        let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        match tokio::time::timeout(READ_TIMEOUT, self.api.list(&params)).await {
+            Ok(Ok(list)) => Ok(list.items),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {} s", READ_TIMEOUT.as_secs())),
+        }
+    }
+}
 
 /// What the watch feeds.
 pub struct Views {
@@ -31,7 +70,7 @@ pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> V
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
         let mut views: Vec<View<NodePod>> = resources
             .iter()
             .map(|r| {

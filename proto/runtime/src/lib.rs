@@ -47,6 +47,41 @@ async fn config(path: Option<&Path>) -> Result<kube::Config, kube::Error> {
         .map_err(kube::Error::InferKubeconfig)
 }
 
+/// How a broken watch retries (`WatchStreamExt::backoff`): after 250 ms, doubling up to 4 s, and from
+/// 250 ms again once it delivers anything. kube's default waits up to 30 s, so after a control-plane
+/// restart a few refusals in a row (RBAC caches still filling, then `410 Gone`) would keep a
+/// component blind for half a minute while the kubelet admits pods.
+pub fn watch_backoff() -> WatchBackoff {
+    WatchBackoff { next: WatchBackoff::FIRST }
+}
+
+/// The backoff of [`watch_backoff`].
+#[derive(Clone, Debug)]
+pub struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+    const MOST: std::time::Duration = std::time::Duration::from_secs(4);
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let now = self.next;
+        self.next = (now * 2).min(Self::MOST);
+        Some(now)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 /// Resolves at Ctrl-C or SIGTERM (what the kubelet sends a container to stop it).
 pub async fn terminated() {
     let term = async {
@@ -60,6 +95,22 @@ pub async fn terminated() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn a_watch_retries_within_seconds_and_starts_over_once_it_works() {
+        let mut b = watch_backoff();
+        let waits: Vec<u64> = b.by_ref().take(7).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(250)));
     }
 }
 
