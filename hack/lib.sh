@@ -36,7 +36,23 @@ stop_pid() {
 # (the program's own: setsid and nsenter exec it).
 launch() {
   local name=$1; shift
+  printf '%s\0' "$@" >"$DIR/$name.argv"
   setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+  echo $! >"$DIR/$name.pid"
+}
+
+# crash NAME SECONDS: kill -9 of a program `launch` started, then, SECONDS later, the same command
+# line again (what a crash and its service manager do); its log goes on in the same file.
+crash() {
+  local name=$1 secs=$2 pid argv
+  pid=$(ours "$DIR/$name.pid") || die "$name is not running"
+  [[ -f $DIR/$name.argv ]] || die "$name was not started by launch"
+  kill -KILL "$pid"
+  while alive "$pid"; do sleep 0.05; done
+  log "killed $name; starting it again in ${secs}s"
+  sleep "$secs"
+  mapfile -d '' argv <"$DIR/$name.argv"
+  setsid "${argv[@]}" </dev/null >>"$DIR/$name.log" 2>&1 &
   echo $! >"$DIR/$name.pid"
 }
 

@@ -42,6 +42,7 @@ fn serve(flags: &Flags) -> ExitCode {
             let _ = stop.send(true);
         });
         let resources = flags.resources();
+        let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
         let (mut residents, mut reports_tx) = (None, None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
@@ -54,7 +55,7 @@ fn serve(flags: &Flags) -> ExitCode {
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
-                    let views = pods::watch::watch_pods(client.clone(), node, &resources);
+                    let views = pods::watch::watch_pods(client.clone(), node, &resources, readiness.clone());
                     residents = Some(views.residents);
                     reports_tx = Some(reports.clone());
                     tokio::spawn(
@@ -99,7 +100,6 @@ fn serve(flags: &Flags) -> ExitCode {
             });
         }
         let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
-        let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
         let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)

@@ -1,5 +1,6 @@
 //! The agent's probes for its DaemonSet: `/healthz` (the process serves) and `/readyz` (registered with
-//! the kubelet and serving at least one card; otherwise 503 with the reason, e.g. NVML missing).
+//! the kubelet, serving at least one card, and its pod watch working or failing for less than
+//! [`WATCH_LAG`]; otherwise 503 with the reason, e.g. NVML missing).
 
 use axum::Router;
 use axum::extract::State;
@@ -7,6 +8,11 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the pod watch may fail before the agent says it is not ready (Allocates then read the
+/// API server directly, which is slower and also fails while the API server is away).
+pub const WATCH_LAG: Duration = Duration::from_secs(10);
 
 /// What readiness depends on; the run loop keeps it current.
 #[derive(Debug, Default)]
@@ -14,6 +20,8 @@ pub struct Readiness {
     registered: AtomicBool,
     cards: AtomicUsize,
     problems: Mutex<Vec<String>>,
+    /// Since when the pod watch has failed, and its last error.
+    watch_failing: Mutex<Option<(Instant, String)>>,
 }
 
 impl Readiness {
@@ -28,8 +36,22 @@ impl Readiness {
         *self.problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
     }
 
+    /// The pod watch failed with `error` (`None`: it works again).
+    pub fn set_watch_error(&self, error: Option<String>) {
+        let mut failing = self.watch_failing.lock().unwrap_or_else(|e| e.into_inner());
+        *failing = error.map(|e| (failing.as_ref().map_or_else(Instant::now, |f| f.0), e));
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<String, String> {
+        if let Some((since, error)) = &*self.watch_failing.lock().unwrap_or_else(|e| e.into_inner())
+            && since.elapsed() >= WATCH_LAG
+        {
+            return Err(format!(
+                "the pod watch has failed for {} s (last: {error}); Allocate reads the API server directly",
+                since.elapsed().as_secs()
+            ));
+        }
         let cards = self.cards.load(Ordering::SeqCst);
         let problems = self.problems.lock().unwrap_or_else(|e| e.into_inner()).join("; ");
         if cards == 0 {
@@ -68,5 +90,21 @@ mod tests {
         assert_eq!(r.check().unwrap_err(), "not registered with the kubelet");
         r.set_registered(true);
         assert_eq!(r.check().unwrap(), "serving 2 card(s)");
+    }
+
+    #[test]
+    fn a_pod_watch_failing_longer_than_the_lag_makes_it_unready_until_it_works() {
+        let r = Readiness::default();
+        r.set_inventory(1, vec![]);
+        r.set_registered(true);
+        r.set_watch_error(Some("403".into()));
+        assert!(r.check().is_ok(), "a short failure is not a lag");
+        // Failing since long ago: the first failure's time is kept across further errors.
+        *r.watch_failing.lock().unwrap() = Some((Instant::now() - WATCH_LAG, "403".into()));
+        r.set_watch_error(Some("410 Gone".into()));
+        let why = r.check().unwrap_err();
+        assert!(why.contains("pod watch has failed for 10 s (last: 410 Gone)"), "{why}");
+        r.set_watch_error(None);
+        assert!(r.check().is_ok());
     }
 }

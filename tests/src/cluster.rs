@@ -176,6 +176,12 @@ impl Cluster {
         assert!(status.success(), "restarting {what} on {node}");
     }
 
+    /// kill -9 of a control-plane program (`etcd`, `kube-apiserver`, ...), started again `seconds`
+    /// later (`hack/cluster.sh crash`), in the background: wait on the child for it to be back.
+    pub fn crash(&self, what: &str, seconds: u32) -> std::process::Child {
+        script(&["crash", self.dir.to_str().unwrap(), what, &seconds.to_string()]).spawn().unwrap()
+    }
+
     /// SIGKILL to the processes of one container of a pod, through its node's containerd (a crash;
     /// the kubelet restarts the container).
     pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) {

@@ -12,118 +12,15 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
-use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory, OVERRUN, OverrunMark,
-};
-use nano_gpu_proto::device_id;
-use nano_gpu_proto::units::MiB;
+use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, OVERRUN, OverrunMark};
+use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{
     Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running, wait_until,
 };
 use serde_json::{Value, json};
-use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 const SYSTEM: &str = "nano-gpu-system";
-
-/// Every Running pod with an assignment: in each of its containers the cards of its
-/// `NVIDIA_VISIBLE_DEVICES` and `NANO_GPU_CARDS`, the cards its NVML shows, and the cards of the
-/// device IDs its kubelet gave it all equal its assignment; no card is over 100 % or over its memory;
-/// the allocator's view holds exactly what the assignments of the bound pods hold (no leaked
-/// reservation), percent and memory; one memory truth: a share that asked no memory holds its percent
-/// of the card's memory there, and its container was told exactly that (`NANO_GPU_MEMORY_MIB`).
-/// Returns the pods checked.
-async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usize {
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.unwrap();
-    let card_memory = card_memories(&nodes.items);
-    let mut devices = HashMap::new();
-    for n in &nodes.items {
-        let name = n.metadata.name.clone().unwrap();
-        devices.insert(name.clone(), cluster.kubelet_devices(&name).await);
-    }
-    let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.unwrap();
-    let (mut percent, mut memory): (HashMap<String, u32>, HashMap<String, u64>) = Default::default();
-    let mut checked = 0;
-    for p in &pods.items {
-        let Some(text) = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) else {
-            continue;
-        };
-        let a = Assignment::decode(text).unwrap();
-        let (ns, name) = (p.metadata.namespace.as_deref().unwrap(), p.metadata.name.as_deref().unwrap());
-        if !matches!(phase(p), "Succeeded" | "Failed") {
-            for g in a.held() {
-                *percent.entry(g.uuid.clone()).or_default() += g.percent.0;
-                *memory.entry(g.uuid.clone()).or_default() += held_memory(g, &card_memory);
-            }
-        }
-        if phase(p) != "Running" {
-            continue;
-        }
-        let node = p.spec.as_ref().unwrap().node_name.clone().unwrap();
-        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-        for (container, grants) in &a.containers {
-            let assigned: BTreeSet<String> = grants.iter().map(|g| g.uuid.clone()).collect();
-            let seen = report(&api, name, container).await;
-            let key = format!("{ns}/{name}/{container}");
-            for var in ["NVIDIA_VISIBLE_DEVICES", "NANO_GPU_CARDS"] {
-                let cards: BTreeSet<String> =
-                    seen.env.get(var).map(|v| v.split(',').map(String::from).collect()).unwrap_or_default();
-                assert_eq!(cards, assigned, "{key}: {var} vs its assignment; env {:?}", seen.env);
-            }
-            assert_eq!(seen.cards, assigned, "{key}: the cards its NVML shows vs its assignment");
-            let ids: BTreeSet<String> = devices[&node]
-                .get(&key)
-                .map(|per| {
-                    per.values().flatten().map(|id| device_id::card_of(id).unwrap().to_owned()).collect()
-                })
-                .unwrap_or_default();
-            assert_eq!(ids, assigned, "{key}: the kubelet's device IDs vs its assignment");
-            if grants.iter().all(|g| g.memory_mib.is_none()) {
-                let told: u64 = grants.iter().map(|g| held_memory(g, &card_memory)).sum();
-                assert_eq!(
-                    seen.env.get("NANO_GPU_MEMORY_MIB"),
-                    Some(&told.to_string()),
-                    "{key}: the memory its container was told vs what its share holds"
-                );
-            }
-        }
-        checked += 1;
-    }
-    for (card, used) in &percent {
-        assert!(*used <= 100, "card {card} is at {used} %");
-        assert!(
-            memory[card] <= card_memory[card],
-            "card {card} memory {} > {}",
-            memory[card],
-            card_memory[card]
-        );
-    }
-    // The allocator's accounting equals the assignments: nothing reserved and forgotten.
-    let view = cluster.inspect();
-    for node in view["nodes"].as_array().unwrap() {
-        for card in node["cards"].as_array().unwrap() {
-            let uuid = card["uuid"].as_str().unwrap();
-            assert_eq!(
-                card["percentUsed"].as_u64().unwrap() as u32,
-                percent.get(uuid).copied().unwrap_or(0),
-                "allocator's view of {uuid} differs from the assignments"
-            );
-            let (total, free) =
-                (card["memoryMiB"].as_u64().unwrap(), card["memoryFreeMiB"].as_u64().unwrap());
-            assert_eq!(
-                total - free,
-                memory.get(uuid).copied().unwrap_or(0),
-                "allocator's view of {uuid}'s memory differs from the assignments"
-            );
-        }
-    }
-    checked
-}
-
-/// The GPU memory a grant holds: what it records, else its percent of the card's memory.
-fn held_memory(g: &CardGrant, card_memory: &HashMap<String, u64>) -> u64 {
-    g.memory_held(MiB(card_memory[&g.uuid])).0
-}
 
 /// The node of pod `name`'s container `c`, the labels of its per-container series (its first card),
 /// and the memory (MiB) that grant holds.
@@ -137,15 +34,6 @@ async fn container_series(pods: &Api<Pod>, name: &str) -> (String, String, u64) 
     );
     let nodes = Api::<Node>::all(pods.clone().into_client()).list(&ListParams::default()).await.unwrap();
     (a.node.clone(), labels, held_memory(g, &card_memories(&nodes.items)))
-}
-
-/// Every card's memory (MiB) by UUID, from the nodes' inventories.
-fn card_memories(nodes: &[Node]) -> HashMap<String, u64> {
-    let inventories = nodes.iter().filter_map(|n| n.metadata.annotations.as_ref()?.get(GPUS_ANNOTATION));
-    inventories
-        .flat_map(|text| NodeInventory::decode(text).unwrap().gpus)
-        .map(|g| (g.uuid, g.memory_mib.0))
-        .collect()
 }
 
 /// The Prometheus text of `node`'s agent (`:9401/metrics`, from the cluster's network).

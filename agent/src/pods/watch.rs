@@ -6,6 +6,7 @@
 //! [`NodePods`] reads the node's pods directly for the moments it lags.
 
 use super::{NodePod, Pods, Resident, Residents, pod_key};
+use crate::probe::Readiness;
 use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -62,7 +63,12 @@ pub struct Views {
 
 /// Watches the pods bound to `node`; for each of `resources`, a receiver that always holds the latest
 /// view of the pods asking it, and one of every pod (all empty until the first list completes).
-pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> Views {
+pub fn watch_pods(
+    client: kube::Client,
+    node: &str,
+    resources: &[Resource],
+    readiness: Arc<Readiness>,
+) -> Views {
     let (senders, receivers): (Vec<_>, Vec<_>) =
         resources.iter().map(|_| watch::channel(Pods::default())).unzip();
     let (residents_tx, residents) = watch::channel(Residents::default());
@@ -85,9 +91,11 @@ pub fn watch_pods(client: kube::Client, node: &str, resources: &[Resource]) -> V
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
+                    readiness.set_watch_error(Some(e.to_string()));
                     continue;
                 }
             };
+            readiness.set_watch_error(None);
             for (view, tx) in views.iter_mut().zip(&senders) {
                 if view.apply(&event) {
                     tx.send_replace(Arc::new(view.pods.clone()));
