@@ -98,22 +98,6 @@ pub async fn terminated() {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::runtime::utils::Backoff;
-    use std::time::Duration;
-
-    #[test]
-    fn a_watch_retries_within_seconds_and_starts_over_once_it_works() {
-        let mut b = watch_backoff();
-        let waits: Vec<u64> = b.by_ref().take(7).map(|d| d.as_millis() as u64).collect();
-        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000, 4000]);
-        b.reset();
-        assert_eq!(b.next(), Some(Duration::from_millis(250)));
-    }
-}
-
 /// A gRPC channel over the unix socket `socket`, the way the kubelet and its plugins talk.
 pub async fn unix_channel(
     socket: std::path::PathBuf,
@@ -128,4 +112,20 @@ pub async fn unix_channel(
             }
         }))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn a_watch_retries_within_seconds_and_starts_over_once_it_works() {
+        let mut b = watch_backoff();
+        let waits: Vec<u64> = b.by_ref().take(7).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
 }
