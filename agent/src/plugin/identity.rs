@@ -105,7 +105,7 @@ impl Identity {
     /// server for the node's pods, again every second while it cannot answer, up to `patience`.
     /// What a successful read shows is the answer, even with no certain candidate in it.
     async fn candidates(&self, size: u64) -> Vec<Pending> {
-        let found = self.from_watch(size, tokio::time::Instant::now() + self.wait).await;
+        let found = self.watched(size, tokio::time::Instant::now() + self.wait).await;
         let certain = |found: &[Pending]| found.first().is_some_and(|p| p.known);
         let Some((reader, patience)) = self.direct.as_ref().filter(|_| !certain(&found)) else {
             return found;
@@ -132,7 +132,7 @@ impl Identity {
             }
             // The watch may come back first.
             let next = (tokio::time::Instant::now() + Duration::from_secs(1)).min(deadline);
-            let found = self.from_watch(size, next).await;
+            let found = self.watched(size, next).await;
             if certain(&found) || tokio::time::Instant::now() >= deadline {
                 return found;
             }
@@ -142,7 +142,7 @@ impl Identity {
     }
 
     /// The candidates the pod watch shows, waiting for it until `deadline` while it shows none.
-    async fn from_watch(&self, size: u64, deadline: tokio::time::Instant) -> Vec<Pending> {
+    async fn watched(&self, size: u64, deadline: tokio::time::Instant) -> Vec<Pending> {
         let mut pods = self.pods.clone();
         loop {
             let served = self.served().await;
