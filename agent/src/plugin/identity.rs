@@ -274,12 +274,15 @@ mod tests {
         }
     }
 
+    /// One answer of the API server to a direct read.
+    type Answer = Result<Vec<Pod>, String>;
+
     /// The API server's answers to direct reads, in order (the last repeats); counts the reads.
-    struct Answers(Mutex<(Vec<Result<Vec<Pod>, String>>, usize)>);
+    struct Answers(Mutex<(Vec<Answer>, usize)>);
 
     #[tonic::async_trait]
     impl NodePods for Answers {
-        async fn list(&self) -> Result<Vec<Pod>, String> {
+        async fn list(&self) -> Answer {
             let mut a = self.0.lock().unwrap();
             a.1 += 1;
             let i = (a.1 - 1).min(a.0.len() - 1);
@@ -298,7 +301,7 @@ mod tests {
     }
 
     /// An identity whose pod watch shows nothing (it lags), reading the node's pods from `answers`.
-    fn lagging(answers: Vec<Result<Vec<Pod>, String>>) -> (Identity, Arc<Answers>, mpsc::Receiver<Report>) {
+    fn lagging(answers: Vec<Answer>) -> (Identity, Arc<Answers>, mpsc::Receiver<Report>) {
         let (_, pods) = watch::channel(Pods::default());
         let (reports, queue) = mpsc::channel(8);
         let answers = Arc::new(Answers(Mutex::new((answers, 0))));
