@@ -25,6 +25,7 @@
 #        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
 #        hack/cluster.sh crash <dir> etcd|kube-apiserver|kube-controller-manager|kube-scheduler SECONDS
 #                                                (kill -9, then the same command line SECONDS later)
+#        hack/cluster.sh freeze <dir> NAME SECONDS (SIGSTOP, SIGCONT SECONDS later: a hung component)
 #        hack/cluster.sh ctr <dir> <node> ARGS...  (containerd's ctr on that node, namespace k8s.io)
 #        hack/cluster.sh load <dir> IMAGE.tar    (imports an image archive into every node's containerd)
 # Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
@@ -508,9 +509,9 @@ case $CMD in
   down) down; log "down" ;;
   install) cluster_env; tools; install_nano_gpu ;;
   restart) [[ $# -eq 2 ]] || die "usage: $0 restart <dir> kubelet|containerd <node>"; cluster_env; restart "$1" "$2" ;;
-  crash)
-    [[ $# -eq 2 && $2 =~ ^[0-9.]+$ ]] || die "usage: $0 crash <dir> etcd|kube-apiserver|kube-controller-manager|... SECONDS"
-    cluster_env; crash "$1" "$2" ;;
+  crash | freeze)
+    [[ $# -eq 2 && $2 =~ ^[0-9.]+$ ]] || die "usage: $0 $CMD <dir> etcd|kube-apiserver|kube-controller-manager|... SECONDS"
+    cluster_env; "$CMD" "$1" "$2" ;;
   ctr) [[ $# -ge 2 ]] || die "usage: $0 ctr <dir> <node> ARGS..."; in_node "$1" ctr -n k8s.io "${@:2}" ;;
   load)
     [[ $# -eq 1 && -f $1 ]] || die "usage: $0 load <dir> IMAGE.tar"

@@ -41,6 +41,17 @@ launch() {
   echo $! >"$DIR/$name.pid"
 }
 
+# freeze NAME SECONDS: SIGSTOP to a program `launch` started, SIGCONT SECONDS later (it hangs: its
+# connections stay open and unanswered, as when a machine stalls or a network drops packets).
+freeze() {
+  local name=$1 secs=$2 pid
+  pid=$(ours "$DIR/$name.pid") || die "$name is not running"
+  kill -STOP "$pid"
+  log "froze $name for ${secs}s"
+  sleep "$secs"
+  kill -CONT "$pid"
+}
+
 # crash NAME SECONDS: kill -9 of a program `launch` started, then, SECONDS later, the same command
 # line again (what a crash and its service manager do); its log goes on in the same file.
 crash() {

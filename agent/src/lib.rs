@@ -45,6 +45,12 @@ pub struct Flags {
     /// Name of this node (the Node object the agent annotates).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// This agent among the node's agents (the DaemonSet gives its pod's name): its plugin sockets
+    /// are named after it (`nano-gpu.<instance>.sock`), so the new agent of a rollout serves and
+    /// registers before the old one stops, and no pod is admitted while neither serves. Empty:
+    /// `nano-gpu.sock`.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub instance: String,
     /// Directory of the kubelet's device-plugin sockets.
     #[arg(long, env = "NANO_GPU_PLUGIN_DIR", default_value = "/var/lib/kubelet/device-plugins")]
     pub plugin_dir: PathBuf,

@@ -122,6 +122,7 @@ fn serve(flags: &Flags) -> ExitCode {
         });
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
+            instance: flags.instance.clone(),
             backends: flags.backends(),
             timing,
             edits,

@@ -27,11 +27,28 @@ impl Resource {
         }
     }
 
-    /// The plugin's socket file name in the kubelet's device-plugin directory.
-    pub fn socket(self) -> &'static str {
+    /// The plugin's socket file name in the kubelet's device-plugin directory for agent `instance`
+    /// (its pod's name; empty: `nano-gpu.sock`). Two agents of one node (the new one of a rollout
+    /// starts before the old one stops) serve on two sockets.
+    pub fn socket(self, instance: &str) -> String {
+        match instance {
+            "" => format!("{}.sock", self.stem()),
+            _ => format!("{}.{instance}.sock", self.stem()),
+        }
+    }
+
+    /// Whether `file` is a socket name of this resource's plugin (of any instance).
+    pub fn is_socket(self, file: &str) -> bool {
+        let stem = self.stem();
+        file.strip_prefix(stem)
+            .and_then(|rest| rest.strip_suffix(".sock"))
+            .is_some_and(|middle| middle.is_empty() || (middle.starts_with('.') && middle.len() > 1))
+    }
+
+    fn stem(self) -> &'static str {
         match self {
-            Resource::Percent => "nano-gpu.sock",
-            Resource::Gpushare(_) => "nano-gpu-gpushare.sock",
+            Resource::Percent => "nano-gpu",
+            Resource::Gpushare(_) => "nano-gpu-gpushare",
         }
     }
 
@@ -93,6 +110,29 @@ impl Resource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_agent_has_its_own_socket_and_knows_the_others() {
+        let gib = Resource::Gpushare(GpushareUnit::GiB);
+        assert_eq!(Resource::Percent.socket(""), "nano-gpu.sock");
+        assert_eq!(Resource::Percent.socket("nano-gpu-agent-x7k2p"), "nano-gpu.nano-gpu-agent-x7k2p.sock");
+        assert_eq!(gib.socket("a"), "nano-gpu-gpushare.a.sock");
+        for (file, percent, gpushare) in [
+            ("nano-gpu.sock", true, false),
+            ("nano-gpu.old-pod.sock", true, false),
+            ("nano-gpu-gpushare.sock", false, true),
+            ("nano-gpu-gpushare.old-pod.sock", false, true),
+            ("nano-gpu..sock", false, false),
+            ("kubelet.sock", false, false),
+            ("nvidia-gpu.sock", false, false),
+        ] {
+            assert_eq!(
+                (Resource::Percent.is_socket(file), gib.is_socket(file)),
+                (percent, gpushare),
+                "{file}"
+            );
+        }
+    }
 
     #[test]
     fn a_card_advertises_percent_slots_or_memory_units() {

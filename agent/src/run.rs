@@ -125,6 +125,9 @@ enum Registration {
 pub struct Agent {
     /// The kubelet's device-plugin directory.
     pub plugin_dir: PathBuf,
+    /// This agent among the node's agents (its pod's name; empty when it is the only one): names
+    /// its sockets, so the new agent of a rollout serves before the old one stops.
+    pub instance: String,
     /// Where the cards come from.
     pub backends: Vec<Box<dyn GpuInventory>>,
     /// Timing of the loop.
@@ -145,11 +148,22 @@ pub struct Agent {
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Agent { plugin_dir, backends, timing, edits, health, mut publisher, plugins, readiness, usage } =
-        agent;
+    let Agent {
+        plugin_dir,
+        instance,
+        backends,
+        timing,
+        edits,
+        health,
+        mut publisher,
+        plugins,
+        readiness,
+        usage,
+    } = agent;
     let backends: Backends = Arc::new(backends);
     let first = read_blocking(&backends, &health, &readiness).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
+    let cards = Arc::new(cards);
     // The background tasks stop when the loop ends, however it ends.
     let _sampler = usage.map(|(sampling, latest)| {
         AbortOnDrop(tokio::spawn(crate::usage::run(
@@ -161,6 +175,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))
     });
     let _refresher = {
+        let cards = cards.clone();
         let backends = backends.clone();
         let health = health.clone();
         let readiness = readiness.clone();
@@ -204,8 +219,55 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         }))
     };
-    let sockets: Vec<PathBuf> = plugins.iter().map(|(r, _)| plugin_dir.join(r.socket())).collect();
+    let names: Vec<String> = plugins.iter().map(|(r, _)| r.socket(&instance)).collect();
+    let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
     let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
+    let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
+    remove_dead_sockets(&plugin_dir, &resources).await;
+    let result = serve_and_register(
+        Serving {
+            plugins: &plugins,
+            sockets: &sockets,
+            names: &names,
+            kubelet: &kubelet,
+            snapshot: &snapshot,
+            cards: &cards,
+            edits,
+            timing,
+            readiness: &readiness,
+        },
+        &mut shutdown,
+    )
+    .await;
+    // The kubelet holds no stream to us any more; no file of ours stays behind.
+    for socket in &sockets {
+        let _ = std::fs::remove_file(socket);
+    }
+    result
+}
+
+/// What serving and registering work with.
+struct Serving<'a> {
+    plugins: &'a [(Resource, Option<Arc<Identity>>)],
+    sockets: &'a [PathBuf],
+    names: &'a [String],
+    kubelet: &'a Path,
+    snapshot: &'a watch::Receiver<Snapshot>,
+    cards: &'a watch::Sender<Snapshot>,
+    edits: Edits,
+    timing: Timing,
+    readiness: &'a Arc<Readiness>,
+}
+
+/// Serves every resource and registers it, again whenever the kubelet restarts, until `shutdown` or
+/// a refusal.
+async fn serve_and_register(
+    serving: Serving<'_>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let Serving { plugins, sockets, names, kubelet, snapshot, cards, edits, timing, readiness } = serving;
+    let plugin_dir = kubelet.parent().unwrap_or(Path::new("."));
+    let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     loop {
         if *shutdown.borrow() {
             break Ok(());
@@ -213,7 +275,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         // Serve every resource on its socket.
         let mut stops = Vec::new();
         let mut servers = Vec::new();
-        for ((resource, identity), socket) in plugins.iter().zip(&sockets) {
+        for ((resource, identity), socket) in plugins.iter().zip(sockets) {
             let listener = match plugin::bind(socket) {
                 Ok(l) => l,
                 Err(e) => {
@@ -249,19 +311,19 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         }
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
-        let mut pending: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
+        let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(names).collect();
         // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
         // register shows up as a change, and we register again (never the other way round).
-        let before = file_identity(&kubelet);
+        let before = file_identity(kubelet);
         let socket_gone = || sockets.iter().any(|s| file_identity(s).is_none());
         let mut refusals = 0;
         let registered = loop {
-            let Some(resource) = pending.first().copied() else { break Registration::Done(before) };
+            let Some((resource, name)) = pending.first().copied() else { break Registration::Done(before) };
             // A kubelet that started meanwhile deleted our sockets: it could not call us back.
             if deleted || socket_gone() {
                 break Registration::ServeAgain;
             }
-            match plugin::register(kubelet.clone(), resource).await {
+            match plugin::register(kubelet.to_path_buf(), resource, name).await {
                 Ok(()) => {
                     tracing::info!(resource = resource.name(), "registered with the kubelet");
                     pending.remove(0);
@@ -298,16 +360,27 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         };
         readiness.set_registered(true);
-        // Watch for a kubelet restart.
+        // Watch for a kubelet restart; and for the other agent of a rollout going away: a kubelet
+        // before 1.36 then marks every device of the resource unhealthy, even though we serve it,
+        // until we send the list again.
+        let mut others = other_sockets(plugin_dir, &resources, names);
         let restarted = loop {
             tokio::select! {
                 _ = tokio::time::sleep(timing.check) => {}
                 _ = shutdown.changed() => break false,
             }
             let gone = sockets.iter().any(|s| file_identity(s).is_none());
-            if gone || file_identity(&kubelet) != kubelet_identity {
+            if gone || file_identity(kubelet) != kubelet_identity {
                 break true;
             }
+            let now = other_sockets(plugin_dir, &resources, names);
+            if others.iter().any(|o| !now.contains(o)) {
+                tracing::info!(
+                    "another agent of this node stopped serving; devices sent to the kubelet again"
+                );
+                cards.send_modify(|_| {});
+            }
+            others = now;
         };
         readiness.set_registered(false);
         stop_serving(stops, &servers);
@@ -315,6 +388,28 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             break Ok(());
         }
         tracing::info!("kubelet restarted; serving and registering again");
+    }
+}
+
+/// The socket files of `resources` in `dir` other than ours (`names`): another agent's, during a
+/// rollout.
+fn other_sockets(dir: &Path, resources: &[Resource], names: &[String]) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| resources.iter().any(|r| r.is_socket(n)) && !names.contains(n))
+        .collect()
+}
+
+/// Removes the sockets of `resources` in `dir` nobody serves (an agent that was killed leaves its
+/// file); an agent that serves (the old one of a rollout) keeps its own.
+async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
+    for name in other_sockets(dir, resources, &[]) {
+        let path = dir.join(&name);
+        if tokio::net::UnixStream::connect(&path).await.is_err() {
+            tracing::info!(socket = %name, "removing a plugin socket nobody serves");
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 

@@ -47,7 +47,7 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
         }
         tokio::task::yield_now().await;
     };
-    plugin::register(kubelet_socket.clone(), Resource::Percent).await.unwrap();
+    plugin::register(kubelet_socket.clone(), Resource::Percent, "nano-gpu.sock").await.unwrap();
     let r = kubelet.registrations.recv().await.unwrap();
     assert_eq!(
         (r.version.as_str(), r.endpoint.as_str(), r.resource_name.as_str()),
@@ -86,7 +86,7 @@ async fn the_plugin_registers_and_serves_the_kubelet_over_unix_sockets() {
 async fn registration_with_no_kubelet_is_an_error_not_a_hang() {
     let dir = std::env::temp_dir().join(format!("nano-gpu-plugin-none-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = plugin::register(dir.join("kubelet.sock"), Resource::Percent).await.unwrap_err();
+    let e = plugin::register(dir.join("kubelet.sock"), Resource::Percent, "nano-gpu.sock").await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -98,7 +98,7 @@ async fn gpushare_memory_is_served_as_one_id_per_gib_with_gpushares_environment(
     let mut kubelet = FakeKubelet::start(&dir).unwrap();
     let gib = Resource::Gpushare(GpushareUnit::GiB);
     let (_cards, rx) = watch::channel::<Snapshot>(Arc::new(vec![card("GPU-a")]));
-    let socket = kubelet.plugin_dir.join(gib.socket());
+    let socket = kubelet.plugin_dir.join(gib.socket(""));
     tokio::spawn({
         let socket = socket.clone();
         async move {
@@ -112,7 +112,7 @@ async fn gpushare_memory_is_served_as_one_id_per_gib_with_gpushares_environment(
         }
         tokio::task::yield_now().await;
     };
-    plugin::register(kubelet.plugin_dir.join("kubelet.sock"), gib).await.unwrap();
+    plugin::register(kubelet.plugin_dir.join("kubelet.sock"), gib, &gib.socket("")).await.unwrap();
     let r = kubelet.registrations.recv().await.unwrap();
     assert_eq!(
         (r.endpoint.as_str(), r.resource_name.as_str()),

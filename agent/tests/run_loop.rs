@@ -1,6 +1,6 @@
 //! The agent's main loop against a fake kubelet over real unix sockets: registration, re-registration
 //! after a kubelet restart (kubelet.sock re-created, or our socket deleted) within 2 s, and a refused
-//! registration ending the agent with the kubelet's reason.
+//! registration ending the agent with the kubelet's reason; the two agents of a rollout side by side.
 
 use nano_gpu_agent::inventory::{FakeFile, GpuInventory};
 use nano_gpu_agent::run::{self, RunError, Timing};
@@ -86,9 +86,20 @@ fn agent(
     backends: Vec<Box<dyn GpuInventory>>,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = Result<(), RunError>> {
+    agent_named(dir, "", backends, stopped)
+}
+
+/// [`agent`] as agent `instance` of the node.
+fn agent_named(
+    dir: PathBuf,
+    instance: &str,
+    backends: Vec<Box<dyn GpuInventory>>,
+    stopped: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = Result<(), RunError>> {
     let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
     let agent = run::Agent {
         plugin_dir: dir,
+        instance: instance.to_owned(),
         backends,
         timing: TIMING,
         edits: Default::default(),
@@ -176,4 +187,41 @@ async fn a_refused_registration_stops_the_agent_with_the_reason() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_its_devices_again_after() {
+    use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
+    let (dir, backends) = setup("rollout");
+    // A socket left by an agent that was killed: nobody serves it.
+    drop(std::os::unix::net::UnixListener::bind(dir.join("nano-gpu.dead.sock")).unwrap());
+    let (mut seen, _keep) = kubelet(&dir, 0);
+    let (stop_old, stopped) = watch::channel(false);
+    let old = tokio::spawn(agent_named(dir.clone(), "old", backends, stopped));
+    assert_eq!(within(Duration::from_secs(10), &mut seen).await.endpoint, "nano-gpu.old.sock");
+    assert!(!dir.join("nano-gpu.dead.sock").exists(), "a socket nobody serves is removed");
+
+    // The new agent starts while the old one serves: both serve, on their own sockets.
+    let (new_dir, backends) = setup("rollout-new");
+    let (stop_new, stopped) = watch::channel(false);
+    let new = tokio::spawn(agent_named(dir.clone(), "new", backends, stopped));
+    assert_eq!(within(Duration::from_secs(10), &mut seen).await.endpoint, "nano-gpu.new.sock");
+    assert!(dir.join("nano-gpu.old.sock").exists(), "the new agent leaves a served socket alone");
+
+    // The kubelet's stream from the new agent; the old agent stops and removes its socket: the new
+    // one sends its devices again (a kubelet before 1.36 marked them unhealthy at the old one's exit).
+    let channel = nano_gpu_runtime::unix_channel(dir.join("nano-gpu.new.sock")).await.unwrap();
+    let mut stream = DevicePluginClient::new(channel).list_and_watch(Empty {}).await.unwrap().into_inner();
+    assert_eq!(stream.message().await.unwrap().unwrap().devices.len(), 100);
+    stop_old.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), old).await.unwrap().unwrap().unwrap();
+    assert!(!dir.join("nano-gpu.old.sock").exists(), "a stopped agent leaves no socket behind");
+    let again =
+        tokio::time::timeout(Duration::from_secs(2), stream.message()).await.expect("sent again within 2 s");
+    assert_eq!(again.unwrap().unwrap().devices.len(), 100);
+
+    stop_new.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), new).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&new_dir).unwrap();
 }

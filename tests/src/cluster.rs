@@ -182,6 +182,12 @@ impl Cluster {
         script(&["crash", self.dir.to_str().unwrap(), what, &seconds.to_string()]).spawn().unwrap()
     }
 
+    /// SIGSTOP to a control-plane program, SIGCONT `seconds` later (`hack/cluster.sh freeze`: it hangs,
+    /// its connections open and unanswered), in the background.
+    pub fn freeze(&self, what: &str, seconds: u32) -> std::process::Child {
+        script(&["freeze", self.dir.to_str().unwrap(), what, &seconds.to_string()]).spawn().unwrap()
+    }
+
     /// SIGKILL to the processes of one container of a pod, through its node's containerd (a crash;
     /// the kubelet restarts the container).
     pub fn kill_container(&self, namespace: &str, pod: &str, container: &str) {

@@ -6,7 +6,7 @@
 //! The cluster has 16 cards (4 A100, 2 T4 and 2 A10, 8 V100): 48 shares of 30 % fit.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nano_gpu_tests::checks::check_consistency;
 use nano_gpu_tests::cluster::{Cluster, NS, percent_pod, phase, wait_until};
 use std::time::{Duration, Instant};
@@ -49,43 +49,95 @@ async fn phases(pods: &Api<Pod>) -> (usize, usize, Vec<String>) {
     (count("Running"), count("Pending"), failed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_crashes_during_a_burst_lose_no_pod() {
-    let cluster = Cluster::up("faults", 3);
-    let client = cluster.client().await;
-    cluster.ok(&["create", "namespace", NS]);
+/// A burst of 60 shares of 30 % named `<prefix>-NN`; `fault(i)` runs after the i-th is created and
+/// returns what to wait for before the burst is judged. Then: 48 Running, 12 Pending, none failed,
+/// the card and accounting checks; then the burst is deleted (its cards free for the next case).
+async fn burst<F>(cluster: &Cluster, client: &kube::Client, prefix: &str, mut fault: F)
+where
+    F: FnMut(usize) -> Option<std::process::Child>,
+{
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-
-    // 60 shares of 30 % in a burst: kube-apiserver killed after the 30th (back 4 s later), etcd
-    // killed after the 45th (back 3 s later). The agents' pod watches are refused, then expire, while
-    // the kubelets admit pods.
-    let mut crashes = Vec::new();
+    let started = Instant::now();
+    let mut waits = Vec::new();
     for i in 0..60 {
-        create_retrying(&pods, &percent_pod(&format!("burst-{i:02}"), 30)).await;
-        match i {
-            30 => crashes.push(cluster.crash("kube-apiserver", 4)),
-            45 => {
-                // One crash at a time.
-                for mut c in crashes.drain(..) {
-                    assert!(c.wait().unwrap().success(), "restarting kube-apiserver");
-                }
-                crashes.push(cluster.crash("etcd", 3));
-            }
-            _ => {}
-        }
+        create_retrying(&pods, &percent_pod(&format!("{prefix}-{i:02}"), 30)).await;
+        waits.extend(fault(i));
     }
-    for mut c in crashes {
-        assert!(c.wait().unwrap().success(), "restarting etcd");
+    for mut w in waits {
+        assert!(w.wait().unwrap().success(), "{prefix}: the fault's script failed");
     }
-    wait_until("48 of the 60 shares Running", Duration::from_secs(240), || async {
+    wait_until(&format!("{prefix}: 48 of the 60 shares Running"), Duration::from_secs(240), || async {
         let (running, _, failed) = phases(&pods).await;
-        assert!(failed.is_empty(), "pods failed: {failed:?}");
+        assert!(failed.is_empty(), "{prefix}: pods failed: {failed:?}");
         running == 48
     })
     .await;
     // Settled: the 12 that do not fit wait, none fails.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (running, pending, failed) = phases(&pods).await;
-    assert_eq!((running, pending, failed), (48, 12, Vec::<String>::new()));
-    assert_eq!(check_consistency(&cluster, &client).await, 48);
+    assert_eq!((running, pending, failed), (48, 12, Vec::<String>::new()), "{prefix}");
+    assert_eq!(check_consistency(cluster, client).await, 48, "{prefix}");
+    eprintln!(
+        "{prefix}: 48 Running, 12 Pending, none failed, {:?} after the first create",
+        started.elapsed()
+    );
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await.unwrap();
+    wait_until(&format!("{prefix}: deleted"), Duration::from_secs(120), || async {
+        pods.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_during_bursts_lose_no_pod() {
+    let cluster = Cluster::up("faults", 3);
+    let client = cluster.client().await;
+    cluster.ok(&["create", "namespace", NS]);
+
+    // kube-apiserver killed after the 30th (back 4 s later), etcd after the 45th (back 3 s later):
+    // the watches are refused, then expire, while the kubelets admit pods.
+    let mut apiserver = None;
+    burst(&cluster, &client, "crash", |i| match i {
+        30 => {
+            apiserver = Some(cluster.crash("kube-apiserver", 4));
+            None
+        }
+        45 => {
+            // One crash at a time.
+            let back = apiserver.take().unwrap().wait().unwrap();
+            assert!(back.success(), "restarting kube-apiserver");
+            Some(cluster.crash("etcd", 3))
+        }
+        _ => None,
+    })
+    .await;
+
+    // kube-apiserver hung for 30 s after the 20th (SIGSTOP: connections open, nothing answered):
+    // leases lapse, kube-scheduler's leadership is lost, watches stall.
+    burst(&cluster, &client, "hung", |i| (i == 20).then(|| cluster.freeze("kube-apiserver", 30))).await;
+
+    // The kubelet of node-3 (8 of the 16 cards) killed and started again while it admits the burst.
+    burst(&cluster, &client, "kubelet", |i| {
+        if i == 25 {
+            cluster.restart("kubelet", "node-3");
+        }
+        None
+    })
+    .await;
+
+    // The allocator and the agents rolled over together during the burst.
+    burst(&cluster, &client, "rollout", |i| {
+        if i == 10 {
+            cluster.ok(&[
+                "rollout",
+                "restart",
+                "deployment/nano-gpu-allocator",
+                "daemonset/nano-gpu-agent",
+                "-n",
+                "nano-gpu-system",
+            ]);
+        }
+        None
+    })
+    .await;
 }

@@ -44,16 +44,16 @@ pub async fn serve_on(
     Ok(())
 }
 
-/// Registers `resource` with the kubelet; the plugin serves on `resource.socket()` in the kubelet's
-/// directory.
-pub async fn register(kubelet_socket: PathBuf, resource: Resource) -> Result<(), Status> {
+/// Registers `resource` with the kubelet; the plugin serves on `endpoint` (a file name) in the
+/// kubelet's directory.
+pub async fn register(kubelet_socket: PathBuf, resource: Resource, endpoint: &str) -> Result<(), Status> {
     let channel = nano_gpu_runtime::unix_channel(kubelet_socket)
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
     let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
     let request = RegisterRequest {
         version: VERSION.into(),
-        endpoint: resource.socket().into(),
+        endpoint: endpoint.into(),
         resource_name: resource.name().into(),
         options: Some(options),
     };
