@@ -365,7 +365,7 @@ mod tests {
                 "containers[0]",
             ),
             (r#"{"v":2,"containers":[]}"#, "v"),
-            (r#"{"v":1,"containers":[{"container":"c"}]}"#, "containers[0].uuid"),
+            (r#"{"v":1,"containers":[{"container":"c"}]}"#, "containers[0]"),
         ] {
             let e = OverrunMark::decode(text).unwrap_err();
             assert_eq!((e.annotation, e.field.as_str()), (OVERRUN, field), "{text}: {e}");
