@@ -219,29 +219,24 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         }))
     };
-    let names: Vec<String> = plugins.iter().map(|(r, _)| r.socket(&instance)).collect();
-    let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
     let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     remove_dead_sockets(&plugin_dir, &resources).await;
-    let result = serve_and_register(
-        Serving {
-            plugins: &plugins,
-            sockets: &sockets,
-            names: &names,
-            kubelet: &kubelet,
-            snapshot: &snapshot,
-            cards: &cards,
-            edits,
-            timing,
-            readiness: &readiness,
-        },
-        &mut shutdown,
-    )
-    .await;
+    let serving = Serving {
+        plugins: &plugins,
+        instance: &instance,
+        kubelet: &kubelet,
+        snapshot: &snapshot,
+        cards: &cards,
+        edits,
+        timing,
+        readiness: &readiness,
+    };
+    let result = serve_and_register(serving, &mut shutdown).await;
     // The kubelet holds no stream to us any more; no file of ours stays behind.
-    for socket in &sockets {
-        let _ = std::fs::remove_file(socket);
+    for name in sockets_of(&plugin_dir, &resources).into_iter().filter(|n| is_ours(n, &resources, &instance))
+    {
+        let _ = std::fs::remove_file(plugin_dir.join(name));
     }
     result
 }
@@ -249,36 +244,70 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
 /// What serving and registering work with.
 struct Serving<'a> {
     plugins: &'a [(Resource, Option<Arc<Identity>>)],
-    sockets: &'a [PathBuf],
-    names: &'a [String],
+    instance: &'a str,
     kubelet: &'a Path,
     snapshot: &'a watch::Receiver<Snapshot>,
-    cards: &'a watch::Sender<Snapshot>,
+    cards: &'a Arc<watch::Sender<Snapshot>>,
     edits: Edits,
     timing: Timing,
     readiness: &'a Arc<Readiness>,
 }
 
+/// How watching a registration ended.
+enum Watched {
+    /// Shutdown.
+    Stop,
+    /// The kubelet restarted (it deleted our sockets, or re-created its own).
+    KubeletRestarted,
+    /// Another agent of this node stopped serving.
+    AnotherStopped,
+}
+
+/// Servers, and what stops them.
+type Servers = (Vec<tokio::sync::oneshot::Sender<()>>, Vec<tokio::task::JoinHandle<Result<(), String>>>);
+
 /// Serves every resource and registers it, again whenever the kubelet restarts, until `shutdown` or
 /// a refusal.
+///
+/// When another agent of the node (the old one of a rollout) stops, a kubelet before 1.36 marks
+/// every device of the resource unhealthy and stamps the endpoint it now uses, ours, as stopped: its
+/// Allocates fail at once, and five minutes later the resource leaves the node's capacity. So then
+/// the devices are sent again and every resource is registered once more on new sockets
+/// (`<instance>.<generation>`), a fresh endpoint for that kubelet (and one more for a newer one),
+/// while the earlier sockets stay served: closing their streams would stamp the new endpoint too.
 async fn serve_and_register(
     serving: Serving<'_>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let Serving { plugins, sockets, names, kubelet, snapshot, cards, edits, timing, readiness } = serving;
+    let Serving { plugins, instance, kubelet, snapshot, cards, edits, timing, readiness } = serving;
     let plugin_dir = kubelet.parent().unwrap_or(Path::new("."));
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
+    let mut generation = 0u32;
+    let mut earlier: Vec<Servers> = Vec::new();
+    let stop_all = |current: Servers, earlier: &mut Vec<Servers>| {
+        for (stops, servers) in earlier.drain(..).chain([current]) {
+            stop_serving(stops, &servers);
+        }
+    };
     loop {
         if *shutdown.borrow() {
+            stop_all((Vec::new(), Vec::new()), &mut earlier);
             break Ok(());
         }
+        let name = match generation {
+            0 => instance.to_owned(),
+            g => format!("{instance}.{g}"),
+        };
+        let names: Vec<String> = resources.iter().map(|r| r.socket(&name)).collect();
+        let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
         // Serve every resource on its socket.
         let mut stops = Vec::new();
         let mut servers = Vec::new();
-        for ((resource, identity), socket) in plugins.iter().zip(sockets) {
+        for ((resource, identity), socket) in plugins.iter().zip(&sockets) {
             let listener = match plugin::bind(socket) {
                 Ok(l) => l,
                 Err(e) => {
+                    stop_all((stops, servers), &mut earlier);
                     return Err(RunError::Serve { path: socket.clone(), message: e.to_string() });
                 }
             };
@@ -311,7 +340,7 @@ async fn serve_and_register(
         }
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
-        let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(names).collect();
+        let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(&names).collect();
         // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
         // register shows up as a change, and we register again (never the other way round).
         let before = file_identity(kubelet);
@@ -325,7 +354,7 @@ async fn serve_and_register(
             }
             match plugin::register(kubelet.to_path_buf(), resource, name).await {
                 Ok(()) => {
-                    tracing::info!(resource = resource.name(), "registered with the kubelet");
+                    tracing::info!(resource = resource.name(), socket = %name, "registered with the kubelet");
                     pending.remove(0);
                 }
                 Err(s) if s.code() == tonic::Code::Unavailable => {
@@ -351,60 +380,89 @@ async fn serve_and_register(
             Registration::Done(id) => id,
             Registration::ServeAgain => {
                 tracing::info!("a plugin socket was deleted (kubelet starting?); serving again");
-                stop_serving(stops, &servers);
+                stop_all((stops, servers), &mut earlier);
+                generation = 0;
                 continue;
             }
             Registration::Refused(message) => {
-                stop_serving(stops, &servers);
+                stop_all((stops, servers), &mut earlier);
                 break Err(RunError::Refused(message));
             }
         };
         readiness.set_registered(true);
-        // Watch for a kubelet restart; and for the other agent of a rollout going away: a kubelet
-        // before 1.36 then marks every device of the resource unhealthy, even though we serve it,
-        // until we send the list again.
-        let mut others = other_sockets(plugin_dir, &resources, names);
-        let restarted = loop {
+        // Watch for a kubelet restart, and for another agent of the node going away.
+        let seen = served_by_others(plugin_dir, &resources, instance).await;
+        let watched = loop {
             tokio::select! {
                 _ = tokio::time::sleep(timing.check) => {}
-                _ = shutdown.changed() => break false,
+                _ = shutdown.changed() => break Watched::Stop,
             }
             let gone = sockets.iter().any(|s| file_identity(s).is_none());
             if gone || file_identity(kubelet) != kubelet_identity {
-                break true;
+                break Watched::KubeletRestarted;
             }
-            let now = other_sockets(plugin_dir, &resources, names);
-            if others.iter().any(|o| !now.contains(o)) {
-                tracing::info!(
-                    "another agent of this node stopped serving; devices sent to the kubelet again"
-                );
-                cards.send_modify(|_| {});
+            if !seen.is_empty() && !instance.is_empty() {
+                let now = served_by_others(plugin_dir, &resources, instance).await;
+                if seen.iter().any(|o| !now.contains(o)) {
+                    break Watched::AnotherStopped;
+                }
             }
-            others = now;
         };
-        readiness.set_registered(false);
-        stop_serving(stops, &servers);
-        if !restarted {
-            break Ok(());
+        match watched {
+            Watched::AnotherStopped => {
+                tracing::info!("another agent of this node stopped; devices sent again, registering anew");
+                cards.send_modify(|_| {});
+                earlier.push((stops, servers));
+                generation += 1;
+            }
+            Watched::KubeletRestarted => {
+                readiness.set_registered(false);
+                stop_all((stops, servers), &mut earlier);
+                generation = 0;
+                tracing::info!("kubelet restarted; serving and registering again");
+            }
+            Watched::Stop => {
+                readiness.set_registered(false);
+                stop_all((stops, servers), &mut earlier);
+                break Ok(());
+            }
         }
-        tracing::info!("kubelet restarted; serving and registering again");
     }
 }
 
-/// The socket files of `resources` in `dir` other than ours (`names`): another agent's, during a
-/// rollout.
-fn other_sockets(dir: &Path, resources: &[Resource], names: &[String]) -> Vec<String> {
+/// The socket files of `resources` in `dir`.
+fn sockets_of(dir: &Path, resources: &[Resource]) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| resources.iter().any(|r| r.is_socket(n)) && !names.contains(n))
+        .filter(|n| resources.iter().any(|r| r.is_socket(n)))
         .collect()
 }
 
+/// The sockets of `resources` in `dir` that another agent than `instance` serves now (one that
+/// stops may leave its file: an older agent did).
+async fn served_by_others(dir: &Path, resources: &[Resource], instance: &str) -> Vec<String> {
+    let mut served = Vec::new();
+    for name in sockets_of(dir, resources).into_iter().filter(|n| !is_ours(n, resources, instance)) {
+        if tokio::net::UnixStream::connect(dir.join(&name)).await.is_ok() {
+            served.push(name);
+        }
+    }
+    served
+}
+
+/// Whether socket file `name` is agent `instance`'s (any generation).
+fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
+    resources.iter().any(|r| {
+        let base = r.socket(instance);
+        name == base || (!instance.is_empty() && name.starts_with(base.trim_end_matches("sock")))
+    })
+}
+
 /// Removes the sockets of `resources` in `dir` nobody serves (an agent that was killed leaves its
-/// file); an agent that serves (the old one of a rollout) keeps its own.
+/// files); an agent that serves (the old one of a rollout) keeps its own.
 async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
-    for name in other_sockets(dir, resources, &[]) {
+    for name in sockets_of(dir, resources) {
         let path = dir.join(&name);
         if tokio::net::UnixStream::connect(&path).await.is_err() {
             tracing::info!(socket = %name, "removing a plugin socket nobody serves");

@@ -209,7 +209,8 @@ async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_it
     assert!(dir.join("nano-gpu.old.sock").exists(), "the new agent leaves a served socket alone");
 
     // The kubelet's stream from the new agent; the old agent stops and removes its socket: the new
-    // one sends its devices again (a kubelet before 1.36 marked them unhealthy at the old one's exit).
+    // one sends its devices again and registers anew on a new socket (a kubelet before 1.36 marked
+    // them unhealthy and its endpoint stopped at the old one's exit), serving the first one on.
     let channel = nano_gpu_runtime::unix_channel(dir.join("nano-gpu.new.sock")).await.unwrap();
     let mut stream = DevicePluginClient::new(channel).list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(stream.message().await.unwrap().unwrap().devices.len(), 100);
@@ -222,6 +223,12 @@ async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_it
 
     stop_new.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), new).await.unwrap().unwrap().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("nano-gpu"))
+        .collect();
+    assert!(left.is_empty(), "sockets left behind: {left:?}");
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&new_dir).unwrap();
 }
