@@ -338,6 +338,9 @@ async fn serve_and_register(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        // The other agents serving now (the old one of a rollout), before we register: one that
+        // stops from here on is noticed, even while we register.
+        let seen = served_by_others(plugin_dir, &resources, instance).await;
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
         let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(&names).collect();
@@ -391,7 +394,6 @@ async fn serve_and_register(
         };
         readiness.set_registered(true);
         // Watch for a kubelet restart, and for another agent of the node going away.
-        let seen = served_by_others(plugin_dir, &resources, instance).await;
         let watched = loop {
             tokio::select! {
                 _ = tokio::time::sleep(timing.check) => {}
