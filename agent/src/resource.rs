@@ -39,10 +39,16 @@ impl Resource {
 
     /// Whether `file` is a socket name of this resource's plugin (of any instance).
     pub fn is_socket(self, file: &str) -> bool {
-        let stem = self.stem();
-        file.strip_prefix(stem)
-            .and_then(|rest| rest.strip_suffix(".sock"))
-            .is_some_and(|middle| middle.is_empty() || (middle.starts_with('.') && middle.len() > 1))
+        self.instance_of(file).is_some()
+    }
+
+    /// The agent instance a socket file of this resource's plugin is named after (`""` for
+    /// `nano-gpu.sock`, `x.1` for `nano-gpu.x.1.sock`); `None` when it is not one.
+    pub fn instance_of(self, file: &str) -> Option<&str> {
+        match file.strip_prefix(self.stem())?.strip_suffix(".sock")? {
+            "" => Some(""),
+            middle => middle.strip_prefix('.').filter(|m| !m.is_empty()),
+        }
     }
 
     fn stem(self) -> &'static str {

@@ -219,13 +219,12 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         }))
     };
-    let kubelet = plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     remove_dead_sockets(&plugin_dir, &resources).await;
     let serving = Serving {
         plugins: &plugins,
         instance: &instance,
-        kubelet: &kubelet,
+        plugin_dir: &plugin_dir,
         snapshot: &snapshot,
         cards: &cards,
         edits,
@@ -245,7 +244,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
 struct Serving<'a> {
     plugins: &'a [(Resource, Option<Arc<Identity>>)],
     instance: &'a str,
-    kubelet: &'a Path,
+    plugin_dir: &'a Path,
     snapshot: &'a watch::Receiver<Snapshot>,
     cards: &'a Arc<watch::Sender<Snapshot>>,
     edits: Edits,
@@ -279,8 +278,8 @@ async fn serve_and_register(
     serving: Serving<'_>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let Serving { plugins, instance, kubelet, snapshot, cards, edits, timing, readiness } = serving;
-    let plugin_dir = kubelet.parent().unwrap_or(Path::new("."));
+    let Serving { plugins, instance, plugin_dir, snapshot, cards, edits, timing, readiness } = serving;
+    let kubelet = &plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
@@ -294,10 +293,7 @@ async fn serve_and_register(
             stop_all((Vec::new(), Vec::new()), &mut earlier);
             break Ok(());
         }
-        let name = match generation {
-            0 => instance.to_owned(),
-            g => format!("{instance}.{g}"),
-        };
+        let name = generation_name(instance, generation);
         let names: Vec<String> = resources.iter().map(|r| r.socket(&name)).collect();
         let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
         // Serve every resource on its socket.
@@ -446,18 +442,31 @@ fn sockets_of(dir: &Path, resources: &[Resource]) -> Vec<String> {
 async fn served_by_others(dir: &Path, resources: &[Resource], instance: &str) -> Vec<String> {
     let mut served = Vec::new();
     for name in sockets_of(dir, resources).into_iter().filter(|n| !is_ours(n, resources, instance)) {
-        if tokio::net::UnixStream::connect(dir.join(&name)).await.is_ok() {
+        if is_served(&dir.join(&name)).await {
             served.push(name);
         }
     }
     served
 }
 
-/// Whether socket file `name` is agent `instance`'s (any generation).
+/// Whether something accepts connections on the socket at `path`.
+async fn is_served(path: &Path) -> bool {
+    tokio::net::UnixStream::connect(path).await.is_ok()
+}
+
+/// The name agent `instance` serves its `generation`-th sockets under (the first: its own name).
+fn generation_name(instance: &str, generation: u32) -> String {
+    match generation {
+        0 => instance.to_owned(),
+        g => format!("{instance}.{g}"),
+    }
+}
+
+/// Whether socket file `name` is agent `instance`'s (any generation, [`generation_name`]).
 fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
-    resources.iter().any(|r| {
-        let base = r.socket(instance);
-        name == base || (!instance.is_empty() && name.starts_with(base.trim_end_matches("sock")))
+    resources.iter().filter_map(|r| r.instance_of(name)).any(|of| {
+        of == instance
+            || (!instance.is_empty() && of.strip_prefix(instance).is_some_and(|g| g.starts_with('.')))
     })
 }
 
@@ -466,7 +475,7 @@ fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
 async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
     for name in sockets_of(dir, resources) {
         let path = dir.join(&name);
-        if tokio::net::UnixStream::connect(&path).await.is_err() {
+        if !is_served(&path).await {
             tracing::info!(socket = %name, "removing a plugin socket nobody serves");
             let _ = std::fs::remove_file(&path);
         }
