@@ -98,8 +98,8 @@ async fn faults_during_bursts_lose_no_pod() {
     // leases lapse, kube-scheduler's leadership is lost, watches stall.
     burst(&cluster, &client, "hung", |i| (i == 20).then(|| cluster.freeze("kube-apiserver", 30))).await;
 
-    // Not here yet: node-3's kubelet killed and started again during a burst. It passed three runs
-    // out of four; in the fourth (a CI run) the 48 did not all run within 240 s, with node-3's
+    // Not here yet: node-3's kubelet killed and started again during a burst. It passed four runs
+    // out of five; in the fifth (a CI run) the 48 did not all run within 240 s, with node-3's
     // agent and allocator pods unready just before the restart. Not understood yet, so not in the
     // suite.
 
@@ -120,7 +120,7 @@ async fn faults_during_bursts_lose_no_pod() {
     .await;
 }
 
-/// Known to fail about one run in six: a share bound during the crash ends `UnexpectedAdmissionError`
+/// Known to fail: once in nine runs so far, a share bound during the crash ends `UnexpectedAdmissionError`
 /// with "it has no nano-gpu/assignment annotation" (seen once in a CI run; the bind's rollback after a
 /// lost answer is the suspect). Run by hand until fixed:
 /// `cargo test -p nano-gpu-tests --test faults -- --ignored`.
