@@ -9,8 +9,9 @@
 //!    tries again, up to [`CONFLICT_RETRIES`] times.
 //! 4. POST `pods/binding`.
 //!
-//! Any failure after step 2 removes what was written and gives the reservation back, and comes back
-//! as a [`BindFailed`] naming the step.
+//! A failure comes back as a [`BindFailed`] naming the step. Before any write, the reservation is
+//! simply given back; after one, what the API server holds decides (an answer may have been lost):
+//! see [`settle_failure`].
 
 use crate::binder::{ApiError, Binder};
 use crate::extender::BindError;
@@ -98,9 +99,8 @@ pub async fn bind<B: Binder>(
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
     let key = || format!("{ns}/{name}");
-    if !leader.is_leader() {
-        return Err(BindFailed::NotLeader);
-    }
+    // Counted in flight until it returns: a leader that stops lets it end before giving the Lease up.
+    let Some(_decision) = leader.decide() else { return Err(BindFailed::NotLeader) };
     let mut pod =
         binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
@@ -114,11 +114,14 @@ pub async fn bind<B: Binder>(
     let set: BTreeMap<String, Option<String>> =
         reservation.annotations.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
     let mut attempt = 0;
+    // Whether an annotation write went out (its answer may be lost: then it may have been made).
+    let mut written = false;
     let annotated = loop {
         let rv = pod.metadata.resource_version.clone();
         if !leader.is_leader() {
             break Err(BindFailed::NotLeader);
         }
+        written = true;
         match binder.annotate(ns, name, uid, rv.as_deref(), &set).await {
             Ok(()) => break Ok(()),
             Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
@@ -141,30 +144,72 @@ pub async fn bind<B: Binder>(
         }),
         Err(e) => Err(e),
     };
-    if result.is_err() {
-        // A replica that is no longer the leader leaves the API to the one that is (the pod may
-        // already carry the new leader's assignment); it only forgets its own reservation.
-        let writes = leader.is_leader();
-        roll_back(view, binder, writes, ns, name, uid, &reservation).await;
+    match result {
+        Ok(()) => Ok(()),
+        // Kube-scheduler's retry of a pod that held this assignment already: nothing of ours to undo.
+        Err(e) if !reservation.fresh => Err(e),
+        Err(e) if !written => {
+            view.lock().release(&reservation);
+            Err(e)
+        }
+        Err(e) => settle_failure(view, binder, args, &reservation, e).await,
     }
-    result
 }
 
-async fn roll_back<B: Binder>(
+/// A bind failed after an annotation write went out; what the API server holds now decides what that
+/// failure was. Its answers may have been lost (a crash, a timeout), so nothing is undone blind:
+/// - the pod is bound to the node with our assignment: the bind took effect, only its answer was
+///   lost, and it succeeded;
+/// - the pod is unbound with our assignment: the assignment is removed, only while it is still ours
+///   (resourceVersion precondition: a new leader's assignment is never removed; this also holds for a
+///   replica that lost leadership meanwhile), and the reservation given back;
+/// - another assignment, another pod, or none: the reservation is given back;
+/// - the pod cannot be read, or the removal's answer is lost: what it holds is left as it is (it may be
+///   bound) and the view keeps the reservation until the watch shows the pod.
+async fn settle_failure<B: Binder>(
     view: &SharedView,
     binder: &B,
-    writes: bool,
-    ns: &str,
-    name: &str,
-    uid: &str,
+    args: &ExtenderBindingArgs,
     reservation: &Reservation,
-) {
+    failed: BindFailed,
+) -> Result<(), BindFailed> {
+    let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
+    let key = format!("{ns}/{name}");
+    let ours = reservation.annotations.get(ASSIGNMENT_ANNOTATION);
     let remove = reservation.annotations.keys().map(|k| (k.clone(), None)).collect();
-    if reservation.fresh
-        && writes
-        && let Err(e) = binder.annotate(ns, name, uid, None, &remove).await
-    {
-        tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "could not remove the assignment after a failed bind");
+    for _ in 0..=CONFLICT_RETRIES {
+        let pod = match binder.get_pod(ns, name).await {
+            Ok(pod) => pod,
+            Err(ApiError::NotFound(_)) => break,
+            Err(e) => {
+                tracing::warn!(pod = %key, error = %e, after = %failed, "a failed bind's outcome cannot be read; its assignment stays until the pod is seen");
+                return Err(failed);
+            }
+        };
+        let assignment = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+        if pod.metadata.uid.as_deref() != Some(uid.as_str()) || assignment != ours {
+            break;
+        }
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            Some(n) if n == node.as_str() => {
+                tracing::info!(pod = %key, node = %node, after = %failed, "the bind took effect; its answer was lost");
+                return Ok(());
+            }
+            Some(other) => {
+                tracing::warn!(pod = %key, node = %other, "bound elsewhere with our assignment; left as it is");
+                break;
+            }
+            None => {}
+        }
+        match binder.annotate(ns, name, uid, pod.metadata.resource_version.as_deref(), &remove).await {
+            Ok(()) => break,
+            Err(ApiError::Conflict(_)) => continue,
+            Err(e) => {
+                tracing::warn!(pod = %key, error = %e, "could not remove the assignment after a failed bind");
+                return Err(failed);
+            }
+        }
     }
     view.lock().release(reservation);
+    Err(failed)
 }

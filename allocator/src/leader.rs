@@ -36,9 +36,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Whether this replica may decide now. Without election it always may; with election only until the
-/// deadline its last successful renewal set.
+/// deadline its last successful renewal set. It also counts the decisions in flight ([`Decision`]), so
+/// that a leader that stops waits for its last writes to land before it gives the Lease up.
 #[derive(Debug)]
-pub struct Leadership(Mutex<Lead>);
+pub struct Leadership {
+    lead: Mutex<Lead>,
+    in_flight: tokio::sync::watch::Sender<usize>,
+}
+
+/// One decision in flight (a bind, from its first read to its last write), counted while it lives.
+#[derive(Debug)]
+pub struct Decision<'a>(&'a Leadership);
+
+impl Drop for Decision<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.send_modify(|n| *n -= 1);
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lead {
@@ -53,16 +67,36 @@ enum Lead {
 impl Leadership {
     /// No election: this replica always decides.
     pub fn always() -> Self {
-        Leadership(Mutex::new(Lead::Always))
+        Self::starting(Lead::Always)
     }
 
     /// Elected: a follower until [`run`] wins the Lease.
     pub fn elected() -> Self {
-        Leadership(Mutex::new(Lead::Not))
+        Self::starting(Lead::Not)
+    }
+
+    fn starting(lead: Lead) -> Self {
+        Leadership { lead: Mutex::new(lead), in_flight: tokio::sync::watch::Sender::new(0) }
     }
 
     fn lead(&self) -> std::sync::MutexGuard<'_, Lead> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.lead.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a decision if this replica leads now; it counts until the returned guard drops. The
+    /// decision still checks [`Leadership::is_leader`] before each write.
+    pub fn decide(&self) -> Option<Decision<'_>> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.in_flight.send_modify(|n| *n += 1);
+        Some(Decision(self))
+    }
+
+    /// Waits until no decision is in flight, at most `limit`; returns whether none is.
+    pub async fn settled(&self, limit: Duration) -> bool {
+        let mut count = self.in_flight.subscribe();
+        matches!(tokio::time::timeout(limit, count.wait_for(|n| *n == 0)).await, Ok(Ok(_)))
     }
 
     /// Whether this replica may decide at this moment.
@@ -276,6 +310,29 @@ pub struct Election {
     pub label: Option<LeaderLabel>,
     /// kube-scheduler's Lease (same namespace): contend only while this pod's kube-scheduler holds it.
     pub follow: Option<String>,
+    /// What a replica that just won the Lease waits for before it decides (within the limit it is
+    /// given; false: not yet): its view holding what the previous leader wrote. None: nothing.
+    pub catch_up: Option<CatchUp>,
+}
+
+/// See [`Election::catch_up`].
+pub type CatchUp = Box<dyn Fn(Duration) -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
+
+/// How long a leader that stops waits for its decisions in flight (a bind's last API call, bounded by
+/// [`CALL_TIMEOUT`](crate::binder::CALL_TIMEOUT)) before it gives the Lease up: the next leader must
+/// find every write of this one made.
+pub const SETTLE: Duration = Duration::from_secs(crate::binder::CALL_TIMEOUT.as_secs() + 1);
+
+/// Stops deciding; once the decisions in flight ended (at most [`SETTLE`]), returns whether this
+/// replica led.
+async fn stop_deciding(leadership: &Leadership) -> bool {
+    if !leadership.step_down() {
+        return false;
+    }
+    if !leadership.settled(SETTLE).await {
+        tracing::warn!("a decision was still in flight after {SETTLE:?}; giving the lease up anyway");
+    }
+    true
 }
 
 /// Whether `holder` of kube-scheduler's Lease is the kube-scheduler of pod `me`: kube-scheduler names
@@ -312,7 +369,7 @@ pub async fn run(
     start: impl std::future::Future<Output = ()>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let Election { api, name, me, timing, mut label, follow } = election;
+    let Election { api, name, me, timing, mut label, follow, catch_up } = election;
     let mut seen = Observation::default();
     tokio::pin!(stop);
     tokio::select! {
@@ -329,7 +386,7 @@ pub async fn run(
                 .unwrap_or_else(|| leadership.is_leader()),
         };
         if !contend {
-            if leadership.step_down() {
+            if stop_deciding(&leadership).await {
                 tracing::info!(lease = %name, "this pod's kube-scheduler does not lead; stopped deciding");
             }
             // Still watched, so that a take-over when our scheduler leads need not wait a whole lease
@@ -338,7 +395,15 @@ pub async fn run(
         } else {
             match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
                 Ok(true) => {
-                    if leadership.hold_until(began + timing.renew_deadline) {
+                    // Newly leading: only once the view holds what the last leader wrote.
+                    let ready = leadership.is_leader()
+                        || match &catch_up {
+                            Some(catch_up) => catch_up(timing.call_limit()).await,
+                            None => true,
+                        };
+                    if !ready {
+                        tracing::warn!(lease = %name, "holds the lease, but its view has not caught up yet");
+                    } else if leadership.hold_until(began + timing.renew_deadline) {
                         tracing::info!(lease = %name, identity = %me, "became the leader");
                     }
                 }
@@ -359,7 +424,7 @@ pub async fn run(
             _ = &mut stop => break,
         }
     }
-    if leadership.step_down() {
+    if stop_deciding(&leadership).await {
         give_up(&api, &name, &me, timing.call_limit(), &mut seen).await;
     }
     if let Some(label) = label.as_mut() {
@@ -424,7 +489,15 @@ mod tests {
 
         /// Replica "me" in the election for Lease "l", without a label.
         fn election(api: Api<Lease>) -> Election {
-            Election { api, name: "l".into(), me: "me".into(), timing: TIMING, label: None, follow: None }
+            Election {
+                api,
+                name: "l".into(),
+                me: "me".into(),
+                timing: TIMING,
+                label: None,
+                follow: None,
+                catch_up: None,
+            }
         }
 
         #[tokio::test]
@@ -572,6 +645,80 @@ mod tests {
             run(election(api), leadership.clone(), std::future::ready(()), stop).await;
             server.await.unwrap();
             assert!(!leadership.is_leader(), "a replica that gave the lease up decides nothing");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_stopping_leader_lets_its_binds_in_flight_end_before_it_gives_the_lease_up() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let leadership = Arc::new(Leadership::elected());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let election =
+                tokio::spawn(run(election(api), leadership.clone(), std::future::ready(()), async {
+                    let _ = stopped.await;
+                }));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(failure(404, "NotFound"));
+            let (req, send) = handle.next_request().await.unwrap();
+            let created = body_json(req).await;
+            send.send_response(respond(201, created.clone()));
+            while !leadership.is_leader() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let bind = leadership.decide().expect("the leader decides");
+            stop.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(leadership.decide().is_none(), "a stopping leader starts no decision");
+            let early = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+            assert!(early.is_err(), "the lease was given up while a bind was in flight");
+            drop(bind);
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method().as_str(), "GET");
+            send.send_response(respond(200, created));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method().as_str(), "PUT");
+            let body = body_json(req).await;
+            assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
+            send.send_response(respond(200, body));
+            election.await.unwrap();
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_replica_that_wins_the_lease_decides_only_once_its_view_caught_up() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let leadership = Arc::new(Leadership::elected());
+            let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut part = election(api);
+            let counted = calls.clone();
+            // Not caught up at the first try, caught up at the second.
+            part.catch_up = Some(Box::new(move |_| {
+                let calls = counted.clone();
+                Box::pin(async move { calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1 })
+            }));
+            let election =
+                tokio::spawn(run(part, leadership.clone(), std::future::ready(()), std::future::pending()));
+            let calls_now = || calls.load(std::sync::atomic::Ordering::SeqCst);
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(failure(404, "NotFound"));
+            let (req, send) = handle.next_request().await.unwrap();
+            let mut held = body_json(req).await;
+            send.send_response(respond(201, held.clone()));
+            // Each later attempt: the Lease read (ours), then renewed.
+            for round in 1..=3 {
+                let (_, send) = handle.next_request().await.unwrap();
+                assert_eq!(leadership.is_leader(), round > 1, "round {round}");
+                assert_eq!(calls_now(), round.min(2), "a catch-up per attempt until one succeeds, then none");
+                held["metadata"]["resourceVersion"] = json!(round.to_string());
+                send.send_response(respond(200, held.clone()));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method().as_str(), "PUT");
+                send.send_response(respond(200, body_json(req).await));
+            }
+            let (_, _send) = handle.next_request().await.unwrap();
+            assert!(leadership.is_leader());
+            assert_eq!(calls_now(), 2);
+            election.abort();
         }
 
         #[tokio::test(start_paused = true)]

@@ -288,7 +288,20 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 }
             };
             let follow = args.follow_scheduler_lease.clone();
-            let part = leader::Election { api, name: args.lease_name.clone(), me: identity, timing, label, follow };
+            let (pods, view) = (kube::Api::all(client.clone()), shared.view.clone());
+            let catch_up: leader::CatchUp = Box::new(move |limit| {
+                let (pods, view) = (pods.clone(), view.clone());
+                Box::pin(async move { watch::caught_up(&pods, &view, limit).await })
+            });
+            let part = leader::Election {
+                api,
+                name: args.lease_name.clone(),
+                me: identity,
+                timing,
+                label,
+                follow,
+                catch_up: Some(catch_up),
+            };
             let run = leader::run(part, shared.leader.clone(), synced, async {
                 let _ = stopped.await;
             });
@@ -456,14 +469,15 @@ fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
     }
 }
 
-/// Resolves at SIGTERM, once the election (if any) gave the Lease and the leader label up: another
-/// replica leads at once, while this one drains its open connections.
+/// Resolves at SIGTERM, once the election (if any) let its binds in flight end and gave the Lease and
+/// the leader label up: another replica leads at once, while this one drains its open connections.
 async fn shutdown(election: Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>) {
     nano_gpu_runtime::terminated().await;
     tracing::info!("shutting down");
     if let Some((task, stop)) = election {
         let _ = stop.send(());
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        // Within the pod's 30 s grace period: binds settling, then two calls of the election.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(25), task).await;
     }
 }
 

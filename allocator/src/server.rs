@@ -301,13 +301,20 @@ mod tests {
     use std::time::SystemTime;
     use tower::ServiceExt;
 
-    /// A hand-written fake of the API calls: records them, and fails on demand.
+    /// A hand-written fake of the API calls: records them, keeps the pods they write (each write a new
+    /// resourceVersion), and fails on demand.
     #[derive(Default)]
     struct FakeBinder {
         calls: Mutex<Vec<String>>,
         pods: Mutex<HashMap<String, Pod>>,
         conflicts: AtomicUsize,
         fail_bind: AtomicBool,
+        /// The binding is made, but its answer is lost (a timeout).
+        lose_bind_answer: AtomicBool,
+        /// Reads fail after a binding was tried (the API server went away).
+        unreadable_after_bind: AtomicBool,
+        /// Another writer's assignment, written when a binding is tried.
+        written_at_bind: Mutex<Option<String>>,
         written: Mutex<Vec<BTreeMap<String, Option<String>>>>,
     }
 
@@ -315,11 +322,29 @@ mod tests {
         fn calls(&self) -> Vec<String> {
             self.calls.lock().unwrap().clone()
         }
+
+        /// Changes a stored pod as a write does: a new resourceVersion.
+        fn change(&self, name: &str, write: impl FnOnce(&mut Pod)) {
+            if let Some(p) = self.pods.lock().unwrap().get_mut(name) {
+                write(p);
+                let rv = p.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+                p.metadata.resource_version = Some((rv.unwrap_or(0) + 1).to_string());
+            }
+        }
+
+        fn assignment(&self, name: &str) -> Option<String> {
+            let pods = self.pods.lock().unwrap();
+            pods.get(name)?.metadata.annotations.as_ref()?.get(ASSIGNMENT_ANNOTATION).cloned()
+        }
     }
 
     impl Binder for FakeBinder {
         async fn get_pod(&self, ns: &str, name: &str) -> Result<Pod, ApiError> {
             self.calls.lock().unwrap().push(format!("get {ns}/{name}"));
+            let tried = self.calls().iter().any(|c| c.starts_with("bind "));
+            if tried && self.unreadable_after_bind.load(Ordering::SeqCst) {
+                return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
+            }
             self.pods.lock().unwrap().get(name).cloned().ok_or_else(|| ApiError::NotFound(name.into()))
         }
 
@@ -339,13 +364,30 @@ mod tests {
                 self.conflicts.fetch_sub(1, Ordering::SeqCst);
                 return Err(ApiError::Conflict("the object has been modified".into()));
             }
+            self.change(name, |p| {
+                let held = p.metadata.annotations.get_or_insert_default();
+                for (k, v) in annotations {
+                    match v {
+                        Some(v) => held.insert(k.clone(), v.clone()),
+                        None => held.remove(k),
+                    };
+                }
+            });
             Ok(())
         }
 
         async fn bind(&self, _: &str, name: &str, _: &str, node: &str) -> Result<(), ApiError> {
             self.calls.lock().unwrap().push(format!("bind {name} {node}"));
+            if let Some(theirs) = self.written_at_bind.lock().unwrap().take() {
+                let annotations = [(ASSIGNMENT_ANNOTATION.to_owned(), theirs)];
+                self.change(name, |p| p.metadata.annotations.get_or_insert_default().extend(annotations));
+            }
             if self.fail_bind.load(Ordering::SeqCst) {
                 return Err(ApiError::Other("binding refused".into()));
+            }
+            self.change(name, |p| p.spec.get_or_insert_default().node_name = Some(node.to_owned()));
+            if self.lose_bind_answer.load(Ordering::SeqCst) {
+                return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
             }
             Ok(())
         }
@@ -599,7 +641,54 @@ mod tests {
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         let r: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(r["Error"], "binding ns/a to n1: binding refused");
-        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=1", "bind a n1", "unannotate a rv=-"]);
+        // The pod read back: still unbound with our assignment, which is removed over that read.
+        assert_eq!(
+            s.binder.calls(),
+            vec!["get ns/a", "annotate a rv=1", "bind a n1", "get ns/a", "unannotate a rv=2"]
+        );
+        assert_eq!(s.binder.assignment("a"), None);
+        assert_eq!(free(&s), 100);
+    }
+
+    #[tokio::test]
+    async fn a_binding_whose_answer_was_lost_is_read_back_and_kept() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.lose_bind_answer.store(true, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#, "the pod is bound: the bind took effect");
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=1", "bind a n1", "get ns/a"]);
+        assert!(s.binder.assignment("a").is_some(), "a bound pod keeps its assignment");
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn a_failed_bind_whose_outcome_cannot_be_read_leaves_the_assignment_and_the_reservation() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.lose_bind_answer.store(true, Ordering::SeqCst);
+        s.binder.unreadable_after_bind.store(true, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert!(body.contains("did not answer"), "{body}");
+        assert!(!s.binder.calls().iter().any(|c| c.starts_with("unannotate")), "{:?}", s.binder.calls());
+        assert!(s.binder.assignment("a").is_some());
+        // Held until the watch shows the pod: it may well be bound (here it is).
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn a_failed_bind_never_removes_an_assignment_written_since_by_another() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.fail_bind.store(true, Ordering::SeqCst);
+        // Another leader's assignment lands while our binding fails.
+        let theirs = r#"{"v":1,"node":"n1","at":"other","containers":{"c":[{"uuid":"GPU-0","index":0,"percent":60}]}}"#;
+        *s.binder.written_at_bind.lock().unwrap() = Some(theirs.to_owned());
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert!(body.contains("binding refused"), "{body}");
+        assert!(!s.binder.calls().iter().any(|c| c.starts_with("unannotate")), "{:?}", s.binder.calls());
+        assert_eq!(s.binder.assignment("a").as_deref(), Some(theirs));
+        // Our reservation is given back; theirs comes in with the watch.
         assert_eq!(free(&s), 100);
     }
 

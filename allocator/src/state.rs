@@ -70,6 +70,8 @@ pub struct ClusterState {
     /// During a re-list: the names and uids seen so far.
     relisting_nodes: Option<HashSet<String>>,
     relisting_pods: Option<HashSet<String>>,
+    /// The newest pod resourceVersion a watch event showed.
+    pods_version: u64,
     warnings: Vec<Warning>,
 }
 
@@ -139,6 +141,7 @@ impl ClusterState {
             by_node: HashMap::new(),
             relisting_nodes: None,
             relisting_pods: None,
+            pods_version: 0,
             warnings: Vec::new(),
         }
     }

@@ -7,6 +7,7 @@
 use crate::state::{ClusterState, Listed, SharedView, Warning};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -146,6 +147,51 @@ pub async fn publish(recorder: &Recorder, w: &Warning, action: &str) {
     }
 }
 
+/// Waits, at most `limit`, until the view holds every pod write the API server held when this was
+/// called; returns whether it does. A new leader calls it before deciding: the replica that led before
+/// wrote its last assignments moments ago, and a decision on a view that has not seen them would give
+/// their cards away again. A consistent list of the pods' metadata names the newest write; the pod
+/// watch shows writes in order, so the view holds it once the watch showed that one or a later one.
+/// Pods deleted since only make the view hold more than it must for a moment (never less).
+pub async fn caught_up(pods: &Api<Pod>, view: &SharedView, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    // No resourceVersion: a consistent read, as of now.
+    let list = match tokio::time::timeout_at(deadline, pods.list_metadata(&ListParams::default())).await {
+        Ok(Ok(list)) => list,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "listing pods to catch up failed");
+            return false;
+        }
+        Err(_) => {
+            tracing::warn!("listing pods to catch up took over {limit:?}");
+            return false;
+        }
+    };
+    let versions: Result<Vec<u64>, _> = list
+        .items
+        .iter()
+        .map(|p| p.metadata.resource_version.as_deref().unwrap_or("0").parse::<u64>())
+        .collect();
+    let Ok(newest) = versions.map(|v| v.into_iter().max().unwrap_or(0)) else {
+        // Not etcd's numbers: the order of writes cannot be read from them.
+        tracing::warn!("pod resourceVersions are not numbers; deciding without waiting for the watch");
+        return true;
+    };
+    loop {
+        if view.lock().has_pods_up_to(newest) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                resource_version = newest,
+                "the pod watch did not show the newest pod write within {limit:?}"
+            );
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Runs the node and pod watches until they end (they only end with the process).
 pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
@@ -191,6 +237,85 @@ mod tests {
         let names: Vec<_> =
             state.inspect()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect();
         assert_eq!(names, vec![json!("new")]);
+    }
+
+    fn versioned_pod(uid: &str, version: &str) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": version}}),
+        )
+        .unwrap()
+    }
+
+    /// A pod list whose items have `versions`, as the API server answers a metadata list.
+    fn listed(versions: &[&str]) -> serde_json::Value {
+        let items: Vec<_> = versions
+            .iter()
+            .enumerate()
+            .map(|(i, v)| json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}"), "namespace": "ns", "resourceVersion": v}}))
+            .collect();
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "99"}, "items": items})
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_has_caught_up_once_its_watch_showed_the_newest_pod_write_and_no_relist_is_half_done() {
+        use crate::api_replies::respond;
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods: Api<Pod> = Api::all(kube::Client::new(svc, "default"));
+        let view = Arc::new(SharedView::new(state()));
+        view.lock().apply_pod(&versioned_pod("a", "5"));
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.uri().path(), "/api/v1/pods");
+            assert!(!req.uri().query().unwrap_or("").contains("resourceVersion"), "a consistent list");
+            send.send_response(respond(200, listed(&["3", "8"])));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(respond(200, listed(&["4"])));
+        });
+        let feeder = view.clone();
+        let feed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            // A re-list shows the newest write, but is not done yet.
+            {
+                let mut state = feeder.lock();
+                apply_event(&mut state, Event::<Pod>::Init);
+                apply_event(&mut state, Event::InitApply(versioned_pod("b", "8")));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            apply_event(&mut feeder.lock(), Event::<Pod>::InitDone);
+        });
+        let started = tokio::time::Instant::now();
+        assert!(caught_up(&pods, &view, Duration::from_secs(5)).await);
+        assert!(started.elapsed() >= Duration::from_secs(1), "caught up before the re-list was done");
+        feed.await.unwrap();
+        // Nothing newer than what the view showed: at once.
+        let started = tokio::time::Instant::now();
+        assert!(caught_up(&pods, &view, Duration::from_secs(5)).await);
+        assert!(started.elapsed() < Duration::from_millis(100));
+        server.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_that_never_shows_the_newest_write_or_a_failed_list_is_not_caught_up() {
+        use crate::api_replies::{failure, respond};
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods: Api<Pod> = Api::all(kube::Client::new(svc, "default"));
+        let view = SharedView::new(state());
+        view.lock().delete_pod(&versioned_pod("gone", "6"));
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(respond(200, listed(&["7"])));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(failure(500, "InternalError"));
+        });
+        let started = tokio::time::Instant::now();
+        assert!(!caught_up(&pods, &view, Duration::from_secs(3)).await);
+        assert!(started.elapsed() >= Duration::from_secs(3));
+        assert!(!caught_up(&pods, &view, Duration::from_secs(3)).await);
+        server.await.unwrap();
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_tests::checks::check_consistency;
 use nano_gpu_tests::cluster::{Cluster, NS, percent_pod, phase, wait_until};
 use std::time::{Duration, Instant};
@@ -49,6 +50,22 @@ async fn phases(pods: &Api<Pod>) -> (usize, usize, Vec<String>) {
     (count("Running"), count("Pending"), failed)
 }
 
+/// Every pod of `pods`: its phase, node and assignment, one per line.
+async fn placements(pods: &Api<Pod>) -> String {
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    let line = |p: &Pod| {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("-");
+        let assigned = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+        format!(
+            "{} {} {node} {}",
+            p.metadata.name.as_deref().unwrap_or(""),
+            phase(p),
+            assigned.map_or("-", |a| a)
+        )
+    };
+    list.items.iter().map(line).collect::<Vec<_>>().join("\n")
+}
+
 /// A burst of 60 shares of 30 % named `<prefix>-NN`; `fault(i)` runs after the i-th is created and
 /// returns what to wait for before the burst is judged. Then: 48 Running, 12 Pending, none failed,
 /// the card and accounting checks; then the burst is deleted (its cards free for the next case).
@@ -72,9 +89,14 @@ where
         running == 48
     })
     .await;
-    // Settled: the 12 that do not fit wait, none fails.
+    // Settled: the 12 that do not fit wait, none fails. When that is not so, the placements say why
+    // (and the card checks run first: a card over 100 % is the likeliest story).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (running, pending, failed) = phases(&pods).await;
+    if (running, pending, &failed) != (48, 12, &Vec::new()) {
+        eprintln!("{prefix}: placements:\n{}", placements(&pods).await);
+        check_consistency(cluster, client).await;
+    }
     assert_eq!((running, pending, failed), (48, 12, Vec::<String>::new()), "{prefix}");
     assert_eq!(check_consistency(cluster, client).await, 48, "{prefix}");
     eprintln!(

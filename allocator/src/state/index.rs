@@ -57,6 +57,7 @@ impl ClusterState {
 
     /// A Pod was added or changed.
     pub fn apply_pod(&mut self, pod: &Pod) {
+        self.note_version(pod);
         let Some(uid) = pod_uid(pod).map(str::to_owned) else { return };
         if let Some(seen) = self.relisting_pods.as_mut() {
             seen.insert(uid.clone());
@@ -111,9 +112,26 @@ impl ClusterState {
 
     /// A Pod was deleted.
     pub fn delete_pod(&mut self, pod: &Pod) {
+        self.note_version(pod);
         if let Some(uid) = pod_uid(pod) {
             self.forget_pod(uid);
         }
+    }
+
+    /// Notes the resourceVersion of a pod the watch showed: the watch shows pod writes in the order
+    /// they were made, so every pod write up to the newest one noted is in the view (once a re-list is
+    /// done).
+    fn note_version(&mut self, pod: &Pod) {
+        if let Some(v) = pod.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()) {
+            self.pods_version = self.pods_version.max(v);
+        }
+    }
+
+    /// Whether the view holds every pod write up to resourceVersion `version` (see
+    /// [`ClusterState::note_version`]): the pod watch showed that write or a later one, and no re-list
+    /// is half applied (until it ends, pods it has not reached yet are as they were before it).
+    pub fn has_pods_up_to(&self, version: u64) -> bool {
+        self.relisting_pods.is_none() && self.pods_version >= version
     }
 
     pub(super) fn forget_pod(&mut self, uid: &str) {

@@ -63,9 +63,11 @@ impl ClusterState {
         out
     }
 
-    /// Gives back a reservation whose bind failed.
+    /// Gives back a reservation whose bind failed, if only the view holds it: once a watch event showed
+    /// the pod, the record is what the API server said, and later events keep it true.
     pub fn release(&mut self, reservation: &Reservation) {
-        if reservation.fresh {
+        let ours = |p: &PodRecord| p.reserved && p.holding == Holding::Cards(reservation.assignment.clone());
+        if reservation.fresh && self.pods.get(&reservation.uid).is_some_and(ours) {
             self.forget_pod(&reservation.uid);
         }
     }
