@@ -132,6 +132,16 @@ impl Cluster {
         curl_in(&self.env["NETNS"], url, data, extra)
     }
 
+    /// The prefix of this cluster's cgroups (`hack/cluster.sh` names them after its directory, so
+    /// clusters side by side never share one): a process whose cgroup path has it is this cluster's.
+    pub fn cgroup_prefix(&self) -> String {
+        let hash = Command::new("bash")
+            .args(["-c", "sha256sum <<<\"$1\" | cut -c1-8", "-", self.dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        format!("/nano-gpu-{}", String::from_utf8_lossy(&hash.stdout).trim())
+    }
+
     /// The allocator replica that decides: the holder of the allocator's Lease, if any.
     pub fn allocator_leader(&self) -> Option<String> {
         let path = "jsonpath={.spec.holderIdentity}";
@@ -197,22 +207,42 @@ impl Cluster {
     /// Sends `signal` (`SIGSTOP`, `SIGCONT`, ...) to the processes of one container of a pod, through
     /// its node's containerd.
     pub fn signal_container(&self, namespace: &str, pod: &str, container: &str, signal: &str) {
-        let (node, id) = self.container(namespace, pod, container);
+        self.try_signal_container(namespace, pod, container, signal).unwrap();
+    }
+
+    /// [`Cluster::signal_container`], saying what went wrong instead of failing the test (a pod that
+    /// is going away, an API server that is).
+    pub fn try_signal_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        signal: &str,
+    ) -> Result<(), String> {
+        let (node, id) = self.try_container(namespace, pod, container)?;
         let kill = ["ctr", self.dir.to_str().unwrap(), &node, "tasks", "kill", "--all", "-s", signal, &id];
         let status = script(&kill).status().unwrap();
-        assert!(status.success(), "{signal} to {namespace}/{pod}/{container} on {node}");
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("{signal} to {namespace}/{pod}/{container} on {node}"))
     }
 
     /// The node and containerd ID of one container of a pod.
     fn container(&self, namespace: &str, pod: &str, container: &str) -> (String, String) {
+        self.try_container(namespace, pod, container).unwrap()
+    }
+
+    fn try_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(String, String), String> {
         let path = format!(
             "jsonpath={{.spec.nodeName}} {{.status.containerStatuses[?(@.name==\"{container}\")].containerID}}"
         );
-        let out = self.ok(&["get", "pod", pod, "-n", namespace, "-o", &path]);
+        let out = self.kubectl(&["get", "pod", pod, "-n", namespace, "-o", &path]);
+        let out = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         let (node, id) =
-            out.split_once(' ').unwrap_or_else(|| panic!("{namespace}/{pod}/{container}: {out}"));
-        let id = id.trim().strip_prefix("containerd://").unwrap_or_else(|| panic!("container id {id:?}"));
-        (node.to_owned(), id.to_owned())
+            out.split_once(' ').ok_or_else(|| format!("{namespace}/{pod}/{container}: {out:?}"))?;
+        let id = id.trim().strip_prefix("containerd://").ok_or_else(|| format!("container id {id:?}"))?;
+        Ok((node.to_owned(), id.to_owned()))
     }
 
     /// The device IDs the node's kubelet gave each container, from its pod-resources API: per

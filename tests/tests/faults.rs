@@ -142,11 +142,10 @@ async fn faults_during_bursts_lose_no_pod() {
     .await;
 }
 
-/// Known to fail: once in nine runs so far, a share bound during the crash ends `UnexpectedAdmissionError`
-/// with "it has no nano-gpu/assignment annotation" (seen once in a CI run; the bind's rollback after a
-/// lost answer is the suspect). Run by hand until fixed:
-/// `cargo test -p nano-gpu-tests --test faults -- --ignored`.
-#[ignore = "a known bug: a bind around a kube-apiserver crash can lose its assignment"]
+/// This case found a bug (once in nine runs): a share bound during the crash ended
+/// `UnexpectedAdmissionError` with "it has no nano-gpu/assignment annotation". The binding had been
+/// made, its answer was lost in the crash, and the bind's rollback then removed the assignment of a
+/// bound pod. A failed bind now reads back what the API server holds (`allocator/src/bind.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_plane_crashes_during_a_burst_lose_no_pod() {
     let cluster = Cluster::up("crashes", 3);
