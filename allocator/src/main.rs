@@ -69,6 +69,11 @@ struct ServeArgs {
     /// Accept gpushare's `aliyun.com/gpu-mem` as GPU memory, in this unit.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
     gpushare: Option<GpushareUnitArg>,
+    /// Place on a node only while a Ready agent pod with this label (`key=value`) runs there (the
+    /// shipped install: `app.kubernetes.io/name=nano-gpu-agent`): a kubelet whose device plugin does
+    /// not serve fails the GPU pods it admits.
+    #[arg(long, env = "NANO_GPU_REQUIRE_READY_AGENT", value_parser = parse_label)]
+    require_ready_agent: Option<(String, String)>,
     /// Rebuild the learned target workload every this many binds.
     #[arg(long, default_value_t = 100)]
     learn_every: u64,
@@ -264,7 +269,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let client = nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
         let client_for_tls = client.clone();
         let engine = Engine::new(Cluster::new(), policy, Default::default());
-        let view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
+        let mut view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
+        if let Some((key, value)) = &args.require_ready_agent {
+            view = view.require_ready_agents(key, value);
+        }
         let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);
         // The election, and what gives its Lease up at shutdown.
@@ -457,6 +465,14 @@ fn top(args: TopArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
     }
     Ok(())
+}
+
+/// A `key=value` label.
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{text:?} is not a label key=value")),
+    }
 }
 
 /// How pods' GPU demands are read: gpushare's memory resource accepted in `gpushare`'s unit, if given.

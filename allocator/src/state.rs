@@ -33,7 +33,7 @@ mod tests;
 
 pub use reserve::Reservation;
 
-use crate::extender::Extender;
+use crate::extender::{BindError, Extender};
 use decode::{NodeRecord, PodRecord};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::Engine;
@@ -72,6 +72,10 @@ pub struct ClusterState {
     relisting_pods: Option<HashSet<String>>,
     /// The newest pod resourceVersion a watch event showed.
     pods_version: u64,
+    /// With [`ClusterState::require_ready_agents`]: the label (key, value) of agent pods, and the agent
+    /// pods seen, by uid: their node and whether they are Ready.
+    agent_label: Option<(String, String)>,
+    agents: HashMap<String, (String, bool)>,
     warnings: Vec<Warning>,
 }
 
@@ -142,6 +146,8 @@ impl ClusterState {
             relisting_nodes: None,
             relisting_pods: None,
             pods_version: 0,
+            agent_label: None,
+            agents: HashMap::new(),
             warnings: Vec::new(),
         }
     }
@@ -150,6 +156,19 @@ impl ClusterState {
     pub fn learn_workload(mut self, every: u64) -> Self {
         self.learner = Some(Learner::new(every));
         self
+    }
+
+    /// Places on a node only while a Ready agent pod (labelled `key=value`) runs there: a kubelet
+    /// whose device plugin does not serve (its agent crashed or was deleted) fails the pods it admits
+    /// (`UnexpectedAdmissionError`), so none is sent there until the agent is back.
+    pub fn require_ready_agents(mut self, key: &str, value: &str) -> Self {
+        self.agent_label = Some((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Whether pods may be placed on `node` now: a Ready agent runs there (when that is required).
+    pub fn agent_ready(&self, node: &str) -> bool {
+        self.agent_label.is_none() || self.agents.values().any(|(n, ready)| *ready && n == node)
     }
 
     /// The extender deciding over this view.
@@ -182,7 +201,9 @@ impl ClusterState {
 
     /// `POST /filter`.
     pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
-        self.extender.filter(args)
+        let mut result = self.extender.filter(args);
+        self.refuse_nodes_without_agent(&mut result);
+        result
     }
 
     /// `POST /prioritize`.
@@ -196,7 +217,24 @@ impl ClusterState {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        self.extender.filter_names(pod, names)
+        let mut result = self.extender.filter_names(pod, names);
+        self.refuse_nodes_without_agent(&mut result);
+        result
+    }
+
+    /// Moves the passing nodes without a Ready agent to the failed ones (preemption cannot help
+    /// there; kube-scheduler tries the pod again when the agent pod changes).
+    fn refuse_nodes_without_agent<N: AsRef<str> + Ord>(&self, result: &mut ExtenderFilterResult<N>) {
+        let Some(passed) = result.node_names.take() else { return };
+        let (ready, not): (Vec<N>, Vec<N>) = passed.into_iter().partition(|n| self.agent_ready(n.as_ref()));
+        for n in not {
+            let why = BindError::AgentNotReady(n.as_ref().to_owned()).to_string();
+            result.failed_and_unresolvable_nodes.insert(n, why);
+        }
+        result.node_names = Some(ready);
+        if let Some(nodes) = result.nodes.as_mut() {
+            nodes.items.retain(|n| n.metadata.name.as_deref().is_none_or(|name| self.agent_ready(name)));
+        }
     }
 
     /// `POST /prioritize` with the node names borrowed from the request.

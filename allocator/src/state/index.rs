@@ -62,6 +62,7 @@ impl ClusterState {
         if let Some(seen) = self.relisting_pods.as_mut() {
             seen.insert(uid.clone());
         }
+        self.note_agent(&uid, pod);
         if is_terminal(pod) {
             self.forget_pod(&uid);
             return;
@@ -114,8 +115,25 @@ impl ClusterState {
     pub fn delete_pod(&mut self, pod: &Pod) {
         self.note_version(pod);
         if let Some(uid) = pod_uid(pod) {
+            self.agents.remove(uid);
             self.forget_pod(uid);
         }
+    }
+
+    /// Notes whether `pod` is an agent (see [`ClusterState::require_ready_agents`]), where, and
+    /// whether it is Ready and not going away.
+    fn note_agent(&mut self, uid: &str, pod: &Pod) {
+        let Some((key, value)) = &self.agent_label else { return };
+        let labels = pod.metadata.labels.as_ref();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let (true, Some(node)) = (labels.and_then(|l| l.get(key)) == Some(value), node) else {
+            self.agents.remove(uid);
+            return;
+        };
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let ready = conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+        let ready = ready && pod.metadata.deletion_timestamp.is_none() && !is_terminal(pod);
+        self.agents.insert(uid.to_owned(), (node, ready));
     }
 
     /// Notes the resourceVersion of a pod the watch showed: the watch shows pod writes in the order
@@ -176,6 +194,7 @@ impl ClusterState {
     /// The re-list of pods is complete.
     pub fn end_pod_relist(&mut self) {
         let Some(seen) = self.relisting_pods.take() else { return };
+        self.agents.retain(|uid, _| seen.contains(uid));
         let gone: Vec<String> = self
             .pods
             .iter()

@@ -506,3 +506,62 @@ fn a_share_asking_no_memory_holds_its_percent_of_the_cards_memory_everywhere() {
     s.delete_pod(&b);
     assert_eq!(mem_free(&s, "n1"), vec![15_360 - 11_000, 10_752]);
 }
+
+/// An agent pod on `node`: Ready or not, going away or not.
+fn agent(uid: &str, node: &str, ready: bool, deleting: bool) -> Pod {
+    let status = if ready { "True" } else { "False" };
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "nano-gpu-system", "uid": uid,
+                     "labels": {"app.kubernetes.io/name": "nano-gpu-agent"}},
+        "spec": {"nodeName": node, "containers": [{"name": "agent"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}
+    }))
+    .unwrap();
+    if deleting {
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
+    }
+    p
+}
+
+#[test]
+fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
+    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent");
+    s.apply_node(&node("n1", 1));
+    s.apply_node(&node("n2", 1));
+    let filter = |s: &mut ClusterState| {
+        let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1", "n2"]});
+        s.filter(serde_json::from_value(args).unwrap())
+    };
+    // No agent anywhere yet: nowhere, with the reason.
+    let r = filter(&mut s);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert!(r.failed_and_unresolvable_nodes["n1"].contains("no Ready nano-gpu agent on node n1"));
+    let refused = s.reserve(&pod("p", "10", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap_err();
+    assert_eq!(refused, crate::extender::BindError::AgentNotReady("n1".into()));
+    // n1's agent starts (not Ready yet), then is Ready; n2's is Ready but going away.
+    s.apply_pod(&agent("a1", "n1", false, false));
+    assert_eq!(filter(&mut s).node_names, Some(vec![]));
+    s.apply_pod(&agent("a1", "n1", true, false));
+    s.apply_pod(&agent("a2", "n2", true, true));
+    assert_eq!(filter(&mut s).node_names, Some(vec!["n1".to_owned()]));
+    assert_eq!(s.inspect()["nodes"][0]["agentReady"], true);
+    assert_eq!(s.inspect()["nodes"][1]["agentReady"], false);
+    assert!(s.reserve(&pod("p", "10", None, None), "n1", SystemTime::UNIX_EPOCH).is_ok());
+    // n1's agent deleted; a re-list that no longer shows n2's.
+    s.delete_pod(&agent("a1", "n1", true, false));
+    s.apply_pod(&agent("a2", "n2", true, false));
+    assert_eq!(filter(&mut s).node_names, Some(vec!["n2".to_owned()]));
+    s.reset_pods(&[]);
+    assert_eq!(filter(&mut s).node_names, Some(vec![]));
+}
+
+#[test]
+fn without_the_requirement_agents_do_not_matter() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]});
+    assert_eq!(s.filter(serde_json::from_value(args).unwrap()).node_names, Some(vec!["n1".to_owned()]));
+    assert_eq!(s.inspect()["nodes"][0]["agentReady"], true);
+}
