@@ -33,9 +33,6 @@ pub enum BindError {
     /// The node is not known to nano-gpu.
     #[error("node {0} has no nano-gpu inventory")]
     UnknownNode(String),
-    /// No Ready agent runs on the node (its device plugin may not serve).
-    #[error("no Ready nano-gpu agent on node {0}: its device plugin may not serve")]
-    AgentNotReady(String),
     /// The pod no longer fits on the node.
     #[error("pod no longer fits on node {node}: {reason}")]
     NoLongerFits {

@@ -33,7 +33,7 @@ mod tests;
 
 pub use reserve::Reservation;
 
-use crate::extender::{BindError, Extender};
+use crate::extender::Extender;
 use decode::{NodeRecord, PodRecord};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::Engine;
@@ -160,14 +160,15 @@ impl ClusterState {
 
     /// Places on a node only while a Ready agent pod (labelled `key=value`) runs there: a kubelet
     /// whose device plugin does not serve (its agent crashed or was deleted) fails the pods it admits
-    /// (`UnexpectedAdmissionError`), so none is sent there until the agent is back.
+    /// (`UnexpectedAdmissionError`), so none is sent there until the agent is back. The engine's node
+    /// says it (`serving`, rebuilt when the node's agents change): filter, bind and `/inspect` read it.
     pub fn require_ready_agents(mut self, key: &str, value: &str) -> Self {
         self.agent_label = Some((key.to_owned(), value.to_owned()));
         self
     }
 
-    /// Whether pods may be placed on `node` now: a Ready agent runs there (when that is required).
-    pub fn agent_ready(&self, node: &str) -> bool {
+    /// Whether `node` serves its cards: a Ready agent runs there (when that is required).
+    fn agent_ready(&self, node: &str) -> bool {
         self.agent_label.is_none() || self.agents.values().any(|(n, ready)| *ready && n == node)
     }
 
@@ -201,9 +202,7 @@ impl ClusterState {
 
     /// `POST /filter`.
     pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
-        let mut result = self.extender.filter(args);
-        self.refuse_nodes_without_agent(&mut result);
-        result
+        self.extender.filter(args)
     }
 
     /// `POST /prioritize`.
@@ -217,24 +216,7 @@ impl ClusterState {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        let mut result = self.extender.filter_names(pod, names);
-        self.refuse_nodes_without_agent(&mut result);
-        result
-    }
-
-    /// Moves the passing nodes without a Ready agent to the failed ones (preemption cannot help
-    /// there; kube-scheduler tries the pod again when the agent pod changes).
-    fn refuse_nodes_without_agent<N: AsRef<str> + Ord>(&self, result: &mut ExtenderFilterResult<N>) {
-        let Some(passed) = result.node_names.take() else { return };
-        let (ready, not): (Vec<N>, Vec<N>) = passed.into_iter().partition(|n| self.agent_ready(n.as_ref()));
-        for n in not {
-            let why = BindError::AgentNotReady(n.as_ref().to_owned()).to_string();
-            result.failed_and_unresolvable_nodes.insert(n, why);
-        }
-        result.node_names = Some(ready);
-        if let Some(nodes) = result.nodes.as_mut() {
-            nodes.items.retain(|n| n.metadata.name.as_deref().is_none_or(|name| self.agent_ready(name)));
-        }
+        self.extender.filter_names(pod, names)
     }
 
     /// `POST /prioritize` with the node names borrowed from the request.

@@ -132,21 +132,23 @@ impl Cluster {
         curl_in(&self.env["NETNS"], url, data, extra)
     }
 
-    /// The prefix of this cluster's cgroups (`hack/cluster.sh` names them after its directory, so
-    /// clusters side by side never share one): a process whose cgroup path has it is this cluster's.
-    pub fn cgroup_prefix(&self) -> String {
-        let hash = Command::new("bash")
-            .args(["-c", "sha256sum <<<\"$1\" | cut -c1-8", "-", self.dir.to_str().unwrap()])
-            .output()
-            .unwrap();
-        format!("/nano-gpu-{}", String::from_utf8_lossy(&hash.stdout).trim())
-    }
-
-    /// The allocator replica that decides: the holder of the allocator's Lease, if any.
+    /// The allocator replica that decides: the holder of the allocator's Lease, if any (None too when
+    /// the API server does not answer within 10 s).
     pub fn allocator_leader(&self) -> Option<String> {
         let path = "jsonpath={.spec.holderIdentity}";
-        let holder = self.ok(&["get", "lease", "nano-gpu-allocator", "-n", "nano-gpu-system", "-o", path]);
-        Some(holder).filter(|h| !h.is_empty())
+        let args = [
+            "--request-timeout=10s",
+            "get",
+            "lease",
+            "nano-gpu-allocator",
+            "-n",
+            "nano-gpu-system",
+            "-o",
+            path,
+        ];
+        let out = self.kubectl(&args);
+        let holder = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        Some(holder).filter(|h| out.status.success() && !h.is_empty())
     }
 
     /// [`Cluster::curl`] from inside the network namespace of the allocator pod `pod` (its loopback

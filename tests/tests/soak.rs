@@ -141,11 +141,7 @@ fn kubectl_quiet(cluster: &Cluster, args: &[&str]) -> Option<String> {
 fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process::Child> {
     let node = format!("node-{}", 1 + rng.below(3));
     let system = "nano-gpu-system";
-    let leader = || {
-        let holder = "jsonpath={.spec.holderIdentity}";
-        kubectl_quiet(cluster, &["get", "lease", "nano-gpu-allocator", "-n", system, "-o", holder])
-            .filter(|h| !h.is_empty())
-    };
+    let leader = || cluster.allocator_leader();
     let kill = |pod: &str, container: &str| {
         if let Err(e) = cluster.try_signal_container(system, pod, container, "SIGKILL") {
             eprintln!("soak: {e}");
@@ -240,7 +236,7 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
     let cluster = Cluster::up("soak", 3);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
-    let prefix = cluster.cgroup_prefix();
+    let prefix = cluster.env["CGROUP_PREFIX"].clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 
     let started = Instant::now();

@@ -142,6 +142,9 @@ pub struct Node {
     pub cards: Vec<Card>,
     /// Whether the node takes new pods (false once it is gone from the API).
     pub schedulable: bool,
+    /// Whether the node's cards are served to its kubelet now (false while its agent is not Ready: the
+    /// kubelet would fail the pods it admits). A node that does not serve takes no new pod.
+    pub serving: bool,
     /// Changes whenever anything above changes; unique across the cluster's life.
     pub version: u64,
 }
@@ -157,6 +160,7 @@ impl Node {
             mem_free: mem_total,
             cards,
             schedulable: true,
+            serving: true,
             version: 0,
         }
     }

@@ -109,11 +109,16 @@ impl Request {
     }
 }
 
+/// What [`Reason::NotServing`] says.
+const NOT_SERVING: &str = "no Ready nano-gpu agent: its device plugin may not serve";
+
 /// Why a node cannot take a request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
     /// The node is gone from the API.
     Gone,
+    /// The node's cards are not served to its kubelet now (its agent is not Ready).
+    NotServing,
     /// The request wants GPUs and the node has none.
     NoGpu,
     /// No card of an allowed model on the node.
@@ -138,6 +143,7 @@ impl Reason {
         matches!(
             self,
             Reason::Gone
+                | Reason::NotServing
                 | Reason::NoGpu
                 | Reason::ModelMismatch
                 | Reason::NeverFits(_)
@@ -152,6 +158,7 @@ impl Reason {
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::Gone => "node is gone",
+            Reason::NotServing => NOT_SERVING,
             Reason::NoGpu => "node has no GPU",
             Reason::ModelMismatch => "no card of an allowed model",
             Reason::NeverFits(_) => "larger than any card",
@@ -168,6 +175,7 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reason::Gone => f.write_str("node is gone"),
+            Reason::NotServing => f.write_str(NOT_SERVING),
             Reason::NoGpu => f.write_str("node has no GPU"),
             Reason::ModelMismatch => f.write_str("no card of an allowed model"),
             Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
@@ -251,6 +259,9 @@ pub fn fit(
 pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
     if !node.schedulable {
         return Err(Reason::Gone);
+    }
+    if !node.serving {
+        return Err(Reason::NotServing);
     }
     if !req.slots.is_empty() {
         if node.cards.is_empty() {

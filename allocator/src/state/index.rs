@@ -115,7 +115,7 @@ impl ClusterState {
     pub fn delete_pod(&mut self, pod: &Pod) {
         self.note_version(pod);
         if let Some(uid) = pod_uid(pod) {
-            self.agents.remove(uid);
+            self.set_agent(uid, None);
             self.forget_pod(uid);
         }
     }
@@ -126,14 +126,30 @@ impl ClusterState {
         let Some((key, value)) = &self.agent_label else { return };
         let labels = pod.metadata.labels.as_ref();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let (true, Some(node)) = (labels.and_then(|l| l.get(key)) == Some(value), node) else {
-            self.agents.remove(uid);
-            return;
+        let agent = match (labels.and_then(|l| l.get(key)) == Some(value), node) {
+            (true, Some(node)) => {
+                let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+                let ready =
+                    conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+                Some((node, ready && pod.metadata.deletion_timestamp.is_none() && !is_terminal(pod)))
+            }
+            _ => None,
         };
-        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-        let ready = conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-        let ready = ready && pod.metadata.deletion_timestamp.is_none() && !is_terminal(pod);
-        self.agents.insert(uid.to_owned(), (node, ready));
+        self.set_agent(uid, agent);
+    }
+
+    /// Records (or, `None`, forgets) agent pod `uid`: its node and whether it is Ready. A node whose
+    /// agents changed is rebuilt: whether it serves is part of the engine's node.
+    pub(super) fn set_agent(&mut self, uid: &str, agent: Option<(String, bool)>) {
+        let before = match &agent {
+            Some(a) => self.agents.insert(uid.to_owned(), a.clone()),
+            None => self.agents.remove(uid),
+        };
+        if before != agent {
+            for node in before.into_iter().chain(agent).map(|(node, _)| node) {
+                self.rebuild(&node);
+            }
+        }
     }
 
     /// Notes the resourceVersion of a pod the watch showed: the watch shows pod writes in the order
@@ -194,7 +210,10 @@ impl ClusterState {
     /// The re-list of pods is complete.
     pub fn end_pod_relist(&mut self) {
         let Some(seen) = self.relisting_pods.take() else { return };
-        self.agents.retain(|uid, _| seen.contains(uid));
+        let unseen: Vec<String> = self.agents.keys().filter(|uid| !seen.contains(*uid)).cloned().collect();
+        for uid in unseen {
+            self.set_agent(&uid, None);
+        }
         let gone: Vec<String> = self
             .pods
             .iter()

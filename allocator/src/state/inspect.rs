@@ -45,7 +45,7 @@ impl ClusterState {
                 .collect();
             nodes.push(serde_json::json!({
                 "name": name, "cpuMilli": n.cpu_total, "cpuFreeMilli": n.cpu_free,
-                "memoryMiB": n.mem_total, "memoryFreeMiB": n.mem_free, "agentReady": self.agent_ready(name),
+                "memoryMiB": n.mem_total, "memoryFreeMiB": n.mem_free, "agentReady": n.serving,
                 "cards": cards,
             }));
         }

@@ -16,6 +16,7 @@ use nano_gpu_proto::units::{MiB, Percent};
 impl ClusterState {
     /// Recomputes one node of the engine's cluster from its record and the pods on it.
     pub(super) fn rebuild(&mut self, name: &str) {
+        let serving = self.agent_ready(name);
         let Some(record) = self.nodes.get(name) else { return };
         let cluster = self.extender.engine_mut().cluster_mut();
         let cards: Vec<Card> = match &record.inventory {
@@ -32,6 +33,7 @@ impl ClusterState {
             _ => Vec::new(),
         };
         let mut node = Node::new(name, record.cpu, record.mem, cards);
+        node.serving = serving;
         let mut poisoned = false;
         let mut overcommit = Vec::new();
         let mut unknown_card = Vec::new();

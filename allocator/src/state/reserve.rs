@@ -24,9 +24,6 @@ impl ClusterState {
             }
             self.forget_pod(&uid);
         }
-        if !self.agent_ready(node) {
-            return Err(BindError::AgentNotReady(node.to_owned()));
-        }
         let Bound { assignment, req, .. } = self.extender.bind(pod, node, &rfc3339(now))?;
         if let Some(workload) = self.learner.as_mut().and_then(|l| l.observe(&req)) {
             self.extender.engine_mut().set_workload(workload);
