@@ -19,7 +19,9 @@
 #     NVIDIA_VISIBLE_DEVICES the fake NVML and only its visible cards, as nvidia-container-runtime
 #     gives the driver's.
 #
-# Usage: hack/cluster.sh up <dir> [--nodes N] [--bare]  (--bare: no nano-gpu; writes <dir>/cluster.env)
+# Usage: hack/cluster.sh up <dir> [--nodes N] [--bare] [--apiserver-arg FLAG]...
+#                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
+#                                        flag, e.g. --watch-cache-sizes=pods#0; writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
 #        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
@@ -330,7 +332,7 @@ up() {
   "${IN_NET[@]}" ip route add "$SERVICE_CIDR" dev lo
   "${IN_NET[@]}" sysctl -qw net.ipv4.ip_forward=1
 
-  K8S_BIN=$K8S_BIN NETNS=$NETNS CP_IP=$CP_IP NETNS_FORWARD=$NANO_GPU_BIN/netns-forward \
+  K8S_BIN=$K8S_BIN NETNS=$NETNS CP_IP=$CP_IP NETNS_FORWARD=$NANO_GPU_BIN/netns-forward APISERVER_ARGS=$APISERVER_ARGS \
     bash "$ROOT/hack/control-plane.sh" start "$DIR" >&2
   # shellcheck source=/dev/null
   source "$DIR/control-plane.env"
@@ -391,6 +393,7 @@ EOF
   { cat "$DIR/control-plane.env"
     cat <<EOF
 NETNS=$NETNS
+CP_IP=$CP_IP
 NODES=$n
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
@@ -498,10 +501,12 @@ case $CMD in
   up)
     NODES=3
     bare=0
+    APISERVER_ARGS=
     while [[ $# -gt 0 ]]; do
       case $1 in
         --nodes) NODES=$2; shift 2 ;;
         --bare) bare=1; shift ;;
+        --apiserver-arg) APISERVER_ARGS+="${APISERVER_ARGS:+$'\n'}$2"; shift 2 ;;
         *) die "unknown flag $1" ;;
       esac
     done

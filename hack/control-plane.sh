@@ -11,6 +11,7 @@
 #                 plane runs in it, the apiserver on CP_IP:6443 (the address cluster.sh gives it
 #                 there) for the nodes and their pods; this machine's loopback reaches it through
 #                 NETNS_FORWARD (tests/src/bin/netns-forward.rs)
+#        APISERVER_ARGS more kube-apiserver flags, one per line (hack/cluster.sh up --apiserver-arg)
 # <dir> afterwards holds admin.kubeconfig (system:masters), pki/, *.log, *.pid and control-plane.env.
 set -euo pipefail
 
@@ -112,6 +113,8 @@ start() {
   # Any failure from here on (die or set -e) must not leave processes behind.
   trap 'log "start failed; logs in $DIR"; stop' EXIT
 
+  local extra_args=()
+  [[ -n ${APISERVER_ARGS:-} ]] && mapfile -t extra_args <<<"$APISERVER_ARGS"
   local etcd_url=http://127.0.0.1:$ETCD_PORT peer_url=http://127.0.0.1:$ETCD_PEER_PORT deadline
   # No fsync: throwaway test data, and fsync dominates etcd latency on CI disks.
   launch etcd "${IN_NS[@]}" "$BIN/etcd" --name=nano-gpu --data-dir="$DIR/etcd" --log-level=warn --unsafe-no-fsync \
@@ -139,7 +142,7 @@ start() {
     --service-account-key-file="$DIR/pki/sa.pub" --service-account-signing-key-file="$DIR/pki/sa.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname \
     --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" --kubelet-client-key="$DIR/pki/kubelet-client.key" \
-    --allow-privileged=true --profiling=false
+    --allow-privileged=true --profiling=false "${extra_args[@]}"
   # Not in the namespace: it listens here and joins NETNS itself.
   launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
 

@@ -200,31 +200,54 @@ impl ClusterState {
         });
     }
 
-    /// `POST /filter`.
+    /// `POST /filter` (as [`Self::filter_names`]).
     pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
-        self.extender.filter(args)
+        let uid = args.pod.as_ref().and_then(decode::pod_uid).map(str::to_owned);
+        self.without_own_cards(uid.as_deref(), |s| s.extender.filter(args))
     }
 
-    /// `POST /prioritize`.
+    /// `POST /prioritize` (as [`Self::filter_names`]).
     pub fn prioritize(&mut self, args: ExtenderArgs) -> HostPriorityList {
-        self.extender.prioritize(args)
+        let uid = args.pod.as_ref().and_then(decode::pod_uid).map(str::to_owned);
+        self.without_own_cards(uid.as_deref(), |s| s.extender.prioritize(args))
     }
 
-    /// `POST /filter` with the node names borrowed from the request.
+    /// `POST /filter` with the node names borrowed from the request; a pod that holds cards already is
+    /// judged without them ([`ClusterState::without_own_cards`]).
     pub fn filter_names<N: AsRef<str> + Ord>(
         &mut self,
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        self.extender.filter_names(pod, names)
+        self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.filter_names(pod, names))
     }
 
-    /// `POST /prioritize` with the node names borrowed from the request.
+    /// `POST /prioritize` with the node names borrowed from the request (as [`Self::filter_names`]).
     pub fn prioritize_names<N: AsRef<str>>(
         &mut self,
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> HostPriorityList<N> {
-        self.extender.prioritize_names(pod, names)
+        self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.prioritize_names(pod, names))
+    }
+
+    /// Runs `judge` with the cards the pod `uid` holds in the view given back for the while. kube-scheduler
+    /// asks again about a pod whose bind wrote its assignment and then failed or lost its answer
+    /// (the cards stay held until the API server says what became of the write): counted against
+    /// itself, it would fit nowhere and wait as unschedulable (minutes) beside cards kept for it. Its
+    /// bind on the node that holds them takes the same cards again ([`ClusterState::reserve`]).
+    fn without_own_cards<T>(&mut self, uid: Option<&str>, judge: impl FnOnce(&mut Self) -> T) -> T {
+        let holds = |p: &PodRecord| matches!(p.holding, decode::Holding::Cards(_));
+        let Some(uid) = uid.filter(|uid| self.pods.get(*uid).is_some_and(holds)) else {
+            return judge(self);
+        };
+        let uid = uid.to_owned();
+        let Some(record) = self.remove_pod(&uid) else { return judge(self) };
+        let node = record.node.clone();
+        self.rebuild(&node);
+        let answer = judge(self);
+        self.insert_pod(uid, record);
+        self.rebuild(&node);
+        answer
     }
 }

@@ -49,9 +49,10 @@ pub fn card_of(id: &str) -> Result<&str, BadDeviceId> {
     decode(id).map(|(uuid, _)| uuid)
 }
 
-/// Whether a card UUID leaves room for the suffix within [`MAX_LEN`].
+/// Whether IDs can be made of a card UUID: not empty (an ID must name its card), with room for the
+/// suffix within [`MAX_LEN`].
 pub fn uuid_fits(uuid: &str) -> bool {
-    uuid.len() + 3 <= MAX_LEN
+    !uuid.is_empty() && uuid.len() + 3 <= MAX_LEN
 }
 
 #[cfg(test)]

@@ -51,6 +51,12 @@ impl Cluster {
         Cluster::start(name, nodes, &[])
     }
 
+    /// [`Cluster::up`] with more kube-apiserver flags (`hack/cluster.sh up --apiserver-arg`).
+    pub fn up_with_apiserver_args(name: &str, nodes: u32, args: &[&str]) -> Cluster {
+        let flags: Vec<&str> = args.iter().flat_map(|a| ["--apiserver-arg", a]).collect();
+        Cluster::start(name, nodes, &flags)
+    }
+
     /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
     pub fn bare(name: &str, nodes: u32) -> Cluster {
         Cluster::start(name, nodes, &["--bare"])
@@ -296,6 +302,26 @@ impl Cluster {
         std::thread::spawn(move || child.wait());
     }
 
+    /// A second way to the API server, on `port` of its address inside the cluster, with faults set
+    /// on demand (`netns-forward --faults`); [`ApiProxy::route`] sends workloads' API calls through it.
+    pub fn api_proxy(&self, port: u16) -> ApiProxy {
+        let faults = self.path("api-proxy.faults");
+        std::fs::write(&faults, "pass\n").unwrap();
+        let (netns, host) = (&self.env["NETNS"], self.env["CP_IP"].clone());
+        let argv = [
+            "nsenter".to_owned(),
+            format!("--net={netns}"),
+            crate::workspace_binary("netns-forward").to_str().unwrap().to_owned(),
+            "--netns".to_owned(),
+            netns.clone(),
+            "--faults".to_owned(),
+            faults.to_str().unwrap().to_owned(),
+            format!("{host}:{port}={host}:6443"),
+        ];
+        self.launch("api-proxy", &argv);
+        ApiProxy { faults, host, port }
+    }
+
     /// SIGKILL to a program [`Cluster::launch`] started.
     pub fn kill(&self, name: &str) {
         let pid = std::fs::read_to_string(self.path(&format!("{name}.pid"))).unwrap();
@@ -309,6 +335,43 @@ impl Cluster {
     /// Takes the cluster down, asserting it went.
     pub fn down(&self) {
         assert!(self.down_status().success(), "hack/cluster.sh down failed");
+    }
+}
+
+/// A TCP proxy in front of the API server ([`Cluster::api_proxy`]): the fault suite's slow,
+/// unreachable or reset API for the workloads routed through it, while the rest of the cluster (the
+/// kubelets, the control plane, the test) reaches the API server as before.
+pub struct ApiProxy {
+    faults: PathBuf,
+    host: String,
+    port: u16,
+}
+
+impl ApiProxy {
+    /// Sends the API calls of `workloads` (`deployment/NAME`, `daemonset/NAME`) in `namespace`
+    /// through the proxy: their in-cluster config reads `KUBERNETES_SERVICE_HOST` and `_PORT`, so
+    /// both are set on every container; waits for the rollouts this starts.
+    pub fn route(&self, cluster: &Cluster, namespace: &str, workloads: &[&str]) {
+        let (host, port) = (
+            format!("KUBERNETES_SERVICE_HOST={}", self.host),
+            format!("KUBERNETES_SERVICE_PORT={}", self.port),
+        );
+        let mut args = vec!["set", "env", "-n", namespace];
+        args.extend(workloads);
+        args.extend([host.as_str(), port.as_str()]);
+        cluster.ok(&args);
+        for w in workloads {
+            cluster.ok(&["rollout", "status", "-n", namespace, w, "--timeout=300s"]);
+        }
+    }
+
+    /// Puts `fault` in force (`pass`, `delay MS` or `cut`): written whole and renamed, so the proxy
+    /// never reads half of it, then given the 100 ms the proxy takes to read it again (and some).
+    pub fn set(&self, fault: &str) {
+        let next = self.faults.with_extension("next");
+        std::fs::write(&next, format!("{fault}\n")).unwrap();
+        std::fs::rename(&next, &self.faults).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
     }
 }
 

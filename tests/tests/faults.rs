@@ -110,20 +110,55 @@ where
     .await;
 }
 
+/// etcd's newest revision, through its HTTP gateway inside the cluster's network.
+fn etcd_revision(cluster: &Cluster) -> u64 {
+    // The range of the key "/" (base64): its answer's header carries the store's revision.
+    let (code, body) = cluster.curl("http://127.0.0.1:2379/v3/kv/range", Some(r#"{"key":"Lw=="}"#), &[]);
+    assert_eq!(code, 200, "etcd range: {body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    answer["header"]["revision"].as_str().and_then(|r| r.parse().ok()).unwrap_or_else(|| panic!("{body}"))
+}
+
+/// How many lines of the logs of every pod labelled `app.kubernetes.io/name=NAME` (its container
+/// `container`) say a watch expired (410), per pod. (Tried again while a pod of a finished rollout
+/// is still going away.)
+fn expired_watches(
+    cluster: &Cluster,
+    name: &str,
+    container: &str,
+) -> std::collections::BTreeMap<String, usize> {
+    let selector = format!("app.kubernetes.io/name={name}");
+    let args = ["logs", "-n", "nano-gpu-system", "-l", &selector, "-c", container, "--tail=-1", "--prefix"];
+    let start = Instant::now();
+    let logs = loop {
+        let out = cluster.kubectl(&args);
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let mut per_pod = std::collections::BTreeMap::new();
+    for line in logs.lines() {
+        let pod = line.split('/').nth(1).unwrap_or_default().to_owned();
+        let expired = line.contains("Expired") || line.contains("too old resource version");
+        *per_pod.entry(pod).or_default() += usize::from(expired);
+    }
+    per_pod
+}
+
+/// Our components' connections to the API server go through a proxy here, and the API server
+/// serves pod and node watches from etcd (no watch cache for them), so that a compaction expires
+/// them as it does in a cluster configured so, or after a long disconnection from a cached one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn faults_during_bursts_lose_no_pod() {
-    let cluster = Cluster::up("faults", 3);
+async fn rollouts_expired_watches_and_a_slow_api_during_bursts_lose_no_pod() {
+    let cluster = Cluster::up_with_apiserver_args("faults", 3, &["--watch-cache-sizes=pods#0,nodes#0"]);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
-
-    // kube-apiserver hung for 30 s after the 20th (SIGSTOP: connections open, nothing answered):
-    // leases lapse, kube-scheduler's leadership is lost, watches stall.
-    burst(&cluster, &client, "hung", |i| (i == 20).then(|| cluster.freeze("kube-apiserver", 30))).await;
-
-    // Not here yet: node-3's kubelet killed and started again during a burst. It passed four runs
-    // out of five; in the fifth (a CI run) the 48 did not all run within 240 s, with node-3's
-    // agent and allocator pods unready just before the restart. Not understood yet, so not in the
-    // suite.
 
     // The allocator and the agents rolled over together during the burst.
     burst(&cluster, &client, "rollout", |i| {
@@ -140,6 +175,55 @@ async fn faults_during_bursts_lose_no_pod() {
         None
     })
     .await;
+
+    let proxy = cluster.api_proxy(6444);
+    proxy.route(&cluster, "nano-gpu-system", &["deployment/nano-gpu-allocator", "daemonset/nano-gpu-agent"]);
+
+    // After the 20th: every connection of the allocators (and their kube-schedulers) and the agents
+    // cut and refused for a few seconds, while etcd compacts past everything they saw: each watch
+    // comes back to 410 Expired and must list again.
+    let before = (
+        expired_watches(&cluster, "nano-gpu-allocator", "allocator"),
+        expired_watches(&cluster, "nano-gpu-agent", "agent"),
+    );
+    burst(&cluster, &client, "expired", |i| {
+        if i == 20 {
+            proxy.set("cut");
+            let seen = etcd_revision(&cluster);
+            // A watch from revision `seen` starts at `seen + 1`: expired only below the compaction,
+            // so two writes (to a key outside the API server's) move the revision past it.
+            for _ in 0..2 {
+                let put = r#"{"key":"L2ZhdWx0LXN1aXRlL3RpY2s=","value":"MQ=="}"#; // "/fault-suite/tick" = "1"
+                let (code, answer) = cluster.curl("http://127.0.0.1:2379/v3/kv/put", Some(put), &[]);
+                assert_eq!(code, 200, "etcd put: {answer}");
+            }
+            std::thread::sleep(Duration::from_secs(2));
+            let now = etcd_revision(&cluster);
+            assert!(now > seen + 1, "etcd's revision {seen} -> {now}");
+            let body = format!(r#"{{"revision":"{now}","physical":true}}"#);
+            let (code, answer) = cluster.curl("http://127.0.0.1:2379/v3/kv/compaction", Some(&body), &[]);
+            assert_eq!(code, 200, "etcd compaction: {answer}");
+            proxy.set("pass");
+        }
+        None
+    })
+    .await;
+    // The fault happened: every allocator replica and every agent saw its watches expire.
+    for (name, container, was) in
+        [("nano-gpu-allocator", "allocator", &before.0), ("nano-gpu-agent", "agent", &before.1)]
+    {
+        let now = expired_watches(&cluster, name, container);
+        eprintln!("expired: 410s logged per {name} pod: {now:?} (before the burst: {was:?})");
+        for (pod, n) in &now {
+            assert!(*n > was.get(pod).copied().unwrap_or(0), "{pod} logged no expired watch: {now:?}");
+        }
+    }
+
+    // Every call of ours a second slower each way (two per round trip, more for a new connection):
+    // the binds' reads and writes, the Leases, the watches, the agents' direct reads.
+    proxy.set("delay 1000");
+    burst(&cluster, &client, "slow", |_| None).await;
+    proxy.set("pass");
 }
 
 /// This case found a bug (once in nine runs): a share bound during the crash ended
@@ -147,10 +231,23 @@ async fn faults_during_bursts_lose_no_pod() {
 /// made, its answer was lost in the crash, and the bind's rollback then removed the assignment of a
 /// bound pod. A failed bind now reads back what the API server holds (`allocator/src/bind.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_crashes_during_a_burst_lose_no_pod() {
+async fn control_plane_hangs_and_crashes_during_bursts_lose_no_pod() {
     let cluster = Cluster::up("crashes", 3);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
+
+    // kube-apiserver hung for 30 s after the 20th (SIGSTOP: connections open, nothing answered):
+    // leases lapse, kube-scheduler's leadership is lost, watches stall.
+    burst(&cluster, &client, "hung", |i| (i == 20).then(|| cluster.freeze("kube-apiserver", 30))).await;
+
+    // Not in the suite: a kubelet killed and started again during a burst. Tried (node-3's, after
+    // the 25th): 14 shares bound to node-3 around the restart ended `UnexpectedAdmissionError`,
+    // "requested number of devices unavailable ... Requested: 30, Available: 20". A restarted
+    // kubelet admits the pods bound to it in one batch before it counts its configuration sources
+    // ready, and until then its device manager does not free the devices of pods deleted since its
+    // last admission (the previous burst's, still in its checkpoint); its admission failures are
+    // final. Upstream kubelet behaviour (kubernetes#109595, #133382); see the README.
+
     // kube-apiserver killed after the 30th (back 4 s later), etcd after the 45th (back 3 s later):
     // the watches are refused, then expire, while the kubelets admit pods.
     let mut apiserver = None;

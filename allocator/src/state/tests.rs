@@ -565,3 +565,32 @@ fn without_the_requirement_agents_do_not_matter() {
     assert_eq!(s.filter(serde_json::from_value(args).unwrap()).node_names, Some(vec!["n1".to_owned()]));
     assert_eq!(s.inspect()["nodes"][0]["agentReady"], true);
 }
+
+/// Found by the fault suite (all our API connections cut mid-bind): a bind wrote its assignment,
+/// lost the answer, and kept the cards; kube-scheduler asked again and the pod, counted against its
+/// own cards, fitted nowhere and waited as unschedulable beside them.
+#[test]
+fn a_pod_holding_cards_is_judged_without_them_and_binds_to_them_again() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_node(&node("n2", 1));
+    s.apply_pod(&pod("b", "70", Some("n1"), Some(assignment("n1", 0, 70))));
+    s.apply_pod(&pod("c", "80", Some("n2"), Some(assignment("n2", 0, 80))));
+    let filter =
+        |s: &mut ClusterState, p: &Pod| s.filter_names(Some(p), vec!["n1", "n2"]).node_names.unwrap();
+    // Held by its reservation, and by its annotation as the watch shows it (an unbound pod).
+    let reserved = pod("a", "30", None, None);
+    s.reserve(&reserved, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    let annotated = pod("d", "20", None, Some(assignment("n2", 0, 20)));
+    s.apply_pod(&annotated);
+    assert_eq!((free(&s, "n1"), free(&s, "n2")), (vec![0], vec![0]));
+    assert!(filter(&mut s, &pod("e", "20", None, None)).is_empty(), "no room for another");
+    assert_eq!(filter(&mut s, &reserved), vec!["n1"]);
+    assert_eq!(filter(&mut s, &annotated), vec!["n2"]);
+    let scores = s.prioritize_names(Some(&reserved), vec!["n1", "n2"]);
+    assert_eq!(scores.len(), 2);
+    // The cards stay held, and a bind on the same node takes the same ones.
+    assert_eq!((free(&s, "n1"), free(&s, "n2")), (vec![0], vec![0]));
+    assert!(!s.reserve(&reserved, "n1", SystemTime::UNIX_EPOCH).unwrap().fresh);
+    assert!(!s.reserve(&annotated, "n2", SystemTime::UNIX_EPOCH).unwrap().fresh);
+}
