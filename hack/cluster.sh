@@ -506,7 +506,7 @@ case $CMD in
       case $1 in
         --nodes) NODES=$2; shift 2 ;;
         --bare) bare=1; shift ;;
-        --apiserver-arg) APISERVER_ARGS+="${APISERVER_ARGS:+$'\n'}$2"; shift 2 ;;
+        --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;
       esac
     done

@@ -21,7 +21,7 @@ fi
 
 seconds=${2:-60}
 cache=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
-cargo_fuzz_version=0.13.1
+cargo_fuzz_version=0.13.2
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 fuzz_root=$cache/cargo-fuzz-$cargo_fuzz_version
 if [[ ! -x $fuzz_root/bin/cargo-fuzz ]]; then
