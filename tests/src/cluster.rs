@@ -341,6 +341,7 @@ impl Cluster {
 /// A TCP proxy in front of the API server ([`Cluster::api_proxy`]): the fault suite's slow,
 /// unreachable or reset API for the workloads routed through it, while the rest of the cluster (the
 /// kubelets, the control plane, the test) reaches the API server as before.
+#[derive(Clone)]
 pub struct ApiProxy {
     faults: PathBuf,
     host: String,

@@ -155,7 +155,7 @@ fn expired_watches(
 /// serves pod and node watches from etcd (no watch cache for them), so that a compaction expires
 /// them as it does in a cluster configured so, or after a long disconnection from a cached one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollouts_expired_watches_and_a_slow_api_during_bursts_lose_no_pod() {
+async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no_pod() {
     let cluster = Cluster::up_with_apiserver_args("faults", 3, &["--watch-cache-sizes=pods#0,nodes#0"]);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
@@ -217,6 +217,25 @@ async fn rollouts_expired_watches_and_a_slow_api_during_bursts_lose_no_pod() {
         for (pod, n) in &now {
             assert!(*n > was.get(pod).copied().unwrap_or(0), "{pod} logged no expired watch: {now:?}");
         }
+    }
+
+    // After the 20th, our pods' connections to the API server refused for 30 s (each one closed as
+    // it opens, the open ones cut): Leases lapse, no replica may decide, the agents' watches fail.
+    let mut reopen = None;
+    burst(&cluster, &client, "refused", |i| {
+        if i == 20 {
+            proxy.set("cut");
+            let proxy = proxy.clone();
+            reopen = Some(std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(30));
+                proxy.set("pass");
+            }));
+        }
+        None
+    })
+    .await;
+    if let Some(reopened) = reopen {
+        reopened.join().unwrap();
     }
 
     // Every call of ours a second slower each way (two per round trip, more for a new connection):
