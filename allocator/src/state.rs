@@ -238,11 +238,10 @@ impl ClusterState {
     /// bind on the node that holds them takes the same cards again ([`ClusterState::reserve`]).
     fn without_own_cards<T>(&mut self, uid: Option<&str>, judge: impl FnOnce(&mut Self) -> T) -> T {
         let holds = |p: &PodRecord| matches!(p.holding, decode::Holding::Cards(_));
-        let Some(uid) = uid.filter(|uid| self.pods.get(*uid).is_some_and(holds)) else {
+        let held = uid.filter(|uid| self.pods.get(*uid).is_some_and(holds));
+        let Some((uid, record)) = held.and_then(|uid| Some((uid.to_owned(), self.remove_pod(uid)?))) else {
             return judge(self);
         };
-        let uid = uid.to_owned();
-        let Some(record) = self.remove_pod(&uid) else { return judge(self) };
         let node = record.node.clone();
         self.rebuild(&node);
         let answer = judge(self);

@@ -208,19 +208,21 @@ async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no
         None
     })
     .await;
-    // The fault happened: every allocator replica and every agent saw its watches expire.
-    for (name, container, was) in
-        [("nano-gpu-allocator", "allocator", &before.0), ("nano-gpu-agent", "agent", &before.1)]
+    // The fault happened: every allocator replica (2) and every agent (one per node) saw its watches
+    // expire.
+    for (name, container, was, pods) in
+        [("nano-gpu-allocator", "allocator", &before.0, 2), ("nano-gpu-agent", "agent", &before.1, 3)]
     {
         let now = expired_watches(&cluster, name, container);
         eprintln!("expired: 410s logged per {name} pod: {now:?} (before the burst: {was:?})");
+        assert_eq!(now.len(), pods, "the logs of every {name} pod: {now:?}");
         for (pod, n) in &now {
             assert!(*n > was.get(pod).copied().unwrap_or(0), "{pod} logged no expired watch: {now:?}");
         }
     }
 
     // After the 20th, our pods' connections to the API server refused for 30 s (each one closed as
-    // it opens, the open ones cut): Leases lapse, no replica may decide, the agents' watches fail.
+    // it opens, the open ones cut): longer than the Leases' renew deadline (10 s).
     let mut reopen = None;
     burst(&cluster, &client, "refused", |i| {
         if i == 20 {

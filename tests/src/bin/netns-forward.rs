@@ -183,6 +183,11 @@ fn splice(a: TcpStream, b: TcpStream, faults: Arc<Faults>) {
     };
     let id = faults.next.fetch_add(1, Ordering::Relaxed);
     faults.open.lock().unwrap().insert(id, held);
+    // A cut that came in after the accept and went through the open connections before this one was
+    // among them: this one goes too.
+    if faults.fault() == Fault::Cut {
+        let _ = (a.shutdown(Shutdown::Both), b.shutdown(Shutdown::Both));
+    }
     thread::spawn(move || {
         let up = {
             let faults = faults.clone();
