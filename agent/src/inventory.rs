@@ -27,6 +27,8 @@ pub struct Card {
     /// Why the card could not be read, when it could not: it is then served as unhealthy (the kubelet
     /// gives it to nobody) while the node's other cards are served as usual.
     pub fault: Option<String>,
+    /// Whether the card is in MIG mode (NVIDIA; its MIG mode query says so).
+    pub mig: bool,
 }
 
 impl Card {
@@ -52,6 +54,7 @@ impl Card {
             device_nodes: Vec::new(),
             pci_address,
             fault: None,
+            mig: false,
         }
     }
 }

@@ -14,9 +14,11 @@
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
 //! - [`run`]: the serve/register loop that survives kubelet restarts.
+//! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons.
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
 //!   memory-overrun watchdog.
 
+pub mod enforce;
 pub mod health;
 pub mod inventory;
 pub mod plugin;
@@ -115,6 +117,20 @@ pub struct Flags {
     /// Root of the device nodes (`/dev`).
     #[arg(long, env = "NANO_GPU_DEV_ROOT", default_value = "/dev")]
     pub dev_root: PathBuf,
+    /// How a share of an NVIDIA card is limited: `none` (the scheduler's accounting only), `mps`
+    /// (MPS client limits; the daemons run by `mps-control`) or `hami-core` (an installed
+    /// HAMi-core). The Node's `nano-gpu/enforcement` label, read at start, wins over this flag.
+    #[arg(long, env = "NANO_GPU_ENFORCEMENT", value_enum, default_value = "none")]
+    pub enforcement: enforce::Mode,
+    /// Host directory of the MPS daemons (one pipe and log directory per card, one shared shm).
+    #[arg(long, env = "NANO_GPU_MPS_ROOT", default_value = "/run/nano-gpu/mps")]
+    pub mps_root: PathBuf,
+    /// NVIDIA's MPS control program, which `mps-control` runs once per card.
+    #[arg(long, env = "NANO_GPU_MPS_CONTROL", default_value = "nvidia-cuda-mps-control")]
+    pub mps_control: PathBuf,
+    /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
+    #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
+    pub hami_core_dir: PathBuf,
     /// What to do (default: run the agent).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -148,9 +164,30 @@ impl Flags {
 pub enum Command {
     /// Print the cards this node has, as the `nano-gpu/gpus` annotation and labels would carry them.
     Inventory,
+    /// Run one MPS control daemon per NVIDIA card (not in MIG mode), starting again any that stops,
+    /// under `--mps-root`: the daemons of nodes whose shares are enforced with MPS.
+    MpsControl,
 }
 
 impl Flags {
+    /// What mode `label` (the Node's `nano-gpu/enforcement`, if any) and `--enforcement` choose,
+    /// with its host paths; a label that names no mode serves no card, with the reason.
+    pub fn enforcement(&self, label: Option<&str>) -> enforce::Enforcement {
+        match enforce::Mode::of_node(self.enforcement, label) {
+            Ok(enforce::Mode::None) => enforce::Enforcement::None,
+            Ok(enforce::Mode::Mps) => enforce::Enforcement::Mps(self.mps_layout()),
+            Ok(enforce::Mode::HamiCore) => {
+                enforce::Enforcement::HamiCore(enforce::HamiCore { dir: self.hami_core_dir.clone() })
+            }
+            Err(why) => enforce::Enforcement::Invalid(why),
+        }
+    }
+
+    /// Where the MPS daemons live.
+    pub fn mps_layout(&self) -> enforce::mps::Layout {
+        enforce::mps::Layout { root: self.mps_root.clone(), proc_root: self.proc_root.clone() }
+    }
+
     /// The inventory backends these flags select: the fake file alone when given, otherwise NVML and
     /// sysfs drm (NVIDIA and Intel cards on one node are both served).
     pub fn backends(&self) -> Vec<Box<dyn GpuInventory>> {

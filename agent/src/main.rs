@@ -5,7 +5,7 @@ use clap::Parser;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_agent::resource::Resource;
-use nano_gpu_agent::{Command, Flags, inventory, pods, repair, run, usage};
+use nano_gpu_agent::{Command, Flags, enforce, inventory, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,10 +43,15 @@ fn serve(flags: &Flags) -> ExitCode {
         });
         let resources = flags.resources();
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
-        let (mut residents, mut reports_tx) = (None, None);
+        let (mut residents, mut reports_tx, mut told) = (None, None, None);
+        let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
+                    let Some(label) = enforce::node_label(client.clone(), node, stopped.clone()).await else {
+                        return Ok(());
+                    };
+                    enforcement = flags.enforcement(label.as_deref());
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
@@ -56,6 +61,7 @@ fn serve(flags: &Flags) -> ExitCode {
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
                     let views = pods::watch::watch_pods(client.clone(), node, &resources, readiness.clone());
+                    told = Some((views.residents.clone(), reports.clone()));
                     residents = Some(views.residents);
                     reports_tx = Some(reports.clone());
                     tokio::spawn(
@@ -99,7 +105,13 @@ fn serve(flags: &Flags) -> ExitCode {
                 nano_gpu_agent::health::watch_xids_retrying(&lib, &health, &stop, retry)
             });
         }
-        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi };
+        match &enforcement {
+            enforce::Enforcement::Invalid(why) => {
+                tracing::error!("{why}: no card is served until it names a mode")
+            }
+            e => tracing::info!(mode = e.name(), "shares are enforced"),
+        }
+        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi, enforcement };
         let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
@@ -131,6 +143,7 @@ fn serve(flags: &Flags) -> ExitCode {
             plugins,
             readiness,
             usage,
+            told,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -145,10 +158,44 @@ fn serve(flags: &Flags) -> ExitCode {
     }
 }
 
+/// `mps-control`: the node's MPS daemons, until SIGTERM.
+fn mps_control(flags: &Flags) -> ExitCode {
+    nano_gpu_runtime::init_logging(flags.log_format == "json");
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let supervisor = enforce::mps::Supervisor {
+        layout: flags.mps_layout(),
+        program: flags.mps_control.clone(),
+        backends: flags.backends(),
+        every: Duration::from_secs(2),
+    };
+    let result = runtime.block_on(async {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            nano_gpu_runtime::terminated().await;
+            let _ = stop.send(true);
+        });
+        enforce::mps::supervise(supervisor, stopped).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: mps-control: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let flags = Flags::parse();
     match flags.command {
         Some(Command::Inventory) => print_inventory(&flags),
+        Some(Command::MpsControl) => mps_control(&flags),
         None => serve(&flags),
     }
 }

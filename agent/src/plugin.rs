@@ -127,7 +127,7 @@ impl DevicePlugin for Plugin {
                 }
                 None => None,
             };
-            let response = allocate(&cards, &r.devices_ids, claimed.as_ref(), self.resource, self.edits)?;
+            let response = allocate(&cards, &r.devices_ids, claimed.as_ref(), self.resource, &self.edits)?;
             container_responses.push(response);
         }
         Ok(Response::new(AllocateResponse { container_responses }))

@@ -68,10 +68,9 @@ impl Repairer {
                     };
                     record(&self.recorder, &object, "NoUsableAssignment", "Allocate", &message).await;
                 }
-                Report::Overrun { pod, message } => {
-                    tracing::warn!(%pod, "{message}");
-                    record(&self.recorder, &pod_reference(&pod), "GpuMemoryOverrun", "Sample", &message)
-                        .await;
+                Report::Warning { pod, reason, action, message } => {
+                    tracing::warn!(%pod, reason, "{message}");
+                    record(&self.recorder, &pod_reference(&pod), reason, action, &message).await;
                 }
                 Report::Mark(change) => {
                     if let Err(e) = self.mark(&change).await {

@@ -8,6 +8,7 @@
 //! be read (no NVML on this node, say) leaves its cards out and is retried at the next refresh, with
 //! the reason in the log.
 
+use crate::enforce::Enforcement;
 use crate::health::Health;
 use crate::inventory::{GpuInventory, read_all};
 use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
@@ -63,8 +64,14 @@ fn file_identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-fn read(backends: &[Box<dyn GpuInventory>], health: &Health, readiness: &Readiness) -> Snapshot {
+fn read(
+    backends: &[Box<dyn GpuInventory>],
+    health: &Health,
+    readiness: &Readiness,
+    enforcement: &Enforcement,
+) -> Snapshot {
     let (mut cards, errors) = read_all(backends);
+    enforcement.apply(&mut cards);
     let mut problems = Vec::new();
     for (backend, e) in errors {
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
@@ -86,9 +93,11 @@ async fn read_blocking(
     backends: &Backends,
     health: &Arc<Health>,
     readiness: &Arc<Readiness>,
+    enforcement: &Enforcement,
 ) -> Option<Snapshot> {
     let (backends, health, readiness) = (backends.clone(), health.clone(), readiness.clone());
-    match tokio::task::spawn_blocking(move || read(&backends, &health, &readiness)).await {
+    let enforcement = enforcement.clone();
+    match tokio::task::spawn_blocking(move || read(&backends, &health, &readiness, &enforcement)).await {
         Ok(snapshot) => Some(snapshot),
         Err(e) => {
             tracing::error!(error = %e, "reading the cards failed; keeping the last inventory");
@@ -107,6 +116,9 @@ fn stop_serving(
     }
     servers.iter().for_each(|s| s.abort());
 }
+
+/// How often the MPS daemons are checked.
+const DAEMON_CHECK: Duration = Duration::from_secs(1);
 
 /// Registration errors in a row (other than an unreachable kubelet) that end the agent.
 const REFUSALS: u32 = 3;
@@ -144,6 +156,10 @@ pub struct Agent {
     pub readiness: Arc<Readiness>,
     /// Usage sampling, and where its newest report goes (absent: not sampled).
     pub usage: Option<(crate::usage::Sampling, crate::usage::Latest)>,
+    /// The node's pods and where Events about them go (absent without a node name): under MPS,
+    /// the pods of a card whose daemon stopped are told.
+    pub told:
+        Option<(watch::Receiver<crate::pods::Residents>, tokio::sync::mpsc::Sender<crate::plugin::Report>)>,
 }
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
@@ -159,9 +175,10 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         plugins,
         readiness,
         usage,
+        told,
     } = agent;
     let backends: Backends = Arc::new(backends);
-    let first = read_blocking(&backends, &health, &readiness).await.unwrap_or_default();
+    let first = read_blocking(&backends, &health, &readiness, &edits.enforcement).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);
     // The background tasks stop when the loop ends, however it ends.
@@ -174,12 +191,23 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             latest,
         )))
     });
+    let _daemons = match &edits.enforcement {
+        Enforcement::Mps(layout) => Some(AbortOnDrop(tokio::spawn(crate::enforce::watch(
+            layout.clone(),
+            snapshot.clone(),
+            told,
+            health.clone(),
+            DAEMON_CHECK,
+        )))),
+        _ => None,
+    };
     let _refresher = {
         let cards = cards.clone();
         let backends = backends.clone();
         let health = health.clone();
         let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
+        let enforcement = edits.enforcement.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
@@ -207,7 +235,9 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     _ = health.changed.notified() => {}
                     _ = node_changed => {}
                 }
-                let Some(read) = read_blocking(&backends, &health, &readiness).await else { continue };
+                let Some(read) = read_blocking(&backends, &health, &readiness, &enforcement).await else {
+                    continue;
+                };
                 fresh = read;
                 cards.send_if_modified(|current| {
                     let changed = **current != *fresh;
@@ -227,7 +257,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         plugin_dir: &plugin_dir,
         snapshot: &snapshot,
         cards: &cards,
-        edits,
+        edits: &edits,
         timing,
         readiness: &readiness,
     };
@@ -247,7 +277,7 @@ struct Serving<'a> {
     plugin_dir: &'a Path,
     snapshot: &'a watch::Receiver<Snapshot>,
     cards: &'a Arc<watch::Sender<Snapshot>>,
-    edits: Edits,
+    edits: &'a Edits,
     timing: Timing,
     readiness: &'a Arc<Readiness>,
 }
@@ -308,7 +338,7 @@ async fn serve_and_register(
                 }
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let plugin = Plugin::new(snapshot.clone(), *resource, edits, identity.clone());
+            let plugin = Plugin::new(snapshot.clone(), *resource, edits.clone(), identity.clone());
             servers.push(tokio::spawn(async move {
                 plugin::serve_on(listener, plugin, async { stopped.await.unwrap_or(()) })
                     .await

@@ -244,8 +244,12 @@ pub async fn run(
                 grace.as_secs()
             );
             if let Some(tx) = &reports {
-                let _ = tx
-                    .try_send(crate::plugin::Report::Overrun { pod: pod_key(&r.namespace, &r.pod), message });
+                let _ = tx.try_send(crate::plugin::Report::Warning {
+                    pod: pod_key(&r.namespace, &r.pod),
+                    reason: "GpuMemoryOverrun",
+                    action: "Sample",
+                    message,
+                });
             }
         }
         // The pods' marks follow the overruns (the pod watch shows what was written; a mark lost to a

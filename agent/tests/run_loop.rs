@@ -108,6 +108,7 @@ fn agent_named(
         plugins: vec![(nano_gpu_agent::resource::Resource::Percent, None)],
         readiness: Default::default(),
         usage: None,
+        told: None,
     };
     run::run(agent, stopped)
 }

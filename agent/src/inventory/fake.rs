@@ -23,7 +23,7 @@ impl GpuInventory for FakeFile {
         Ok(inv
             .gpus
             .into_iter()
-            .map(|info| Card { info, device_nodes: Vec::new(), pci_address: None, fault: None })
+            .map(|info| Card { info, device_nodes: Vec::new(), pci_address: None, fault: None, mig: false })
             .collect())
     }
 }

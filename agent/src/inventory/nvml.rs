@@ -54,7 +54,9 @@ impl NvmlInventory {
         let model = d.name().map_err(|e| field("name", e))?;
         let memory = d.memory_info().map_err(|e| field("memory", e))?.total >> 20;
         let pci_address = d.pci_info().ok().map(|p| p.bus_id);
-        Ok(Card::nvidia(index, uuid, model, MiB(memory), pci_address))
+        // A card without MIG answers "not supported"; only a card that says so is in MIG mode.
+        let mig = d.mig_mode().is_ok_and(|m| m.current == 1);
+        Ok(Card { mig, ..Card::nvidia(index, uuid, model, MiB(memory), pci_address) })
     }
 
     fn invalid(&self, message: impl std::fmt::Display) -> InventoryError {

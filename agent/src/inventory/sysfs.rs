@@ -66,6 +66,7 @@ impl SysfsDrm {
             device_nodes,
             pci_address,
             fault: None,
+            mig: false,
         })
     }
 }

@@ -3,19 +3,22 @@
 //! for `aliyun.com/gpu-mem`.
 
 use super::devices::derive;
+use crate::enforce::{Enforcement, Share};
 use crate::inventory::Card;
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
-use nano_gpu_proto::units::Percent;
+use nano_gpu_proto::units::{MiB, Percent};
 use tonic::Status;
 
 /// How containers are given their cards beyond the environment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edits {
     /// Also name NVIDIA cards as CDI devices (`nvidia.com/gpu=<uuid>`), for runtimes set up with CDI.
     pub cdi: bool,
+    /// How a share of an NVIDIA card is limited.
+    pub enforcement: Enforcement,
 }
 
 /// The container an Allocate is for, as far as the agent could tell.
@@ -28,13 +31,14 @@ pub struct Claimed {
 }
 
 /// What one container gets for the device IDs of `resource` the kubelet chose: the cards come from
-/// the IDs; the memory from its grants when it asked memory, else its share of the cards' memory.
+/// the IDs; the memory from its grants when it asked memory, else its share of the cards' memory; a
+/// share of one NVIDIA card (less than the whole card) is limited as `edits.enforcement` says.
 pub fn allocate(
     cards: &[Card],
     ids: &[String],
     claimed: Option<&Claimed>,
     resource: Resource,
-    edits: Edits,
+    edits: &Edits,
 ) -> Result<ContainerAllocateResponse, Status> {
     let got = derive(cards, ids)?;
     let mut response = ContainerAllocateResponse::default();
@@ -82,5 +86,16 @@ pub fn allocate(
     }
     env.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
     env.insert("NANO_GPU_CARDS".into(), uuids.join(","));
+    if let [(card, n)] = got.as_slice()
+        && card.info.vendor == Vendor::Nvidia
+    {
+        let (n, units) = (u64::from(*n), resource.card_units(card));
+        if n < units {
+            // A share: its percent of the card's compute (rounded up), and the memory it holds.
+            let percent = u32::try_from((n * 100).div_ceil(units.max(1))).unwrap_or(100);
+            let share = Share { percent, memory: MiB(memory) };
+            edits.enforcement.limit(&card.info.uuid, share, &mut response);
+        }
+    }
     Ok(response)
 }

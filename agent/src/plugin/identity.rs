@@ -39,11 +39,16 @@ pub enum Report {
         /// The resource of the IDs.
         resource: Resource,
     },
-    /// A container has used more card memory than granted for longer than the grace period.
-    Overrun {
+    /// A Warning Event on a pod: a container over its memory grant for longer than the grace
+    /// period, a card's MPS daemon lost.
+    Warning {
         /// The pod (`namespace/name`).
         pod: String,
-        /// What it uses and was granted.
+        /// The Event's reason.
+        reason: &'static str,
+        /// The Event's action.
+        action: &'static str,
+        /// What happened.
         message: String,
     },
     /// A pod's `nano-gpu/overrun` mark must say this (or go).

@@ -24,6 +24,7 @@ fn card(uuid: &str, vendor: Vendor) -> Card {
         },
         pci_address: None,
         fault: None,
+        mig: false,
     }
 }
 
@@ -43,18 +44,31 @@ fn every_card_advertises_100_ids_with_its_numa_node() {
 #[test]
 fn allocate_derives_the_cards_from_the_ids() {
     let cards = [card("GPU-a", Vendor::Nvidia), card("intel-0000:03:00.0", Vendor::Intel)];
-    let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, Edits::default()).unwrap();
+    let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &Edits::default()).unwrap();
     assert!(r.cdi_devices.is_empty());
     assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
     assert_eq!(r.envs["NANO_GPU_PERCENT"], "30");
-    let r = allocate(&cards, &ids("intel-0000:03:00.0", 0..50), None, Resource::Percent, Edits { cdi: true })
-        .unwrap();
+    let r = allocate(
+        &cards,
+        &ids("intel-0000:03:00.0", 0..50),
+        None,
+        Resource::Percent,
+        &Edits { cdi: true, ..Default::default() },
+    )
+    .unwrap();
     assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
     assert_eq!(
         r.devices.iter().map(|d| d.host_path.as_str()).collect::<Vec<_>>(),
         ["/dev/dri/card1", "/dev/dri/renderD129"]
     );
-    let r = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, Edits { cdi: true }).unwrap();
+    let r = allocate(
+        &cards,
+        &ids("GPU-a", 0..100),
+        None,
+        Resource::Percent,
+        &Edits { cdi: true, ..Default::default() },
+    )
+    .unwrap();
     assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");
 }
 
@@ -62,15 +76,19 @@ fn allocate_derives_the_cards_from_the_ids() {
 fn unknown_ids_are_invalid_arguments_not_a_poisoned_env() {
     let cards = [card("GPU-a", Vendor::Nvidia)];
     assert_eq!(
-        allocate(&cards, &["not-ours".into()], None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        allocate(&cards, &["not-ours".into()], None, Resource::Percent, &Edits::default())
+            .unwrap_err()
+            .code(),
         tonic::Code::InvalidArgument
     );
     assert_eq!(
-        allocate(&cards, &ids("GPU-zz", 0..1), None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        allocate(&cards, &ids("GPU-zz", 0..1), None, Resource::Percent, &Edits::default())
+            .unwrap_err()
+            .code(),
         tonic::Code::InvalidArgument
     );
     assert_eq!(
-        allocate(&cards, &[], None, Resource::Percent, Edits::default()).unwrap_err().code(),
+        allocate(&cards, &[], None, Resource::Percent, &Edits::default()).unwrap_err().code(),
         tonic::Code::InvalidArgument
     );
 }

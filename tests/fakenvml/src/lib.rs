@@ -18,7 +18,9 @@
 //! as a CUDA context's does. `tests/src/bin/gpu-use.rs` is such a process. A card's used memory is
 //! the sum of its processes', its utilisation the sum of their SM shares (at most 100), and each
 //! process with SM work has one utilisation sample per call, stamped with the time of the call.
-//! `"temperature"` (°C, default 40) and `"powerW"` (default 70) are per card.
+//! `"temperature"` (°C, default 40) and `"powerW"` (default 70) are per card. A card with
+//! `"mig": true` is in MIG mode; the others answer `NVML_ERROR_NOT_SUPPORTED` to the MIG mode query,
+//! as cards without MIG do.
 //!
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
@@ -28,8 +30,9 @@ use nvml_wrapper_sys::bindings::{
     nvmlPciInfo_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t,
     nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH, nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
     nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-    nvmlReturn_enum_NVML_ERROR_NOT_FOUND, nvmlReturn_enum_NVML_ERROR_TIMEOUT,
-    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t, nvmlUtilization_t,
+    nvmlReturn_enum_NVML_ERROR_NOT_FOUND, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+    nvmlReturn_enum_NVML_ERROR_TIMEOUT, nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+    nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t, nvmlUtilization_t,
 };
 use std::os::raw::{c_char, c_uint};
 use std::sync::Mutex;
@@ -42,6 +45,7 @@ struct Card {
     bus_id: String,
     temperature: u32,
     power_mw: u32,
+    mig: bool,
 }
 
 /// A compute process on a card.
@@ -104,6 +108,7 @@ fn load() -> Vec<Card> {
                 .map_or_else(|| format!("00000000:{:02X}:00.0", i + 1), str::to_owned),
             temperature: c["temperature"].as_u64().unwrap_or(40) as u32,
             power_mw: (c["powerW"].as_f64().unwrap_or(70.0) * 1000.0) as u32,
+            mig: c["mig"].as_bool().unwrap_or(false),
         })
         .collect()
 }
@@ -319,6 +324,23 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         m.used = used.min(total);
         m.free = total - m.used;
     })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    match with_card(device, |c| c.mig) {
+        Ok(true) => unsafe {
+            *current = 1;
+            *pending = 1;
+            nvmlReturn_enum_NVML_SUCCESS
+        },
+        Ok(false) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Err(e) => e,
+    }
 }
 
 #[unsafe(no_mangle)]

@@ -121,8 +121,10 @@ pub fn cgroup_and_metrics(data: &[u8]) {
 }
 
 /// The device plugin's Allocate over two cards: the bytes as a protobuf `AllocateRequest`, and as
-/// device IDs one per line; for both resources, an answer given is never without its env.
+/// device IDs one per line; for both resources and with and without MPS limits, an answer given is
+/// never without its env, and an MPS limit only ever comes with its card's pipe directory.
 pub fn allocate(data: &[u8]) {
+    use nano_gpu_agent::enforce::{Enforcement, mps::Layout};
     use nano_gpu_agent::inventory::Card;
     use nano_gpu_agent::plugin::{Edits, allocate};
     use nano_gpu_agent::resource::Resource;
@@ -135,10 +137,22 @@ pub fn allocate(data: &[u8]) {
     if let Ok(r) = AllocateRequest::decode(data) {
         requests.extend(r.container_requests.into_iter().map(|c| c.devices_ids));
     }
+    let mps = Edits {
+        enforcement: Enforcement::Mps(Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() }),
+        ..Default::default()
+    };
     for ids in requests {
         for resource in [Resource::Percent, Resource::Gpushare(nano_gpu_proto::demand::GpushareUnit::GiB)] {
-            if let Ok(r) = allocate(&cards, &ids, None, resource, Edits::default()) {
-                assert!(!r.envs.is_empty(), "an Allocate answer without env for {ids:?}");
+            for edits in [&Edits::default(), &mps] {
+                if let Ok(r) = allocate(&cards, &ids, None, resource, edits) {
+                    assert!(!r.envs.is_empty(), "an Allocate answer without env for {ids:?}");
+                    if let Some(limit) = r.envs.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") {
+                        let percent: u32 = limit.parse().expect("a number");
+                        assert!((1..100).contains(&percent), "{limit} for {ids:?}");
+                        let card = &r.envs["NANO_GPU_CARDS"];
+                        assert!(r.mounts.iter().any(|m| m.host_path.ends_with(&format!("{card}/pipe"))));
+                    }
+                }
             }
         }
     }

@@ -1,0 +1,392 @@
+//! Enforcement of each share with what NVIDIA ships, chosen per node (`--enforcement`, or the Node's
+//! `nano-gpu/enforcement` label, which wins): `none` (the default: a share is a reservation the
+//! scheduler keeps), `mps` (one MPS control daemon per card, run by `nano-gpu-agent mps-control`;
+//! each share container gets its own compute and memory limits as MPS client env) or `hami-core`
+//! (an operator-installed HAMi-core on the node; its env and mounts per container).
+//!
+//! Only shares are limited: a container given whole cards gets them as in `none`. A card the mode
+//! cannot limit now (MPS: in MIG mode, or its daemon is not running; HAMi-core: not installed) is
+//! served unhealthy with the reason as its fault, so the kubelet gives it to nobody: a share is never
+//! handed out unlimited under a mode that promises a limit. The pods with shares on a card whose
+//! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`watch`].
+
+pub mod mps;
+
+use crate::health::Health;
+use crate::inventory::Card;
+use crate::plugin::Report;
+use crate::pods::{Resident, Residents, pod_key};
+use nano_gpu_proto::annotations::Vendor;
+use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
+use nano_gpu_proto::units::MiB;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// The Node label that chooses the mode of its agent (read when the agent starts).
+pub const NODE_LABEL: &str = "nano-gpu/enforcement";
+
+/// How shares are enforced on a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Not enforced: the scheduler's accounting only.
+    #[default]
+    None,
+    /// NVIDIA MPS: per-client active-thread percentage and pinned device memory limit.
+    Mps,
+    /// HAMi-core (`libvgpu.so`), installed on the node by the operator.
+    HamiCore,
+}
+
+impl Mode {
+    /// The mode named `text` as the label and flag spell it.
+    pub fn parse(text: &str) -> Result<Mode, String> {
+        match text {
+            "none" => Ok(Mode::None),
+            "mps" => Ok(Mode::Mps),
+            "hami-core" => Ok(Mode::HamiCore),
+            other => Err(format!("{NODE_LABEL}={other:?} is not a mode (none, mps, hami-core)")),
+        }
+    }
+
+    /// The mode of a node: its label's when it has one, else the flag's.
+    pub fn of_node(flag: Mode, label: Option<&str>) -> Result<Mode, String> {
+        label.map_or(Ok(flag), Mode::parse)
+    }
+}
+
+/// The HAMi-core an operator installed: its host directory holds `libvgpu.so` and the
+/// `ld.so.preload` that names it (HAMi's `vgpu-init.sh` writes both; default `/usr/local/vgpu`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HamiCore {
+    /// The host directory.
+    pub dir: PathBuf,
+}
+
+/// Where HAMi-core is mounted in a container (HAMi's own path, so its tools find it).
+pub const HAMI_IN_CONTAINER: &str = "/usr/local/vgpu";
+/// HAMi-core's lock directory, shared by every container of the node.
+pub const HAMI_LOCK: &str = "/tmp/vgpulock";
+/// HAMi-core's shared-region file: in the container's own `/tmp`, so per container.
+pub const HAMI_CACHE: &str = "/tmp/cudevshr.cache";
+
+impl HamiCore {
+    /// Why HAMi-core cannot limit shares here, if it cannot.
+    pub fn missing(&self) -> Option<String> {
+        ["libvgpu.so", "ld.so.preload"].iter().map(|f| self.dir.join(f)).find(|p| !p.is_file()).map(|p| {
+            format!(
+                "enforcement hami-core: {} not found (install HAMi-core on this node, or choose another mode)",
+                p.display()
+            )
+        })
+    }
+}
+
+/// A mode with the host paths it hands containers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Nothing beyond the card.
+    #[default]
+    None,
+    /// MPS daemons laid out under a root.
+    Mps(mps::Layout),
+    /// HAMi-core from a host directory.
+    HamiCore(HamiCore),
+    /// The node's label names no mode: no card is served until it does (the reason).
+    Invalid(String),
+}
+
+/// One container's share of one card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Percent of the card's compute (1..=99).
+    pub percent: u32,
+    /// Memory granted.
+    pub memory: MiB,
+}
+
+fn mount(host: &Path, container: &str, read_only: bool) -> Mount {
+    Mount { container_path: container.into(), host_path: host.display().to_string(), read_only }
+}
+
+impl Enforcement {
+    /// The mode's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Enforcement::None => Mode::None.name(),
+            Enforcement::Mps(_) => Mode::Mps.name(),
+            Enforcement::HamiCore(_) => Mode::HamiCore.name(),
+            Enforcement::Invalid(_) => "invalid",
+        }
+    }
+
+    /// Adds what limits a container to `share` of NVIDIA card `uuid` (the only card it sees, so its
+    /// CUDA ordinal 0) to `response`.
+    pub fn limit(&self, uuid: &str, share: Share, response: &mut ContainerAllocateResponse) {
+        let env = &mut response.envs;
+        match self {
+            Enforcement::None | Enforcement::Invalid(_) => {}
+            Enforcement::Mps(layout) => {
+                env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
+                env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), share.percent.to_string());
+                env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={}M", share.memory.0));
+                response.mounts.push(mount(&layout.pipe(uuid), mps::PIPE_IN_CONTAINER, false));
+                response.mounts.push(mount(&layout.shm(), "/dev/shm", false));
+            }
+            Enforcement::HamiCore(hami) => {
+                env.insert("CUDA_DEVICE_MEMORY_LIMIT_0".into(), format!("{}m", share.memory.0));
+                env.insert("CUDA_DEVICE_SM_LIMIT".into(), share.percent.to_string());
+                env.insert("CUDA_DEVICE_MEMORY_SHARED_CACHE".into(), HAMI_CACHE.into());
+                let lib = format!("{HAMI_IN_CONTAINER}/libvgpu.so");
+                response.mounts.push(mount(&hami.dir.join("libvgpu.so"), &lib, true));
+                response.mounts.push(mount(&hami.dir.join("ld.so.preload"), "/etc/ld.so.preload", true));
+                response.mounts.push(mount(Path::new(HAMI_LOCK), HAMI_LOCK, false));
+            }
+        }
+    }
+
+    /// Why shares of `card` cannot be limited now, if they cannot.
+    pub fn refusal(&self, card: &Card) -> Option<String> {
+        match self {
+            Enforcement::None => None,
+            Enforcement::Invalid(why) => Some(format!("enforcement: {why}; no card is served until it does")),
+            other if card.info.vendor != Vendor::Nvidia => Some(format!(
+                "enforcement {}: only NVIDIA cards can be limited; this card is served to nobody",
+                other.name()
+            )),
+            Enforcement::Mps(_) if card.mig => {
+                Some("enforcement mps: the card is in MIG mode, which MPS shares do not support here".into())
+            }
+            Enforcement::Mps(layout) => layout.daemon(&card.info.uuid).err(),
+            Enforcement::HamiCore(hami) => hami.missing(),
+        }
+    }
+
+    /// Marks unhealthy, with the reason as its fault, every card whose shares cannot be limited now.
+    pub fn apply(&self, cards: &mut [Card]) {
+        for card in cards {
+            if let Some(reason) = self.refusal(card) {
+                card.info.healthy = false;
+                card.fault.get_or_insert(reason);
+            }
+        }
+    }
+}
+
+impl Mode {
+    /// The mode as the flag and label spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Mps => "mps",
+            Mode::HamiCore => "hami-core",
+        }
+    }
+}
+
+/// Node `node`'s `nano-gpu/enforcement` label, asked of the API server every 2 s until it answers
+/// (each read bounded by 10 s); `None` when `stop` flips first.
+pub async fn node_label(
+    client: kube::Client,
+    node: &str,
+    mut stop: watch::Receiver<bool>,
+) -> Option<Option<String>> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), api.get(node)).await {
+            Ok(Ok(n)) => return Some(n.metadata.labels.and_then(|mut l| l.remove(NODE_LABEL))),
+            Ok(Err(e)) => {
+                tracing::warn!(%node, error = %e, "reading the node's enforcement label; again in 2 s")
+            }
+            Err(_) => tracing::warn!(%node, "reading the node's enforcement label took 10 s; again in 2 s"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = stop.changed() => return None,
+        }
+        if *stop.borrow() {
+            return None;
+        }
+    }
+}
+
+/// Watches the MPS daemons of the node's cards every `every`: when one stops or is replaced, the
+/// cards are read again at once (through `reread`: the card goes unhealthy until it runs again) and every pod
+/// with a share of that card gets a Warning Event, since its processes lost their MPS server.
+pub async fn watch(
+    layout: mps::Layout,
+    cards: watch::Receiver<crate::plugin::Snapshot>,
+    told: Option<(watch::Receiver<Residents>, mpsc::Sender<Report>)>,
+    reread: Arc<Health>,
+    every: Duration,
+) {
+    let seen: Mutex<HashMap<String, u32>> = Mutex::new(HashMap::new());
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let uuids: Vec<String> = cards
+            .borrow()
+            .iter()
+            .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig)
+            .map(|c| c.info.uuid.clone())
+            .collect();
+        let mut changed = false;
+        let mut lost = Vec::new();
+        {
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            for uuid in &uuids {
+                let now = layout.daemon(uuid).ok();
+                let before = seen.get(uuid).copied();
+                if now != before {
+                    changed = true;
+                    if let Some(pid) = before {
+                        lost.push((uuid.clone(), pid, now));
+                    }
+                    match now {
+                        Some(pid) => seen.insert(uuid.clone(), pid),
+                        None => seen.remove(uuid),
+                    };
+                }
+            }
+        }
+        if changed {
+            reread.changed.notify_one();
+        }
+        for (uuid, pid, now) in lost {
+            let what = match now {
+                Some(new) => format!("was replaced (PID {pid} → {new})"),
+                None => format!("stopped (PID {pid}); the card takes no new share until it runs again"),
+            };
+            tracing::warn!(card = %uuid, "MPS control daemon {what}");
+            let Some((residents, reports)) = &told else { continue };
+            let pods = holders(&residents.borrow(), &uuid);
+            for pod in pods {
+                let message = format!(
+                    "the MPS control daemon of card {uuid} {what}: this pod's CUDA processes on that card \
+                     lost their MPS server (restart them to run limited again)"
+                );
+                let report = Report::Warning { pod, reason: "MpsDaemonLost", action: "Enforce", message };
+                if reports.try_send(report).is_err() {
+                    tracing::warn!(card = %uuid, "report queue full; an MpsDaemonLost Event is dropped");
+                }
+            }
+        }
+    }
+}
+
+/// The pods (`namespace/name`) with a share (less than the whole card) of card `uuid`.
+pub fn holders(residents: &BTreeMap<String, Resident>, uuid: &str) -> Vec<String> {
+    residents
+        .values()
+        .filter(|r| r.grants.values().flatten().any(|g| g.uuid == uuid && g.percent.0 < 100))
+        .map(|r| pod_key(&r.namespace, &r.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nvidia(uuid: &str) -> Card {
+        Card::nvidia(0, uuid, "H100", MiB(81_559), None)
+    }
+
+    #[test]
+    fn the_label_wins_over_the_flag_and_a_garbled_one_is_an_error() {
+        assert_eq!(Mode::of_node(Mode::Mps, None), Ok(Mode::Mps));
+        assert_eq!(Mode::of_node(Mode::None, Some("hami-core")), Ok(Mode::HamiCore));
+        assert_eq!(Mode::of_node(Mode::Mps, Some("none")), Ok(Mode::None));
+        let err = Mode::of_node(Mode::None, Some("MPS ")).unwrap_err();
+        assert!(err.contains("\"MPS \" is not a mode (none, mps, hami-core)"), "{err}");
+        for m in [Mode::None, Mode::Mps, Mode::HamiCore] {
+            assert_eq!(Mode::parse(m.name()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn an_mps_share_gets_its_own_limits_and_the_cards_pipe() {
+        let layout = mps::Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() };
+        let mut r = ContainerAllocateResponse::default();
+        Enforcement::Mps(layout).limit("GPU-a", Share { percent: 30, memory: MiB(2048) }, &mut r);
+        assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+        assert_eq!(r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
+        assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
+        let mounts: Vec<_> =
+            r.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)).collect();
+        assert_eq!(
+            mounts,
+            [
+                ("/run/nano-gpu/mps/GPU-a/pipe", "/tmp/nvidia-mps", false),
+                ("/run/nano-gpu/mps/shm", "/dev/shm", false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hami_core_share_gets_its_env_and_mounts() {
+        let hami = HamiCore { dir: "/usr/local/vgpu".into() };
+        let mut r = ContainerAllocateResponse::default();
+        Enforcement::HamiCore(hami).limit("GPU-a", Share { percent: 70, memory: MiB(6144) }, &mut r);
+        assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "6144m");
+        assert_eq!(r.envs["CUDA_DEVICE_SM_LIMIT"], "70");
+        assert_eq!(r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"], HAMI_CACHE);
+        let preload = r.mounts.iter().find(|m| m.container_path == "/etc/ld.so.preload").unwrap();
+        assert_eq!((preload.host_path.as_str(), preload.read_only), ("/usr/local/vgpu/ld.so.preload", true));
+        assert!(r.mounts.iter().any(|m| m.container_path == HAMI_LOCK && !m.read_only));
+    }
+
+    #[test]
+    fn cards_a_mode_cannot_limit_are_unhealthy_with_the_reason() {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-enforce-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let hami = Enforcement::HamiCore(HamiCore { dir: dir.clone() });
+        let mut cards = vec![nvidia("GPU-a")];
+        hami.apply(&mut cards);
+        assert!(!cards[0].info.healthy);
+        assert!(cards[0].fault.as_deref().unwrap().contains("libvgpu.so not found"), "{:?}", cards[0].fault);
+        for f in ["libvgpu.so", "ld.so.preload"] {
+            std::fs::write(dir.join(f), "").unwrap();
+        }
+        let mut cards = vec![nvidia("GPU-a")];
+        hami.apply(&mut cards);
+        assert!(cards[0].info.healthy && cards[0].fault.is_none());
+
+        let mps = Enforcement::Mps(mps::Layout { root: dir.clone(), proc_root: dir.join("proc") });
+        let mut cards = vec![nvidia("GPU-a"), Card { mig: true, ..nvidia("GPU-m") }];
+        mps.apply(&mut cards);
+        assert!(cards[0].fault.as_deref().unwrap().contains("MPS control daemon"), "{:?}", cards[0].fault);
+        assert!(cards[1].fault.as_deref().unwrap().contains("MIG mode"));
+        let mut none = vec![nvidia("GPU-a")];
+        Enforcement::None.apply(&mut none);
+        assert!(none[0].info.healthy);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_pods_with_a_share_of_the_card_hold_it() {
+        use nano_gpu_proto::annotations::CardGrant;
+        use nano_gpu_proto::units::Percent;
+        let grant = |uuid: &str, p: u32| CardGrant {
+            index: 0,
+            uuid: uuid.into(),
+            percent: Percent(p),
+            memory_mib: None,
+        };
+        let resident = |name: &str, grants: Vec<CardGrant>| Resident {
+            namespace: "ml".into(),
+            name: name.into(),
+            grants: [("main".to_owned(), grants)].into(),
+            ..Default::default()
+        };
+        let residents: BTreeMap<String, Resident> = [
+            ("ml/a".to_owned(), resident("a", vec![grant("GPU-a", 30)])),
+            ("ml/b".to_owned(), resident("b", vec![grant("GPU-a", 100)])),
+            ("ml/c".to_owned(), resident("c", vec![grant("GPU-b", 50)])),
+        ]
+        .into();
+        assert_eq!(holders(&residents, "GPU-a"), ["ml/a"]);
+    }
+}

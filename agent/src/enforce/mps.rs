@@ -1,0 +1,256 @@
+//! NVIDIA MPS: one control daemon per card, each with its own pipe directory
+//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), all sharing one `/dev/shm`
+//! (`<root>/shm`, which the daemons' pod mounts as its `/dev/shm` and each client gets too).
+//!
+//! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
+//! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
+//! agent's rollouts must not touch them). A daemon already answering in a card's pipe directory (an
+//! operator's, or one left by an earlier supervisor) is adopted, not replaced. The agent finds a
+//! daemon by the PID file it writes in its pipe directory and the process's name in `/proc`.
+
+use crate::inventory::{GpuInventory, read_all};
+use nano_gpu_proto::annotations::Vendor;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+/// Where a client finds its card's pipe directory (CUDA's default, and `CUDA_MPS_PIPE_DIRECTORY`).
+pub const PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+/// The file the control daemon writes its PID to, in its pipe directory.
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// What `/proc/<pid>/comm` of a control daemon starts with (the kernel keeps 15 characters).
+const COMM: &str = "nvidia-cuda-mps";
+
+/// The host directories of the node's MPS daemons.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Root (`--mps-root`, default `/run/nano-gpu/mps`).
+    pub root: PathBuf,
+    /// The host's `/proc`, where a daemon's PID is checked.
+    pub proc_root: PathBuf,
+}
+
+impl Layout {
+    /// The pipe directory of card `uuid`'s daemon.
+    pub fn pipe(&self, uuid: &str) -> PathBuf {
+        self.root.join(uuid).join("pipe")
+    }
+
+    /// The log directory of card `uuid`'s daemon.
+    pub fn log(&self, uuid: &str) -> PathBuf {
+        self.root.join(uuid).join("log")
+    }
+
+    /// The `/dev/shm` the daemons and their clients share.
+    pub fn shm(&self) -> PathBuf {
+        self.root.join("shm")
+    }
+
+    /// The PID of card `uuid`'s control daemon, or why it is not running.
+    pub fn daemon(&self, uuid: &str) -> Result<u32, String> {
+        let file = self.pipe(uuid).join(PID_FILE);
+        let down =
+            |why: String| format!("enforcement mps: the card's MPS control daemon is not running ({why})");
+        let text = std::fs::read_to_string(&file).map_err(|e| down(format!("{}: {e}", file.display())))?;
+        let pid: u32 =
+            text.trim().parse().map_err(|_| down(format!("{} holds {:?}", file.display(), text.trim())))?;
+        let comm =
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("comm")).unwrap_or_default();
+        if comm.trim_end().starts_with(COMM) {
+            Ok(pid)
+        } else {
+            Err(down(format!("PID {pid} of {} is gone", file.display())))
+        }
+    }
+}
+
+/// What the supervisor runs with.
+pub struct Supervisor {
+    /// Where the daemons live.
+    pub layout: Layout,
+    /// The control program (`nvidia-cuda-mps-control`, from the driver).
+    pub program: PathBuf,
+    /// Where the cards come from.
+    pub backends: Vec<Box<dyn GpuInventory>>,
+    /// How often the cards and daemons are checked.
+    pub every: Duration,
+}
+
+/// A daemon of ours, or the PID of one we found running.
+enum Daemon {
+    Ours(Child),
+    Adopted(u32),
+    /// It stopped; not started again before this.
+    Waiting {
+        until: Instant,
+        backoff: Duration,
+    },
+}
+
+/// Longest wait before a daemon that keeps stopping is started again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
+/// stops, until `stop` flips to true; then tells each of ours to quit.
+pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
+    let Supervisor { layout, program, backends, every } = supervisor;
+    std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?;
+    let backends = std::sync::Arc::new(backends);
+    let mut daemons: HashMap<String, Daemon> = HashMap::new();
+    loop {
+        let read = backends.clone();
+        let (cards, errors) = tokio::task::spawn_blocking(move || read_all(&read))
+            .await
+            .map_err(|e| format!("reading the cards: {e}"))?;
+        for (backend, e) in errors {
+            tracing::warn!(backend, error = %e, "inventory backend unavailable");
+        }
+        let wanted: Vec<String> = cards
+            .iter()
+            .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig && c.fault.is_none())
+            .map(|c| c.info.uuid.clone())
+            .collect();
+        for uuid in &wanted {
+            let daemon = daemons.remove(uuid);
+            let next = match daemon {
+                Some(Daemon::Ours(mut child)) => match child.try_wait() {
+                    Ok(None) => Daemon::Ours(child),
+                    Ok(Some(status)) => {
+                        tracing::warn!(card = %uuid, %status, "MPS control daemon stopped; starting it again");
+                        waiting(Duration::from_secs(1))
+                    }
+                    Err(e) => {
+                        tracing::warn!(card = %uuid, error = %e, "MPS control daemon cannot be waited on");
+                        Daemon::Ours(child)
+                    }
+                },
+                Some(Daemon::Adopted(pid)) if layout.daemon(uuid) == Ok(pid) => Daemon::Adopted(pid),
+                Some(Daemon::Waiting { until, backoff }) if Instant::now() < until => {
+                    Daemon::Waiting { until, backoff }
+                }
+                earlier => {
+                    let backoff = match earlier {
+                        Some(Daemon::Waiting { backoff, .. }) => (backoff * 2).min(MAX_BACKOFF),
+                        _ => Duration::from_secs(1),
+                    };
+                    match layout.daemon(uuid) {
+                        Ok(pid) => {
+                            tracing::info!(card = %uuid, pid, "adopted the MPS control daemon running there");
+                            Daemon::Adopted(pid)
+                        }
+                        Err(_) => match start(&layout, &program, uuid) {
+                            Ok(child) => {
+                                tracing::info!(card = %uuid, pid = child.id(), "MPS control daemon started");
+                                Daemon::Ours(child)
+                            }
+                            Err(e) => {
+                                tracing::error!(card = %uuid, error = %e, "MPS control daemon did not start");
+                                waiting(backoff)
+                            }
+                        },
+                    }
+                }
+            };
+            daemons.insert(uuid.clone(), next);
+        }
+        // Cards gone (or now in MIG mode, or unreadable): their daemons of ours quit.
+        let gone: Vec<String> = daemons.keys().filter(|u| !wanted.contains(u)).cloned().collect();
+        for uuid in gone {
+            if let Some(Daemon::Ours(child)) = daemons.remove(&uuid) {
+                quit(&layout, &program, &uuid, child).await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            for (uuid, daemon) in daemons.drain() {
+                if let Daemon::Ours(child) = daemon {
+                    quit(&layout, &program, &uuid, child).await;
+                }
+            }
+            return Ok(());
+        }
+    }
+}
+
+fn waiting(backoff: Duration) -> Daemon {
+    Daemon::Waiting { until: Instant::now() + backoff, backoff }
+}
+
+/// The environment that points the control program at card `uuid`'s daemon.
+fn daemon_env(layout: &Layout, uuid: &str) -> [(&'static str, String); 3] {
+    [
+        ("CUDA_VISIBLE_DEVICES", uuid.to_owned()),
+        ("CUDA_MPS_PIPE_DIRECTORY", layout.pipe(uuid).display().to_string()),
+        ("CUDA_MPS_LOG_DIRECTORY", layout.log(uuid).display().to_string()),
+    ]
+}
+
+/// Starts card `uuid`'s control daemon in the foreground (`-f`), as our child.
+fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> {
+    for dir in [layout.pipe(uuid), layout.log(uuid)] {
+        std::fs::create_dir_all(&dir)?;
+    }
+    Command::new(program)
+        .arg("-f")
+        .envs(daemon_env(layout, uuid))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Tells card `uuid`'s daemon to quit (`quit` on the control program's input), waiting up to 5 s
+/// before killing it.
+async fn quit(layout: &Layout, program: &Path, uuid: &str, mut child: Child) {
+    let asked = async {
+        let mut control = Command::new(program)
+            .envs(daemon_env(layout, uuid))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()?;
+        if let Some(mut input) = control.stdin.take() {
+            input.write_all(b"quit\n").await?;
+        }
+        control.wait().await
+    };
+    if let Err(e) = asked.await {
+        tracing::warn!(card = %uuid, error = %e, "asking the MPS control daemon to quit failed");
+    }
+    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+        tracing::warn!(card = %uuid, "MPS control daemon did not quit in 5 s; killing it");
+        let _ = child.kill().await;
+    }
+    tracing::info!(card = %uuid, "MPS control daemon stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_is_running_only_while_its_pid_file_names_a_control_process() {
+        let root = std::env::temp_dir().join(format!("nano-gpu-mps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let proc_root = root.join("proc");
+        let layout = Layout { root: root.clone(), proc_root: proc_root.clone() };
+        let err = layout.daemon("GPU-a").unwrap_err();
+        assert!(err.contains("not running") && err.contains("nvidia-cuda-mps-control.pid"), "{err}");
+        std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
+        std::fs::write(layout.pipe("GPU-a").join(PID_FILE), "garbage").unwrap();
+        assert!(layout.daemon("GPU-a").unwrap_err().contains("holds \"garbage\""));
+        std::fs::write(layout.pipe("GPU-a").join(PID_FILE), "4242\n").unwrap();
+        assert!(layout.daemon("GPU-a").unwrap_err().contains("PID 4242"));
+        std::fs::create_dir_all(proc_root.join("4242")).unwrap();
+        std::fs::write(proc_root.join("4242/comm"), "bash\n").unwrap();
+        assert!(layout.daemon("GPU-a").is_err(), "a reused PID is not the daemon");
+        std::fs::write(proc_root.join("4242/comm"), "nvidia-cuda-mps\n").unwrap();
+        assert_eq!(layout.daemon("GPU-a"), Ok(4242));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

@@ -1,0 +1,234 @@
+//! MPS enforcement end to end, without a GPU: `nano-gpu-agent mps-control` runs one daemon per card
+//! (a stand-in for NVIDIA's `nvidia-cuda-mps-control`, written by the test, that records what it is
+//! told), and the agent on a Node labelled `nano-gpu/enforcement=mps` (its flag says `none`: the
+//! label wins) against a fake kubelet and a fake API server. A share gets its own MPS limits and its
+//! card's pipe directory; a whole card none. A daemon killed is started again by the supervisor and
+//! the pod with a share of that card is told; while no daemon runs, the cards are unhealthy.
+
+use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
+use nano_gpu_proto::device_id;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
+use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};
+use nano_gpu_proto::resources::GPU_PERCENT;
+use nano_gpu_proto::units::{MiB, Percent};
+use nano_gpu_tests::fake_api::{FakeApi, Objects};
+use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// The stand-in for `nvidia-cuda-mps-control`: `-f` is the daemon (it writes its PID file where
+/// NVIDIA's does and runs until it is told to quit); without `-f` it reads commands from its
+/// input and passes `quit` on. Both record what they saw in `control.log` of the log directory.
+/// Its name makes its `/proc/<pid>/comm` the real one's (`nvidia-cuda-mps`).
+const STAND_IN: &str = r#"#!/bin/bash
+pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
+log=${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}
+if [ "$1" = "-f" ]; then
+  mkdir -p "$pipe" "$log"
+  echo "start CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> "$log/control.log"
+  echo $$ > "$pipe/nvidia-cuda-mps-control.pid"
+  trap 'rm -f "$pipe/nvidia-cuda-mps-control.pid"; exit 0' TERM
+  while :; do sleep 0.1; done
+fi
+pid=$(cat "$pipe/nvidia-cuda-mps-control.pid" 2>/dev/null) || { echo "Cannot find MPS control daemon process"; exit 1; }
+while read -r command; do
+  echo "command $command" >> "$log/control.log"
+  if [ "$command" = quit ]; then kill -TERM "$pid"; fi
+done
+"#;
+
+fn ids(uuid: &str, range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|n| device_id::encode(uuid, n)).collect()
+}
+
+fn pod(name: &str, percent: u32, uuid: &str, memory: Option<u64>) -> Value {
+    let grant =
+        CardGrant { uuid: uuid.into(), index: 0, percent: Percent(percent), memory_mib: memory.map(MiB) };
+    let assignment =
+        Assignment::new("n1", "2026-11-24T00:00:00Z", BTreeMap::from([("c".to_string(), vec![grant])]));
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "7",
+                        "annotations": {ASSIGNMENT_ANNOTATION: assignment.encode()}},
+           "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {GPU_PERCENT: percent.to_string()}}}]}})
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not happen within 15 s");
+}
+
+fn pid_of(root: &Path, uuid: &str) -> Option<u32> {
+    std::fs::read_to_string(root.join(uuid).join("pipe/nvidia-cuda-mps-control.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn control_log(root: &Path, uuid: &str) -> String {
+    std::fs::read_to_string(root.join(uuid).join("log/control.log")).unwrap_or_default()
+}
+
+/// `nano-gpu-agent mps-control` over the fake cards, with the stand-in.
+fn supervisor(gpus: &Path, root: &Path, program: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
+        .arg("--fake-inventory")
+        .arg(gpus)
+        .arg("--mps-root")
+        .arg(root)
+        .arg("--mps-control")
+        .arg(program)
+        .arg("mps-control")
+        .spawn()
+        .unwrap()
+}
+
+fn terminate(child: &mut Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("nano-gpu-enforce-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gpus = dir.join("gpus.json");
+    std::fs::write(
+        &gpus,
+        r#"{"v":1,"gpus":[
+        {"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true},
+        {"index":1,"uuid":"GPU-b","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true}]}"#,
+    )
+    .unwrap();
+    let program = dir.join("bin/nvidia-cuda-mps-control");
+    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+    std::fs::write(&program, STAND_IN).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = dir.join("mps");
+
+    // The daemons first (their own DaemonSet in deploy/): one per card, each told its card.
+    let mut daemons = supervisor(&gpus, &root, &program);
+    eventually("both daemons", || pid_of(&root, "GPU-a").is_some() && pid_of(&root, "GPU-b").is_some()).await;
+    for uuid in ["GPU-a", "GPU-b"] {
+        assert!(control_log(&root, uuid).contains(&format!("start CUDA_VISIBLE_DEVICES={uuid}")));
+    }
+
+    let api = FakeApi::start(Objects {
+        nodes: vec![json!({"apiVersion": "v1", "kind": "Node",
+                           "metadata": {"name": "n1", "labels": {"nano-gpu/enforcement": "mps"}}})],
+        pods: vec![pod("shared", 30, "GPU-a", Some(2048)), pod("whole", 100, "GPU-b", None)],
+    })
+    .await
+    .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    let mut fake = FakeKubelet::start(&dir).unwrap();
+    let entry = |pod: &str, ids: &[String]| Allocated {
+        namespace: "ns".into(),
+        pod: pod.into(),
+        container: "c".into(),
+        resource: GPU_PERCENT.into(),
+        ids: ids.to_vec(),
+    };
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
+        .args(["--node-name", "n1", "--enforcement", "none", "--probe-listen", ""])
+        .arg("--plugin-dir")
+        .arg(&fake.plugin_dir)
+        .arg("--pod-resources-socket")
+        .arg(&fake.pod_resources_socket)
+        .arg("--fake-inventory")
+        .arg(&gpus)
+        .arg("--mps-root")
+        .arg(&root)
+        .env("KUBECONFIG", &kubeconfig)
+        .spawn()
+        .unwrap();
+    let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
+    assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
+    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
+    let mut kubelet = DevicePluginClient::new(channel);
+    let mut devices = kubelet.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = devices.message().await.unwrap().unwrap();
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"), "both daemons run: every card is healthy");
+
+    // A 30 % share with 2 GiB: its own MPS limits, its card's pipe directory, the shared /dev/shm.
+    let allocate = |ids: Vec<String>| AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
+    };
+    fake.pod_resources.put(entry("shared", &[]));
+    let got = kubelet.allocate(allocate(ids("GPU-a", 0..30))).await.unwrap().into_inner();
+    let share = &got.container_responses[0];
+    assert_eq!(share.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+    assert_eq!(share.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
+    assert_eq!(share.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
+    let mounts: Vec<(String, &str)> =
+        share.mounts.iter().map(|m| (m.host_path.clone(), m.container_path.as_str())).collect();
+    let pipe = root.join("GPU-a/pipe").display().to_string();
+    assert_eq!(mounts, [(pipe, "/tmp/nvidia-mps"), (root.join("shm").display().to_string(), "/dev/shm")]);
+    // A whole card bypasses MPS.
+    fake.pod_resources.put(entry("shared", &ids("GPU-a", 0..30)));
+    fake.pod_resources.put(entry("whole", &[]));
+    let got = kubelet.allocate(allocate(ids("GPU-b", 0..100))).await.unwrap().into_inner();
+    let whole = &got.container_responses[0];
+    assert_eq!(whole.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
+    assert!(whole.mounts.is_empty() && !whole.envs.keys().any(|k| k.starts_with("CUDA_MPS")), "{whole:?}");
+
+    // GPU-a's daemon dies: the supervisor starts it again, and the pod with a share there is told.
+    let killed = pid_of(&root, "GPU-a").unwrap();
+    assert!(Command::new("kill").args(["-KILL", &killed.to_string()]).status().unwrap().success());
+    eventually("a new daemon on GPU-a", || pid_of(&root, "GPU-a").is_some_and(|p| p != killed)).await;
+    let events = |api: &FakeApi| -> Vec<Value> {
+        api.writes().into_iter().filter(|(_, p, _)| p.contains("/events")).map(|(_, _, b)| b).collect()
+    };
+    eventually("the MpsDaemonLost Event", || events(&api).iter().any(|e| e["reason"] == "MpsDaemonLost"))
+        .await;
+    let lost: Vec<Value> = events(&api).into_iter().filter(|e| e["reason"] == "MpsDaemonLost").collect();
+    assert!(
+        lost.iter().all(|e| e["regarding"]["name"] == "shared"),
+        "only the share of GPU-a is told: {lost:?}"
+    );
+    assert!(lost[0]["note"].as_str().unwrap().contains("card GPU-a"), "{lost:?}");
+
+    // The supervisor stops: it tells each daemon to quit, and no card takes a share while none runs.
+    terminate(&mut daemons);
+    for uuid in ["GPU-a", "GPU-b"] {
+        assert!(control_log(&root, uuid).contains("command quit"), "{uuid}: {}", control_log(&root, uuid));
+        assert_eq!(pid_of(&root, uuid), None);
+    }
+    let unhealthy = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let update = devices.message().await.unwrap().unwrap();
+            if update.devices.iter().all(|d| d.health == "Unhealthy") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(unhealthy.is_ok(), "the cards stayed healthy with no MPS daemon");
+    // Back: healthy again.
+    let mut daemons = supervisor(&gpus, &root, &program);
+    let healthy = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let update = devices.message().await.unwrap().unwrap();
+            if update.devices.iter().all(|d| d.health == "Healthy") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(healthy.is_ok(), "the cards stayed unhealthy with their daemons back");
+
+    terminate(&mut agent);
+    terminate(&mut daemons);
+    let _ = std::fs::remove_dir_all(&dir);
+}
