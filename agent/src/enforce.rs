@@ -8,22 +8,17 @@
 //! cannot limit now (MPS: in MIG mode, or its daemon is not running; HAMi-core: not installed) is
 //! served unhealthy with the reason as its fault, so the kubelet gives it to nobody: a share is never
 //! handed out unlimited under a mode that promises a limit. The pods with shares on a card whose
-//! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`watch`].
+//! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`crate::daemons`].
 
 pub mod mps;
 
-use crate::health::Health;
 use crate::inventory::Card;
-use crate::plugin::Report;
-use crate::pods::{Resident, Residents, pod_key};
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
 use nano_gpu_proto::units::MiB;
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// The Node label that chooses the mode of its agent (read when the agent starts).
 pub const NODE_LABEL: &str = "nano-gpu/enforcement";
@@ -63,6 +58,9 @@ impl Mode {
 pub struct HamiCore {
     /// The host directory.
     pub dir: PathBuf,
+    /// Where the agent sees the host's root (`/` outside a container; the DaemonSet mounts the
+    /// host's `/usr/local` under `/host`).
+    pub host_root: PathBuf,
 }
 
 /// Where HAMi-core is mounted in a container (HAMi's own path, so its tools find it).
@@ -75,12 +73,13 @@ pub const HAMI_CACHE: &str = "/tmp/cudevshr.cache";
 impl HamiCore {
     /// Why HAMi-core cannot limit shares here, if it cannot.
     pub fn missing(&self) -> Option<String> {
-        ["libvgpu.so", "ld.so.preload"].iter().map(|f| self.dir.join(f)).find(|p| !p.is_file()).map(|p| {
-            format!(
-                "enforcement hami-core: {} not found (install HAMi-core on this node, or choose another mode)",
-                p.display()
-            )
-        })
+        let seen = self.host_root.join(self.dir.strip_prefix("/").unwrap_or(&self.dir));
+        let file = ["libvgpu.so", "ld.so.preload"].into_iter().find(|f| !seen.join(f).is_file())?;
+        Some(format!(
+            "enforcement hami-core: {} not found on the host (install HAMi-core on this node, or choose \
+             another mode)",
+            self.dir.join(file).display()
+        ))
     }
 }
 
@@ -212,79 +211,6 @@ pub async fn node_label(
     }
 }
 
-/// Watches the MPS daemons of the node's cards every `every`: when one stops or is replaced, the
-/// cards are read again at once (through `reread`: the card goes unhealthy until it runs again) and every pod
-/// with a share of that card gets a Warning Event, since its processes lost their MPS server.
-pub async fn watch(
-    layout: mps::Layout,
-    cards: watch::Receiver<crate::plugin::Snapshot>,
-    told: Option<(watch::Receiver<Residents>, mpsc::Sender<Report>)>,
-    reread: Arc<Health>,
-    every: Duration,
-) {
-    let seen: Mutex<HashMap<String, u32>> = Mutex::new(HashMap::new());
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        let uuids: Vec<String> = cards
-            .borrow()
-            .iter()
-            .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig)
-            .map(|c| c.info.uuid.clone())
-            .collect();
-        let mut changed = false;
-        let mut lost = Vec::new();
-        {
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            for uuid in &uuids {
-                let now = layout.daemon(uuid).ok();
-                let before = seen.get(uuid).copied();
-                if now != before {
-                    changed = true;
-                    if let Some(pid) = before {
-                        lost.push((uuid.clone(), pid, now));
-                    }
-                    match now {
-                        Some(pid) => seen.insert(uuid.clone(), pid),
-                        None => seen.remove(uuid),
-                    };
-                }
-            }
-        }
-        if changed {
-            reread.changed.notify_one();
-        }
-        for (uuid, pid, now) in lost {
-            let what = match now {
-                Some(new) => format!("was replaced (PID {pid} → {new})"),
-                None => format!("stopped (PID {pid}); the card takes no new share until it runs again"),
-            };
-            tracing::warn!(card = %uuid, "MPS control daemon {what}");
-            let Some((residents, reports)) = &told else { continue };
-            let pods = holders(&residents.borrow(), &uuid);
-            for pod in pods {
-                let message = format!(
-                    "the MPS control daemon of card {uuid} {what}: this pod's CUDA processes on that card \
-                     lost their MPS server (restart them to run limited again)"
-                );
-                let report = Report::Warning { pod, reason: "MpsDaemonLost", action: "Enforce", message };
-                if reports.try_send(report).is_err() {
-                    tracing::warn!(card = %uuid, "report queue full; an MpsDaemonLost Event is dropped");
-                }
-            }
-        }
-    }
-}
-
-/// The pods (`namespace/name`) with a share (less than the whole card) of card `uuid`.
-pub fn holders(residents: &BTreeMap<String, Resident>, uuid: &str) -> Vec<String> {
-    residents
-        .values()
-        .filter(|r| r.grants.values().flatten().any(|g| g.uuid == uuid && g.percent.0 < 100))
-        .map(|r| pod_key(&r.namespace, &r.name))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_hami_core_share_gets_its_env_and_mounts() {
-        let hami = HamiCore { dir: "/usr/local/vgpu".into() };
+        let hami = HamiCore { dir: "/usr/local/vgpu".into(), host_root: "/".into() };
         let mut r = ContainerAllocateResponse::default();
         Enforcement::HamiCore(hami).limit("GPU-a", Share { percent: 70, memory: MiB(6144) }, &mut r);
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "6144m");
@@ -342,13 +268,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nano-gpu-enforce-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let hami = Enforcement::HamiCore(HamiCore { dir: dir.clone() });
+        // The agent sees the host's /usr/local/vgpu under a root of its own.
+        let hami = Enforcement::HamiCore(HamiCore { dir: "/usr/local/vgpu".into(), host_root: dir.clone() });
         let mut cards = vec![nvidia("GPU-a")];
         hami.apply(&mut cards);
         assert!(!cards[0].info.healthy);
-        assert!(cards[0].fault.as_deref().unwrap().contains("libvgpu.so not found"), "{:?}", cards[0].fault);
+        let fault = cards[0].fault.as_deref().unwrap();
+        assert!(fault.contains("/usr/local/vgpu/libvgpu.so not found on the host"), "{fault}");
+        std::fs::create_dir_all(dir.join("usr/local/vgpu")).unwrap();
         for f in ["libvgpu.so", "ld.so.preload"] {
-            std::fs::write(dir.join(f), "").unwrap();
+            std::fs::write(dir.join("usr/local/vgpu").join(f), "").unwrap();
         }
         let mut cards = vec![nvidia("GPU-a")];
         hami.apply(&mut cards);
@@ -363,30 +292,5 @@ mod tests {
         Enforcement::None.apply(&mut none);
         assert!(none[0].info.healthy);
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn only_pods_with_a_share_of_the_card_hold_it() {
-        use nano_gpu_proto::annotations::CardGrant;
-        use nano_gpu_proto::units::Percent;
-        let grant = |uuid: &str, p: u32| CardGrant {
-            index: 0,
-            uuid: uuid.into(),
-            percent: Percent(p),
-            memory_mib: None,
-        };
-        let resident = |name: &str, grants: Vec<CardGrant>| Resident {
-            namespace: "ml".into(),
-            name: name.into(),
-            grants: [("main".to_owned(), grants)].into(),
-            ..Default::default()
-        };
-        let residents: BTreeMap<String, Resident> = [
-            ("ml/a".to_owned(), resident("a", vec![grant("GPU-a", 30)])),
-            ("ml/b".to_owned(), resident("b", vec![grant("GPU-a", 100)])),
-            ("ml/c".to_owned(), resident("c", vec![grant("GPU-b", 50)])),
-        ]
-        .into();
-        assert_eq!(holders(&residents, "GPU-a"), ["ml/a"]);
     }
 }

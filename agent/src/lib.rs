@@ -14,10 +14,12 @@
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
 //! - [`run`]: the serve/register loop that survives kubelet restarts.
-//! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons.
+//! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
+//!   [`daemons`]: the agent's watch on them.
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
 //!   memory-overrun watchdog.
 
+pub mod daemons;
 pub mod enforce;
 pub mod health;
 pub mod inventory;
@@ -131,6 +133,9 @@ pub struct Flags {
     /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
     #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,
+    /// Where the host's root is seen (host paths handed to containers are checked under it).
+    #[arg(long, env = "NANO_GPU_HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
     /// What to do (default: run the agent).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -176,9 +181,10 @@ impl Flags {
         match enforce::Mode::of_node(self.enforcement, label) {
             Ok(enforce::Mode::None) => enforce::Enforcement::None,
             Ok(enforce::Mode::Mps) => enforce::Enforcement::Mps(self.mps_layout()),
-            Ok(enforce::Mode::HamiCore) => {
-                enforce::Enforcement::HamiCore(enforce::HamiCore { dir: self.hami_core_dir.clone() })
-            }
+            Ok(enforce::Mode::HamiCore) => enforce::Enforcement::HamiCore(enforce::HamiCore {
+                dir: self.hami_core_dir.clone(),
+                host_root: self.host_root.clone(),
+            }),
             Err(why) => enforce::Enforcement::Invalid(why),
         }
     }

@@ -192,7 +192,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))
     });
     let _daemons = match &edits.enforcement {
-        Enforcement::Mps(layout) => Some(AbortOnDrop(tokio::spawn(crate::enforce::watch(
+        Enforcement::Mps(layout) => Some(AbortOnDrop(tokio::spawn(crate::daemons::watch(
             layout.clone(),
             snapshot.clone(),
             told,
