@@ -13,6 +13,7 @@
 pub mod mps;
 
 use crate::inventory::Card;
+use k8s_openapi::api::core::v1::Node;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
 use nano_gpu_proto::units::MiB;
@@ -185,21 +186,47 @@ impl Mode {
     }
 }
 
-/// Node `node`'s `nano-gpu/enforcement` label, asked of the API server every 2 s until it answers
-/// (each read bounded by 10 s); `None` when `stop` flips first.
+/// What to say when the Node's `label` now chooses another mode than `current`, the one the agent
+/// enforces (`flag`: `--enforcement`); `None` while they agree.
+pub fn relabelled(flag: Mode, current: &Enforcement, label: Option<&str>) -> Option<String> {
+    let now = match Mode::of_node(flag, label) {
+        Ok(mode) => mode.name(),
+        Err(_) => "invalid",
+    };
+    (now != current.name()).then(|| {
+        format!(
+            "the Node's {NODE_LABEL} label now chooses {now} (label {:?}), the agent enforces {}: \
+             restarting to apply it",
+            label.unwrap_or(""),
+            current.name()
+        )
+    })
+}
+
+/// Node `node`'s `nano-gpu/enforcement` label, in one read bounded by 10 s.
+async fn read_label(api: &kube::Api<Node>, node: &str) -> Result<Option<String>, String> {
+    match tokio::time::timeout(LABEL_READ, api.get(node)).await {
+        Ok(Ok(n)) => Ok(n.metadata.labels.and_then(|mut l| l.remove(NODE_LABEL))),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer in {} s", LABEL_READ.as_secs())),
+    }
+}
+
+/// How long one read of the Node may take.
+const LABEL_READ: Duration = Duration::from_secs(10);
+
+/// Node `node`'s `nano-gpu/enforcement` label, asked of the API server every 2 s until it answers;
+/// `None` when `stop` flips first.
 pub async fn node_label(
     client: kube::Client,
     node: &str,
     mut stop: watch::Receiver<bool>,
 ) -> Option<Option<String>> {
-    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let api = kube::Api::all(client);
     loop {
-        match tokio::time::timeout(Duration::from_secs(10), api.get(node)).await {
-            Ok(Ok(n)) => return Some(n.metadata.labels.and_then(|mut l| l.remove(NODE_LABEL))),
-            Ok(Err(e)) => {
-                tracing::warn!(%node, error = %e, "reading the node's enforcement label; again in 2 s")
-            }
-            Err(_) => tracing::warn!(%node, "reading the node's enforcement label took 10 s; again in 2 s"),
+        match read_label(&api, node).await {
+            Ok(label) => return Some(label),
+            Err(e) => tracing::warn!(%node, error = %e, "reading the node's enforcement label; again in 2 s"),
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
@@ -207,6 +234,29 @@ pub async fn node_label(
         }
         if *stop.borrow() {
             return None;
+        }
+    }
+}
+
+/// Reads node `node`'s label every `every` and, once it chooses another mode than `current`, says so
+/// and flips `stop`: the agent stops, and its container starts again with the new mode (a changed
+/// label never leaves shares under a mode the node no longer asks for, unnoticed).
+pub async fn restart_on_relabel(
+    client: kube::Client,
+    node: String,
+    flag: Mode,
+    current: Enforcement,
+    stop: std::sync::Arc<watch::Sender<bool>>,
+    every: Duration,
+) {
+    let api = kube::Api::all(client);
+    loop {
+        tokio::time::sleep(every).await;
+        let Ok(label) = read_label(&api, &node).await else { continue };
+        if let Some(why) = relabelled(flag, &current, label.as_deref()) {
+            tracing::warn!(%node, "{why}");
+            let _ = stop.send(true);
+            return;
         }
     }
 }
@@ -229,6 +279,19 @@ mod tests {
         for m in [Mode::None, Mode::Mps, Mode::HamiCore] {
             assert_eq!(Mode::parse(m.name()), Ok(m));
         }
+    }
+
+    #[test]
+    fn a_label_that_chooses_another_mode_is_noticed() {
+        let mps = Enforcement::Mps(mps::Layout { root: "/r".into(), proc_root: "/proc".into() });
+        assert_eq!(relabelled(Mode::None, &mps, Some("mps")), None);
+        assert_eq!(relabelled(Mode::Mps, &mps, None), None);
+        let why = relabelled(Mode::None, &mps, None).unwrap();
+        assert!(why.contains("now chooses none") && why.contains("enforces mps"), "{why}");
+        assert!(relabelled(Mode::None, &Enforcement::None, Some("mps")).is_some());
+        let invalid = Enforcement::Invalid("x".into());
+        assert_eq!(relabelled(Mode::None, &invalid, Some("bogus")), None);
+        assert!(relabelled(Mode::None, &invalid, Some("none")).is_some());
     }
 
     #[test]

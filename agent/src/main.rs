@@ -37,9 +37,11 @@ fn serve(flags: &Flags) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let stop = Arc::new(stop);
+        let terminate = stop.clone();
         tokio::spawn(async move {
             nano_gpu_runtime::terminated().await;
-            let _ = stop.send(true);
+            let _ = terminate.send(true);
         });
         let resources = flags.resources();
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
@@ -52,6 +54,14 @@ fn serve(flags: &Flags) -> ExitCode {
                         return Ok(());
                     };
                     enforcement = flags.enforcement(label.as_deref());
+                    tokio::spawn(enforce::restart_on_relabel(
+                        client.clone(),
+                        node.clone(),
+                        flags.enforcement,
+                        enforcement.clone(),
+                        stop.clone(),
+                        Duration::from_secs(30),
+                    ));
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())

@@ -106,12 +106,15 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
         let (cards, errors) = tokio::task::spawn_blocking(move || read_all(&read))
             .await
             .map_err(|e| format!("reading the cards: {e}"))?;
+        // A read that failed says nothing about which cards are gone: their daemons stay.
+        let complete = errors.is_empty();
         for (backend, e) in errors {
-            tracing::warn!(backend, error = %e, "inventory backend unavailable");
+            tracing::warn!(backend, error = %e, "inventory backend unavailable; the daemons are kept");
         }
+        // A card NVML cannot read now keeps its daemon (its clients keep their server).
         let wanted: Vec<String> = cards
             .iter()
-            .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig && c.fault.is_none())
+            .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig)
             .map(|c| c.info.uuid.clone())
             .collect();
         for uuid in &wanted {
@@ -157,8 +160,8 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
             };
             daemons.insert(uuid.clone(), next);
         }
-        // Cards gone (or now in MIG mode, or unreadable): their daemons of ours quit.
-        let gone: Vec<String> = daemons.keys().filter(|u| !wanted.contains(u)).cloned().collect();
+        // Cards gone (or now in MIG mode): their daemons of ours quit.
+        let gone: Vec<String> = daemons.keys().filter(|u| complete && !wanted.contains(u)).cloned().collect();
         for uuid in gone {
             if let Some(Daemon::Ours(child)) = daemons.remove(&uuid) {
                 quit(&layout, &program, &uuid, child).await;
