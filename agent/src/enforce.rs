@@ -13,16 +13,15 @@
 pub mod mps;
 
 use crate::inventory::Card;
-use k8s_openapi::api::core::v1::Node;
+use crate::publish::Carried;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
 use nano_gpu_proto::units::MiB;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use tokio::sync::watch;
 
-/// The Node label that chooses the mode of its agent (read when the agent starts).
-pub const NODE_LABEL: &str = "nano-gpu/enforcement";
+/// The Node label that chooses the mode of its agent.
+pub use nano_gpu_proto::annotations::ENFORCEMENT_LABEL as NODE_LABEL;
 
 /// How shares are enforced on a node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -203,58 +202,40 @@ pub fn relabelled(flag: Mode, current: &Enforcement, label: Option<&str>) -> Opt
     })
 }
 
-/// Node `node`'s `nano-gpu/enforcement` label, in one read bounded by 10 s.
-async fn read_label(api: &kube::Api<Node>, node: &str) -> Result<Option<String>, String> {
-    match tokio::time::timeout(LABEL_READ, api.get(node)).await {
-        Ok(Ok(n)) => Ok(n.metadata.labels.and_then(|mut l| l.remove(NODE_LABEL))),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer in {} s", LABEL_READ.as_secs())),
-    }
-}
-
-/// How long one read of the Node may take.
-const LABEL_READ: Duration = Duration::from_secs(10);
-
-/// Node `node`'s `nano-gpu/enforcement` label, asked of the API server every 2 s until it answers;
-/// `None` when `stop` flips first.
+/// The Node's `nano-gpu/enforcement` label, once the agent's watch on its Node ([`watch_node`])
+/// has shown the Node; `None` when `stop` flips first.
+///
+/// [`watch_node`]: crate::publish::watch_node
 pub async fn node_label(
-    client: kube::Client,
-    node: &str,
+    mut seen: watch::Receiver<Option<Carried>>,
     mut stop: watch::Receiver<bool>,
 ) -> Option<Option<String>> {
-    let api = kube::Api::all(client);
     loop {
-        match read_label(&api, node).await {
-            Ok(label) => return Some(label),
-            Err(e) => tracing::warn!(%node, error = %e, "reading the node's enforcement label; again in 2 s"),
+        if let Some(node) = &*seen.borrow_and_update() {
+            return Some(node.enforcement.clone());
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            changed = seen.changed() => changed.ok()?,
             _ = stop.changed() => return None,
-        }
-        if *stop.borrow() {
-            return None;
         }
     }
 }
 
-/// Reads node `node`'s label every `every` and, once it chooses another mode than `current`, says so
-/// and flips `stop`: the agent stops, and its container starts again with the new mode (a changed
-/// label never leaves shares under a mode the node no longer asks for, unnoticed).
+/// Follows the Node's label through the agent's watch on its Node and, once it chooses another
+/// mode than `current`, says so and flips `stop`: the agent stops, and its container starts again
+/// with the new mode (a changed label never leaves shares under a mode the node no longer asks
+/// for, unnoticed).
 pub async fn restart_on_relabel(
-    client: kube::Client,
-    node: String,
+    mut seen: watch::Receiver<Option<Carried>>,
     flag: Mode,
     current: Enforcement,
     stop: std::sync::Arc<watch::Sender<bool>>,
-    every: Duration,
 ) {
-    let api = kube::Api::all(client);
-    loop {
-        tokio::time::sleep(every).await;
-        let Ok(label) = read_label(&api, &node).await else { continue };
+    while seen.changed().await.is_ok() {
+        let label = seen.borrow_and_update().as_ref().map(|n| n.enforcement.clone());
+        let Some(label) = label else { continue };
         if let Some(why) = relabelled(flag, &current, label.as_deref()) {
-            tracing::warn!(%node, "{why}");
+            tracing::warn!("{why}");
             let _ = stop.send(true);
             return;
         }

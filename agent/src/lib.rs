@@ -121,7 +121,7 @@ pub struct Flags {
     pub dev_root: PathBuf,
     /// How a share of an NVIDIA card is limited: `none` (the scheduler's accounting only), `mps`
     /// (MPS client limits; the daemons run by `mps-control`) or `hami-core` (an installed
-    /// HAMi-core). The Node's `nano-gpu/enforcement` label, read at start, wins over this flag.
+    /// HAMi-core). The Node's `nano-gpu/enforcement` label wins over this flag.
     #[arg(long, env = "NANO_GPU_ENFORCEMENT", value_enum, default_value = "none")]
     pub enforcement: enforce::Mode,
     /// Host directory of the MPS daemons (one pipe and log directory per card, one shared shm).

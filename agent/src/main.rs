@@ -10,6 +10,7 @@ use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 fn print_inventory(flags: &Flags) -> ExitCode {
     let (cards, errors) = inventory::read_all(&flags.backends());
@@ -23,46 +24,29 @@ fn print_inventory(flags: &Flags) -> ExitCode {
 }
 
 fn serve(flags: &Flags) -> ExitCode {
-    nano_gpu_runtime::init_logging(flags.log_format == "json");
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("nano-gpu-agent: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let timing = run::Timing {
         refresh: std::time::Duration::from_secs(flags.refresh_seconds.max(1)),
         ..Default::default()
     };
-    let result = runtime.block_on(async {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let stop = Arc::new(stop);
-        let terminate = stop.clone();
-        tokio::spawn(async move {
-            nano_gpu_runtime::terminated().await;
-            let _ = terminate.send(true);
-        });
+    until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
-        let (mut residents, mut reports_tx, mut told) = (None, None, None);
+        let (mut residents, mut reports_tx) = (None, None);
         let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
-                    let Some(label) = enforce::node_label(client.clone(), node, stopped.clone()).await else {
+                    let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
+                    let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
                         return Ok(());
                     };
                     enforcement = flags.enforcement(label.as_deref());
                     tokio::spawn(enforce::restart_on_relabel(
-                        client.clone(),
-                        node.clone(),
+                        seen.clone(),
                         flags.enforcement,
                         enforcement.clone(),
                         stop.clone(),
-                        Duration::from_secs(30),
                     ));
-                    let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
                         .with_gpushare(gpushare)
@@ -71,7 +55,6 @@ fn serve(flags: &Flags) -> ExitCode {
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
                     let views = pods::watch::watch_pods(client.clone(), node, &resources, readiness.clone());
-                    told = Some((views.residents.clone(), reports.clone()));
                     residents = Some(views.residents);
                     reports_tx = Some(reports.clone());
                     tokio::spawn(
@@ -132,6 +115,7 @@ fn serve(flags: &Flags) -> ExitCode {
                 nano_gpu_agent::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
             tokio::spawn(async move { axum::serve(listener, app).await });
         }
+        let told = residents.clone().zip(reports_tx.clone());
         let usage = (flags.usage_seconds > 0).then(|| {
             let sampling = usage::Sampling {
                 every: Duration::from_secs(flags.usage_seconds),
@@ -158,44 +142,50 @@ fn serve(flags: &Flags) -> ExitCode {
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
         result.map_err(|e| e.to_string())
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("nano-gpu-agent: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 /// `mps-control`: the node's MPS daemons, until SIGTERM.
 fn mps_control(flags: &Flags) -> ExitCode {
-    nano_gpu_runtime::init_logging(flags.log_format == "json");
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("nano-gpu-agent: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let supervisor = enforce::mps::Supervisor {
         layout: flags.mps_layout(),
         program: flags.mps_control.clone(),
         backends: flags.backends(),
         every: Duration::from_secs(2),
     };
+    until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
+}
+
+/// Runs `body` on the agent's runtime (one worker; NVML and sysfs reads go to blocking threads)
+/// with logging set up, giving it a stop signal (and its sender) that flips at SIGTERM or SIGINT;
+/// an error it ends with is printed after `what`.
+fn until_terminated<F, Fut>(flags: &Flags, what: &str, body: F) -> ExitCode
+where
+    F: FnOnce(Arc<watch::Sender<bool>>, watch::Receiver<bool>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    nano_gpu_runtime::init_logging(flags.log_format == "json");
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = runtime.block_on(async {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let stop = Arc::new(stop);
+        let terminate = stop.clone();
         tokio::spawn(async move {
             nano_gpu_runtime::terminated().await;
-            let _ = stop.send(true);
+            let _ = terminate.send(true);
         });
-        enforce::mps::supervise(supervisor, stopped).await
+        body(stop, stopped).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("nano-gpu-agent: mps-control: {e}");
+            eprintln!("nano-gpu-agent: {what}{e}");
             ExitCode::FAILURE
         }
     }

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{
-    COUNT_LABEL, GPUS_ANNOTATION, MODEL_LABEL, NodeInventory, VENDOR_LABEL, node_labels,
+    COUNT_LABEL, ENFORCEMENT_LABEL, GPUS_ANNOTATION, MODEL_LABEL, NodeInventory, VENDOR_LABEL, node_labels,
 };
 use nano_gpu_proto::resources::GPUSHARE_COUNT;
 use serde_json::{Value, json};
@@ -71,10 +71,28 @@ pub fn carried(node: &Node) -> Value {
     json!({"metadata": {"annotations": annotations, "labels": labels}})
 }
 
-/// What a Node carries of ours: its metadata ([`carried`]) and status ([`carried_status`]).
-pub type Carried = (Value, Value);
+/// What the agent reads of its Node: what it carries of ours, its metadata ([`carried`]) and status
+/// ([`carried_status`]), and the enforcement mode its operator chose (the `nano-gpu/enforcement`
+/// label).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carried {
+    /// Ours in its metadata, in the shape of [`node_patch`].
+    pub metadata: Value,
+    /// Ours in its status, in the shape of [`gpushare_status_patch`].
+    pub status: Value,
+    /// Its `nano-gpu/enforcement` label.
+    pub enforcement: Option<String>,
+}
 
-/// Watches one Node; the receiver holds what it carries of ours (`None` until it is seen).
+impl Carried {
+    /// What `node` carries.
+    pub fn of(node: &Node) -> Self {
+        let label = node.metadata.labels.as_ref().and_then(|l| l.get(ENFORCEMENT_LABEL));
+        Carried { metadata: carried(node), status: carried_status(node), enforcement: label.cloned() }
+    }
+}
+
+/// Watches one Node; the receiver holds what it carries (`None` until it is seen).
 pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Carried>> {
     let (tx, rx) = watch::channel(None);
     let api: Api<Node> = Api::all(client);
@@ -85,7 +103,7 @@ pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Ca
             match stream.try_next().await {
                 Ok(Some(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
                     tx.send_if_modified(|seen| {
-                        let now = Some((carried(&n), carried_status(&n)));
+                        let now = Some(Carried::of(&n));
                         let changed = *seen != now;
                         *seen = now;
                         changed
@@ -145,7 +163,7 @@ impl Publisher {
     /// Publishes `cards`; returns whether a write was needed.
     pub async fn publish(&mut self, cards: &[Card]) -> Result<bool, kube::Error> {
         let seen = self.seen.as_ref().and_then(|rx| rx.borrow().clone());
-        let (seen_metadata, seen_status) = seen.map_or((None, None), |(m, s)| (Some(m), Some(s)));
+        let (seen_metadata, seen_status) = seen.map_or((None, None), |c| (Some(c.metadata), Some(c.status)));
         let mut wrote = false;
         let patch = node_patch(cards);
         if seen_metadata.as_ref().or(self.last.0.as_ref()) != Some(&patch) {
@@ -214,10 +232,10 @@ mod tests {
         let cards = [card("GPU-a")];
         // The Node carries our cards already: nothing to write.
         let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
-        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&bare))));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&bare) }));
         assert!(!publisher.publish(&cards).await.unwrap());
         // Someone removed the annotation: written again.
-        seen_tx.send_replace(Some((carried(&bare), carried_status(&bare))));
+        seen_tx.send_replace(Some(Carried::of(&bare)));
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!((req.method().as_str(), req.uri().path()), ("PATCH", "/api/v1/nodes/n1"));
@@ -257,11 +275,11 @@ mod tests {
             send.send_response(Response::new(Body::from(serde_json::to_vec(&node).unwrap())));
         });
         // The Node carries our metadata and a count the kubelet reset to 0: only the status is written.
-        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&node("0")))));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&node("0")) }));
         assert!(publisher.publish(&cards).await.unwrap());
         server.await.unwrap();
         // Once the watch shows it, nothing more to write.
-        seen_tx.send_replace(Some((node_patch(&cards), carried_status(&node("2")))));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&node("2")) }));
         assert!(!publisher.publish(&cards).await.unwrap());
     }
 }

@@ -8,7 +8,9 @@
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
-use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};
+use nano_gpu_proto::kubelet::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse,
+};
 use nano_gpu_proto::resources::GPU_PERCENT;
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
@@ -78,6 +80,19 @@ fn control_log(root: &Path, uuid: &str) -> String {
     std::fs::read_to_string(root.join(uuid).join("log/control.log")).unwrap_or_default()
 }
 
+/// Whether ListAndWatch sends a list where every device is `health` within 15 s.
+async fn every_device(devices: &mut tonic::Streaming<ListAndWatchResponse>, health: &str) -> bool {
+    let all = async {
+        while let Some(update) = devices.message().await.unwrap() {
+            if update.devices.iter().all(|d| d.health == health) {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(Duration::from_secs(15), all).await.unwrap_or(false)
+}
+
 /// `nano-gpu-agent mps-control` over the fake cards, with the stand-in.
 fn supervisor(gpus: &Path, root: &Path, program: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
@@ -140,17 +155,11 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
         resource: GPU_PERCENT.into(),
         ids: ids.to_vec(),
     };
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
-        .args(["--node-name", "n1", "--enforcement", "none", "--probe-listen", ""])
-        .arg("--plugin-dir")
-        .arg(&fake.plugin_dir)
-        .arg("--pod-resources-socket")
-        .arg(&fake.pod_resources_socket)
-        .arg("--fake-inventory")
-        .arg(&gpus)
+    let mut agent = fake
+        .agent(env!("CARGO_BIN_EXE_nano-gpu-agent").as_ref(), &gpus, &kubeconfig)
+        .args(["--enforcement", "none", "--probe-listen", ""])
         .arg("--mps-root")
         .arg(&root)
-        .env("KUBECONFIG", &kubeconfig)
         .spawn()
         .unwrap();
     let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
@@ -205,28 +214,13 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
         assert!(control_log(&root, uuid).contains("command quit"), "{uuid}: {}", control_log(&root, uuid));
         assert_eq!(pid_of(&root, uuid), None);
     }
-    let unhealthy = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            let update = devices.message().await.unwrap().unwrap();
-            if update.devices.iter().all(|d| d.health == "Unhealthy") {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(unhealthy.is_ok(), "the cards stayed healthy with no MPS daemon");
+    assert!(every_device(&mut devices, "Unhealthy").await, "the cards stayed healthy with no MPS daemon");
     // Back: healthy again.
     let mut daemons = supervisor(&gpus, &root, &program);
-    let healthy = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            let update = devices.message().await.unwrap().unwrap();
-            if update.devices.iter().all(|d| d.health == "Healthy") {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(healthy.is_ok(), "the cards stayed unhealthy with their daemons back");
+    assert!(
+        every_device(&mut devices, "Healthy").await,
+        "the cards stayed unhealthy with their daemons back"
+    );
 
     terminate(&mut agent);
     terminate(&mut daemons);

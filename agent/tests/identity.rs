@@ -108,24 +108,9 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
     pod_resources.put(entry("steered", &[]));
 
     let probes = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
-        .args([
-            "--node-name",
-            "n1",
-            "--identity-wait-ms",
-            "300",
-            "--gpushare",
-            "gib",
-            "--probe-listen",
-            &probes,
-        ])
-        .arg("--plugin-dir")
-        .arg(&fake.plugin_dir)
-        .arg("--pod-resources-socket")
-        .arg(&fake.pod_resources_socket)
-        .arg("--fake-inventory")
-        .arg(&gpus)
-        .env("KUBECONFIG", &kubeconfig)
+    let mut agent = fake
+        .agent(env!("CARGO_BIN_EXE_nano-gpu-agent").as_ref(), &gpus, &kubeconfig)
+        .args(["--identity-wait-ms", "300", "--gpushare", "gib", "--probe-listen", &probes])
         .spawn()
         .unwrap();
     let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;

@@ -21,6 +21,8 @@ pub const GPUS_ANNOTATION: &str = "nano-gpu/gpus";
 pub const ASSIGNMENT_ANNOTATION: &str = "nano-gpu/assignment";
 /// Node label: the card model most cards on the node have, sanitised for a label value.
 pub const MODEL_LABEL: &str = "nano-gpu/gpu.model";
+/// Node label set by an operator: how the node's agent enforces shares (`none`, `mps`, `hami-core`).
+pub const ENFORCEMENT_LABEL: &str = "nano-gpu/enforcement";
 /// Node label: the number of cards.
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.

@@ -1,5 +1,5 @@
 //! A fake Kubernetes API server on loopback, just enough for `nano-gpu-allocator serve` and the agent:
-//! lists of Nodes and Pods (their watches stay open and quiet), reading a node or a pod, the assignment PATCH,
+//! lists of Nodes and Pods (their watches stay open and quiet), reading a pod, the assignment PATCH,
 //! the `pods/binding` POST, the Node PATCH and Events. Every write is recorded so tests can check what was sent.
 //!
 //! For benchmarks and service tests only; end-to-end tests use the real kube-apiserver.
@@ -123,12 +123,6 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
             let page = items.get(from..to).unwrap_or_default();
             axum::Json(json!({"kind": list_kind, "apiVersion": "v1", "metadata": meta, "items": page}))
                 .into_response()
-        }
-        (&Method::GET, ["api", "v1", "nodes", name]) => {
-            match inner.nodes.iter().find(|n| n["metadata"]["name"] == *name) {
-                Some(n) => axum::Json(n.clone()).into_response(),
-                None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
-            }
         }
         (&Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {
             match inner.by_name.get(&(ns.to_string(), name.to_string())) {

@@ -141,6 +141,22 @@ pub struct FakeKubelet {
 }
 
 impl FakeKubelet {
+    /// The agent binary `program` as node `n1`'s agent against this kubelet, the cards of `inventory`
+    /// and the API server of `kubeconfig`; callers add their own flags.
+    pub fn agent(&self, program: &Path, inventory: &Path, kubeconfig: &Path) -> std::process::Command {
+        let mut command = std::process::Command::new(program);
+        command
+            .args(["--node-name", "n1"])
+            .arg("--plugin-dir")
+            .arg(&self.plugin_dir)
+            .arg("--pod-resources-socket")
+            .arg(&self.pod_resources_socket)
+            .arg("--fake-inventory")
+            .arg(inventory)
+            .env("KUBECONFIG", kubeconfig);
+        command
+    }
+
     /// Serves in `dir` (created), on the current tokio runtime.
     pub fn start(dir: &Path) -> std::io::Result<FakeKubelet> {
         let plugin_dir = dir.join("plugins");

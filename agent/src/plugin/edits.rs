@@ -92,7 +92,7 @@ pub fn allocate(
         let (n, units) = (u64::from(*n), resource.card_units(card));
         if n < units {
             // A share: its percent of the card's compute (rounded up), and the memory it holds.
-            let percent = u32::try_from((n * 100).div_ceil(units.max(1))).unwrap_or(100);
+            let percent = u32::try_from((n * 100).div_ceil(units)).unwrap_or(100);
             let share = Share { percent, memory: MiB(memory) };
             edits.enforcement.limit(&card.info.uuid, share, &mut response);
         }

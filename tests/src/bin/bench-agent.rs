@@ -27,7 +27,7 @@ use nano_gpu_tests::{Killed, cpu_ticks, p99, peak_rss_mib};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 struct Args {
@@ -146,15 +146,9 @@ async fn round(a: &Args, n: usize, out: &mut Samples) -> Result<()> {
     std::fs::write(&inventory, json!({"v": 1, "gpus": gpus}).to_string())?;
     let mut kubelet = FakeKubelet::start(&dir)?;
     let agent = Killed(
-        Command::new(&a.agent)
-            .args(["--node-name", "n1", "--probe-listen", ""])
-            .arg("--plugin-dir")
-            .arg(&kubelet.plugin_dir)
-            .arg("--pod-resources-socket")
-            .arg(&kubelet.pod_resources_socket)
-            .arg("--fake-inventory")
-            .arg(&inventory)
-            .env("KUBECONFIG", &kubeconfig)
+        kubelet
+            .agent(&a.agent, &inventory, &kubeconfig)
+            .args(["--probe-listen", ""])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
