@@ -19,13 +19,15 @@
 //!   [`metrics`] renders the Prometheus text.
 //!
 //! Tools: [`sim`] (`simulate`: trace replay with the FGD paper's method, raw or through the
-//! extender) and [`inspect`] (`inspect`: the view as a table).
+//! extender); [`cli`] (`inspect`, `top`, `why`, also the kubectl plugin `kubectl-nano_gpu`), with
+//! [`inspect`] and [`top`] rendering their tables.
 
 pub mod admission;
 #[cfg(test)]
 mod api_replies;
 pub mod bind;
 pub mod binder;
+pub mod cli;
 pub mod evict;
 pub mod extender;
 pub mod inspect;

@@ -2,9 +2,11 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use nano_gpu_allocator::cli::{
+    self, Format, GpushareUnitArg, InspectArgs, Kube, TopArgs, WhyArgs, demand_options,
+};
 use nano_gpu_allocator::sim::{self, Options};
 use nano_gpu_engine::trace;
-use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
 use std::path::PathBuf;
 
 #[global_allocator]
@@ -43,6 +45,9 @@ enum Command {
     /// Show granted against used GPU per pod, container and card, from every agent's `/metrics`
     /// (through the API server's pod proxy: needs `get pods/proxy` in the agents' namespace).
     Top(TopArgs),
+    /// For a GPU pod (a Pending one, above all): each node's reason it does not fit, by the extender's
+    /// own filter, and the fewest pods whose end would make room there.
+    Why(WhyArgs),
     /// Replay a workload through the placement engine and report unallocated GPU per policy.
     Simulate(SimulateArgs),
 }
@@ -128,49 +133,10 @@ struct ServeArgs {
     webhook_config: String,
 }
 
-#[derive(Args)]
-struct TopArgs {
-    /// Only pods of this namespace.
-    #[arg(long, short = 'n')]
-    namespace: Option<String>,
-    /// Namespace of the agent DaemonSet.
-    #[arg(long, default_value = "nano-gpu-system")]
-    agent_namespace: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    format: Format,
-}
-
-#[derive(Args)]
-struct InspectArgs {
-    /// Only this node.
-    #[arg(long)]
-    node: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    format: Format,
-    /// Count gpushare's `aliyun.com/gpu-mem` as GPU memory, in this unit: as the allocator of the
-    /// cluster is run (`serve --gpushare`), or its pods show as asking no GPU.
-    #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
-    gpushare: Option<GpushareUnitArg>,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum GpushareUnitArg {
-    Gib,
-    Mib,
-}
-
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum WorkloadSource {
     Given,
     Online,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Format {
-    Table,
-    Json,
 }
 
 #[derive(Args)]
@@ -371,117 +337,11 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     })
 }
 
-fn inspect(args: InspectArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
-    use k8s_openapi::api::core::v1::{Node, Pod};
-    use kube::api::{Api, ListParams};
-    use nano_gpu_allocator::{inspect, state::ClusterState};
-    use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let view = runtime.block_on(async {
-        let client =
-            nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
-        let nodes =
-            Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
-        let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("listing pods")?;
-        let policy = policy::by_name(policy::DEFAULT, 0).context("default policy")?;
-        let mut state = ClusterState::new(
-            Engine::new(Cluster::new(), policy, Default::default()),
-            0,
-            demand_options(args.gpushare),
-        );
-        state.reset_nodes(&nodes.items);
-        state.reset_pods(&pods.items);
-        for w in state.take_warnings() {
-            eprintln!(
-                "warning: {} {}{}: {}",
-                w.kind,
-                if w.namespace.is_empty() { String::new() } else { format!("{}/", w.namespace) },
-                w.name,
-                w.message
-            );
-        }
-        anyhow::Ok(state.inspect())
-    })?;
-    let view = inspect::only_node(view, args.node.as_deref());
-    match args.format {
-        Format::Table => print!("{}", inspect::table(&view)),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&view)?),
-    }
-    Ok(())
-}
-
-fn top(args: TopArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, ListParams};
-    use nano_gpu_allocator::top;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let rows = runtime.block_on(async {
-        let client =
-            nano_gpu_runtime::connect(kubeconfig.as_deref()).await.context("connecting to the API server")?;
-        let agents = Api::<Pod>::namespaced(client.clone(), &args.agent_namespace)
-            .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent"))
-            .await
-            .context("listing the agents")?;
-        if agents.items.is_empty() {
-            bail!("no nano-gpu agent pod in namespace {}", args.agent_namespace);
-        }
-        // Every agent asked at once (16 in flight), each given 10 s.
-        let scrape = |agent: &Pod| {
-            let (client, namespace) = (client.clone(), args.agent_namespace.clone());
-            let name = agent.metadata.name.clone().unwrap_or_default();
-            let node = agent.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            async move {
-                let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:9401/proxy/metrics");
-                let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string());
-                let read = match request {
-                    Ok(r) => {
-                        tokio::time::timeout(std::time::Duration::from_secs(10), client.request_text(r)).await
-                    }
-                    Err(e) => return Err(format!("node {node}: agent {name}: {e}")),
-                };
-                match read {
-                    Ok(Ok(text)) => Ok(top::rows(&text)),
-                    Ok(Err(e)) => Err(format!("node {node}: agent {name}'s metrics: {e}")),
-                    Err(_) => Err(format!("node {node}: agent {name}'s metrics: no answer in 10 s")),
-                }
-            }
-        };
-        let answers: Vec<_> =
-            futures::stream::iter(agents.items.iter().map(scrape)).buffer_unordered(16).collect().await;
-        let mut rows = Vec::new();
-        for answer in answers {
-            match answer {
-                Ok(r) => rows.extend(r),
-                Err(e) => eprintln!("warning: {e}"),
-            }
-        }
-        anyhow::Ok(rows)
-    })?;
-    let rows: Vec<top::Row> =
-        rows.into_iter().filter(|r| args.namespace.as_ref().is_none_or(|n| *n == r.namespace)).collect();
-    match args.format {
-        Format::Table => print!("{}", top::table(&rows)),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-    }
-    Ok(())
-}
-
 /// A `key=value` label.
 fn parse_label(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("{text:?} is not a label key=value")),
-    }
-}
-
-/// How pods' GPU demands are read: gpushare's memory resource accepted in `gpushare`'s unit, if given.
-fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
-    DemandOptions {
-        gpushare: gpushare.map(|u| match u {
-            GpushareUnitArg::Gib => GpushareUnit::GiB,
-            GpushareUnitArg::Mib => GpushareUnit::MiB,
-        }),
     }
 }
 
@@ -503,7 +363,8 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Simulate(args) => simulate(args),
         Command::Serve(args) => serve(*args, cli.kubeconfig),
-        Command::Inspect(args) => inspect(args, cli.kubeconfig),
-        Command::Top(args) => top(args, cli.kubeconfig),
+        Command::Inspect(args) => cli::inspect(args, &Kube { kubeconfig: cli.kubeconfig, context: None }),
+        Command::Top(args) => cli::top(args, &Kube { kubeconfig: cli.kubeconfig, context: None }),
+        Command::Why(args) => cli::why(args, &Kube { kubeconfig: cli.kubeconfig, context: None }),
     }
 }

@@ -20,7 +20,7 @@
 //!
 //! One job per file under `state/`: `decode` (objects → records), `index` (watch events and
 //! re-lists), `rebuild` (records → the engine's node), `reserve` (reservations and the annotations a
-//! bind writes), `preempt`, `inspect` (the `/inspect` document).
+//! bind writes), `preempt`, `inspect` (the `/inspect` document), `why` (a waiting pod's verdict per node).
 
 mod decode;
 mod index;
@@ -30,8 +30,10 @@ mod rebuild;
 mod reserve;
 #[cfg(test)]
 mod tests;
+mod why;
 
 pub use reserve::Reservation;
+pub use why::NodeVerdict;
 
 use crate::extender::Extender;
 use decode::{NodeRecord, PodRecord};

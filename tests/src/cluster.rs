@@ -376,9 +376,42 @@ impl ApiProxy {
     }
 }
 
+impl Cluster {
+    /// After a failure, before the cluster goes (and the containers' logs with it): every pod, the
+    /// newest events, and each nano-gpu container's log, saved under `failure/` in the cluster's
+    /// directory; the pods, the events and the tail of each log also go to stderr, which is all a CI
+    /// run keeps. Every kubectl call is bounded: the API may be the thing that failed.
+    fn keep_evidence(&self) {
+        let dir = self.path("failure");
+        let _ = std::fs::create_dir_all(&dir);
+        let kubectl = |args: &[&str]| {
+            let mut all = vec!["--request-timeout=10s"];
+            all.extend(args);
+            let out = self.kubectl(&all);
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        };
+        let pods = kubectl(&["get", "pods", "-A", "-o", "wide"]);
+        let events = kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+        let tail = |text: &str, n: usize| {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        };
+        eprintln!("--- pods\n{pods}--- newest events\n{}", tail(&events, 40));
+        let _ = std::fs::write(dir.join("pods.txt"), &pods);
+        let _ = std::fs::write(dir.join("events.txt"), &events);
+        let names = kubectl(&["get", "pods", "-n", "nano-gpu-system", "-o", "name"]);
+        for pod in names.lines().filter_map(|l| l.strip_prefix("pod/")) {
+            let log = kubectl(&["logs", "-n", "nano-gpu-system", pod, "--all-containers", "--prefix"]);
+            let _ = std::fs::write(dir.join(format!("{pod}.log")), &log);
+            eprintln!("--- {pod}, last lines\n{}", tail(&log, 30));
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            self.keep_evidence();
             if std::env::var_os("NANO_GPU_E2E_KEEP").is_some() {
                 eprintln!("NANO_GPU_E2E_KEEP: the cluster in {} keeps running", self.dir.display());
                 return;

@@ -18,6 +18,7 @@ use nano_gpu_tests::cluster::{
     Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running, wait_until,
 };
 use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 const SYSTEM: &str = "nano-gpu-system";
@@ -76,6 +77,22 @@ async fn no_restarts(pods: &Api<Pod>) {
     }
 }
 
+/// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`) on PATH,
+/// the kubeconfig comes from KUBECONFIG. Its JSON output.
+fn kubectl_nano_gpu(cluster: &Cluster, args: &[&str]) -> Value {
+    let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
+    let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
+    let out = std::process::Command::new(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
+        .arg("nano-gpu")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", &cluster.env["ADMIN_KUBECONFIG"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kubectl nano-gpu {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A Deployment `workers` in [`NS`]: `replicas` pods asking `percent` of a card each.
 fn workers(replicas: u32, percent: u32) -> String {
     let template = serde_json::to_value(percent_pod("worker", percent)).unwrap();
@@ -111,6 +128,12 @@ async fn the_system_works_on_real_nodes() {
             json!({"nano-gpu/gpu-model": "Tesla T4"}),
         ),
     )
+    .await;
+    // Bound before the rest exist: the pods after it could fill both T4 cards, and kube-scheduler
+    // does not promise to try pods in the order they were created.
+    wait_until("t4 bound", Duration::from_secs(60), || async {
+        pods.get("t4").await.is_ok_and(|p| p.spec.and_then(|s| s.node_name).is_some())
+    })
     .await;
     let mut names = vec!["share-30".to_string()];
     for (name, percent) in [("share-50", 50), ("whole-1", 100), ("whole-2", 200)] {
@@ -183,13 +206,9 @@ async fn the_system_works_on_real_nodes() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    // `nano-gpu-allocator top` shows the same, read through the API server's pod proxy.
-    let top = std::process::Command::new(nano_gpu_tests::workspace_binary("nano-gpu-allocator"))
-        .args(["--kubeconfig", &cluster.env["ADMIN_KUBECONFIG"], "top", "-n", NS, "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(top.status.success(), "top: {}", String::from_utf8_lossy(&top.stderr));
-    let rows: Vec<Value> = serde_json::from_slice(&top.stdout).unwrap();
+    // `kubectl nano-gpu top` shows the same, read through the API server's pod proxy.
+    let rows: Vec<Value> =
+        serde_json::from_value(kubectl_nano_gpu(&cluster, &["top", "-n", NS, "-o", "json"])).unwrap();
     for (name, percent, mib, sm) in users {
         let row =
             rows.iter().find(|r| r["pod"] == name).unwrap_or_else(|| panic!("{name} not in top: {rows:?}"));
@@ -275,6 +294,55 @@ async fn the_system_works_on_real_nodes() {
         })
         .await;
         assert_eq!(phase(&pods.get(name).await.unwrap()), "Pending");
+    }
+    // `kubectl nano-gpu why` (the plugin, found on PATH by kubectl itself) says the same per node. A
+    // pod asking both T4 cards whole waits for node-2 alone, and exactly the pods on those cards
+    // (t4's among them) would have to end first.
+    let two_t4 = json!({"nano-gpu/gpu-model": "Tesla T4"});
+    create(&pods, &gpu_pod("two-t4", &[("c", &[("nano-gpu/gpu-percent", "200")])], two_t4)).await;
+    let why = |pod: &str| {
+        // --gpushare as the local cluster's allocator runs (deploy/): its gpushare pod holds memory.
+        let why = kubectl_nano_gpu(&cluster, &["why", pod, "-n", NS, "-o", "json", "--gpushare", "gib"]);
+        let nodes: BTreeMap<String, Value> = why["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["node"].as_str().unwrap().to_owned(), v.clone()))
+            .collect();
+        (why, nodes)
+    };
+    let (_, nodes) = why("no-such-model");
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    for v in nodes.values() {
+        assert_eq!((&v["fits"], &v["unresolvable"]), (&json!(false), &json!(true)), "{v}");
+        assert!(v["reason"].as_str().unwrap().contains("no card of an allowed model"), "{v}");
+    }
+    let on_t4s: BTreeSet<String> = cluster.inspect()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["name"] == "node-2")
+        .flat_map(|n| n["cards"].as_array().unwrap().clone())
+        .filter(|c| c["model"] == "Tesla T4")
+        .flat_map(|c| c["pods"].as_array().unwrap().clone())
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect();
+    assert!(on_t4s.contains("e2e/t4"), "{on_t4s:?}");
+    wait_until("two-t4 judged by kube-scheduler", Duration::from_secs(60), || async {
+        why("two-t4").0["lastFailedScheduling"].is_string()
+    })
+    .await;
+    let (two, nodes) = why("two-t4");
+    assert_eq!(two["phase"], "Pending", "{two}");
+    let node2 = &nodes["node-2"];
+    assert_eq!((&node2["fits"], &node2["unresolvable"]), (&json!(false), &json!(false)), "{two}");
+    let freed: BTreeSet<String> =
+        node2["freedBy"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect();
+    assert_eq!(freed, on_t4s, "{two}");
+    for other in ["node-1", "node-3"] {
+        assert_eq!(nodes[other]["unresolvable"], json!(true), "{two}");
+    }
+    for name in ["too-big", "no-such-model", "two-t4"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
 

@@ -10,6 +10,7 @@ use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, pod_demand};
+use nano_gpu_proto::resources::GPUSHARE_MEMORY;
 use nano_gpu_proto::units::MiB;
 use nano_gpu_proto::{gpushare, quantity};
 use std::collections::BTreeMap;
@@ -107,7 +108,17 @@ pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> (Result<Holding, Str
     };
     let read = match pod_demand(pod, demand) {
         Ok(d) if d.wants_gpu() => d,
-        Ok(d) => return (Err(format!("{what} on a pod that asks no GPU is ignored")), Some(d)),
+        Ok(d) => {
+            // A tool run without gpushare compatibility on a cluster that has it reads gpushare's pods
+            // as asking nothing: say how to read them.
+            let gpushare = demand.gpushare.is_none() && asks_gpushare_memory(pod);
+            let hint = if gpushare {
+                format!(" (it asks {GPUSHARE_MEMORY}: read it with --gpushare)")
+            } else {
+                String::new()
+            };
+            return (Err(format!("{what} on a pod that asks no GPU is ignored{hint}")), Some(d));
+        }
         Err(e) => {
             return (Err(format!("{what} on a pod with an invalid GPU request ({e}) is ignored")), None);
         }
@@ -117,6 +128,15 @@ pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> (Result<Holding, Str
         Claim::Gpushare(unit, placed) => placed_by_gpushare(pod, unit, placed),
     };
     (Ok(held), Some(read))
+}
+
+/// Whether any container of the pod names gpushare's memory resource.
+fn asks_gpushare_memory(pod: &Pod) -> bool {
+    let containers =
+        pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+    containers
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| [&r.limits, &r.requests].into_iter().flatten().any(|m| m.contains_key(GPUSHARE_MEMORY)))
 }
 
 /// What a pod's annotations say it holds, before checking that it asks a GPU.

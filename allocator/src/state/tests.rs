@@ -201,6 +201,48 @@ fn preemption_keeps_only_nodes_where_a_card_really_frees_and_only_the_victims_ne
 }
 
 #[test]
+fn why_gives_every_node_its_verdict_and_the_fewest_pods_in_the_way() {
+    let mut s = state();
+    for (name, cards) in [("n1", 2), ("n2", 2), ("n3", 1), ("n4", 1)] {
+        s.apply_node(&node(name, cards));
+    }
+    // n1: 60 % + 30 % on card 0, 70 % on card 1. n2: 20 % on card 0 (card 1 free). n3: 50 % + 40 %.
+    // n4 has no inventory (no agent published its cards).
+    s.apply_pod(&pod("a", "60", Some("n1"), Some(assignment("n1", 0, 60))));
+    s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&pod("c", "70", Some("n1"), Some(assignment("n1", 1, 70))));
+    s.apply_pod(&pod("d", "20", Some("n2"), Some(assignment("n2", 0, 20))));
+    s.apply_pod(&pod("e", "50", Some("n3"), Some(assignment("n3", 0, 50))));
+    s.apply_pod(&pod("f", "40", Some("n3"), Some(assignment("n3", 0, 40))));
+    let mut bare = node("n4", 1);
+    bare.metadata.annotations = None;
+    s.apply_node(&bare);
+    let verdicts = s.why(&pod("p", "70", None, None)).unwrap();
+    let at = |n: &str| verdicts.iter().find(|v| v.node == n).unwrap().clone();
+    let order: Vec<&str> = verdicts.iter().map(|v| v.node.as_str()).collect();
+    assert_eq!(order, ["n2", "n1", "n3", "n4"], "fits, then fewest in the way, then never: {verdicts:?}");
+    assert!(at("n2").fits && at("n2").reason.is_empty());
+    // n1: c alone (card 1); n3: both of its pods.
+    assert_eq!(
+        (at("n1").fits, at("n1").unresolvable, at("n1").freed_by.clone()),
+        (false, false, vec!["ns/c".into()])
+    );
+    assert_eq!(at("n3").freed_by, ["ns/e", "ns/f"]);
+    assert!(at("n4").unresolvable && at("n4").reason.contains("no GPU"), "{:?}", at("n4"));
+    // Judged as the extender judges: the same nodes pass its filter.
+    let names = vec!["n1", "n2", "n3", "n4"];
+    let filtered = s.filter_names(Some(&pod("p", "70", None, None)), names);
+    assert_eq!(filtered.node_names, Some(vec!["n2"]));
+    // A pod asking no GPU, or one whose request cannot be read, is told so.
+    let cpu_only: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "q", "namespace": "ns", "uid": "q"},
+        "spec": {"containers": [{"name": "c"}]}}))
+        .unwrap();
+    assert!(s.why(&cpu_only).unwrap_err().contains("asks no nano-gpu resource"));
+    assert!(s.why(&pod("r", "150", None, None)).unwrap_err().contains("150"));
+}
+
+#[test]
 fn a_failed_bind_gives_its_reservation_back() {
     let mut s = state();
     s.apply_node(&node("n1", 1));
@@ -429,6 +471,17 @@ fn gpushare_annotations_hold_nothing_on_pending_pods_or_pods_asking_no_gpu_or_wi
     plain.apply_node(&node("n1", 1));
     plain.apply_pod(&gpushare_pod("a", "3", Some("n1"), idx));
     assert_eq!(free(&plain, "n1"), vec![100]);
+    assert!(plain.take_warnings().is_empty());
+    // Nor is a gpushare pod nano-gpu placed; the warning says how to read it (a tool run without
+    // the cluster's --gpushare).
+    let ours = json!({"nano-gpu/assignment": assignment("n1", 0, 20)});
+    plain.apply_pod(&gpushare_pod("b", "3", Some("n1"), ours));
+    assert_eq!(free(&plain, "n1"), vec![100]);
+    let w = plain.take_warnings();
+    assert!(
+        w.len() == 1 && w[0].message.contains("asks aliyun.com/gpu-mem: read it with --gpushare"),
+        "{w:?}"
+    );
 }
 
 #[test]

@@ -29,6 +29,25 @@ pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
     kube::Client::try_from(config(path).await?)
 }
 
+/// [`connect`] with the kubeconfig's context `context` instead of its current one, as kubectl's
+/// `--context` (`None`: as [`connect`]).
+pub async fn connect_with_context(
+    path: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Client, kube::Error> {
+    let Some(context) = context else { return connect(path).await };
+    let options = kube::config::KubeConfigOptions { context: Some(context.to_owned()), ..Default::default() };
+    let kubeconfig = match path {
+        Some(path) => kube::config::Kubeconfig::read_from(path),
+        None => kube::config::Kubeconfig::read(),
+    }
+    .map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
+}
+
 /// [`connect`], but every answer comes back as it is: for calls where 429 is the answer, not a
 /// reason to wait (an Eviction a PodDisruptionBudget refuses).
 pub async fn connect_without_retries(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
