@@ -3,8 +3,8 @@
 # against the real control plane included.
 # Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it, Go
 # (to build upstream etcd and Kubernetes from the Go module proxy), and for the real-node tests root
-# with Debian's containerd, runc, containernetworking-plugins, iptables, conntrack and busybox-static
-# (.ci/run installs them).
+# with Debian's containerd, runc, containernetworking-plugins, iptables, conntrack, busybox-static and
+# chromium-headless-shell (the GPU map's browser test) (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -15,6 +15,7 @@
 //!   protocol: reserve, annotate, bind, roll back) through [`binder`] (the API calls behind a port);
 //! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
 //!   memory grant;
+//! - [`map`]: the GPU map page and its live data, on the loopback listener with `/inspect`;
 //! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
 //!   [`metrics`] renders the Prometheus text.
 //!
@@ -32,6 +33,7 @@ pub mod evict;
 pub mod extender;
 pub mod inspect;
 pub mod leader;
+pub mod map;
 pub mod metrics;
 pub mod server;
 pub mod sim;

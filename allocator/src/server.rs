@@ -82,8 +82,8 @@ impl<B: Binder> Shared<B> {
     }
 }
 
-/// Every route: the extender's verbs and `/inspect` (for kube-scheduler and operators only: served on
-/// loopback) and the [`public_router`]'s.
+/// Every route: the extender's verbs, `/inspect` and the GPU map (`/map`, [`crate::map`]), for
+/// kube-scheduler and operators only (served on loopback), and the [`public_router`]'s.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
     Router::new()
         .route("/filter", post(filter::<B>))
@@ -91,6 +91,9 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/bind", post(bind::<B>))
         .route("/preempt", post(preempt::<B>))
         .route("/inspect", get(inspect::<B>))
+        .route("/map", get(crate::map::page))
+        .route("/map/app.js", get(crate::map::script))
+        .route("/map/data", get(crate::map::data::<B>))
         .with_state(shared.clone())
         .merge(public_router(shared))
 }
@@ -607,6 +610,8 @@ mod tests {
             ("POST", "/bind"),
             ("POST", "/preempt"),
             ("GET", "/inspect"),
+            ("GET", "/map"),
+            ("GET", "/map/data"),
         ] {
             let req = Request::builder().method(method).uri(path).body(Body::from("{}")).unwrap();
             let resp = public_router(s.clone()).oneshot(req).await.unwrap();
@@ -618,6 +623,74 @@ mod tests {
         let text = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
         let text = String::from_utf8_lossy(&text);
         assert!(text.contains("n1") && !text.contains("pod=") && !text.contains("\"a\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_map_shows_cards_shares_and_waiting_pods_and_answers_304_until_something_changes() {
+        let s = shared();
+        let (status, html) = call_raw(&s, "GET", "/map", "").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            html.contains("<title>nano-gpu map</title>") && html.contains("src=\"map/app.js\""),
+            "{html}"
+        );
+        // Nothing from elsewhere: no URL with a scheme in the page or its script.
+        let (_, script) = call_raw(&s, "GET", "/map/app.js", "").await;
+        assert!(!html.contains("://") && !script.contains("://"), "the map fetches nothing from elsewhere");
+        assert!(script.contains("map/data") && !script.contains("innerHTML"), "{script}");
+
+        // A running 60 % share on card 0 and a waiting 60 % pod that cannot fit beside it.
+        let mut running = pod("run", "1", Some("n1"));
+        running.metadata.annotations = Some(BTreeMap::from([(
+            ASSIGNMENT_ANNOTATION.to_owned(),
+            r#"{"v":1,"node":"n1","at":"t","containers":{"c":[{"uuid":"GPU-0","index":0,"percent":60}]}}"#
+                .to_owned(),
+        )]));
+        s.view.lock().apply_pod(&running);
+        s.view.lock().apply_pod(&pod("wait", "2", None));
+        let get = |etag: Option<String>| {
+            let s = s.clone();
+            async move {
+                let mut req = Request::builder().uri("/map/data");
+                if let Some(e) = etag {
+                    req = req.header(header::IF_NONE_MATCH, e);
+                }
+                let resp = router(s).oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+                let etag = resp.headers().get(header::ETAG).map(|v| v.to_str().unwrap().to_owned());
+                let status = resp.status();
+                let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                (status, etag, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            }
+        };
+        let (status, etag, doc) = get(None).await;
+        assert_eq!(status, StatusCode::OK);
+        let card = &doc["nodes"][0]["cards"][0];
+        assert_eq!(card["shares"], json!([{"pod": "ns/run", "percent": 60, "memoryMiB": 9216}]), "{doc}");
+        assert!(doc["nodes"][0]["fragmentation"].is_number(), "{doc}");
+        assert_eq!(doc["waitingTotal"], 1);
+        let w = &doc["waiting"][0];
+        assert_eq!(
+            (&w["pod"], &w["asks"], &w["fitsOn"]),
+            (&json!("ns/wait"), &json!("60%"), &json!(0)),
+            "{doc}"
+        );
+        assert_eq!(w["reasons"], json!({"GPU busy": 1}), "{doc}");
+        // Unchanged: 304, no body built.
+        let (status, again, _) = get(etag.clone()).await;
+        assert_eq!((status, &again), (StatusCode::NOT_MODIFIED, &etag));
+        // The running pod ends: the waiting one now fits, and the map says so under a new ETag.
+        s.view.lock().delete_pod(&running);
+        let (status, newer, doc) = get(etag.clone()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_ne!(newer, etag);
+        assert_eq!(
+            (&doc["waiting"][0]["fitsOn"], &doc["nodes"][0]["cards"][0]["shares"]),
+            (&json!(1), &json!([]))
+        );
+        // Bound: no longer waiting.
+        s.view.lock().apply_pod(&pod("wait", "3", Some("n1")));
+        let (_, _, doc) = get(newer).await;
+        assert_eq!((&doc["waitingTotal"], &doc["waiting"]), (&json!(0), &json!([])), "{doc}");
     }
 
     #[tokio::test]

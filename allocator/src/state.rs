@@ -20,11 +20,13 @@
 //!
 //! One job per file under `state/`: `decode` (objects → records), `index` (watch events and
 //! re-lists), `rebuild` (records → the engine's node), `reserve` (reservations and the annotations a
-//! bind writes), `preempt`, `inspect` (the `/inspect` document), `why` (a waiting pod's verdict per node).
+//! bind writes), `preempt`, `inspect` (the `/inspect` document), `map` (the GPU map's data: `/inspect` and the
+//! waiting pods), `why` (a waiting pod's verdict per node).
 
 mod decode;
 mod index;
 mod inspect;
+mod map;
 mod preempt;
 mod rebuild;
 mod reserve;
@@ -79,6 +81,19 @@ pub struct ClusterState {
     agent_label: Option<(String, String)>,
     agents: HashMap<String, (String, bool)>,
     warnings: Vec<Warning>,
+    /// Pending pods that ask a GPU and hold no assignment yet, by uid (the GPU map's waiting list).
+    waiting: BTreeMap<String, Waiting>,
+    /// Bumped at every change of what `/inspect` or the map shows, so a reader can tell nothing
+    /// changed without building them.
+    generation: u64,
+}
+
+/// A pending GPU pod: its name, what it asks, since when (its creation, RFC 3339).
+#[derive(Clone, Debug)]
+struct Waiting {
+    key: (String, String),
+    demand: nano_gpu_proto::demand::PodDemand,
+    since: String,
 }
 
 /// The view as the service shares it: the watches write to it, the handlers decide on it, one at a
@@ -151,6 +166,8 @@ impl ClusterState {
             agent_label: None,
             agents: HashMap::new(),
             warnings: Vec::new(),
+            waiting: BTreeMap::new(),
+            generation: 0,
         }
     }
 

@@ -157,6 +157,29 @@ impl Cluster {
         Some(holder).filter(|h| out.status.success() && !h.is_empty())
     }
 
+    /// `kubectl port-forward` of a free local port to `port` of pod `pod` in `namespace`, as an operator
+    /// reaches a pod's loopback; stopped when the answer is dropped.
+    pub fn port_forward(&self, namespace: &str, pod: &str, port: u16) -> PortForward {
+        let mut child = self
+            .kubectl_cmd(&["port-forward", "-n", namespace, &format!("pod/{pod}"), &format!(":{port}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        // "Forwarding from 127.0.0.1:PORT -> 8888"
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let local = line
+            .strip_prefix("Forwarding from 127.0.0.1:")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"));
+        // The rest of its stdout (one line per connection) is drained so it never blocks.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        PortForward { child, port: local }
+    }
+
     /// [`Cluster::curl`] from inside the network namespace of the allocator pod `pod` (its loopback
     /// is where kube-scheduler calls the extender, and where `kubectl port-forward` leads).
     pub fn curl_in_allocator(&self, pod: &str, url: &str, data: Option<&str>) -> (u16, String) {
@@ -335,6 +358,20 @@ impl Cluster {
     /// Takes the cluster down, asserting it went.
     pub fn down(&self) {
         assert!(self.down_status().success(), "hack/cluster.sh down failed");
+    }
+}
+
+/// A running `kubectl port-forward` ([`Cluster::port_forward`]).
+pub struct PortForward {
+    child: std::process::Child,
+    /// The local port (on 127.0.0.1).
+    pub port: u16,
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

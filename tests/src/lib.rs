@@ -2,6 +2,7 @@
 //! a fake API server, the local cluster as the end-to-end tests drive it, and a small HTTP client for
 //! driving the extender.
 
+pub mod browser;
 pub mod checks;
 pub mod cluster;
 pub mod fake_api;

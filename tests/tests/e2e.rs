@@ -13,6 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, OVERRUN, OverrunMark};
+use nano_gpu_tests::browser::Browser;
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{
     Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running, wait_until,
@@ -75,6 +76,81 @@ async fn no_restarts(pods: &Api<Pod>) {
         let restarts: i32 = statuses.map(|c| c.restart_count).sum();
         assert_eq!(restarts, 0, "{:?} was restarted", p.metadata.name);
     }
+}
+
+/// The GPU map in a real browser (Chromium's headless shell), reached as an operator reaches it:
+/// `kubectl port-forward` to the leading allocator's loopback listener. Every card of the cluster is
+/// drawn, every running pod on each card its assignment names, the waiting pod with its reasons; a
+/// pod created while the page is open shows on its card without a reload. A screenshot is saved
+/// (`NANO_GPU_MAP_SCREENSHOT`, default `nano-gpu-map.png` in the temporary directory).
+async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>) {
+    let leader = cluster.allocator_leader().expect("a leading allocator");
+    let forward = cluster.port_forward(SYSTEM, &leader, 8888);
+    let url = format!("http://127.0.0.1:{}/map", forward.port);
+    let mut browser = Browser::open(&url, 1400, 1000).await;
+    let cards: usize = cluster.inspect()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["cards"].as_array().unwrap().len())
+        .sum();
+    browser
+        .wait_for(
+            "every card drawn",
+            &format!("document.querySelectorAll('[data-uuid]').length === {cards}"),
+            Duration::from_secs(30),
+        )
+        .await;
+    // Each running pod on the card(s) its assignment names.
+    let on_card = |uuid: &str, pod: &str| {
+        format!(
+            "(document.querySelector('[data-uuid=\"{uuid}\"]')?.dataset.pods || '').split(' ').includes('{pod}')"
+        )
+    };
+    let mut checked = 0;
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        let name = p.metadata.name.clone().unwrap();
+        let Some(a) = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) else {
+            continue;
+        };
+        if phase(&p) != "Running" {
+            continue;
+        }
+        for grant in Assignment::decode(a).unwrap().held() {
+            assert_eq!(
+                browser.eval(&on_card(&grant.uuid, &format!("{NS}/{name}"))).await,
+                json!(true),
+                "{name} on {}",
+                grant.uuid
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "only {checked} grants checked");
+    // The waiting pod that asks a model no node has, with the reason.
+    let waiting = "document.querySelector('[data-waiting=\"e2e/no-such-model\"]')?.textContent || ''";
+    let text = browser.eval(waiting).await;
+    assert!(text.as_str().unwrap().contains("3 × no card of an allowed model"), "{text}");
+    let shot = std::env::var_os("NANO_GPU_MAP_SCREENSHOT")
+        .map_or_else(|| std::env::temp_dir().join("nano-gpu-map.png"), std::path::PathBuf::from);
+    browser.screenshot(&shot).await;
+    eprintln!("the GPU map: {}", shot.display());
+    // Live: a pod created now shows on its card, the page never reloaded.
+    browser.eval("window.notReloaded = true").await;
+    create(pods, &percent_pod("live-10", 10)).await;
+    let start = std::time::Instant::now();
+    let uuid = loop {
+        let p = pods.get("live-10").await.unwrap();
+        let a = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION).cloned());
+        if let Some(a) = a.and_then(|a| Assignment::decode(&a).ok()) {
+            break a.held().next().unwrap().uuid.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "live-10 not assigned within 60 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    browser.wait_for("live-10 on the map", &on_card(&uuid, "e2e/live-10"), Duration::from_secs(15)).await;
+    assert_eq!(browser.eval("window.notReloaded === true").await, json!(true), "the page reloaded");
+    pods.delete("live-10", &DeleteParams::default()).await.unwrap();
 }
 
 /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`) on PATH,
@@ -342,6 +418,7 @@ async fn the_system_works_on_real_nodes() {
     for other in ["node-1", "node-3"] {
         assert_eq!(nodes[other]["unresolvable"], json!(true), "{two}");
     }
+    gpu_map_in_a_browser(&cluster, &pods).await;
     for name in ["too-big", "no-such-model", "two-t4"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }

@@ -128,8 +128,7 @@ pub fn replay(
 ) -> Replay {
     let cluster = placer.cluster();
     let cards = cluster.card_count().max(1) as f64;
-    let mut node_frag: Vec<f64> =
-        cluster.nodes().iter().map(|n| measure.frag(n, &free_of(n), n.cpu_free)).collect();
+    let mut node_frag: Vec<f64> = cluster.nodes().iter().map(|n| measure.frag_now(n)).collect();
     let mut frag_total: f64 = node_frag.iter().sum();
     let mut node_used: Vec<Percent> = cluster.nodes().iter().map(|n| n.gpu_used()).collect();
     let mut used: f64 = node_used.iter().map(|u| f64::from(u.0)).sum();
@@ -149,7 +148,7 @@ pub fn replay(
                 let n = placer.cluster().node(node);
                 used += f64::from(n.gpu_used().0) - f64::from(node_used[node.0].0);
                 node_used[node.0] = n.gpu_used();
-                let f = measure.frag(n, &free_of(n), n.cpu_free);
+                let f = measure.frag_now(n);
                 frag_total += f - node_frag[node.0];
                 node_frag[node.0] = f;
             }
@@ -172,10 +171,6 @@ pub fn replay(
         })
         .collect();
     Replay { curve, failed, arrived: order.len() }
-}
-
-fn free_of(n: &crate::model::Node) -> Vec<Percent> {
-    n.cards.iter().map(crate::model::Card::usable).collect()
 }
 
 #[cfg(test)]

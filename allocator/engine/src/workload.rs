@@ -4,7 +4,7 @@
 //! `M` is built from the requests seen, with the paper's popularity rule: group by shape, keep the most
 //! frequent shapes until they cover 95 % of the pods, renormalise.
 
-use crate::model::{ModelId, Node};
+use crate::model::{Card, ModelId, Node};
 use crate::request::{Request, SlotDemand};
 use nano_gpu_proto::units::Percent;
 use std::collections::HashMap;
@@ -180,6 +180,13 @@ impl Workload {
             })
             .collect();
         (Workload::new(types), grain)
+    }
+
+    /// [`Workload::frag`] of a node as it stands: its usable cards (unhealthy ones have none) and its
+    /// free CPU.
+    pub fn frag_now(&self, node: &Node) -> f64 {
+        let free: Vec<Percent> = node.cards.iter().map(Card::usable).collect();
+        self.frag(node, &free, node.cpu_free)
     }
 
     /// Expected fragmentation of a node (in percent of a card) if its free CPU were `cpu_free` and its

@@ -3,9 +3,10 @@
 //! `begin_*_relist`, the objects, and `end_*_relist`, which forgets what the list did not mention
 //! (but keeps the reservations of binds in flight). Every change rebuilds only the nodes it touches.
 
-use super::ClusterState;
 use super::decode::{Holding, PodRecord, holding, host_requests, is_terminal, node_record, pod_uid};
+use super::{ClusterState, Waiting};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use nano_gpu_proto::demand::pod_demand;
 use std::collections::HashSet;
 
 impl ClusterState {
@@ -29,6 +30,7 @@ impl ClusterState {
     pub fn delete_node(&mut self, name: &str) {
         if self.nodes.remove(name).is_some() {
             self.extender.engine_mut().cluster_mut().remove_node(name);
+            self.generation += 1;
         }
     }
 
@@ -63,6 +65,7 @@ impl ClusterState {
             seen.insert(uid.clone());
         }
         self.note_agent(&uid, pod);
+        self.stop_waiting(&uid);
         if is_terminal(pod) {
             self.forget_pod(&uid);
             return;
@@ -85,9 +88,10 @@ impl ClusterState {
         let node = match (&bound_to, &holding) {
             (Some(n), _) => n.clone(),
             (None, Holding::Cards(a)) => a.node.clone(),
-            // Pending and unassigned: holds nothing anywhere yet.
+            // Pending and unassigned: holds nothing anywhere yet; one that asks a GPU waits.
             (None, _) => {
                 self.forget_pod(&uid);
+                self.wait(uid, pod);
                 return;
             }
         };
@@ -116,6 +120,7 @@ impl ClusterState {
         self.note_version(pod);
         if let Some(uid) = pod_uid(pod) {
             self.set_agent(uid, None);
+            self.stop_waiting(uid);
             self.forget_pod(uid);
         }
     }
@@ -222,6 +227,33 @@ impl ClusterState {
             .collect();
         for uid in gone {
             self.forget_pod(&uid);
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|uid, _| seen.contains(uid));
+        if self.waiting.len() != before {
+            self.generation += 1;
+        }
+    }
+
+    /// A pending pod with no assignment: one that asks a GPU is recorded as waiting (for the GPU map).
+    fn wait(&mut self, uid: String, pod: &Pod) {
+        let Ok(demand) = pod_demand(pod, self.extender.demand_options()) else { return };
+        if !demand.wants_gpu() {
+            return;
+        }
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let since = pod.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        self.waiting.insert(uid, Waiting { key, demand, since });
+        self.generation += 1;
+    }
+
+    /// The pod no longer waits (bound, assigned, ended or deleted).
+    fn stop_waiting(&mut self, uid: &str) {
+        if self.waiting.remove(uid).is_some() {
+            self.generation += 1;
         }
     }
 

@@ -16,6 +16,7 @@ use nano_gpu_proto::units::{MiB, Percent};
 impl ClusterState {
     /// Recomputes one node of the engine's cluster from its record and the pods on it.
     pub(super) fn rebuild(&mut self, name: &str) {
+        self.generation += 1;
         let serving = self.agent_ready(name);
         let Some(record) = self.nodes.get(name) else { return };
         let cluster = self.extender.engine_mut().cluster_mut();

@@ -345,7 +345,11 @@ mod properties {
         .unwrap()
     }
 
-    fn view(s: &ClusterState) -> Vec<(String, bool, u64, Vec<u32>)> {
+    /// A schedulable node: name, schedulable, free CPU, each card's free percent.
+    type NodeView = (String, bool, u64, Vec<u32>);
+
+    /// Every schedulable node's free CPU and cards, and the waiting pods (the GPU map's list).
+    fn view(s: &ClusterState) -> (Vec<NodeView>, Vec<String>) {
         let mut v: Vec<_> = s
             .extender()
             .engine()
@@ -356,7 +360,7 @@ mod properties {
             .map(|n| (n.name.clone(), n.schedulable, n.cpu_free, n.cards.iter().map(|c| c.free.0).collect()))
             .collect();
         v.sort();
-        v
+        (v, s.waiting.keys().cloned().collect())
     }
 
     proptest! {

@@ -1,0 +1,81 @@
+//! The GPU map's data (`/map/data`): the `/inspect` document, and the GPU pods waiting to be placed,
+//! each with what it asks and why it waits (per reason, how many nodes say it, by the extender's own
+//! filter), oldest first.
+
+use super::ClusterState;
+use crate::extender::engine_request;
+use nano_gpu_proto::demand::{CardDemand, PodDemand};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+impl ClusterState {
+    /// What changed last: equal generations, equal map (and `/inspect`).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The map's document: [`ClusterState::inspect`]'s nodes, the generation, and the oldest
+    /// `limit` waiting GPU pods with their reasons (`waitingTotal` counts them all).
+    pub fn map(&mut self, limit: usize) -> serde_json::Value {
+        let mut oldest: Vec<(&String, &super::Waiting)> = self.waiting.iter().collect();
+        oldest.sort_by(|a, b| (&a.1.since, &a.1.key).cmp(&(&b.1.since, &b.1.key)));
+        let total = oldest.len();
+        let chosen: Vec<super::Waiting> = oldest.into_iter().take(limit).map(|(_, w)| w.clone()).collect();
+        let waiting: Vec<serde_json::Value> = chosen
+            .iter()
+            .map(|w| {
+                let (fits, reasons) = self.reasons(&w.demand);
+                serde_json::json!({
+                    "pod": format!("{}/{}", w.key.0, w.key.1), "since": w.since, "asks": asks(&w.demand),
+                    "fitsOn": fits, "reasons": reasons,
+                })
+            })
+            .collect();
+        let mut doc = self.inspect();
+        doc["generation"] = self.generation.into();
+        doc["waiting"] = waiting.into();
+        doc["waitingTotal"] = total.into();
+        doc
+    }
+
+    /// On how many nodes `demand` fits now, and for the others how many give each reason.
+    fn reasons(&mut self, demand: &PodDemand) -> (usize, BTreeMap<&'static str, usize>) {
+        let engine = self.extender.engine_mut();
+        let req = engine_request(demand, &engine.cluster().models);
+        let prepared = engine.prepare(&req);
+        let (mut fits, mut reasons) = (0, BTreeMap::new());
+        for name in self.nodes.keys() {
+            let Some(id) = engine.cluster().id(name) else {
+                *reasons.entry("node has no nano-gpu inventory").or_insert(0) += 1;
+                continue;
+            };
+            match engine.evaluate_prepared(prepared, &req, id) {
+                Ok(_) => fits += 1,
+                Err(reason) => *reasons.entry(reason.kind()).or_insert(0) += 1,
+            }
+        }
+        (fits, reasons)
+    }
+}
+
+/// What a pod asks, for a person: each slot (`40%`, `8192 MiB`, `2 whole cards`), then the models.
+fn asks(d: &PodDemand) -> String {
+    let mut out = String::new();
+    for (i, s) in d.slots.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" + ");
+        }
+        let _ = match s.demand {
+            CardDemand::Share { percent: Some(p), memory: Some(m) } => write!(out, "{}% {} MiB", p.0, m.0),
+            CardDemand::Share { percent: Some(p), memory: None } => write!(out, "{}%", p.0),
+            CardDemand::Share { percent: None, memory: Some(m) } => write!(out, "{} MiB", m.0),
+            CardDemand::Share { percent: None, memory: None } => write!(out, "a share"),
+            CardDemand::Whole { cards: 1, .. } => write!(out, "1 whole card"),
+            CardDemand::Whole { cards, .. } => write!(out, "{cards} whole cards"),
+        };
+    }
+    if !d.models.is_empty() {
+        let _ = write!(out, " of {}", d.models.join(" or "));
+    }
+    out
+}
