@@ -4,7 +4,8 @@
 # Needs ../shared beside the repository (the openb trace), or NANO_GPU_SHARED pointing at it, Go
 # (to build upstream etcd and Kubernetes from the Go module proxy), and for the real-node tests root
 # with Debian's containerd, runc, containernetworking-plugins, iptables, conntrack, busybox-static and
-# chromium-headless-shell (the GPU map's browser test) (.ci/run installs them).
+# chromium-headless-shell (the GPU map's browser test) and prometheus (the monitoring kit's test)
+# (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,12 +7,10 @@
 //! whoever sees it must be allowed to (`kubectl port-forward` to the allocator pod, which the API
 //! server authorizes), as operators reach a dashboard.
 
-use crate::binder::Binder;
-use crate::server::Shared;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use crate::state::ClusterState;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// The oldest waiting pods the map lists with their reasons (each is judged against every node).
 pub const WAITING_SHOWN: usize = 200;
@@ -32,16 +30,14 @@ pub async fn script() -> Response {
         .into_response()
 }
 
-/// `GET /map/data`: the map's document ([`crate::state::ClusterState::map`]) with the view's
-/// generation as its ETag; `304` when the caller has that generation already.
-pub async fn data<B: Binder>(State(s): State<Arc<Shared<B>>>, headers: HeaderMap) -> Response {
-    let mut view = s.state();
+/// `GET /map/data` over `view`: the map's document ([`ClusterState::map`]) with the view's
+/// generation as its ETag; `304` when the caller has that generation already (`if_none_match`).
+pub fn data(view: &mut ClusterState, if_none_match: Option<&HeaderValue>) -> Response {
     let etag = etag(view.generation());
-    if headers.get(header::IF_NONE_MATCH).is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
+    if if_none_match.is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
         return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
     }
     let doc = view.map(WAITING_SHOWN);
-    drop(view);
     match serde_json::to_vec(&doc) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json".to_owned()), (header::ETAG, etag)], body)
             .into_response(),

@@ -1,7 +1,7 @@
 //! Prometheus text metrics: decisions by verb and result, latency histograms per verb, and per-card
 //! allocated percent and memory (read from the cluster view at scrape time).
 
-use nano_gpu_engine::model::Cluster;
+use nano_gpu_engine::engine::Engine;
 use nano_gpu_proto::units::Percent;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,8 +63,9 @@ impl Metrics {
         v.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text.
-    pub fn render(&self, cluster: &Cluster) -> String {
+    /// The exposition text: the calls, each card's allocation, and `view`'s gauges.
+    pub fn render(&self, engine: &Engine, view: &ViewGauges) -> String {
+        let cluster = engine.cluster();
         let mut out = String::new();
         let _ = writeln!(out, "# HELP nano_gpu_decisions_total Extender calls by verb and result.");
         let _ = writeln!(out, "# TYPE nano_gpu_decisions_total counter");
@@ -120,18 +121,51 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "nano_gpu_card_allocated_memory_mib{{{labels}}} {}",
-                    c.mem_total.saturating_sub(c.mem_free)
+                    c.mem_total.saturating_sub(c.mem_free).0
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "# HELP nano_gpu_node_fragmentation_percent GPU (percent of a card) the expected workload could not use on the node, the measure the policy places by."
+        );
+        let _ = writeln!(out, "# TYPE nano_gpu_node_fragmentation_percent gauge");
+        for n in cluster.nodes().iter().filter(|n| n.schedulable) {
+            let frag = engine.workload().frag_now(n);
+            let _ = writeln!(out, "nano_gpu_node_fragmentation_percent{{node=\"{}\"}} {frag:.1}", n.name);
+        }
+        let _ = writeln!(out, "# HELP nano_gpu_allocator_leading 1 when this replica decides, else 0.");
+        let _ = writeln!(out, "# TYPE nano_gpu_allocator_leading gauge");
+        let _ = writeln!(out, "nano_gpu_allocator_leading {}", u8::from(view.leading));
+        let _ = writeln!(out, "# HELP nano_gpu_pods_waiting GPU pods pending without an assignment.");
+        let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting gauge");
+        let _ = writeln!(out, "nano_gpu_pods_waiting {}", view.waiting);
+        let _ = writeln!(
+            out,
+            "# HELP nano_gpu_pods_waiting_oldest_seconds Age of the oldest waiting GPU pod (0 when none waits)."
+        );
+        let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting_oldest_seconds gauge");
+        let _ = writeln!(out, "nano_gpu_pods_waiting_oldest_seconds {}", view.oldest_waiting_seconds);
         out
     }
+}
+
+/// What the view says beside the cards: whether this replica decides, and the GPU pods waiting (a
+/// count and an age: the public metrics name no pod).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ViewGauges {
+    /// This replica decides now.
+    pub leading: bool,
+    /// GPU pods pending without an assignment.
+    pub waiting: usize,
+    /// Age of the oldest of them, in seconds.
+    pub oldest_waiting_seconds: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nano_gpu_engine::model::{Card, ModelId, Node};
+    use nano_gpu_engine::model::{Card, Cluster, ModelId, Node};
     use nano_gpu_proto::units::MiB;
 
     #[test]
@@ -144,7 +178,13 @@ mod tests {
         card.free = Percent(70);
         card.mem_free = MiB(400);
         c.add_node(Node::new("n1", 1, 1, vec![card])).unwrap();
-        let text = m.render(&c);
+        let mut engine = Engine::new(
+            Cluster::new(),
+            nano_gpu_engine::policy::by_name("fgd", 0).unwrap(),
+            Default::default(),
+        );
+        *engine.cluster_mut() = c;
+        let text = m.render(&engine, &ViewGauges { leading: true, waiting: 2, oldest_waiting_seconds: 90 });
         assert!(text.contains("nano_gpu_decisions_total{verb=\"filter\",result=\"ok\"} 1"), "{text}");
         assert!(text.contains("nano_gpu_decisions_total{verb=\"bind\",result=\"error\"} 1"));
         assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"filter\",le=\"0.0005\"} 0"));
@@ -152,7 +192,17 @@ mod tests {
         assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"bind\",le=\"+Inf\"} 1"));
         assert!(text.contains("nano_gpu_card_allocated_percent{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 30"));
         assert!(
-            text.contains("nano_gpu_card_allocated_memory_mib{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 600")
+            text.contains("nano_gpu_card_allocated_memory_mib{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 600\n")
         );
+        // Every sample line is `name{labels} number` and nothing more (Prometheus refused the
+        // whole scrape over a "600 MiB").
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap_or_default();
+            assert!(!series.contains(' ') && value.parse::<f64>().is_ok(), "not a sample: {line}");
+        }
+        assert!(text.contains("nano_gpu_node_fragmentation_percent{node=\"n1\"} 0.0"), "{text}");
+        assert!(text.contains("nano_gpu_allocator_leading 1\n"), "{text}");
+        assert!(text.contains("nano_gpu_pods_waiting 2\n"), "{text}");
+        assert!(text.contains("nano_gpu_pods_waiting_oldest_seconds 90\n"), "{text}");
     }
 }

@@ -10,12 +10,12 @@ use crate::admission::Admission;
 use crate::bind::{self, NOT_LEADER};
 use crate::binder::Binder;
 use crate::leader::Leadership;
-use crate::metrics::{Metrics, Verb};
+use crate::metrics::{Metrics, Verb, ViewGauges};
 use crate::state::{ClusterState, SharedView};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
@@ -93,7 +93,7 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/inspect", get(inspect::<B>))
         .route("/map", get(crate::map::page))
         .route("/map/app.js", get(crate::map::script))
-        .route("/map/data", get(crate::map::data::<B>))
+        .route("/map/data", get(map_data::<B>))
         .with_state(shared.clone())
         .merge(public_router(shared))
 }
@@ -274,9 +274,17 @@ async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
     let text = {
         let state = s.state();
-        s.metrics.render(state.extender().engine().cluster())
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let (waiting, oldest_waiting_seconds) = state.waiting_now(now);
+        let gauges = ViewGauges { leading: s.leader.is_leader(), waiting, oldest_waiting_seconds };
+        s.metrics.render(state.extender().engine(), &gauges)
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn map_data<B: Binder>(State(s): State<Arc<Shared<B>>>, headers: HeaderMap) -> Response {
+    crate::map::data(&mut s.state(), headers.get(header::IF_NONE_MATCH))
 }
 
 async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {

@@ -88,12 +88,14 @@ pub struct ClusterState {
     generation: u64,
 }
 
-/// A pending GPU pod: its name, what it asks, since when (its creation, RFC 3339).
+/// A pending GPU pod: its name, what it asks, since when (its creation, RFC 3339 and in seconds
+/// since the epoch).
 #[derive(Clone, Debug)]
 struct Waiting {
     key: (String, String),
     demand: nano_gpu_proto::demand::PodDemand,
     since: String,
+    created: Option<i64>,
 }
 
 /// The view as the service shares it: the watches write to it, the handlers decide on it, one at a

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod fake_api;
 pub mod fake_kubelet;
 pub mod http_client;
+pub mod monitoring;
 pub mod variants;
 
 use std::path::PathBuf;

@@ -18,6 +18,7 @@ use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{
     Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running, wait_until,
 };
+use nano_gpu_tests::monitoring::{self, Prometheus};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -151,6 +152,46 @@ async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>) {
     browser.wait_for("live-10 on the map", &on_card(&uuid, "e2e/live-10"), Duration::from_secs(15)).await;
     assert_eq!(browser.eval("window.notReloaded === true").await, json!(true), "the page reloaded");
     pods.delete("live-10", &DeleteParams::default()).await.unwrap();
+}
+
+/// Debian's Prometheus with the monitoring kit (see `nano_gpu_tests::monitoring`), scraping every 2 s:
+/// the three agents and two allocator replicas are up, every dashboard query returns data, every
+/// metric the alerts read has series, and the alert rules pass their own unit tests.
+async fn monitoring_kit_on_a_real_prometheus(cluster: &Cluster, client: &kube::Client) -> Prometheus {
+    let rules = std::process::Command::new("promtool")
+        .args(["test", "rules", "alerts_test.yml"])
+        .current_dir(monitoring::kit())
+        .output()
+        .expect("promtool (Debian's prometheus)");
+    assert!(rules.status.success(), "promtool test rules: {}", String::from_utf8_lossy(&rules.stdout));
+    let prometheus = Prometheus::start(cluster, client, &cluster.path("prometheus"), "2s").await;
+    let start = std::time::Instant::now();
+    loop {
+        let targets = prometheus.api(cluster, "targets", &[]).unwrap_or_default();
+        let active = targets["activeTargets"].as_array().cloned().unwrap_or_default();
+        let up =
+            |job: &str| active.iter().filter(|t| t["labels"]["job"] == job && t["health"] == "up").count();
+        if (up("nano-gpu-agent"), up("nano-gpu-allocator")) == (3, 2) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "every agent and allocator scraped within 60 s: {active:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (exprs, metrics) = monitoring::queries();
+    assert!(exprs.len() >= 10 && metrics.len() >= 5, "{exprs:?} {metrics:?}");
+    for expr in exprs.iter().chain(&metrics) {
+        wait_until(&format!("data for {expr}"), Duration::from_secs(60), || async {
+            !prometheus.query(cluster, expr).is_empty()
+        })
+        .await;
+    }
+    // One decider among the replicas, as the allocator says.
+    let leading = prometheus.query(cluster, "sum(nano_gpu_allocator_leading)");
+    assert_eq!(leading[0]["value"][1], "1", "{leading:?}");
+    prometheus
 }
 
 /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`) on PATH,
@@ -294,6 +335,11 @@ async fn the_system_works_on_real_nodes() {
             "{row}"
         );
     }
+
+    // The monitoring kit (deploy/monitoring/) on Debian's Prometheus: every agent and allocator
+    // scraped, every query of the dashboard and every metric of the alerts with data. It keeps
+    // running: the overrun below must fire its alert.
+    let prometheus = monitoring_kit_on_a_real_prometheus(&cluster, &client).await;
 
     // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
     // cluster admin's, is refused with the reason, on a new pod and on a running one.
@@ -619,6 +665,16 @@ async fn the_system_works_on_real_nodes() {
         !list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrun")),
         "use-30 is within its grant"
     );
+    // The kit's alert fires for the hog, not for its neighbour.
+    wait_until("the NanoGpuMemoryOverrun alert", Duration::from_secs(60), || async {
+        let firing =
+            prometheus.query(&cluster, r#"ALERTS{alertname="NanoGpuMemoryOverrun",alertstate="firing"}"#);
+        let pods: Vec<&str> = firing.iter().filter_map(|a| a["metric"]["pod"].as_str()).collect();
+        assert!(!pods.contains(&"use-30"), "{firing:?}");
+        pods == ["hog-10"]
+    })
+    .await;
+    drop(prometheus);
     // The agent marks the hog (nano-gpu/overrun: label and annotation), not its neighbour; the
     // allocator's eviction of it is refused by its PodDisruptionBudget and said in an Event; once
     // the budget is gone the hog is evicted and its neighbour runs on.

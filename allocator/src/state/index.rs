@@ -245,8 +245,10 @@ impl ClusterState {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let since = pod.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
-        self.waiting.insert(uid, Waiting { key, demand, since });
+        let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let since = created.map(|t| t.to_string()).unwrap_or_default();
+        let created = created.map(|t| t.as_second());
+        self.waiting.insert(uid, Waiting { key, demand, since, created });
         self.generation += 1;
     }
 

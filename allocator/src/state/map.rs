@@ -14,6 +14,14 @@ impl ClusterState {
         self.generation
     }
 
+    /// How many GPU pods wait, and the age in seconds of the oldest at `now` (seconds since the
+    /// epoch; 0 when none waits or none says when it was created).
+    pub fn waiting_now(&self, now: u64) -> (usize, u64) {
+        let oldest = self.waiting.values().filter_map(|w| w.created).min();
+        let age = oldest.map_or(0, |t| u64::try_from(t).map_or(0, |t| now.saturating_sub(t)));
+        (self.waiting.len(), age)
+    }
+
     /// The map's document: [`ClusterState::inspect`]'s nodes, the generation, and the oldest
     /// `limit` waiting GPU pods with their reasons (`waitingTotal` counts them all).
     pub fn map(&mut self, limit: usize) -> serde_json::Value {
