@@ -180,6 +180,9 @@ import_images() {
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
 #     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator;
 #   - the allocator evicts pods over their GPU memory grant (NANO_GPU_EVICT_OVERRUNS=true, opt-in);
+#   - the allocator reads the cards' load every 2 s from a Prometheus on the control plane's address
+#     (NANO_GPU_PROMETHEUS_URL, port 19090): the end-to-end test runs one there for a while; the rest
+#     of the time none answers, and placement is the policy's alone;
 #   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest).
 install_nano_gpu() {
   local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
@@ -191,7 +194,8 @@ install_nano_gpu() {
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
-    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib NANO_GPU_EVICT_OVERRUNS=true -o yaml |
+    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib NANO_GPU_EVICT_OVERRUNS=true \
+      "NANO_GPU_PROMETHEUS_URL=http://$CP_IP:19090" NANO_GPU_LOAD_REFRESH_SECONDS=2 NANO_GPU_LOAD_STALE_SECONDS=10 -o yaml |
     scheduler_version | kubectl apply -f - >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done

@@ -164,18 +164,21 @@ impl Extender {
         let Some(Ok((_, req))) = pod.map(|p| self.request(p)) else {
             return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
         };
-        // Per candidate: (score, tiebreak, rank in the node order), if it fits.
-        type Value = (f64, [f64; 2], u32);
+        // Per candidate: (score, tiebreak, load of its chosen cards, rank in the node order), if it
+        // fits; ordered as `Engine::decide` orders them.
+        type Value = (f64, [f64; 2], Option<f64>, u32);
         let mut scored: Vec<(N, Option<Value>)> = Vec::with_capacity(names.len());
         let prepared = self.engine.prepare(&req);
+        let reading = self.engine.load().is_some();
         for name in names {
             let value = self.engine.cluster().id(name.as_ref()).and_then(|id| {
                 let rank = self.order.rank(id);
-                self.engine
-                    .evaluate_prepared(prepared, &req, id)
-                    .as_ref()
-                    .ok()
-                    .map(|e| (e.score, e.tiebreak, rank))
+                let eval = self.engine.evaluate_prepared(prepared, &req, id).as_ref().ok()?;
+                let (score, tiebreak, grants) =
+                    (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone()));
+                let busy =
+                    grants.and_then(|g| self.engine.load()?.of_grants(self.engine.cluster().node(id), &g));
+                Some((score, tiebreak, busy, rank))
             });
             scored.push((name, value));
         }
@@ -185,7 +188,11 @@ impl Extender {
             .filter_map(|(i, (_, v))| v.map(|v| (i, v)))
             .max_by(|(_, a), (_, b)| {
                 let tie = |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
-                a.0.total_cmp(&b.0).then(tie(&a.1, &b.1)).then(b.2.cmp(&a.2))
+                let idle = match (a.2, b.2) {
+                    (Some(x), Some(y)) => y.total_cmp(&x),
+                    _ => std::cmp::Ordering::Equal,
+                };
+                a.0.total_cmp(&b.0).then(tie(&a.1, &b.1)).then(idle).then(b.3.cmp(&a.3))
             })
             .map(|(i, _)| i);
         let (lo, hi) = scored
@@ -213,10 +220,14 @@ impl Extender {
         let (demand, req) = self.request(pod).map_err(BindError::Invalid)?;
         let id = self.engine.cluster().id(node).ok_or_else(|| BindError::UnknownNode(node.to_owned()))?;
         let no_longer = |reason: String| BindError::NoLongerFits { node: node.to_owned(), reason };
-        let grants = match self.engine.evaluate(&req, id) {
+        let mut grants = match self.engine.evaluate(&req, id) {
             Ok(eval) => eval.grants.clone(),
             Err(reason) => return Err(no_longer(reason.to_string())),
         };
+        // Among cards the policy cannot tell apart, the less busy (with a fresh load reading).
+        if let Some(load) = self.engine.load() {
+            load.prefer_idle(self.engine.cluster().node(id), &mut grants);
+        }
         self.engine.commit(&req, id, &grants).map_err(|e| no_longer(e.to_string()))?;
         let cards = &self.engine.cluster().node(id).cards;
         let mut containers = BTreeMap::new();

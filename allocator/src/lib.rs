@@ -16,6 +16,7 @@
 //! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
 //!   memory grant;
 //! - [`map`]: the GPU map page and its live data, on the loopback listener with `/inspect`;
+//! - [`load`]: with `--prometheus-url`, each card's real utilisation for the engine's last tie rule;
 //! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
 //!   [`metrics`] renders the Prometheus text.
 //!
@@ -33,6 +34,7 @@ pub mod evict;
 pub mod extender;
 pub mod inspect;
 pub mod leader;
+pub mod load;
 pub mod map;
 pub mod metrics;
 pub mod server;

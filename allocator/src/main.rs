@@ -101,6 +101,16 @@ struct ServeArgs {
     /// Address of the HTTPS endpoint: the admission webhook, probes and metrics.
     #[arg(long, env = "NANO_GPU_TLS_LISTEN")]
     tls_listen: Option<std::net::SocketAddr>,
+    /// Address of the extender's verbs over HTTPS with client certificates, for a kube-scheduler
+    /// outside this pod (the cluster's default scheduler calling this extender): the serving
+    /// certificate of `--tls-listen`, and only clients whose certificate `--extender-client-ca`
+    /// signed.
+    #[arg(long, env = "NANO_GPU_EXTENDER_TLS_LISTEN", requires = "extender_client_ca")]
+    extender_tls_listen: Option<std::net::SocketAddr>,
+    /// CA (PEM) of the client certificates `--extender-tls-listen` accepts: one that signs nothing
+    /// but kube-scheduler's extender client certificate.
+    #[arg(long, env = "NANO_GPU_EXTENDER_CLIENT_CA", requires = "extender_tls_listen")]
+    extender_client_ca: Option<PathBuf>,
     /// Mounted serving certificate (PEM); re-read when it changes. Without it every replica serves the
     /// certificate of the Secret `--tls-secret` (created by the first replica, renewed before it ends).
     #[arg(long, env = "NANO_GPU_TLS_CERT", requires = "tls_key")]
@@ -128,6 +138,17 @@ struct ServeArgs {
     /// does. Off: overruns get Events, metrics and the mark, nothing more.
     #[arg(long, env = "NANO_GPU_EVICT_OVERRUNS")]
     evict_overruns: bool,
+    /// Prometheus (`http://host:port`) scraping the agents: each card's recent utilisation breaks
+    /// the policy's ties (equal nodes, identical cards) toward the less busy. Absent, slow or
+    /// stale: placement is exactly the policy's.
+    #[arg(long, env = "NANO_GPU_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
+    /// How often the card load is read.
+    #[arg(long, env = "NANO_GPU_LOAD_REFRESH_SECONDS", default_value_t = 15)]
+    load_refresh_seconds: u64,
+    /// A load reading older than this is dropped.
+    #[arg(long, env = "NANO_GPU_LOAD_STALE_SECONDS", default_value_t = 60)]
+    load_stale_seconds: u64,
     /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
@@ -293,6 +314,15 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             tracing::info!("evicting pods marked as over their GPU memory grant");
             tokio::spawn(evictor.run());
         }
+        if let Some(url) = args.prometheus_url.clone() {
+            let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));
+            tokio::spawn(nano_gpu_allocator::load::follow(
+                url,
+                shared.view.clone(),
+                std::time::Duration::from_secs(every),
+                std::time::Duration::from_secs(stale),
+            ));
+        }
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -310,7 +340,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 }
             });
         }
-        if let Some(addr) = args.tls_listen {
+        if args.tls_listen.is_some() || args.extender_tls_listen.is_some() {
             use nano_gpu_allocator::tls;
             let certs = match (&args.tls_cert, &args.tls_key) {
                 (Some(cert), Some(key)) => std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone())?),
@@ -325,9 +355,18 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                     certs
                 }
             };
-            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
-            tracing::info!(listen = %addr, "serving HTTPS (the webhook, probes and metrics)");
-            tokio::spawn(tls::serve(listener, public, certs));
+            if let Some(addr) = args.tls_listen {
+                let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+                tracing::info!(listen = %addr, "serving HTTPS (the webhook, probes and metrics)");
+                tokio::spawn(tls::serve(listener, public, certs.clone(), None));
+            }
+            if let (Some(addr), Some(ca)) = (args.extender_tls_listen, &args.extender_client_ca) {
+                let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+                let clients = tls::client_verifier(&pem)?;
+                let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+                tracing::info!(listen = %addr, "serving the scheduler extender over HTTPS to clients with a certificate");
+                tokio::spawn(tls::serve(listener, app.clone(), certs, Some(clients)));
+            }
         }
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown(election)) => served.context("serving HTTP")?,

@@ -146,6 +146,12 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting_oldest_seconds gauge");
         let _ = writeln!(out, "nano_gpu_pods_waiting_oldest_seconds {}", view.oldest_waiting_seconds);
+        let _ = writeln!(
+            out,
+            "# HELP nano_gpu_load_cards Cards with a fresh utilisation reading breaking placement ties (0: none, --prometheus-url unset or stale)."
+        );
+        let _ = writeln!(out, "# TYPE nano_gpu_load_cards gauge");
+        let _ = writeln!(out, "nano_gpu_load_cards {}", view.load_cards);
         out
     }
 }
@@ -160,6 +166,8 @@ pub struct ViewGauges {
     pub waiting: usize,
     /// Age of the oldest of them, in seconds.
     pub oldest_waiting_seconds: u64,
+    /// Cards with a fresh load reading.
+    pub load_cards: usize,
 }
 
 #[cfg(test)]
@@ -184,7 +192,10 @@ mod tests {
             Default::default(),
         );
         *engine.cluster_mut() = c;
-        let text = m.render(&engine, &ViewGauges { leading: true, waiting: 2, oldest_waiting_seconds: 90 });
+        let text = m.render(
+            &engine,
+            &ViewGauges { leading: true, waiting: 2, oldest_waiting_seconds: 90, load_cards: 3 },
+        );
         assert!(text.contains("nano_gpu_decisions_total{verb=\"filter\",result=\"ok\"} 1"), "{text}");
         assert!(text.contains("nano_gpu_decisions_total{verb=\"bind\",result=\"error\"} 1"));
         assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"filter\",le=\"0.0005\"} 0"));
@@ -204,5 +215,6 @@ mod tests {
         assert!(text.contains("nano_gpu_allocator_leading 1\n"), "{text}");
         assert!(text.contains("nano_gpu_pods_waiting 2\n"), "{text}");
         assert!(text.contains("nano_gpu_pods_waiting_oldest_seconds 90\n"), "{text}");
+        assert!(text.contains("nano_gpu_load_cards 3\n"), "{text}");
     }
 }

@@ -277,7 +277,9 @@ async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let (waiting, oldest_waiting_seconds) = state.waiting_now(now);
-        let gauges = ViewGauges { leading: s.leader.is_leader(), waiting, oldest_waiting_seconds };
+        let load_cards = state.load_cards();
+        let gauges =
+            ViewGauges { leading: s.leader.is_leader(), waiting, oldest_waiting_seconds, load_cards };
         s.metrics.render(state.extender().engine(), &gauges)
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

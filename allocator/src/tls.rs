@@ -1,6 +1,8 @@
 //! HTTPS for the webhook and the extender: mounted certificate files that are re-read when they
 //! change, or one certificate shared by every replica through a Secret ([`secret`]), whose CA bundle
-//! goes into the webhook configuration's `caBundle`.
+//! goes into the webhook configuration's `caBundle`. The extender's verbs over HTTPS (for a
+//! kube-scheduler in another pod) also require a client certificate from a given CA
+//! ([`client_verifier`]).
 
 pub mod secret;
 
@@ -17,7 +19,9 @@ use std::time::SystemTime;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 /// A certificate problem.
 #[derive(Debug, Error)]
@@ -195,8 +199,45 @@ pub async fn publish_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -
     Ok(())
 }
 
-/// Serves `router` over TLS on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, router: Router, certs: Arc<CertSource>) {
+/// A verifier that accepts only client certificates signed by a CA of `ca_pem` (and requires one).
+pub fn client_verifier(ca_pem: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| TlsError::Pem(format!("client CA: {e}")))?;
+        roots.add(cert).map_err(|e| TlsError::Pem(format!("client CA: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Pem("client CA: no CERTIFICATE block".into()));
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| TlsError::Pem(format!("client CA: {e}")))
+}
+
+/// `base` (its certificate and protocols) asking every client for a certificate `clients` accepts.
+fn with_clients(
+    base: &ServerConfig,
+    clients: Arc<dyn ClientCertVerifier>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Pem(e.to_string()))?
+        .with_client_cert_verifier(clients)
+        .with_cert_resolver(base.cert_resolver.clone());
+    config.alpn_protocols = base.alpn_protocols.clone();
+    Ok(Arc::new(config))
+}
+
+/// Serves `router` over TLS on `listener` until the process ends; with `clients`, only to clients
+/// presenting a certificate it accepts (the handshake of any other fails).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    certs: Arc<CertSource>,
+    clients: Option<Arc<dyn ClientCertVerifier>>,
+) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -205,7 +246,17 @@ pub async fn serve(listener: TcpListener, router: Router, certs: Arc<CertSource>
                 continue;
             }
         };
-        let acceptor = TlsAcceptor::from(certs.config());
+        let config = match &clients {
+            None => certs.config(),
+            Some(verifier) => match with_clients(&certs.config(), verifier.clone()) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS with client certificates");
+                    continue;
+                }
+            },
+        };
+        let acceptor = TlsAcceptor::from(config);
         let router = router.clone();
         tokio::spawn(async move {
             let tls = match acceptor.accept(stream).await {
@@ -268,7 +319,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
-        tokio::spawn(serve(listener, router, Arc::new(CertSource::Shared(RwLock::new(config)))));
+        tokio::spawn(serve(listener, router, Arc::new(CertSource::Shared(RwLock::new(config))), None));
 
         let mut roots = RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(g.ca_pem.as_bytes()) {

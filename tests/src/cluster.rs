@@ -181,9 +181,13 @@ impl Cluster {
     }
 
     /// [`Cluster::curl`] from inside the network namespace of the allocator pod `pod` (its loopback
-    /// is where kube-scheduler calls the extender, and where `kubectl port-forward` leads).
+    /// is where kube-scheduler calls the extender, and where `kubectl port-forward` leads). Code 0
+    /// when nothing answered, as while the pod's container is (re)starting and its status names none.
     pub fn curl_in_allocator(&self, pod: &str, url: &str, data: Option<&str>) -> (u16, String) {
-        let (node, id) = self.container("nano-gpu-system", pod, "allocator");
+        let (node, id) = match self.try_container("nano-gpu-system", pod, "allocator") {
+            Ok(found) => found,
+            Err(e) => return (0, format!("no allocator container of {pod} yet: {e}")),
+        };
         let out = script(&["ctr", self.dir.to_str().unwrap(), &node, "tasks", "ps", &id]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let pid = text.lines().nth(1).and_then(|l| l.split_whitespace().next()).unwrap_or_default();
@@ -259,11 +263,7 @@ impl Cluster {
             .ok_or_else(|| format!("{signal} to {namespace}/{pod}/{container} on {node}"))
     }
 
-    /// The node and containerd ID of one container of a pod.
-    fn container(&self, namespace: &str, pod: &str, container: &str) -> (String, String) {
-        self.try_container(namespace, pod, container).unwrap()
-    }
-
+    /// The node and containerd ID of one container of a pod (an error while its status names none).
     fn try_container(&self, namespace: &str, pod: &str, container: &str) -> Result<(String, String), String> {
         let path = format!(
             "jsonpath={{.spec.nodeName}} {{.status.containerStatuses[?(@.name==\"{container}\")].containerID}}"
@@ -433,7 +433,10 @@ impl Cluster {
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(n)..].join("\n")
         };
-        eprintln!("--- pods\n{pods}--- newest events\n{}", tail(&events, 40));
+        // The local kubelets have no cluster DNS: their MissingClusterDNS warnings say nothing here.
+        let telling: String =
+            events.lines().filter(|l| !l.contains("MissingClusterDNS")).map(|l| format!("{l}\n")).collect();
+        eprintln!("--- pods\n{pods}--- newest events\n{}", tail(&telling, 40));
         let _ = std::fs::write(dir.join("pods.txt"), &pods);
         let _ = std::fs::write(dir.join("events.txt"), &events);
         let names = kubectl(&["get", "pods", "-n", "nano-gpu-system", "-o", "name"]);

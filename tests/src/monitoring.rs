@@ -11,8 +11,11 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// Where it listens, inside the cluster's network namespace.
-const LISTEN: &str = "127.0.0.1:19090";
+/// Where it listens, inside the cluster's network namespace: the control plane's address, where the
+/// local cluster's allocators read the cards' load (`hack/cluster.sh`: NANO_GPU_PROMETHEUS_URL).
+fn listen(cluster: &Cluster) -> String {
+    format!("{}:19090", cluster.env["CP_IP"])
+}
 
 /// The monitoring kit in the repository.
 pub fn kit() -> PathBuf {
@@ -68,7 +71,7 @@ impl Prometheus {
             .arg("prometheus")
             .arg(format!("--config.file={}", file.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address={LISTEN}"))
+            .arg(format!("--web.listen-address={}", listen(cluster)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -86,7 +89,7 @@ impl Prometheus {
             extra.push(format!("{k}={v}"));
         }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let (code, body) = cluster.curl(&format!("http://{LISTEN}/api/v1/{path}"), None, &extra);
+        let (code, body) = cluster.curl(&format!("http://{}/api/v1/{path}", listen(cluster)), None, &extra);
         if code == 0 || code == 503 {
             return None;
         }

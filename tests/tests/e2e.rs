@@ -139,16 +139,7 @@ async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>) {
     // Live: a pod created now shows on its card, the page never reloaded.
     browser.eval("window.notReloaded = true").await;
     create(pods, &percent_pod("live-10", 10)).await;
-    let start = std::time::Instant::now();
-    let uuid = loop {
-        let p = pods.get("live-10").await.unwrap();
-        let a = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION).cloned());
-        if let Some(a) = a.and_then(|a| Assignment::decode(&a).ok()) {
-            break a.held().next().unwrap().uuid.clone();
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "live-10 not assigned within 60 s");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let uuid = first_card(pods, "live-10").await;
     browser.wait_for("live-10 on the map", &on_card(&uuid, "e2e/live-10"), Duration::from_secs(15)).await;
     assert_eq!(browser.eval("window.notReloaded === true").await, json!(true), "the page reloaded");
     pods.delete("live-10", &DeleteParams::default()).await.unwrap();
@@ -192,6 +183,68 @@ async fn monitoring_kit_on_a_real_prometheus(cluster: &Cluster, client: &kube::C
     let leading = prometheus.query(cluster, "sum(nano_gpu_allocator_leading)");
     assert_eq!(leading[0]["value"][1], "1", "{leading:?}");
     prometheus
+}
+
+/// Load-aware ties: the local cluster's allocators read the cards' load from the kit's Prometheus
+/// (`hack/cluster.sh`). Of node-3's free V100 cards, all equal for a whole-card pod, the first is
+/// made busy by a process outside any pod (90 % of its SMs, through the fake driver's process
+/// directory); a pod asking a whole V100 gets another of them. Without a reading the policy's
+/// choice is the lowest free card, the busy one (unit-tested in the engine).
+async fn the_busy_card_of_equals_is_avoided(cluster: &Cluster, pods: &Api<Pod>, prometheus: &Prometheus) {
+    let view = cluster.inspect();
+    let node3 = view["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node-3").unwrap().clone();
+    let free: Vec<String> = node3["cards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["percentUsed"] == 0 && c["healthy"] == true)
+        .map(|c| c["uuid"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(free.len() >= 2, "node-3 has {free:?} free");
+    let busy = free[0].clone();
+    let driver = cluster.path("nodes/node-3/var/lib/nano-gpu-fake-driver");
+    let config = cluster.path("busy-card.json");
+    let doc = json!({"cards": [{"uuid": busy}], "processDir": driver.join("procs").display().to_string()});
+    std::fs::write(&config, doc.to_string()).unwrap();
+    let mut hog = std::process::Command::new(nano_gpu_tests::workspace_binary("gpu-use"))
+        .args(["--memory-mib", "0", "--sm", "90"])
+        .env("FAKE_NVML_CONFIG", &config)
+        .spawn()
+        .unwrap();
+    let seen = format!(r#"nano_gpu_card_utilization_percent{{uuid="{busy}"}} >= 90"#);
+    wait_until("the busy card's load in Prometheus", Duration::from_secs(60), || async {
+        !prometheus.query(cluster, &seen).is_empty()
+    })
+    .await;
+    wait_until("every allocator reading the load", Duration::from_secs(60), || async {
+        !prometheus.query(cluster, "min(nano_gpu_load_cards) > 0").is_empty()
+    })
+    .await;
+    // Both replicas read every 2 s: give them one more round with the busy card in it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let v100 = json!({"nano-gpu/gpu-model": "Tesla V100-SXM2-32GB"});
+    create(pods, &gpu_pod("idle-pick", &[("c", &[("nano-gpu/gpu-percent", "100")])], v100)).await;
+    let got = first_card(pods, "idle-pick").await;
+    assert!(got != busy && free.contains(&got), "idle-pick got {got}; busy {busy}, free {free:?}");
+    let _ = hog.kill();
+    let _ = hog.wait();
+    pods.delete("idle-pick", &DeleteParams::default()).await.unwrap();
+    wait_until("idle-pick gone", Duration::from_secs(60), || async { pods.get("idle-pick").await.is_err() })
+        .await;
+}
+
+/// The first card of pod `name`'s assignment, once it has one (within 60 s).
+async fn first_card(pods: &Api<Pod>, name: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let p = pods.get(name).await.unwrap();
+        let a = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION).cloned());
+        if let Some(a) = a.and_then(|a| Assignment::decode(&a).ok()) {
+            return a.held().next().unwrap().uuid.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{name} not assigned within 60 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`) on PATH,
@@ -340,6 +393,7 @@ async fn the_system_works_on_real_nodes() {
     // scraped, every query of the dashboard and every metric of the alerts with data. It keeps
     // running: the overrun below must fire its alert.
     let prometheus = monitoring_kit_on_a_real_prometheus(&cluster, &client).await;
+    the_busy_card_of_equals_is_avoided(&cluster, &pods, &prometheus).await;
 
     // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
     // cluster admin's, is refused with the reason, on a new pod and on a running one.

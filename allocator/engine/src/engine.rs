@@ -8,6 +8,7 @@
 //! values; past that the least recently used shapes are forgotten.
 //! Randomness comes only from the `Rng` the caller passes; remaining ties go to the caller's node order.
 
+use crate::load::Load;
 use crate::model::{Cluster, Grant, ModelError, ModelId, NodeId};
 use crate::policy::{Context, Eval, Policy, Ties};
 use crate::request::{Reason, Request, SlotDemand, host_check};
@@ -171,6 +172,8 @@ pub struct Engine {
     clock: u64,
     /// Cache counters.
     pub stats: CacheStats,
+    /// Real utilisation per card, the last tie rule ([`Load`]); none: the policy's ties alone.
+    load: Option<Load>,
 }
 
 impl Engine {
@@ -188,7 +191,19 @@ impl Engine {
             entries: 0,
             clock: 0,
             stats: CacheStats::default(),
+            load: None,
         }
+    }
+
+    /// The reading of real utilisation that breaks the policy's ties from now on (`None`: none
+    /// does; placement is exactly the policy's). Cached values stay valid: load is never part of one.
+    pub fn set_load(&mut self, load: Option<Load>) {
+        self.load = load;
+    }
+
+    /// The reading in use, if any.
+    pub fn load(&self) -> Option<&Load> {
+        self.load.as_ref()
     }
 
     /// The cluster as it is now.
@@ -369,7 +384,8 @@ impl Engine {
     }
 
     /// The best node among `candidates` (all nodes if `None`): highest score, then tiebreak, then
-    /// the policy's tie rule (node order, or uniform with `rng`).
+    /// the less busy chosen cards (with a [`Load`] reading of all of them), then the policy's tie
+    /// rule (node order, or uniform with `rng`).
     pub fn decide(
         &mut self,
         req: &Request,
@@ -388,38 +404,49 @@ impl Engine {
             }
         };
         let uniform = self.policy.ties() == Ties::Uniform;
-        let mut best: Option<(NodeId, f64, [f64; 2], u32)> = None;
+        // The best so far: node, score, tiebreak, rank, load of its chosen cards.
+        type Best = (NodeId, f64, [f64; 2], u32, Option<f64>);
+        let mut best: Option<Best> = None;
         let mut equal = 0usize;
         let mut failed = Unschedulable { nodes: candidates.len(), reasons: BTreeMap::new() };
+        let reading = self.load.is_some();
         for &node in candidates {
-            match self.evaluate_shape(shape, req, node) {
-                Err(reason) => *failed.reasons.entry(reason.kind().to_owned()).or_default() += 1,
-                Ok(eval) => {
-                    let (score, tiebreak, rank) = (eval.score, eval.tiebreak, order.rank(node));
-                    let better = match best {
-                        None => true,
-                        Some((_, s, t, r)) => {
-                            if score != s {
-                                score > s
-                            } else if tiebreak != t {
-                                tiebreak > t
-                            } else if uniform {
-                                // Reservoir sampling over the equal best, as kube-scheduler's selectHost.
-                                equal += 1;
-                                rng.below(equal) == 0
-                            } else {
-                                rank < r
-                            }
-                        }
-                    };
-                    if better {
-                        let tied = best.is_some_and(|(_, s, t, _)| s == score && t == tiebreak);
-                        if !tied {
-                            equal = 1;
-                        }
-                        best = Some((node, score, tiebreak, rank));
+            let (score, tiebreak, grants) = match self.evaluate_shape(shape, req, node) {
+                Err(reason) => {
+                    *failed.reasons.entry(reason.kind().to_owned()).or_default() += 1;
+                    continue;
+                }
+                Ok(eval) => (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone())),
+            };
+            let busy = grants.and_then(|g| self.load.as_ref()?.of_grants(self.cluster.node(node), &g));
+            let rank = order.rank(node);
+            let better = match best {
+                None => true,
+                Some((_, s, t, r, b)) => {
+                    if score != s {
+                        score > s
+                    } else if tiebreak != t {
+                        tiebreak > t
+                    } else if let (Some(here), Some(there)) = (busy, b)
+                        && here != there
+                    {
+                        here < there
+                    } else if uniform {
+                        // Reservoir sampling over the equal best, as kube-scheduler's selectHost.
+                        equal += 1;
+                        rng.below(equal) == 0
+                    } else {
+                        rank < r
                     }
                 }
+            };
+            if better {
+                let apart = |b: Option<f64>| matches!((busy, b), (Some(x), Some(y)) if x != y);
+                let tied = best.is_some_and(|(_, s, t, _, b)| s == score && t == tiebreak && !apart(b));
+                if !tied {
+                    equal = 1;
+                }
+                best = Some((node, score, tiebreak, rank, busy));
             }
         }
         let Some((node, ..)) = best else {
@@ -463,6 +490,44 @@ mod tests {
 
     fn share(p: u32) -> Request {
         Request::new(1000, 1024, vec![SlotDemand::Share { percent: Some(Percent(p)), mem: None }])
+    }
+
+    #[test]
+    fn load_breaks_only_what_the_policy_leaves_equal() {
+        let reading = |busy: &[(&str, f64)]| {
+            Load::new(busy.iter().map(|&(u, l)| (u.to_owned(), l)).collect::<HashMap<_, _>>())
+        };
+        for name in ["fgd-balance", "fgd", "binpack", "spread", "bestfit"] {
+            let mut e = Engine::new(cluster(3), policy::by_name(name, 0).unwrap(), Workload::default());
+            let order = NodeOrder::identity(3);
+            let req = share(50);
+            let plain = e.decide(&req, None, &order, &mut Rng::new(1)).unwrap();
+            // The nodes are equal: the one whose chosen cards are less busy wins, not the first.
+            let all = [
+                ("n0-g0", 90.0),
+                ("n0-g1", 90.0),
+                ("n1-g0", 5.0),
+                ("n1-g1", 5.0),
+                ("n2-g0", 50.0),
+                ("n2-g1", 50.0),
+            ];
+            e.set_load(Some(reading(&all)));
+            let d = e.decide(&req, None, &order, &mut Rng::new(1)).unwrap();
+            assert_eq!((plain.node, d.node), (NodeId(0), NodeId(1)), "{name}");
+            assert_eq!(d.eval.score, plain.eval.score, "{name}: the value is the policy's");
+            // A card without a reading compares with nothing: the node order decides again.
+            e.set_load(Some(reading(&all[2..])));
+            assert_eq!(e.decide(&req, None, &order, &mut Rng::new(1)).unwrap().node, NodeId(0), "{name}");
+            e.set_load(None);
+            assert_eq!(e.decide(&req, None, &order, &mut Rng::new(1)).unwrap(), plain, "{name}");
+        }
+        // Load never beats the policy's value: with n1 half full, binpack takes n1 however busy.
+        let mut e = Engine::new(cluster(2), policy::by_name("binpack", 0).unwrap(), Workload::default());
+        let req = share(50);
+        e.commit(&req, NodeId(1), &[Grant { slot: 0, card: 0, percent: Percent(50), mem: MiB(7680) }])
+            .unwrap();
+        e.set_load(Some(reading(&[("n0-g0", 0.0), ("n0-g1", 0.0), ("n1-g0", 100.0), ("n1-g1", 100.0)])));
+        assert_eq!(e.decide(&req, None, &NodeOrder::identity(2), &mut Rng::new(1)).unwrap().node, NodeId(1));
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //! - [`policy`]: how candidates are scored (binpack, spread, random, bestfit, fgd, fgd-balance).
 //! - [`workload`]: the typical requests of the workload, which the FGD policies measure against.
 //! - [`engine`]: evaluation with a per-node cache, commit and release, node order for ties.
+//! - [`load`]: real utilisation per card as the last tie rule, when the caller has a fresh reading.
 //! - [`trace`], [`replay`]: the openb trace format and one replay of it with the FGD paper's method.
 //!
 //! This crate depends on no async runtime, Kubernetes client or server framework;
 //! `tests/purity.rs` fails if one is added.
 
 pub mod engine;
+pub mod load;
 pub mod model;
 pub mod policy;
 pub mod replay;

@@ -14,6 +14,16 @@ impl ClusterState {
         self.generation
     }
 
+    /// The engine's card-load reading from now on (`None`: none, placement exactly the policy's).
+    pub fn set_load(&mut self, load: Option<nano_gpu_engine::load::Load>) {
+        self.extender.engine_mut().set_load(load);
+    }
+
+    /// How many cards the load reading in use covers (0 without one).
+    pub fn load_cards(&self) -> usize {
+        self.extender.engine().load().map_or(0, |l| l.len())
+    }
+
     /// How many GPU pods wait, and the age in seconds of the oldest at `now` (seconds since the
     /// epoch; 0 when none waits or none says when it was created).
     pub fn waiting_now(&self, now: u64) -> (usize, u64) {

@@ -1,0 +1,89 @@
+//! The extender over HTTPS with client certificates (`--extender-tls-listen`), over real sockets: a
+//! client with a certificate the configured CA signed gets answers; one without a certificate, or
+//! with one another CA signed, gets none.
+
+use nano_gpu_allocator::binder::KubeBinder;
+use nano_gpu_allocator::state::ClusterState;
+use nano_gpu_allocator::{server, tls};
+use nano_gpu_engine::engine::Engine;
+use nano_gpu_engine::model::Cluster;
+use nano_gpu_engine::policy;
+use nano_gpu_proto::demand::DemandOptions;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::sync::{Arc, RwLock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+/// `GET /inspect` over TLS to `addr`, trusting `server_ca`, presenting `client` (cert, key) if any;
+/// the first line of the answer, or why there was none.
+async fn inspect(
+    addr: std::net::SocketAddr,
+    server_ca: &str,
+    client: Option<(&str, &str)>,
+) -> Result<String, String> {
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(server_ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<_, _>>().unwrap();
+            builder
+                .with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap())
+                .unwrap()
+        }
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let ask = tls.write_all(b"GET /inspect HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await;
+    ask.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer);
+    text.lines().next().map(str::to_owned).filter(|l| !l.is_empty()).ok_or_else(|| "no answer".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender() {
+    // The serving certificate (as the Secret would hold it), the scheduler's client CA and
+    // certificate, and a stranger's.
+    let serving = tls::generate(&["localhost".into()], None).unwrap();
+    let scheduler = tls::generate(&["kube-scheduler".into()], None).unwrap();
+    let stranger = tls::generate(&["kube-scheduler".into()], None).unwrap();
+    let config = tls::server_config(serving.cert_pem.as_bytes(), serving.key_pem.as_bytes()).unwrap();
+    let certs = Arc::new(tls::CertSource::Shared(RwLock::new(config)));
+    let clients = tls::client_verifier(scheduler.ca_pem.as_bytes()).unwrap();
+
+    let engine =
+        Engine::new(Cluster::new(), policy::by_name(policy::DEFAULT, 0).unwrap(), Default::default());
+    let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let shared =
+        server::Shared::new(ClusterState::new(engine, 0, DemandOptions::default()), KubeBinder::new(client));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tls::serve(listener, server::router(shared), certs, Some(clients)));
+
+    let ca = serving.ca_pem.as_str();
+    let answer = inspect(addr, ca, Some((&scheduler.cert_pem, &scheduler.key_pem))).await;
+    assert_eq!(answer.as_deref(), Ok("HTTP/1.1 200 OK"), "the scheduler's certificate");
+    for (who, client) in [
+        ("no certificate", None),
+        ("another CA's certificate", Some((&stranger.cert_pem, &stranger.key_pem))),
+    ] {
+        let answer = inspect(addr, ca, client.map(|(c, k)| (c.as_str(), k.as_str()))).await;
+        assert!(answer.is_err(), "{who} got {answer:?}");
+    }
+    // A CA file without a certificate is refused at start, with the reason.
+    let err = tls::client_verifier(b"not a certificate").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("client CA"), "{err}");
+}
