@@ -7,6 +7,7 @@ use base64::Engine as _;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -53,6 +54,8 @@ impl Browser {
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
+            // Its own process group: the browser's helpers (zygotes, GPU, network) go with it.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -153,9 +156,16 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // The whole group: killing the first process alone leaves its helpers running, and writing
+        // into the profile while it is removed.
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.profile);
+        for _ in 0..10 {
+            if std::fs::remove_dir_all(&self.profile).is_ok() || !self.profile.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
