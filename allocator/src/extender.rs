@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::{Engine, NodeOrder};
 use nano_gpu_engine::model::Grant;
 use nano_gpu_engine::model::{ModelId, Models, NodeId};
-use nano_gpu_engine::request::{Request, SlotDemand};
+use nano_gpu_engine::request::{Reason, Request, SlotDemand};
 use nano_gpu_proto::annotations::{Assignment, CardGrant};
 use nano_gpu_proto::demand::{CardDemand, DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::extender::{
@@ -126,26 +126,38 @@ impl Extender {
             }
         };
         let mut passed = Vec::with_capacity(names.len());
-        let prepared = self.engine.prepare(&req);
-        for name in names {
-            let Some(id) = self.engine.cluster().id(name.as_ref()) else {
-                result
-                    .failed_and_unresolvable_nodes
-                    .insert(name, "node has no nano-gpu inventory".to_owned());
-                continue;
-            };
-            match self.engine.evaluate_prepared(prepared, &req, id) {
-                Ok(_) => passed.push(name),
-                Err(reason) if reason.unresolvable() => {
-                    result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
-                }
-                Err(reason) => {
-                    result.failed_nodes.insert(name, reason.to_string());
-                }
+        self.judge(&req, names, |name, judged| match judged {
+            Ok(()) => passed.push(name),
+            Err(None) => {
+                result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned());
             }
-        }
+            Err(Some(reason)) if reason.unresolvable() => {
+                result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
+            }
+            Err(Some(reason)) => {
+                result.failed_nodes.insert(name, reason.to_string());
+            }
+        });
         result.node_names = Some(passed);
         result
+    }
+
+    /// Each of `names` judged for `req` as the filter judges it, handed to `each`: fits (`Ok`), has
+    /// no nano-gpu inventory (`Err(None)`, [`NO_INVENTORY`]), or does not fit for a reason.
+    pub fn judge<N: AsRef<str>>(
+        &mut self,
+        req: &Request,
+        names: impl IntoIterator<Item = N>,
+        mut each: impl FnMut(N, Result<(), Option<&Reason>>),
+    ) {
+        let prepared = self.engine.prepare(req);
+        for name in names {
+            let Some(id) = self.engine.cluster().id(name.as_ref()) else {
+                each(name, Err(None));
+                continue;
+            };
+            each(name, self.engine.evaluate_prepared(prepared, req, id).as_ref().map(|_| ()).map_err(Some));
+        }
     }
 
     /// `POST /prioritize`: 10 for the node the engine would choose, 0..=9 for the others.
@@ -176,8 +188,7 @@ impl Extender {
                 let eval = self.engine.evaluate_prepared(prepared, &req, id).as_ref().ok()?;
                 let (score, tiebreak, grants) =
                     (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone()));
-                let busy =
-                    grants.and_then(|g| self.engine.load()?.of_grants(self.engine.cluster().node(id), &g));
+                let busy = grants.and_then(|g| self.engine.busy(id, &g));
                 Some((score, tiebreak, busy, rank))
             });
             scored.push((name, value));
@@ -258,6 +269,9 @@ impl Extender {
         Ok(Bound { node: id, assignment, req, grants })
     }
 }
+
+/// The filter's reason for a node no agent published cards for.
+pub const NO_INVENTORY: &str = "node has no nano-gpu inventory";
 
 /// The engine's request for a pod's demand; model names unknown to `models` match nothing.
 pub fn engine_request(d: &PodDemand, models: &Models) -> Request {

@@ -198,6 +198,16 @@ impl ClusterState {
         &self.extender
     }
 
+    /// The engine's card-load reading from now on (`None`: none, placement exactly the policy's).
+    pub fn set_load(&mut self, load: Option<nano_gpu_engine::load::Load>) {
+        self.extender.engine_mut().set_load(load);
+    }
+
+    /// How many cards the load reading in use covers (0 without one).
+    pub fn load_cards(&self) -> usize {
+        self.extender.engine().load().map_or(0, |l| l.len())
+    }
+
     /// Warnings raised since the last call.
     pub fn take_warnings(&mut self) -> Vec<Warning> {
         std::mem::take(&mut self.warnings)

@@ -90,9 +90,7 @@ async fn the_map_stays_readable_at_5000_nodes_in_a_browser() {
     assert!(reason.as_str().unwrap().contains("5000 × GPU busy"), "{reason}");
     // A search for one pod opens its group and draws its node alone.
     let searched = Instant::now();
-    browser
-        .eval("(() => { const s = document.getElementById('search'); s.value = 'share-12345'; s.dispatchEvent(new Event('input')); })()")
-        .await;
+    browser.eval(&type_in_search("share-12345")).await;
     browser
         .wait_for(
             "the searched node alone",
@@ -104,9 +102,8 @@ async fn the_map_stays_readable_at_5000_nodes_in_a_browser() {
     let pods = browser.eval("document.querySelector('[data-uuid=\"GPU-03086-1\"]').dataset.pods").await;
     assert_eq!(pods, json!("ml/share-12345"));
     // One group opened: at most 200 nodes drawn.
-    browser
-        .eval("(() => { const s = document.getElementById('search'); s.value = ''; s.dispatchEvent(new Event('input')); document.querySelector('[data-group] h2').click(); })()")
-        .await;
+    browser.eval(&type_in_search("")).await;
+    browser.eval("document.querySelector('[data-group] h2').click()").await;
     let drawn = browser.eval("document.querySelectorAll('[data-node]').length").await;
     assert_eq!(drawn, json!(200));
     println!(
@@ -116,4 +113,11 @@ async fn the_map_stays_readable_at_5000_nodes_in_a_browser() {
         first.as_secs_f64(),
         search.as_secs_f64()
     );
+}
+
+/// The JavaScript that types `text` into the map's search box, as a person would.
+fn type_in_search(text: &str) -> String {
+    format!(
+        "(() => {{ const s = document.getElementById('search'); s.value = '{text}'; s.dispatchEvent(new Event('input')); }})()"
+    )
 }

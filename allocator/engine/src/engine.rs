@@ -206,6 +206,12 @@ impl Engine {
         self.load.as_ref()
     }
 
+    /// How busy the cards `grants` take on `node` are ([`Load::of_grants`]); `None` without a
+    /// reading of all of them.
+    pub fn busy(&self, node: NodeId, grants: &[Grant]) -> Option<f64> {
+        self.load.as_ref()?.of_grants(self.cluster.node(node), grants)
+    }
+
     /// The cluster as it is now.
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
@@ -418,7 +424,7 @@ impl Engine {
                 }
                 Ok(eval) => (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone())),
             };
-            let busy = grants.and_then(|g| self.load.as_ref()?.of_grants(self.cluster.node(node), &g));
+            let busy = grants.and_then(|g| self.busy(node, &g));
             let rank = order.rank(node);
             let better = match best {
                 None => true,

@@ -6,12 +6,13 @@
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_engine::model::Card;
+use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
 };
-use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, pod_demand};
+use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, asked, pod_demand};
 use nano_gpu_proto::resources::GPUSHARE_MEMORY;
-use nano_gpu_proto::units::MiB;
+use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_proto::{gpushare, quantity};
 use std::collections::BTreeMap;
 
@@ -53,6 +54,12 @@ impl GpushareShare {
     pub(super) fn card_in(&self, cards: &[Card]) -> Option<usize> {
         let index = self.card.as_ref().ok()?;
         cards.iter().position(|c| c.index == *index)
+    }
+
+    /// The percent of `card` the share holds: the part of its memory the share is (the rule for
+    /// memory-only shares), all of it on a card whose memory is not known.
+    pub(super) fn percent_on(&self, card: &Card) -> Percent {
+        SlotDemand::Share { percent: None, mem: Some(self.memory) }.percent_on(card).unwrap_or(Percent::FULL)
     }
 }
 
@@ -130,13 +137,12 @@ pub(super) fn holding(pod: &Pod, demand: &DemandOptions) -> (Result<Holding, Str
     (Ok(held), Some(read))
 }
 
-/// Whether any container of the pod names gpushare's memory resource.
+/// Whether any container of the pod names gpushare's memory resource (a quantity that does not
+/// read counts: it names it).
 fn asks_gpushare_memory(pod: &Pod) -> bool {
     let containers =
         pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
-    containers
-        .filter_map(|c| c.resources.as_ref())
-        .any(|r| [&r.limits, &r.requests].into_iter().flatten().any(|m| m.contains_key(GPUSHARE_MEMORY)))
+    containers.map(|c| asked(c, GPUSHARE_MEMORY)).any(|a| !matches!(a, Ok(None)))
 }
 
 /// What a pod's annotations say it holds, before checking that it asks a GPU.

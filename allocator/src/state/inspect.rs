@@ -6,7 +6,6 @@ use super::ClusterState;
 use super::decode::{Holding, PodRecord};
 use super::rebuild::held_memory;
 use nano_gpu_engine::model::Card;
-use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::units::{MiB, Percent};
 
 impl ClusterState {
@@ -71,9 +70,8 @@ fn held_on(p: &PodRecord, card: &Card, cards: &[Card]) -> Option<(Percent, MiB)>
         Holding::Gpushare(shares) => {
             let here = shares.iter().filter(|s| s.card_in(cards).is_none_or(|k| cards[k].uuid == card.uuid));
             here.fold(None, |sum, s| {
-                let share = SlotDemand::Share { percent: None, mem: Some(s.memory) };
                 let (pc, mib) = sum.unwrap_or((Percent::ZERO, MiB(0)));
-                Some((pc + share.percent_on(card).unwrap_or(Percent::FULL), MiB(mib.0 + s.memory.0)))
+                Some((pc + s.percent_on(card), MiB(mib.0 + s.memory.0)))
             })
         }
         Holding::Nothing | Holding::Unknown(_) => None,

@@ -3,7 +3,8 @@
 //! filter), oldest first.
 
 use super::ClusterState;
-use crate::extender::engine_request;
+use crate::extender::{NO_INVENTORY, engine_request};
+use nano_gpu_engine::request::Reason;
 use nano_gpu_proto::demand::{CardDemand, PodDemand};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,16 +13,6 @@ impl ClusterState {
     /// What changed last: equal generations, equal map (and `/inspect`).
     pub fn generation(&self) -> u64 {
         self.generation
-    }
-
-    /// The engine's card-load reading from now on (`None`: none, placement exactly the policy's).
-    pub fn set_load(&mut self, load: Option<nano_gpu_engine::load::Load>) {
-        self.extender.engine_mut().set_load(load);
-    }
-
-    /// How many cards the load reading in use covers (0 without one).
-    pub fn load_cards(&self) -> usize {
-        self.extender.engine().load().map_or(0, |l| l.len())
     }
 
     /// How many GPU pods wait, and the age in seconds of the oldest at `now` (seconds since the
@@ -58,20 +49,12 @@ impl ClusterState {
 
     /// On how many nodes `demand` fits now, and for the others how many give each reason.
     fn reasons(&mut self, demand: &PodDemand) -> (usize, BTreeMap<&'static str, usize>) {
-        let engine = self.extender.engine_mut();
-        let req = engine_request(demand, &engine.cluster().models);
-        let prepared = engine.prepare(&req);
+        let req = engine_request(demand, &self.extender.engine().cluster().models);
         let (mut fits, mut reasons) = (0, BTreeMap::new());
-        for name in self.nodes.keys() {
-            let Some(id) = engine.cluster().id(name) else {
-                *reasons.entry("node has no nano-gpu inventory").or_insert(0) += 1;
-                continue;
-            };
-            match engine.evaluate_prepared(prepared, &req, id) {
-                Ok(_) => fits += 1,
-                Err(reason) => *reasons.entry(reason.kind()).or_insert(0) += 1,
-            }
-        }
+        self.extender.judge(&req, self.nodes.keys(), |_, judged| match judged {
+            Ok(()) => fits += 1,
+            Err(reason) => *reasons.entry(reason.map_or(NO_INVENTORY, Reason::kind)).or_insert(0) += 1,
+        });
         (fits, reasons)
     }
 }

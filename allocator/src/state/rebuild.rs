@@ -9,7 +9,7 @@
 use super::ClusterState;
 use super::decode::Holding;
 use nano_gpu_engine::model::{Card, Node};
-use nano_gpu_engine::request::SlotDemand;
+
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
 
@@ -57,10 +57,9 @@ impl ClusterState {
                 }
                 Holding::Gpushare(shares) => {
                     for s in shares {
-                        let share = SlotDemand::Share { percent: None, mem: Some(s.memory) };
                         if let Some(k) = s.card_in(&node.cards) {
                             let c = &mut node.cards[k];
-                            if !take(c, share.percent_on(c).unwrap_or(Percent::FULL), s.memory) {
+                            if !take(c, s.percent_on(c), s.memory) {
                                 overcommit.push((p.key.clone(), c.uuid.clone()));
                             }
                             continue;
@@ -74,7 +73,7 @@ impl ClusterState {
                             format!("{why}; its {} MiB count on every card of {name}", s.memory.0),
                         ));
                         for c in &mut node.cards {
-                            take(c, share.percent_on(c).unwrap_or(Percent::FULL), s.memory);
+                            take(c, s.percent_on(c), s.memory);
                         }
                     }
                 }
@@ -102,7 +101,7 @@ impl ClusterState {
 }
 
 /// The GPU memory a grant holds on `card`: what the assignment records, else (no memory asked) its
-/// percent of the card's memory, the engine's rule ([`SlotDemand::mem_on`]).
+/// percent of the card's memory, the engine's rule ([`nano_gpu_engine::request::SlotDemand::mem_on`]).
 pub(super) fn held_memory(g: &CardGrant, card: &Card) -> MiB {
     g.memory_held(card.mem_total)
 }

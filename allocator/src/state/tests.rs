@@ -243,6 +243,29 @@ fn why_gives_every_node_its_verdict_and_the_fewest_pods_in_the_way() {
 }
 
 #[test]
+fn with_a_load_reading_a_bind_takes_the_least_busy_of_identical_cards() {
+    let busy = |uuids: &[(&str, f64)]| {
+        nano_gpu_engine::load::Load::new(uuids.iter().map(|&(u, l)| (u.to_owned(), l)).collect())
+    };
+    let card_of = |s: &mut ClusterState, uid: &str| {
+        let r = s.reserve(&pod(uid, "100", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap();
+        r.assignment.containers["c"][0].index
+    };
+    // The policy alone: the lowest free card.
+    let mut s = state();
+    s.apply_node(&node("n1", 3));
+    assert_eq!(card_of(&mut s, "a"), 0);
+    // The same view with card 0 busy: the idlest twin instead.
+    let mut s = state();
+    s.apply_node(&node("n1", 3));
+    s.set_load(Some(busy(&[("GPU-n1-0", 90.0), ("GPU-n1-1", 40.0), ("GPU-n1-2", 5.0)])));
+    assert_eq!((card_of(&mut s, "a"), s.load_cards()), (2, 3));
+    // A reading dropped: the policy alone again.
+    s.set_load(None);
+    assert_eq!((card_of(&mut s, "b"), s.load_cards()), (0, 0));
+}
+
+#[test]
 fn a_failed_bind_gives_its_reservation_back() {
     let mut s = state();
     s.apply_node(&node("n1", 1));

@@ -26,7 +26,7 @@ pub fn init_logging(json: bool) {
 /// Connects with the kubeconfig at `path`, or the default chain when `None`. The client retries an
 /// answer of 429, 503 or 504 with backoff (kube's default), for a while.
 pub async fn connect(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
-    kube::Client::try_from(config(path).await?)
+    kube::Client::try_from(config(path, None).await?)
 }
 
 /// [`connect`] with the kubeconfig's context `context` instead of its current one, as kubectl's
@@ -35,35 +35,31 @@ pub async fn connect_with_context(
     path: Option<&Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, kube::Error> {
-    let Some(context) = context else { return connect(path).await };
-    let options = kube::config::KubeConfigOptions { context: Some(context.to_owned()), ..Default::default() };
-    let kubeconfig = match path {
-        Some(path) => kube::config::Kubeconfig::read_from(path),
-        None => kube::config::Kubeconfig::read(),
-    }
-    .map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-        .await
-        .map_err(kube::Error::InferKubeconfig)?;
-    kube::Client::try_from(config)
+    kube::Client::try_from(config(path, context).await?)
 }
 
 /// [`connect`], but every answer comes back as it is: for calls where 429 is the answer, not a
 /// reason to wait (an Eviction a PodDisruptionBudget refuses).
 pub async fn connect_without_retries(path: Option<&Path>) -> Result<kube::Client, kube::Error> {
-    let mut config = config(path).await?;
+    let mut config = config(path, None).await?;
     config.default_retry = false;
     kube::Client::try_from(config)
 }
 
-async fn config(path: Option<&Path>) -> Result<kube::Config, kube::Error> {
-    let Some(path) = path else {
+/// The kubeconfig at `path` (else `KUBECONFIG` or `~/.kube/config`) under `context` (else its current
+/// one); with neither given, the default chain, the in-cluster service account included.
+async fn config(path: Option<&Path>, context: Option<&str>) -> Result<kube::Config, kube::Error> {
+    if path.is_none() && context.is_none() {
         return kube::Config::infer().await.map_err(kube::Error::InferConfig);
-    };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .map_err(kube::Error::InferKubeconfig)
+    }
+    let kubeconfig = match path {
+        Some(path) => kube::config::Kubeconfig::read_from(path),
+        None => kube::config::Kubeconfig::read(),
+    }
+    .map_err(kube::Error::InferKubeconfig)?;
+    let options =
+        kube::config::KubeConfigOptions { context: context.map(str::to_owned), ..Default::default() };
+    kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(kube::Error::InferKubeconfig)
 }
 
 /// How a broken watch retries (`WatchStreamExt::backoff`): after 250 ms, doubling up to 4 s, and from
