@@ -199,7 +199,12 @@ impl ClusterState {
     }
 
     /// The engine's card-load reading from now on (`None`: none, placement exactly the policy's).
+    /// The map shows each card's load, so a reading that changes what it shows is a change.
     pub fn set_load(&mut self, load: Option<nano_gpu_engine::load::Load>) {
+        let shown = self.extender.engine().load().map(nano_gpu_engine::load::Load::shown);
+        if shown != load.as_ref().map(nano_gpu_engine::load::Load::shown) {
+            self.generation += 1;
+        }
         self.extender.engine_mut().set_load(load);
     }
 

@@ -84,7 +84,7 @@ async fn no_restarts(pods: &Api<Pod>) {
 /// drawn, every running pod on each card its assignment names, the waiting pod with its reasons; a
 /// pod created while the page is open shows on its card without a reload. A screenshot is saved
 /// (`NANO_GPU_MAP_SCREENSHOT`, default `nano-gpu-map.png` in the temporary directory).
-async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>) {
+async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>, hot: &Hog) {
     let leader = cluster.allocator_leader().expect("a leading allocator");
     let forward = cluster.port_forward(SYSTEM, &leader, 8888);
     let url = format!("http://127.0.0.1:{}/map", forward.port);
@@ -132,6 +132,26 @@ async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>) {
     let waiting = "document.querySelector('[data-waiting=\"e2e/no-such-model\"]')?.textContent || ''";
     let text = browser.eval(waiting).await;
     assert!(text.as_str().unwrap().contains("3 × no card of an allowed model"), "{text}");
+    // Real load beside the grants: the card kept busy (90 % of its SMs for a minute and more) is
+    // drawn hot, by the allocator's reading of Prometheus; only its node stays under the "hot" filter.
+    let load = |uuid: &str| format!("Number(document.querySelector('[data-uuid=\"{uuid}\"]')?.dataset.load)");
+    browser
+        .wait_for("the busy card drawn hot", &format!("{} >= 80", load(&hot.uuid)), Duration::from_secs(90))
+        .await;
+    let label = format!("document.querySelector('[data-uuid=\"{}\"] .label').textContent", hot.uuid);
+    let label = browser.eval(&label).await;
+    assert!(label.as_str().unwrap().contains("% busy"), "{label}");
+    let filter = |value: &str| {
+        format!(
+            "(() => {{ const f = document.getElementById('filter'); f.value = '{value}'; f.dispatchEvent(new Event('input')); }})()"
+        )
+    };
+    browser.eval(&filter("hot")).await;
+    let shown = browser
+        .eval("[...document.querySelectorAll('[data-node]')].map((n) => n.dataset.node).join(' ')")
+        .await;
+    assert_eq!(shown, json!(hot.node), "nodes with a hot card");
+    browser.eval(&filter("all")).await;
     let shot = std::env::var_os("NANO_GPU_MAP_SCREENSHOT")
         .map_or_else(|| std::env::temp_dir().join("nano-gpu-map.png"), std::path::PathBuf::from);
     browser.screenshot(&shot).await;
@@ -190,7 +210,11 @@ async fn monitoring_kit_on_a_real_prometheus(cluster: &Cluster, client: &kube::C
 /// made busy by a process outside any pod (90 % of its SMs, through the fake driver's process
 /// directory); a pod asking a whole V100 gets another of them. Without a reading the policy's
 /// choice is the lowest free card, the busy one (unit-tested in the engine).
-async fn the_busy_card_of_equals_is_avoided(cluster: &Cluster, pods: &Api<Pod>, prometheus: &Prometheus) {
+async fn the_busy_card_of_equals_is_avoided(
+    cluster: &Cluster,
+    pods: &Api<Pod>,
+    prometheus: &Prometheus,
+) -> Hog {
     let view = cluster.inspect();
     let node3 = view["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "node-3").unwrap().clone();
     let free: Vec<String> = node3["cards"]
@@ -206,11 +230,12 @@ async fn the_busy_card_of_equals_is_avoided(cluster: &Cluster, pods: &Api<Pod>, 
     let config = cluster.path("busy-card.json");
     let doc = json!({"cards": [{"uuid": busy}], "processDir": driver.join("procs").display().to_string()});
     std::fs::write(&config, doc.to_string()).unwrap();
-    let mut hog = std::process::Command::new(nano_gpu_tests::workspace_binary("gpu-use"))
+    let hog = std::process::Command::new(nano_gpu_tests::workspace_binary("gpu-use"))
         .args(["--memory-mib", "0", "--sm", "90"])
         .env("FAKE_NVML_CONFIG", &config)
         .spawn()
         .unwrap();
+    let hog = Hog { uuid: busy.clone(), node: "node-3", process: hog };
     let seen = format!(r#"nano_gpu_card_utilization_percent{{uuid="{busy}"}} >= 90"#);
     wait_until("the busy card's load in Prometheus", Duration::from_secs(60), || async {
         !prometheus.query(cluster, &seen).is_empty()
@@ -226,11 +251,24 @@ async fn the_busy_card_of_equals_is_avoided(cluster: &Cluster, pods: &Api<Pod>, 
     create(pods, &gpu_pod("idle-pick", &[("c", &[("nano-gpu/gpu-percent", "100")])], v100)).await;
     let got = first_card(pods, "idle-pick").await;
     assert!(got != busy && free.contains(&got), "idle-pick got {got}; busy {busy}, free {free:?}");
-    let _ = hog.kill();
-    let _ = hog.wait();
     pods.delete("idle-pick", &DeleteParams::default()).await.unwrap();
     wait_until("idle-pick gone", Duration::from_secs(60), || async { pods.get("idle-pick").await.is_err() })
         .await;
+    hog
+}
+
+/// A process outside any pod keeping one card busy (killed when dropped).
+struct Hog {
+    uuid: String,
+    node: &'static str,
+    process: std::process::Child,
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
 }
 
 /// The first card of pod `name`'s assignment, once it has one (within 60 s).
@@ -393,7 +431,8 @@ async fn the_system_works_on_real_nodes() {
     // scraped, every query of the dashboard and every metric of the alerts with data. It keeps
     // running: the overrun below must fire its alert.
     let prometheus = monitoring_kit_on_a_real_prometheus(&cluster, &client).await;
-    the_busy_card_of_equals_is_avoided(&cluster, &pods, &prometheus).await;
+    // The busy card stays busy until the GPU map has shown it.
+    let hog = the_busy_card_of_equals_is_avoided(&cluster, &pods, &prometheus).await;
 
     // Only nano-gpu writes assignments (deploy/assignment-policy.yaml): anyone else's, even the
     // cluster admin's, is refused with the reason, on a new pod and on a running one.
@@ -518,7 +557,8 @@ async fn the_system_works_on_real_nodes() {
     for other in ["node-1", "node-3"] {
         assert_eq!(nodes[other]["unresolvable"], json!(true), "{two}");
     }
-    gpu_map_in_a_browser(&cluster, &pods).await;
+    gpu_map_in_a_browser(&cluster, &pods, &hog).await;
+    drop(hog);
     for name in ["too-big", "no-such-model", "two-t4"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }

@@ -6,6 +6,7 @@
 const POLL_MS = 2000;
 const STALE_MS = 10000; // no answer for this long: the header says the view is stale
 const PAGE = 200; // node rows drawn per group before "show more"
+const HOT = 80; // a card this busy (percent utilisation) is hot
 
 const state = { doc: null, etag: null, lastOk: 0, open: new Map(), shown: new Map() };
 const $ = (id) => document.getElementById(id);
@@ -53,6 +54,7 @@ function nodeMatches(node, query, filter) {
     case "busy": return node.cards.length > 0 && free === 0;
     case "unhealthy": return !node.agentReady || node.cards.some((c) => !c.healthy);
     case "fragmented": return node.fragmentation > 0;
+    case "hot": return node.cards.some((c) => c.load >= HOT);
     default: return true;
   }
 }
@@ -67,9 +69,23 @@ function drawCard(node, c) {
     mem.append(el("div", { class: "seg", title: tip, style: `width:${Math.min(w, 100)}%;background:${colour(s.pod)}` }));
   }
   const health = c.healthy ? "" : " unhealthy";
-  return el("div", { class: `card${health}`, "data-uuid": c.uuid, "data-pods": c.pods.join(" "), "data-used": String(c.percentUsed) },
-    el("div", { class: "label" }, el("span", { text: `#${c.index} ${c.model}${health}` }), el("span", { text: `${c.percentUsed}%` })),
-    bar, mem);
+  const attrs = { class: `card${health}`, "data-uuid": c.uuid, "data-pods": c.pods.join(" "), "data-used": String(c.percentUsed) };
+  let load = null;
+  if (c.load !== null && c.load !== undefined) {
+    // What the card really does (Prometheus, last minute), beside what is granted on it.
+    attrs["data-load"] = String(c.load);
+    load = el("div", { class: "bar load", title: `${c.load}% busy (utilisation, last minute)` },
+      el("div", { class: "seg", style: `width:${c.load}%;background:${heat(c.load)}` }));
+  }
+  const right = load ? `${c.percentUsed}% · ${c.load}% busy` : `${c.percentUsed}%`;
+  return el("div", attrs,
+    el("div", { class: "label" }, el("span", { text: `#${c.index} ${c.model}${health}` }), el("span", { text: right })),
+    bar, mem, load);
+}
+
+// Green when idle, red when hot.
+function heat(load) {
+  return `hsl(${Math.round(120 - 1.2 * load)} 70% 45%)`;
 }
 
 function drawNode(node) {
@@ -132,7 +148,10 @@ function render() {
   const grouping = $("group").value;
   const cards = doc.nodes.reduce((s, n) => s + n.cards.length, 0);
   const used = doc.nodes.reduce((s, n) => s + n.cards.reduce((t, c) => t + c.percentUsed, 0), 0);
-  $("summary").textContent = `${doc.nodes.length} nodes · ${cards} cards · ${cards ? Math.round(used / cards) : 0}% used · ${doc.waitingTotal} waiting`;
+  const read = doc.nodes.reduce((s, n) => s + n.cards.filter((c) => c.load !== null && c.load !== undefined).length, 0);
+  const hot = doc.nodes.reduce((s, n) => s + n.cards.filter((c) => c.load >= HOT).length, 0);
+  const load = read ? `load of ${read} cards read, ${hot} hot` : "no load reading";
+  $("summary").textContent = `${doc.nodes.length} nodes · ${cards} cards · ${cards ? Math.round(used / cards) : 0}% used · ${load} · ${doc.waitingTotal} waiting`;
   drawWaiting(doc);
   const groups = new Map();
   for (const n of doc.nodes) {

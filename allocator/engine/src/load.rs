@@ -39,6 +39,11 @@ impl Load {
         self.0.get(&card.uuid).copied()
     }
 
+    /// Each card's utilisation as people are shown it: a whole percent.
+    pub fn shown(&self) -> std::collections::BTreeMap<&str, u32> {
+        self.0.iter().map(|(uuid, &l)| (uuid.as_str(), whole_percent(l))).collect()
+    }
+
     /// The mean utilisation of the cards `grants` take on `node`; `None` when one is not known (no
     /// comparison is made then).
     pub fn of_grants(&self, node: &Node, grants: &[Grant]) -> Option<f64> {
@@ -81,6 +86,11 @@ impl Load {
             }
         }
     }
+}
+
+/// A utilisation as a whole percent (0 to 100; a reading out of that range is clamped).
+pub fn whole_percent(load: f64) -> u32 {
+    load.clamp(0.0, 100.0).round() as u32
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The `/inspect` document: per node its CPU and memory and its fragmentation under the workload the
 //! policy expects, per card its model, health, percent and memory used and free, and the pods holding
-//! it (`namespace/name`, sorted; pods gpushare placed included), each with what it holds there.
+//! it (`namespace/name`, sorted; pods gpushare placed included), each with what it holds there, and
+//! its load (utilisation in percent, averaged over the last minute) when the allocator reads one.
 
 use super::ClusterState;
 use super::decode::{Holding, PodRecord};
 use super::rebuild::held_memory;
+use nano_gpu_engine::load::whole_percent;
 use nano_gpu_engine::model::Card;
 use nano_gpu_proto::units::{MiB, Percent};
 
@@ -42,6 +44,7 @@ impl ClusterState {
                         "index": c.index, "uuid": c.uuid, "model": cluster.models.name(c.model),
                         "healthy": c.healthy, "percentUsed": Percent::FULL - c.free, "percentFree": c.free,
                         "memoryMiB": c.mem_total, "memoryFreeMiB": c.mem_free, "pods": pods, "shares": shares,
+                        "load": engine.load().and_then(|l| l.of(c)).map(whole_percent),
                     })
                 })
                 .collect();

@@ -242,11 +242,39 @@ fn why_gives_every_node_its_verdict_and_the_fewest_pods_in_the_way() {
     assert!(s.why(&pod("r", "150", None, None)).unwrap_err().contains("150"));
 }
 
+/// A load reading: utilisation by card UUID.
+fn busy(uuids: &[(&str, f64)]) -> nano_gpu_engine::load::Load {
+    nano_gpu_engine::load::Load::new(uuids.iter().map(|&(u, l)| (u.to_owned(), l)).collect())
+}
+
+#[test]
+fn the_map_shows_each_cards_load_and_changes_when_what_it_shows_does() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    let loads = |s: &ClusterState| -> Vec<serde_json::Value> {
+        s.inspect()["nodes"][0]["cards"].as_array().unwrap().iter().map(|c| c["load"].clone()).collect()
+    };
+    assert_eq!(loads(&s), [serde_json::Value::Null, serde_json::Value::Null]);
+    let before = s.generation();
+    s.set_load(Some(busy(&[("GPU-n1-0", 90.2)])));
+    assert_eq!(loads(&s), [serde_json::json!(90), serde_json::Value::Null]);
+    assert!(s.generation() > before);
+    // The same whole percents: nothing the map shows changed.
+    let before = s.generation();
+    s.set_load(Some(busy(&[("GPU-n1-0", 89.9)])));
+    assert_eq!(s.generation(), before);
+    s.set_load(Some(busy(&[("GPU-n1-0", 89.9), ("GPU-n1-1", 130.0)])));
+    assert_eq!(loads(&s), [serde_json::json!(90), serde_json::json!(100)]);
+    assert!(s.generation() > before);
+    // Stale or gone: no load shown.
+    let before = s.generation();
+    s.set_load(None);
+    assert_eq!(loads(&s), [serde_json::Value::Null, serde_json::Value::Null]);
+    assert!(s.generation() > before);
+}
+
 #[test]
 fn with_a_load_reading_a_bind_takes_the_least_busy_of_identical_cards() {
-    let busy = |uuids: &[(&str, f64)]| {
-        nano_gpu_engine::load::Load::new(uuids.iter().map(|&(u, l)| (u.to_owned(), l)).collect())
-    };
     let card_of = |s: &mut ClusterState, uid: &str| {
         let r = s.reserve(&pod(uid, "100", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap();
         r.assignment.containers["c"][0].index
