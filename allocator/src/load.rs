@@ -41,13 +41,14 @@ pub fn parse(body: &[u8]) -> Result<HashMap<String, f64>, String> {
 /// The HTTP client the reading takes.
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
-/// One reading from Prometheus at `base` (`http://host:port`, a path prefix allowed).
-async fn read(client: &HttpClient, base: &str) -> Result<HashMap<String, f64>, String> {
+/// One reading from Prometheus at `base` (`http://host:port`, a path prefix allowed), given up
+/// after `limit`.
+async fn read(client: &HttpClient, base: &str, limit: Duration) -> Result<HashMap<String, f64>, String> {
     let query: String = url_encode(QUERY);
     let uri: http::Uri = format!("{}/api/v1/query?query={query}", base.trim_end_matches('/'))
         .parse()
         .map_err(|e| format!("--prometheus-url {base}: {e}"))?;
-    let answer = tokio::time::timeout(TIMEOUT, async {
+    let answer = tokio::time::timeout(limit, async {
         let response = client.get(uri).await.map_err(|e| e.to_string())?;
         let status = response.status();
         let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
@@ -57,7 +58,7 @@ async fn read(client: &HttpClient, base: &str) -> Result<HashMap<String, f64>, S
         Ok(body)
     })
     .await
-    .map_err(|_| format!("no answer within {} s", TIMEOUT.as_secs()))??;
+    .map_err(|_| format!("no answer within {} ms", limit.as_millis()))??;
     parse(&answer)
 }
 
@@ -72,13 +73,19 @@ fn url_encode(text: &str) -> String {
 }
 
 /// Keeps the engine's load reading fresh from Prometheus at `base`, every `every`; drops it once the
-/// last good reading is older than `stale`. Runs until the process ends.
+/// last good reading is older than `stale`, also while a query hangs (a query is given up when the
+/// reading in use turns stale). Runs until the process ends.
 pub async fn follow(base: String, view: Arc<SharedView>, every: Duration, stale: Duration) {
     let client = Client::builder(TokioExecutor::new()).build_http();
     let mut last_ok: Option<Instant> = None;
     let mut failing = false;
     loop {
-        match read(&client, &base).await {
+        let held = view.lock().load_cards() > 0;
+        let limit = match last_ok {
+            Some(t) if held => TIMEOUT.min((t + stale).saturating_duration_since(Instant::now())),
+            _ => TIMEOUT,
+        };
+        match read(&client, &base, limit).await {
             Ok(by_uuid) => {
                 if failing || last_ok.is_none() {
                     tracing::info!(cards = by_uuid.len(), prometheus = %base, "card load read: equal placements go to the less busy cards");
@@ -117,6 +124,88 @@ mod tests {
         assert_eq!((by_uuid["GPU-a"], by_uuid["GPU-b"]), (90.0, 0.0));
         assert!(parse(br#"{"status":"error","error":"bad query"}"#).unwrap_err().contains("bad query"));
         assert!(parse(b"<html>").unwrap_err().contains("not JSON"));
+    }
+
+    /// What the stand-in Prometheus does with a query.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Answer {
+        Reading,
+        Refusal,
+        Hang,
+    }
+
+    /// A Prometheus over a real socket that answers as `mode` says (one card, `GPU-a`, at 90 %).
+    async fn prometheus(mode: Arc<std::sync::Mutex<Answer>>) -> (String, tokio::task::JoinHandle<()>) {
+        use axum::http::StatusCode;
+        let app = axum::Router::new().route(
+            "/api/v1/query",
+            axum::routing::get(move || {
+                let mode = *mode.lock().unwrap();
+                async move {
+                    match mode {
+                        Answer::Reading => (
+                            StatusCode::OK,
+                            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"uuid":"GPU-a"},"value":[1.7e9,"90"]}]}}"#,
+                        ),
+                        Answer::Refusal => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
+                        Answer::Hang => std::future::pending().await,
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        (base, tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }))
+    }
+
+    /// Waits (up to `limit`) until the view's reading covers `cards` cards; how long it took.
+    async fn covers(view: &SharedView, cards: usize, limit: Duration) -> Duration {
+        let start = Instant::now();
+        while view.lock().load_cards() != cards {
+            assert!(
+                start.elapsed() < limit,
+                "the reading covers {} cards, not {cards}",
+                view.lock().load_cards()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        start.elapsed()
+    }
+
+    #[tokio::test]
+    async fn a_slow_failing_or_absent_prometheus_leaves_the_policy_alone_once_the_reading_is_stale() {
+        let engine = nano_gpu_engine::engine::Engine::new(
+            nano_gpu_engine::model::Cluster::new(),
+            nano_gpu_engine::policy::by_name("fgd", 0).unwrap(),
+            nano_gpu_engine::workload::Workload::default(),
+        );
+        let view = Arc::new(SharedView::new(crate::state::ClusterState::new(engine, 0, Default::default())));
+        let mode = Arc::new(std::sync::Mutex::new(Answer::Reading));
+        let (base, server) = prometheus(mode.clone()).await;
+        let stale = Duration::from_millis(300);
+        let following = tokio::spawn(follow(base, view.clone(), Duration::from_millis(20), stale));
+        covers(&view, 1, Duration::from_secs(10)).await;
+        // Hung queries: the reading is dropped when it turns stale, not when the hung query ends
+        // (TIMEOUT, 5 s, later).
+        *mode.lock().unwrap() = Answer::Hang;
+        let dropped = covers(&view, 0, Duration::from_secs(10)).await;
+        assert!(dropped < TIMEOUT - Duration::from_secs(1), "dropped after {dropped:?}");
+        *mode.lock().unwrap() = Answer::Reading;
+        covers(&view, 1, Duration::from_secs(10)).await;
+        // Refused queries: kept while fresh, then dropped.
+        *mode.lock().unwrap() = Answer::Refusal;
+        assert!(covers(&view, 0, Duration::from_secs(10)).await >= stale - Duration::from_millis(50));
+        *mode.lock().unwrap() = Answer::Reading;
+        covers(&view, 1, Duration::from_secs(10)).await;
+        following.abort();
+        server.abort();
+        // No Prometheus at the address (connections refused): a reading held is dropped.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        view.lock().set_load(Some(Load::new(HashMap::from([("GPU-a".to_owned(), 90.0)]))));
+        tokio::spawn(follow(base, view.clone(), Duration::from_millis(20), stale));
+        covers(&view, 0, Duration::from_secs(10)).await;
     }
 
     #[test]
