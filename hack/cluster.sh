@@ -183,7 +183,25 @@ import_images() {
 #   - the allocator reads the cards' load every 2 s from a Prometheus on the control plane's address
 #     (NANO_GPU_PROMETHEUS_URL, port 19090): the end-to-end test runs one there for a while; the rest
 #     of the time none answers, and placement is the policy's alone;
-#   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest).
+#   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest);
+#   - the optional profile deploy/default-scheduler/ is installed beside the shipped one: the extender
+#     also over HTTPS for clients of the CA in $DIR/extender-client (made here), whose scheduler
+#     certificate the end-to-end test gives a kube-scheduler of its own.
+# extender_client_certs DIR: a CA that signs nothing else (ca.crt, ca.key) and kube-scheduler's
+# extender client certificate from it (scheduler.crt, scheduler.key).
+extender_client_certs() {
+  mkdir -p "$1" && chmod 700 "$1"
+  { openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 365 -sha256 \
+      -subj "/CN=nano-gpu-extender-client-ca" -keyout "$1/ca.key" -out "$1/ca.crt" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign &&
+    printf '%s\n' basicConstraints=CA:FALSE keyUsage=critical,digitalSignature extendedKeyUsage=clientAuth >"$1/scheduler.ext" &&
+    openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -subj "/CN=kube-scheduler" \
+      -keyout "$1/scheduler.key" -out "$1/scheduler.csr" &&
+    openssl x509 -req -in "$1/scheduler.csr" -CA "$1/ca.crt" -CAkey "$1/ca.key" -CAcreateserial \
+      -days 365 -sha256 -extfile "$1/scheduler.ext" -out "$1/scheduler.crt"; } >>"$1/openssl.log" 2>&1 ||
+    die "openssl failed for the extender's client certificates; see $1/openssl.log"
+}
+
 install_nano_gpu() {
   local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
@@ -193,13 +211,21 @@ install_nano_gpu() {
   # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
+  extender_client_certs "$DIR/extender-client"
+  kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
+    --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
+  kubectl apply -f "$ROOT/deploy/default-scheduler/extender-service.yaml" >&2
   kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
     kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib NANO_GPU_EVICT_OVERRUNS=true \
       "NANO_GPU_PROMETHEUS_URL=http://$CP_IP:19090" NANO_GPU_LOAD_REFRESH_SECONDS=2 NANO_GPU_LOAD_STALE_SECONDS=10 -o yaml |
     scheduler_version | kubectl apply -f - >&2
+  # The optional profile's step as its README gives it (a rollout of replicas just starting).
+  kubectl -n nano-gpu-system patch deployment nano-gpu-allocator \
+    --patch-file "$ROOT/deploy/default-scheduler/allocator-patch.yaml" >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
+  kubectl -n nano-gpu-system rollout status deployment/nano-gpu-allocator --timeout=180s >&2
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
   log "installed: deploy/ on $NODES real nodes"
 }

@@ -235,7 +235,7 @@ async fn the_busy_card_of_equals_is_avoided(
         .env("FAKE_NVML_CONFIG", &config)
         .spawn()
         .unwrap();
-    let hog = Hog { uuid: busy.clone(), node: "node-3", process: hog };
+    let hog = Hog { uuid: busy.clone(), node: "node-3", _process: Killed(hog) };
     let seen = format!(r#"nano_gpu_card_utilization_percent{{uuid="{busy}"}} >= 90"#);
     wait_until("the busy card's load in Prometheus", Duration::from_secs(60), || async {
         !prometheus.query(cluster, &seen).is_empty()
@@ -257,18 +257,89 @@ async fn the_busy_card_of_equals_is_avoided(
     hog
 }
 
+/// The optional profile `deploy/default-scheduler/`, installed by `hack/cluster.sh` as its README
+/// says (the extender over HTTPS for clients of a CA of their own, a Service selecting the leader):
+/// a real kube-scheduler outside the cluster's pods, configured from the shipped
+/// `scheduler-config.yaml` (its own profile name, no leader election, this cluster's paths and the
+/// Service's ClusterIP), places a GPU pod through the leading allocator with its client certificate.
+async fn the_default_scheduler_profile_over_tls(cluster: &Cluster, client: &kube::Client, pods: &Api<Pod>) {
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    let service = Api::<Service>::namespaced(client.clone(), SYSTEM).get("nano-gpu-extender").await.unwrap();
+    let ip = service.spec.unwrap().cluster_ip.unwrap();
+    let dir = cluster.path("extender-client");
+    let secret = Api::<Secret>::namespaced(client.clone(), SYSTEM)
+        .get("nano-gpu-allocator-webhook-tls")
+        .await
+        .unwrap();
+    let ca = secret.data.unwrap()["ca.crt"].0.clone();
+    std::fs::write(dir.join("extender-ca.crt"), ca).unwrap();
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/default-scheduler/scheduler-config.yaml"
+    ))
+    .unwrap();
+    let kubeconfig = cluster.path("default-scheduler.kubeconfig");
+    let mut config = shipped.clone();
+    for (from, to) in [
+        ("schedulerName: default-scheduler", "schedulerName: e2e-over-tls".to_owned()),
+        ("leaderElect: true", "leaderElect: false".to_owned()),
+        ("nano-gpu-extender.nano-gpu-system.svc", ip),
+        ("/etc/kubernetes/scheduler.conf", kubeconfig.display().to_string()),
+        ("/etc/kubernetes/nano-gpu/scheduler-client", dir.join("scheduler").display().to_string()),
+        ("/etc/kubernetes/nano-gpu/", format!("{}/", dir.display())),
+    ] {
+        assert!(config.contains(from), "the shipped scheduler-config.yaml has no {from}");
+        config = config.replace(from, &to);
+    }
+    let file = dir.join("scheduler-config.yaml");
+    std::fs::write(&file, config).unwrap();
+    let log = std::fs::File::create(dir.join("kube-scheduler.log")).unwrap();
+    let scheduler = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", cluster.env["NETNS"]))
+        .arg(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kube-scheduler"))
+        .arg(format!("--config={}", file.display()))
+        .args(["--secure-port=0", "-v=2"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _scheduler = Killed(scheduler);
+    // The webhook leaves a pod that names another scheduler to it.
+    let mut pod = percent_pod("over-tls", 20);
+    pod.spec.as_mut().unwrap().scheduler_name = Some("e2e-over-tls".into());
+    create(pods, &pod).await;
+    let uuid = first_card(pods, "over-tls").await;
+    wait_running(pods, &["over-tls".to_owned()], Duration::from_secs(90)).await;
+    let placed = pods.get("over-tls").await.unwrap();
+    assert_eq!(placed.spec.as_ref().unwrap().scheduler_name.as_deref(), Some("e2e-over-tls"));
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let scheduled = events.list(&ListParams::default().fields("involvedObject.name=over-tls")).await.unwrap();
+    assert!(
+        scheduled.items.iter().any(|e| e.reason.as_deref() == Some("Scheduled")
+            && e.reporting_component.as_deref() == Some("e2e-over-tls")),
+        "no Scheduled event from e2e-over-tls: {:?}",
+        scheduled.items.iter().map(|e| (&e.reason, &e.reporting_component)).collect::<Vec<_>>()
+    );
+    eprintln!("the default-scheduler profile over TLS placed over-tls on {uuid}");
+    pods.delete("over-tls", &DeleteParams::default()).await.unwrap();
+}
+
+/// A process the test started, killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A process outside any pod keeping one card busy (killed when dropped).
 struct Hog {
     uuid: String,
     node: &'static str,
-    process: std::process::Child,
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
+    _process: Killed,
 }
 
 /// The first card of pod `name`'s assignment, once it has one (within 60 s).
@@ -559,6 +630,7 @@ async fn the_system_works_on_real_nodes() {
     }
     gpu_map_in_a_browser(&cluster, &pods, &hog).await;
     drop(hog);
+    the_default_scheduler_profile_over_tls(&cluster, &client, &pods).await;
     for name in ["too-big", "no-such-model", "two-t4"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
