@@ -3,6 +3,7 @@
 //! node are both served: backends are read one after another and their cards listed together.
 
 mod fake;
+pub mod fdinfo;
 mod nvml;
 mod sysfs;
 
@@ -121,7 +122,7 @@ pub trait GpuInventory: Send + Sync {
     fn cards(&self) -> Result<Vec<Card>, InventoryError>;
 
     /// What each card is doing now (utilisation, memory, processes); backends that cannot say return
-    /// no samples (Intel cards and the fake file today).
+    /// no samples (the fake file).
     fn sample(&self) -> Result<Vec<CardSample>, InventoryError> {
         Ok(Vec::new())
     }

@@ -201,7 +201,11 @@ impl Flags {
             Some(path) => vec![Box::new(FakeFile { path: path.clone() })],
             None => vec![
                 Box::new(NvmlInventory::new(self.nvml_lib.clone())),
-                Box::new(SysfsDrm { sysfs_root: self.sysfs_root.clone(), dev_root: self.dev_root.clone() }),
+                Box::new(SysfsDrm::new(
+                    self.sysfs_root.clone(),
+                    self.dev_root.clone(),
+                    self.proc_root.clone(),
+                )),
             ],
         }
     }

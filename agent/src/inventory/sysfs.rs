@@ -5,10 +5,12 @@
 //! where the driver reports it, NUMA node from `device/numa_node`, and the device nodes (`cardN`,
 //! `renderD*`) from `device/drm/`.
 
-use super::{Card, GpuInventory, InventoryError};
+use super::fdinfo::Sampler;
+use super::{Card, CardSample, GpuInventory, InventoryError, ProcessSample};
 use nano_gpu_proto::annotations::{GpuInfo, Vendor};
 use nano_gpu_proto::units::MiB;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The sysfs drm reader.
 pub struct SysfsDrm {
@@ -16,6 +18,18 @@ pub struct SysfsDrm {
     pub sysfs_root: PathBuf,
     /// Where device nodes live (`/dev`).
     pub dev_root: PathBuf,
+    /// The host's processes (`/proc`), whose DRM fdinfo says who uses which card.
+    pub proc_root: PathBuf,
+    /// The last fdinfo scan, for utilisation.
+    pub usage: Mutex<Sampler>,
+}
+
+impl SysfsDrm {
+    /// A reader of the cards under `sysfs_root`, their nodes under `dev_root` and their users'
+    /// fdinfo under `proc_root`.
+    pub fn new(sysfs_root: PathBuf, dev_root: PathBuf, proc_root: PathBuf) -> Self {
+        SysfsDrm { sysfs_root, dev_root, proc_root, usage: Mutex::new(Sampler::default()) }
+    }
 }
 
 const INTEL: &str = "0x8086";
@@ -95,6 +109,35 @@ impl GpuInventory for SysfsDrm {
         cards.sort_by_key(|c| c.info.index);
         Ok(cards)
     }
+
+    /// Each card's users from their DRM fdinfo ([`super::fdinfo`]): memory is the device memory
+    /// its clients hold (a card without a local-memory size says 0 of 0), utilisation from the
+    /// second sample on.
+    fn sample(&self) -> Result<Vec<CardSample>, InventoryError> {
+        let cards = self.cards()?;
+        let mut sampler = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let timed = sampler.timed();
+        let mut users = sampler.sample(&self.proc_root);
+        Ok(cards
+            .into_iter()
+            .map(|c| {
+                let (uses, busy) = c.pci_address.as_ref().and_then(|a| users.remove(a)).unwrap_or_default();
+                CardSample {
+                    uuid: c.info.uuid,
+                    index: c.info.index,
+                    memory_used: MiB(uses.iter().map(|u| u.memory.0).sum()),
+                    memory_total: c.info.memory_mib,
+                    utilization: if timed { Some(busy.unwrap_or(0)) } else { None },
+                    temperature: None,
+                    power_mw: None,
+                    processes: uses
+                        .into_iter()
+                        .map(|u| ProcessSample { pid: u.pid, memory: Some(u.memory), sm: u.busy })
+                        .collect(),
+                }
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -137,7 +180,7 @@ mod tests {
         // A connector and a non-Intel card are not cards.
         std::fs::create_dir_all(root.join("class/drm/card0-DP-1")).unwrap();
         card(&root, 2, "0000:65:00.0", "nvidia", "0x10de", None);
-        let reader = SysfsDrm { sysfs_root: root.clone(), dev_root: PathBuf::from("/dev") };
+        let reader = SysfsDrm::new(root.clone(), PathBuf::from("/dev"), root.join("proc"));
         let cards = reader.cards().unwrap();
         assert_eq!(cards.len(), 2);
         let (i915, xe) = (&cards[0], &cards[1]);
@@ -154,19 +197,50 @@ mod tests {
     }
 
     #[test]
+    fn each_card_is_sampled_with_the_processes_that_have_it_open() {
+        let root = tree("users");
+        card(&root, 0, "0000:03:00.0", "i915", "0x8086", Some(16 << 30));
+        card(&root, 1, "0000:4d:00.0", "xe", "0x8086", None);
+        let fdinfo = root.join("proc/4242/fdinfo");
+        std::fs::create_dir_all(&fdinfo).unwrap();
+        let busy = |ns: u64| {
+            format!(
+                "drm-driver:\ti915\ndrm-client-id:\t3\ndrm-pdev:\t0000:03:00.0\ndrm-resident-local0:\t2048 MiB\ndrm-engine-compute:\t{ns} ns\n"
+            )
+        };
+        std::fs::write(fdinfo.join("5"), busy(0)).unwrap();
+        let reader = SysfsDrm::new(root.clone(), PathBuf::from("/dev"), root.join("proc"));
+        let first = reader.sample().unwrap();
+        assert_eq!(first.len(), 2);
+        let (i915, xe) = (&first[0], &first[1]);
+        assert_eq!((i915.memory_used, i915.memory_total, i915.utilization), (MiB(2048), MiB(16384), None));
+        assert_eq!(i915.processes, vec![ProcessSample { pid: 4242, memory: Some(MiB(2048)), sm: None }]);
+        assert!(xe.processes.is_empty());
+        // The compute engine busy the whole time since (and more: clamped).
+        std::fs::write(fdinfo.join("5"), busy(u64::MAX / 2)).unwrap();
+        let second = reader.sample().unwrap();
+        assert_eq!((second[0].utilization, second[0].processes[0].sm), (Some(100), Some(100)));
+        assert_eq!(second[1].utilization, Some(0));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn a_physical_function_with_virtual_functions_is_skipped() {
         let root = tree("sriov");
         card(&root, 0, "0000:03:00.0", "i915", "0x8086", None);
         std::fs::write(root.join("devices/pci0000:00/0000:03:00.0/sriov_numvfs"), "4\n").unwrap();
-        let reader = SysfsDrm { sysfs_root: root.clone(), dev_root: PathBuf::from("/dev") };
+        let reader = SysfsDrm::new(root.clone(), PathBuf::from("/dev"), root.join("proc"));
         assert!(reader.cards().unwrap().is_empty());
         std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn no_drm_class_means_no_cards() {
-        let reader =
-            SysfsDrm { sysfs_root: PathBuf::from("/nonexistent-sysfs"), dev_root: PathBuf::from("/dev") };
+        let reader = SysfsDrm::new(
+            PathBuf::from("/nonexistent-sysfs"),
+            PathBuf::from("/dev"),
+            PathBuf::from("/nonexistent-proc"),
+        );
         assert!(reader.cards().unwrap().is_empty());
     }
 }

@@ -182,7 +182,7 @@ pub fn http_routes(data: &[u8]) {
 /// cgroup) as files: read or skipped, and the inventory made of what was read round-trips.
 pub fn sysfs_and_proc(data: &[u8]) {
     use nano_gpu_agent::inventory::GpuInventory;
-    let [vendor, device, numa, memory, vfs, stat, cgroup] = parts::<7>(data);
+    let [vendor, device, numa, memory, vfs, stat, cgroup, fdinfo] = parts::<8>(data);
     static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("nano-gpu-fuzz-{}-{run}", std::process::id()));
@@ -199,7 +199,7 @@ pub fn sysfs_and_proc(data: &[u8]) {
     for (file, content) in files {
         std::fs::write(card.join(file), content).unwrap();
     }
-    let drm = nano_gpu_agent::inventory::SysfsDrm { sysfs_root: dir.join("sys"), dev_root: dir.join("dev") };
+    let drm = nano_gpu_agent::inventory::SysfsDrm::new(dir.join("sys"), dir.join("dev"), dir.join("proc"));
     if let Ok(cards) = drm.cards() {
         let inventory = NodeInventory::new(cards.into_iter().map(|c| c.info).collect());
         assert_eq!(NodeInventory::decode(&inventory.encode()), Ok(inventory));
@@ -209,6 +209,14 @@ pub fn sysfs_and_proc(data: &[u8]) {
     std::fs::write(process.join("stat"), &stat).unwrap();
     std::fs::write(process.join("cgroup"), &cgroup).unwrap();
     let _ = nano_gpu_agent::usage::procs::Procs::new(dir.join("proc")).container_of(42);
+    // A DRM client's fdinfo, sampled twice (the second turns counters into utilisation).
+    std::fs::create_dir_all(process.join("fdinfo")).unwrap();
+    std::fs::write(process.join("fdinfo/3"), &fdinfo).unwrap();
+    for _ in 0..2 {
+        if let Ok(samples) = drm.sample() {
+            assert!(samples.iter().all(|s| s.utilization.is_none_or(|u| u <= 100)), "{samples:?}");
+        }
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
