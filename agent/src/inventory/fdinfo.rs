@@ -98,15 +98,22 @@ fn bytes(value: &str) -> Option<u64> {
 pub type Clients = BTreeMap<(u32, String, u64), Client>;
 
 /// Every DRM client of every process under `proc_root`: a client open under several fds counts
-/// once. Processes whose fdinfo cannot be read are skipped.
+/// once. Only the fds that are DRM device nodes (`fd/<n>` links into `/dev/dri/`) are read;
+/// processes whose fds cannot be read are skipped.
 pub fn scan(proc_root: &Path) -> Clients {
     let mut clients = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(proc_root) else { return clients };
     for entry in entries.filter_map(Result::ok) {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fdinfo")) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
         for fd in fds.filter_map(Result::ok) {
-            let Ok(text) = std::fs::read_to_string(fd.path()) else { continue };
+            let drm = std::fs::read_link(fd.path()).is_ok_and(|target| target.starts_with("/dev/dri/"));
+            if !drm {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(entry.path().join("fdinfo").join(fd.file_name())) else {
+                continue;
+            };
             if let Some(c) = parse(&text) {
                 clients.insert((pid, c.pdev.clone(), c.id), c);
             }
@@ -191,7 +198,7 @@ impl Sampler {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const I915: &str = "pos:\t0\nflags:\t02100002\nmnt_id:\t26\nino:\t1018\ndrm-driver:\ti915\n\
@@ -219,10 +226,16 @@ mod tests {
         assert_eq!(odd.device_memory, 0);
     }
 
-    fn write(root: &Path, pid: u32, fd: u32, text: &str) {
-        let dir = root.join(pid.to_string()).join("fdinfo");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(fd.to_string()), text).unwrap();
+    /// Process `pid`'s fd `fd` with `text` as its fdinfo: a DRM render node when it says `drm-`.
+    pub(crate) fn write(root: &Path, pid: u32, fd: u32, text: &str) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("fdinfo")).unwrap();
+        std::fs::create_dir_all(dir.join("fd")).unwrap();
+        std::fs::write(dir.join("fdinfo").join(fd.to_string()), text).unwrap();
+        let link = dir.join("fd").join(fd.to_string());
+        let _ = std::fs::remove_file(&link);
+        let target = if text.contains("drm-") { "/dev/dri/renderD128" } else { "/var/log/app.log" };
+        std::os::unix::fs::symlink(target, link).unwrap();
     }
 
     #[test]
@@ -234,11 +247,15 @@ mod tests {
         write(&root, 10, 4, I915);
         write(&root, 11, 5, XE);
         write(&root, 12, 0, "pos:\t0\n");
+        // fdinfo that looks like a client behind an fd that is not a DRM node: not read.
+        write(&root, 13, 1, "pos:\t0\n");
+        std::fs::write(root.join("13/fdinfo/1"), I915).unwrap();
         let mut s = Sampler::default();
         let first = s.sample(&root);
         let (uses, card) = &first["0000:03:00.0"];
         assert_eq!((uses.as_slice(), *card), (&[Use { pid: 10, memory: MiB(1), busy: None }][..], None));
         assert_eq!(first.len(), 2);
+        assert!(first.values().all(|(uses, _)| uses.iter().all(|u| u.pid != 13)), "{first:?}");
         // xe: 300 of 1000 more cycles busy on rcs; i915: render busy for ever (clamped to 100 %).
         write(
             &root,

@@ -115,6 +115,9 @@ impl GpuInventory for SysfsDrm {
     /// second sample on.
     fn sample(&self) -> Result<Vec<CardSample>, InventoryError> {
         let cards = self.cards()?;
+        if cards.is_empty() {
+            return Ok(Vec::new()); // no Intel card: no process scan
+        }
         let mut sampler = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let timed = sampler.timed();
         let mut users = sampler.sample(&self.proc_root);
@@ -201,14 +204,13 @@ mod tests {
         let root = tree("users");
         card(&root, 0, "0000:03:00.0", "i915", "0x8086", Some(16 << 30));
         card(&root, 1, "0000:4d:00.0", "xe", "0x8086", None);
-        let fdinfo = root.join("proc/4242/fdinfo");
-        std::fs::create_dir_all(&fdinfo).unwrap();
         let busy = |ns: u64| {
             format!(
                 "drm-driver:\ti915\ndrm-client-id:\t3\ndrm-pdev:\t0000:03:00.0\ndrm-resident-local0:\t2048 MiB\ndrm-engine-compute:\t{ns} ns\n"
             )
         };
-        std::fs::write(fdinfo.join("5"), busy(0)).unwrap();
+        let procs = root.join("proc");
+        super::super::fdinfo::tests::write(&procs, 4242, 5, &busy(0));
         let reader = SysfsDrm::new(root.clone(), PathBuf::from("/dev"), root.join("proc"));
         let first = reader.sample().unwrap();
         assert_eq!(first.len(), 2);
@@ -217,7 +219,7 @@ mod tests {
         assert_eq!(i915.processes, vec![ProcessSample { pid: 4242, memory: Some(MiB(2048)), sm: None }]);
         assert!(xe.processes.is_empty());
         // The compute engine busy the whole time since (and more: clamped).
-        std::fs::write(fdinfo.join("5"), busy(u64::MAX / 2)).unwrap();
+        super::super::fdinfo::tests::write(&procs, 4242, 5, &busy(u64::MAX / 2));
         let second = reader.sample().unwrap();
         assert_eq!((second[0].utilization, second[0].processes[0].sm), (Some(100), Some(100)));
         assert_eq!(second[1].utilization, Some(0));
