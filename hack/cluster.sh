@@ -187,21 +187,6 @@ import_images() {
 #   - the optional profile deploy/default-scheduler/ is installed beside the shipped one: the extender
 #     also over HTTPS for clients of the CA in $DIR/extender-client (made here), whose scheduler
 #     certificate the end-to-end test gives a kube-scheduler of its own.
-# extender_client_certs DIR: a CA that signs nothing else (ca.crt, ca.key) and kube-scheduler's
-# extender client certificate from it (scheduler.crt, scheduler.key).
-extender_client_certs() {
-  mkdir -p "$1" && chmod 700 "$1"
-  { openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 365 -sha256 \
-      -subj "/CN=nano-gpu-extender-client-ca" -keyout "$1/ca.key" -out "$1/ca.crt" \
-      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign &&
-    printf '%s\n' basicConstraints=CA:FALSE keyUsage=critical,digitalSignature extendedKeyUsage=clientAuth >"$1/scheduler.ext" &&
-    openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -subj "/CN=kube-scheduler" \
-      -keyout "$1/scheduler.key" -out "$1/scheduler.csr" &&
-    openssl x509 -req -in "$1/scheduler.csr" -CA "$1/ca.crt" -CAkey "$1/ca.key" -CAcreateserial \
-      -days 365 -sha256 -extfile "$1/scheduler.ext" -out "$1/scheduler.crt"; } >>"$1/openssl.log" 2>&1 ||
-    die "openssl failed for the extender's client certificates; see $1/openssl.log"
-}
-
 install_nano_gpu() {
   local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
@@ -211,7 +196,8 @@ install_nano_gpu() {
   # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
   kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
   kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
-  extender_client_certs "$DIR/extender-client"
+  # A CA that signs nothing else, and kube-scheduler's extender client certificate from it.
+  bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
   kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
     --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
   kubectl apply -f "$ROOT/deploy/default-scheduler/extender-service.yaml" >&2

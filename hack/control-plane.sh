@@ -22,7 +22,7 @@ READY_TIMEOUT=${READY_TIMEOUT:-90}
 
 log() { echo "control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
-usage() { die "usage: $0 start|stop <dir> | client <dir> NAME SUBJECT SERVER"; }
+usage() { die "usage: $0 start|stop <dir> | client <dir> NAME SUBJECT SERVER | client-ca <dir> NAME SUBJECT"; }
 
 # shellcheck source=hack/lib.sh
 source "$ROOT/hack/lib.sh"
@@ -38,9 +38,18 @@ stop() {
 }
 
 
-# cert NAME SUBJECT EXTENSIONS: EC key + cert signed by the test CA.
+# ca SUBJECT: a new CA (EC key and self-signed cert) in $PKI.
+ca() {
+  mkdir -p "$PKI" && chmod 700 "$PKI"
+  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 365 -sha256 \
+    -subj "$1" -keyout "$PKI/ca.key" -out "$PKI/ca.crt" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+    >>"$PKI/openssl.log" 2>&1 || die "openssl failed for the CA; see $PKI/openssl.log"
+}
+
+# cert NAME SUBJECT EXTENSIONS: EC key + cert signed by the CA in $PKI.
 cert() {
-  local pki=$DIR/pki
+  local pki=$PKI
   printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "$3" >"$pki/$1.ext"
   { openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -subj "$2" \
       -keyout "$pki/$1.key" -out "$pki/$1.csr" &&
@@ -51,12 +60,8 @@ cert() {
 }
 
 certs() {
-  local pki=$DIR/pki
-  mkdir -p "$pki" && chmod 700 "$pki"
-  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 365 -sha256 \
-    -subj "/CN=nano-gpu-test-ca" -keyout "$pki/ca.key" -out "$pki/ca.crt" \
-    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
-    >>"$pki/openssl.log" 2>&1 || die "openssl failed for the CA; see $pki/openssl.log"
+  local pki=$PKI
+  ca "/CN=nano-gpu-test-ca"
   cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
 subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,${CP_IP:+IP:$CP_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin "/O=system:masters/CN=nano-gpu-admin" extendedKeyUsage=clientAuth
@@ -171,6 +176,7 @@ EOF
 [[ $# -ge 2 ]] || usage
 # Absolute, so pid ownership checks and kubeconfig paths do not depend on cwd.
 DIR=$(mkdir -p "$2" && cd "$2" && pwd)
+PKI=$DIR/pki
 case $1 in
   start) [[ $# -eq 2 ]] || usage; start ;;
   stop) [[ $# -eq 2 ]] || usage; stop; log "stopped" ;;
@@ -178,5 +184,11 @@ case $1 in
     [[ $# -eq 5 ]] || usage
     cert "$3" "$4" extendedKeyUsage=clientAuth
     kubeconfig "$3" "$(sed -n 's#.*/CN=\([^/]*\).*#\1#p' <<<"$4")" "$5" ;;
+  client-ca)
+    # A CA of its own in <dir> (signing nothing else) and client certificate NAME from it.
+    [[ $# -eq 4 ]] || usage
+    PKI=$DIR
+    ca "/CN=nano-gpu-$3-client-ca"
+    cert "$3" "$4" extendedKeyUsage=clientAuth ;;
   *) usage ;;
 esac

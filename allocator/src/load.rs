@@ -80,9 +80,9 @@ pub async fn follow(base: String, view: Arc<SharedView>, every: Duration, stale:
     let mut last_ok: Option<Instant> = None;
     let mut failing = false;
     loop {
-        let held = view.lock().load_cards() > 0;
-        let limit = match last_ok {
-            Some(t) if held => TIMEOUT.min((t + stale).saturating_duration_since(Instant::now())),
+        // While a reading is in use, the query may last until it turns stale; after, TIMEOUT.
+        let limit = match last_ok.map(|t| (t + stale).saturating_duration_since(Instant::now())) {
+            Some(left) if !left.is_zero() => TIMEOUT.min(left),
             _ => TIMEOUT,
         };
         match read(&client, &base, limit).await {
@@ -99,7 +99,7 @@ pub async fn follow(base: String, view: Arc<SharedView>, every: Duration, stale:
                     tracing::warn!(error = %e, prometheus = %base, "card load not read; kept for {} s at most", stale.as_secs());
                 }
                 failing = true;
-                if last_ok.is_none_or(|t| t.elapsed() > stale) {
+                if last_ok.is_none_or(|t| t.elapsed() >= stale) {
                     view.lock().set_load(None);
                 }
             }

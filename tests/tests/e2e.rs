@@ -273,13 +273,12 @@ async fn the_default_scheduler_profile_over_tls(cluster: &Cluster, client: &kube
         .unwrap();
     let ca = secret.data.unwrap()["ca.crt"].0.clone();
     std::fs::write(dir.join("extender-ca.crt"), ca).unwrap();
-    let shipped = std::fs::read_to_string(concat!(
+    let mut config = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../deploy/default-scheduler/scheduler-config.yaml"
     ))
     .unwrap();
     let kubeconfig = cluster.path("default-scheduler.kubeconfig");
-    let mut config = shipped.clone();
     for (from, to) in [
         ("schedulerName: default-scheduler", "schedulerName: e2e-over-tls".to_owned()),
         ("leaderElect: true", "leaderElect: false".to_owned()),
