@@ -54,10 +54,10 @@ node_ip() { echo "10.201.0.$1"; }
 tools() {
   if [[ -z ${NANO_GPU_BIN:-} ]]; then
     (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
-      --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
+      --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use --bin nvidia-cuda-mps-control -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
   fi
-  for f in netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  for f in netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use nvidia-cuda-mps-control; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
   FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
   [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
 }
@@ -395,6 +395,7 @@ EOF
     chmod 1777 "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
     nvml_config "$node" "$k" >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/nvml.json"
     install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
+    install -m 755 "$NANO_GPU_BIN/nvidia-cuda-mps-control" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/"
     start_containerd "$node" "$k"
   done
   for ((k = 1; k <= n; k++)); do

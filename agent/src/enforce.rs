@@ -10,6 +10,7 @@
 //! handed out unlimited under a mode that promises a limit. The pods with shares on a card whose
 //! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`crate::daemons`].
 
+pub mod driver;
 pub mod mps;
 
 use crate::inventory::Card;

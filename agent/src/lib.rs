@@ -124,6 +124,15 @@ pub struct Flags {
     /// HAMi-core). The Node's `nano-gpu/enforcement` label wins over this flag.
     #[arg(long, env = "NANO_GPU_ENFORCEMENT", value_enum, default_value = "none")]
     pub enforcement: enforce::Mode,
+    /// The driver's per-cgroup memory limit on each share's pod (NVML, driver r615+, cgroup v2):
+    /// `driver` sets it at PreStartContainer and serves no NVIDIA card where it cannot be set;
+    /// `none` leaves memory to the enforcement mode. Support is shown on the Node either way
+    /// (`nano-gpu/memory-limit`).
+    #[arg(long, env = "NANO_GPU_MEMORY_LIMIT", value_enum, default_value = "none")]
+    pub memory_limit: enforce::driver::Asked,
+    /// The host's cgroup v2 root, where pods' cgroups are found and named to the driver.
+    #[arg(long, env = "NANO_GPU_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
     /// Host directory of the MPS daemons (one pipe and log directory per card, one shared shm).
     #[arg(long, env = "NANO_GPU_MPS_ROOT", default_value = "/run/nano-gpu/mps")]
     pub mps_root: PathBuf,

@@ -30,6 +30,19 @@ fn serve(flags: &Flags) -> ExitCode {
     };
     until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
+        let memory =
+            enforce::driver::MemoryLimit::decide(flags.memory_limit, &flags.nvml_lib, &flags.cgroup_root);
+        match &memory {
+            enforce::driver::MemoryLimit::Driver(_) => {
+                tracing::info!("shares' pods get the driver's memory limit")
+            }
+            enforce::driver::MemoryLimit::Unavailable(why) => {
+                tracing::error!("--memory-limit driver: {why}; no NVIDIA card is served")
+            }
+            enforce::driver::MemoryLimit::Off { available } => {
+                tracing::info!(available, "the driver's memory limit is not asked (--memory-limit none)")
+            }
+        }
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
         let (mut residents, mut reports_tx) = (None, None);
         let mut enforcement = flags.enforcement(None);
@@ -50,6 +63,7 @@ fn serve(flags: &Flags) -> ExitCode {
                     let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
                     let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
                         .with_gpushare(gpushare)
+                        .with_memory_limit(memory.label())
                         .watching(seen);
                     let lister: Arc<dyn Lister> =
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
@@ -104,7 +118,7 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             e => tracing::info!(mode = e.name(), "shares are enforced"),
         }
-        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi, enforcement };
+        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi, enforcement, memory };
         let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)

@@ -23,9 +23,11 @@ pub use edits::{Claimed, Edits, allocate};
 pub use identity::{Identity, Report};
 pub use socket::{bind, register, serve, serve_on};
 
+use crate::enforce::driver::{DriverLimit, MemoryLimit};
 use crate::inventory::Card;
 use crate::resource::Resource;
 use futures::Stream;
+use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
 use nano_gpu_proto::kubelet::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions, Empty,
@@ -58,6 +60,43 @@ impl Plugin {
         identity: Option<Arc<Identity>>,
     ) -> Self {
         Plugin { cards, resource, edits, identity }
+    }
+}
+
+impl Plugin {
+    /// Sets the driver's memory limit for a share (one NVIDIA card, less than whole) on its pod's
+    /// cgroup: what the pod holds on that card. A failure fails the call, so the kubelet starts the
+    /// container later (and calls again) instead of starting it unlimited.
+    async fn limit_memory(
+        &self,
+        limit: &Arc<DriverLimit>,
+        cards: &[Card],
+        ids: &[String],
+    ) -> Result<(), Status> {
+        let got = derive(cards, ids)?;
+        let [(card, n)] = got.as_slice() else { return Ok(()) };
+        if card.info.vendor != Vendor::Nvidia || u64::from(*n) >= self.resource.card_units(card) {
+            return Ok(());
+        }
+        let identity = self.identity.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "the driver's memory limit needs --node-name: which pod a share is for",
+            )
+        })?;
+        let (pod, uid, memory) = identity.holding(ids, card).await.map_err(Status::unavailable)?;
+        let (limit, uuid) = (limit.clone(), card.info.uuid.clone());
+        let set = tokio::task::spawn_blocking(move || limit.limit_pod(&uuid, &uid, memory))
+            .await
+            .map_err(|e| Status::internal(format!("setting the memory limit: {e}")))?;
+        match set {
+            Ok(cgroup) => {
+                tracing::info!(%pod, card = %card.info.uuid, memory_mib = memory.0, cgroup = %cgroup.display(), "driver memory limit set");
+                Ok(())
+            }
+            Err(e) => {
+                Err(Status::unavailable(format!("pod {pod}: the driver's memory limit was not set: {e}")))
+            }
+        }
     }
 }
 
@@ -140,6 +179,9 @@ impl DevicePlugin for Plugin {
         let ids = request.into_inner().devices_ids;
         let cards = self.cards.borrow().clone();
         derive(&cards, &ids)?;
+        if let MemoryLimit::Driver(limit) = &self.edits.memory {
+            self.limit_memory(limit, &cards, &ids).await?;
+        }
         if let Some(identity) = &self.identity {
             // Checked in the background: the container already has what its IDs say.
             let report = Report::Starting { ids, cards, resource: self.resource };

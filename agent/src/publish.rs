@@ -17,18 +17,26 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::annotations::{
-    COUNT_LABEL, ENFORCEMENT_LABEL, GPUS_ANNOTATION, MODEL_LABEL, NodeInventory, VENDOR_LABEL, node_labels,
+    COUNT_LABEL, ENFORCEMENT_LABEL, GPUS_ANNOTATION, MEMORY_LIMIT_LABEL, MODEL_LABEL, NodeInventory,
+    VENDOR_LABEL, node_labels,
 };
 use nano_gpu_proto::resources::GPUSHARE_COUNT;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use tokio::sync::watch;
 
-/// The merge patch for `cards`: labels the inventory no longer has are removed (`null`).
-pub fn node_patch(cards: &[Card]) -> Value {
+/// The Node labels the agent writes.
+const OURS: [&str; 4] = [COUNT_LABEL, MODEL_LABEL, VENDOR_LABEL, MEMORY_LIMIT_LABEL];
+
+/// The merge patch for `cards` and the driver's memory limit (`memory_limit`, the label's value):
+/// labels the inventory no longer has are removed (`null`).
+pub fn node_patch(cards: &[Card], memory_limit: Option<&str>) -> Value {
     let inv = NodeInventory::new(cards.iter().map(|c| c.info.clone()).collect());
-    let present = node_labels(&inv);
-    let labels: serde_json::Map<String, Value> = [COUNT_LABEL, MODEL_LABEL, VENDOR_LABEL]
+    let mut present = node_labels(&inv);
+    if let Some(value) = memory_limit {
+        present.insert(MEMORY_LIMIT_LABEL.to_owned(), value.to_owned());
+    }
+    let labels: serde_json::Map<String, Value> = OURS
         .iter()
         .map(|k| (k.to_string(), present.get(*k).map_or(Value::Null, |v| Value::String(v.clone()))))
         .collect();
@@ -57,7 +65,7 @@ pub fn carried_status(node: &Node) -> Value {
 /// What a Node carries of ours, in the shape of [`node_patch`] (absent labels as `null`).
 pub fn carried(node: &Node) -> Value {
     let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(GPUS_ANNOTATION));
-    let labels: serde_json::Map<String, Value> = [COUNT_LABEL, MODEL_LABEL, VENDOR_LABEL]
+    let labels: serde_json::Map<String, Value> = OURS
         .iter()
         .map(|k| {
             let v = node.metadata.labels.as_ref().and_then(|l| l.get(*k));
@@ -126,6 +134,7 @@ pub struct Publisher {
     api: Api<Node>,
     node: String,
     gpushare: Option<Resource>,
+    memory_limit: Option<&'static str>,
     last: (Option<Value>, Option<Value>),
     seen: Option<watch::Receiver<Option<Carried>>>,
 }
@@ -133,12 +142,25 @@ pub struct Publisher {
 impl Publisher {
     /// For the Node `node`, comparing with the last patch written.
     pub fn new(client: kube::Client, node: String) -> Self {
-        Publisher { api: Api::all(client), node, gpushare: None, last: (None, None), seen: None }
+        Publisher {
+            api: Api::all(client),
+            node,
+            gpushare: None,
+            memory_limit: None,
+            last: (None, None),
+            seen: None,
+        }
     }
 
     /// Also publishes the status gpushare's tools read ([`gpushare_status_patch`]) for `resource`.
     pub fn with_gpushare(mut self, resource: Option<Resource>) -> Self {
         self.gpushare = resource;
+        self
+    }
+
+    /// Also shows the driver's memory limit on the node (`nano-gpu/memory-limit`, `value`).
+    pub fn with_memory_limit(mut self, value: &'static str) -> Self {
+        self.memory_limit = Some(value);
         self
     }
 
@@ -165,7 +187,7 @@ impl Publisher {
         let seen = self.seen.as_ref().and_then(|rx| rx.borrow().clone());
         let (seen_metadata, seen_status) = seen.map_or((None, None), |c| (Some(c.metadata), Some(c.status)));
         let mut wrote = false;
-        let patch = node_patch(cards);
+        let patch = node_patch(cards, self.memory_limit);
         if seen_metadata.as_ref().or(self.last.0.as_ref()) != Some(&patch) {
             self.api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             self.last.0 = Some(patch);
@@ -196,7 +218,7 @@ mod tests {
 
     #[test]
     fn labels_of_an_empty_node_are_removed() {
-        let p = node_patch(&[]);
+        let p = node_patch(&[], None);
         assert_eq!(p["metadata"]["labels"]["nano-gpu/gpu.count"], "0");
         assert!(p["metadata"]["labels"]["nano-gpu/gpu.model"].is_null());
         assert_eq!(p["metadata"]["annotations"]["nano-gpu/gpus"], r#"{"v":1,"gpus":[]}"#);
@@ -232,7 +254,7 @@ mod tests {
         let cards = [card("GPU-a")];
         // The Node carries our cards already: nothing to write.
         let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
-        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&bare) }));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards, None), ..Carried::of(&bare) }));
         assert!(!publisher.publish(&cards).await.unwrap());
         // Someone removed the annotation: written again.
         seen_tx.send_replace(Some(Carried::of(&bare)));
@@ -275,11 +297,11 @@ mod tests {
             send.send_response(Response::new(Body::from(serde_json::to_vec(&node).unwrap())));
         });
         // The Node carries our metadata and a count the kubelet reset to 0: only the status is written.
-        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&node("0")) }));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards, None), ..Carried::of(&node("0")) }));
         assert!(publisher.publish(&cards).await.unwrap());
         server.await.unwrap();
         // Once the watch shows it, nothing more to write.
-        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards), ..Carried::of(&node("2")) }));
+        seen_tx.send_replace(Some(Carried { metadata: node_patch(&cards, None), ..Carried::of(&node("2")) }));
         assert!(!publisher.publish(&cards).await.unwrap());
     }
 }

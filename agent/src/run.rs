@@ -68,10 +68,10 @@ fn read(
     backends: &[Box<dyn GpuInventory>],
     health: &Health,
     readiness: &Readiness,
-    enforcement: &Enforcement,
+    edits: &Edits,
 ) -> Snapshot {
     let (mut cards, errors) = read_all(backends);
-    enforcement.apply(&mut cards);
+    edits.apply(&mut cards);
     let mut problems = Vec::new();
     for (backend, e) in errors {
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
@@ -93,11 +93,11 @@ async fn read_blocking(
     backends: &Backends,
     health: &Arc<Health>,
     readiness: &Arc<Readiness>,
-    enforcement: &Enforcement,
+    edits: &Edits,
 ) -> Option<Snapshot> {
     let (backends, health, readiness) = (backends.clone(), health.clone(), readiness.clone());
-    let enforcement = enforcement.clone();
-    match tokio::task::spawn_blocking(move || read(&backends, &health, &readiness, &enforcement)).await {
+    let edits = edits.clone();
+    match tokio::task::spawn_blocking(move || read(&backends, &health, &readiness, &edits)).await {
         Ok(snapshot) => Some(snapshot),
         Err(e) => {
             tracing::error!(error = %e, "reading the cards failed; keeping the last inventory");
@@ -178,7 +178,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         told,
     } = agent;
     let backends: Backends = Arc::new(backends);
-    let first = read_blocking(&backends, &health, &readiness, &edits.enforcement).await.unwrap_or_default();
+    let first = read_blocking(&backends, &health, &readiness, &edits).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);
     // The background tasks stop when the loop ends, however it ends.
@@ -207,7 +207,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let health = health.clone();
         let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
-        let enforcement = edits.enforcement.clone();
+        let edits = edits.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
@@ -235,7 +235,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     _ = health.changed.notified() => {}
                     _ = node_changed => {}
                 }
-                let Some(read) = read_blocking(&backends, &health, &readiness, &enforcement).await else {
+                let Some(read) = read_blocking(&backends, &health, &readiness, &edits).await else {
                     continue;
                 };
                 fresh = read;

@@ -23,6 +23,9 @@ pub const ASSIGNMENT_ANNOTATION: &str = "nano-gpu/assignment";
 pub const MODEL_LABEL: &str = "nano-gpu/gpu.model";
 /// Node label set by an operator: how the node's agent enforces shares (`none`, `mps`, `hami-core`).
 pub const ENFORCEMENT_LABEL: &str = "nano-gpu/enforcement";
+/// Node label set by the agent: the driver's per-cgroup memory limit on the node (`driver`: set on
+/// every share's pod, `available`: the driver could, `unavailable`).
+pub const MEMORY_LIMIT_LABEL: &str = "nano-gpu/memory-limit";
 /// Node label: the number of cards.
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.

@@ -3,6 +3,7 @@
 //! for `aliyun.com/gpu-mem`.
 
 use super::devices::derive;
+use crate::enforce::driver::MemoryLimit;
 use crate::enforce::{Enforcement, Share};
 use crate::inventory::Card;
 use crate::resource::Resource;
@@ -19,6 +20,16 @@ pub struct Edits {
     pub cdi: bool,
     /// How a share of an NVIDIA card is limited.
     pub enforcement: Enforcement,
+    /// Whether a share's pod also gets the driver's memory limit (set at PreStartContainer).
+    pub memory: MemoryLimit,
+}
+
+impl Edits {
+    /// Marks unhealthy, with the reason, every card whose shares cannot be limited as promised.
+    pub fn apply(&self, cards: &mut [Card]) {
+        self.enforcement.apply(cards);
+        self.memory.apply(cards);
+    }
 }
 
 /// The container an Allocate is for, as far as the agent could tell.

@@ -5,11 +5,13 @@
 use super::Snapshot;
 use super::devices::prefer;
 use super::edits::Claimed;
+use crate::inventory::Card;
 use crate::podresources::Lister;
 use crate::pods::watch::NodePods;
 use crate::pods::{NodePod, Pending, Pods, Served, identify, pending, steer};
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::CardGrant;
+use nano_gpu_proto::units::MiB;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,6 +193,46 @@ impl Identity {
         };
         let snapshot = self.pods.borrow().clone();
         pending(&snapshot, &served, &HashSet::new(), size)
+    }
+
+    /// The pod of the container the kubelet gave `ids` (pod-resources names it) and what that pod
+    /// holds on `card`: its `namespace/name`, UID and memory there (the grants of its assignment
+    /// that add to the pod). The pod watch shows it (it was admitted); without it, one direct read.
+    pub(super) async fn holding(&self, ids: &[String], card: &Card) -> Result<(String, String, MiB), String> {
+        let mut owner = None;
+        for attempt in 0..10 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            owner = self.served().await.owner(ids).cloned();
+            if owner.is_some() {
+                break;
+            }
+        }
+        let (key, _) = owner.ok_or("no container holds these device IDs in pod-resources")?;
+        let mut pod = self.pods.borrow().get(&key).cloned();
+        if pod.is_none()
+            && let Some((reader, _)) = &self.direct
+        {
+            let list = reader.list().await.map_err(|e| format!("pod {key}: reading the node's pods: {e}"))?;
+            pod = list
+                .iter()
+                .filter_map(|p| NodePod::from_pod(p, self.resource.name()))
+                .find(|p| p.key() == key);
+        }
+        let pod = pod.ok_or_else(|| {
+            format!("pod {key} is not among the node's pods asking {}", self.resource.name())
+        })?;
+        let assignment = pod.assignment.map_err(|e| format!("pod {key}: {e}"))?;
+        let memory = assignment
+            .held()
+            .filter(|g| g.uuid == card.info.uuid)
+            .map(|g| g.memory_held(card.info.memory_mib).0)
+            .sum::<u64>();
+        if memory == 0 {
+            return Err(format!("pod {key} holds nothing on card {} in its assignment", card.info.uuid));
+        }
+        Ok((key, pod.uid, MiB(memory)))
     }
 
     /// GetPreferredAllocation for one container: IDs on the cards of the container most likely

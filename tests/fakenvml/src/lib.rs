@@ -22,6 +22,12 @@
 //! `"mig": true` is in MIG mode; the others answer `NVML_ERROR_NOT_SUPPORTED` to the MIG mode query,
 //! as cards without MIG do.
 //!
+//! **Memory limits.** `nvmlDeviceSetMemoryLimits_v1` appends each call it accepts to the file named
+//! by `"memoryLimitLog"` as one JSON line (`{"uuid","nameSpace","softLimit","hardLimit"}`); it
+//! answers `NVML_ERROR_NOT_SUPPORTED` without that file and for a card in MIG mode (as the driver
+//! does for MIG handles), and `NVML_ERROR_INVALID_ARGUMENT` for a cgroup path that is not a
+//! directory.
+//!
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
 
@@ -66,6 +72,8 @@ struct Processes {
 }
 
 static PROCESSES: Mutex<Processes> = Mutex::new(Processes { listed: Vec::new(), dir: None });
+/// Where accepted memory limits are recorded (`"memoryLimitLog"`).
+static LIMIT_LOG: Mutex<Option<String>> = Mutex::new(None);
 /// Pending XID events: (card index, XID).
 static XIDS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
 /// Cards whose critical XIDs an event set listens to.
@@ -82,6 +90,9 @@ fn load() -> Vec<Card> {
             .flatten()
             .map(|x| (x["card"].as_u64().unwrap_or(0) as usize, x["xid"].as_u64().unwrap_or(79)))
             .collect();
+    }
+    if let Ok(mut log) = LIMIT_LOG.lock() {
+        *log = doc["memoryLimitLog"].as_str().map(str::to_owned);
     }
     if let Ok(mut p) = PROCESSES.lock() {
         let listed = doc["processes"].as_array().into_iter().flatten().map(|p| {
@@ -274,6 +285,74 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 ) -> nvmlReturn_t {
     let handle = (index as usize + 1) as nvmlDevice_t;
     status(with_card(handle, |_| handle), |h| unsafe { *device = h })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if uuid.is_null() || device.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy().into_owned();
+    let Ok(guard) = CARDS.lock() else { return nvmlReturn_enum_NVML_ERROR_UNINITIALIZED };
+    let Some(cards) = guard.as_ref() else { return nvmlReturn_enum_NVML_ERROR_UNINITIALIZED };
+    match cards.iter().position(|c| c.uuid == wanted) {
+        Some(i) => {
+            unsafe { *device = (i + 1) as nvmlDevice_t };
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+    }
+}
+
+/// NVML's `nvmlSetMemoryLimits_v1_t`.
+#[repr(C)]
+pub struct nvmlSetMemoryLimits_v1_t {
+    pub nameSpace: *const c_char,
+    pub softLimit: u64,
+    pub hardLimit: u64,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlSetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    let (uuid, mig) = match with_card(device, |c| (c.uuid.clone(), c.mig)) {
+        Ok(card) => card,
+        Err(e) => return e,
+    };
+    let Some(limits) = (unsafe { limits.as_ref() }) else {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    };
+    if limits.nameSpace.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let path = unsafe { std::ffi::CStr::from_ptr(limits.nameSpace) }.to_string_lossy().into_owned();
+    let Some(log) = LIMIT_LOG.lock().ok().and_then(|l| l.clone()) else {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    };
+    if mig {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    if !std::path::Path::new(&path).is_dir() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let line = serde_json::json!({
+        "uuid": uuid, "nameSpace": path, "softLimit": limits.softLimit, "hardLimit": limits.hardLimit,
+    });
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+    match written {
+        Ok(()) => nvmlReturn_enum_NVML_SUCCESS,
+        Err(_) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
 }
 
 #[unsafe(no_mangle)]

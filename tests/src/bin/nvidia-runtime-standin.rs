@@ -10,7 +10,10 @@
 //! `libnvidia-ml.so.1`, `nvml.json` (the node's cards, the fake NVML's format) and `procs/`, the
 //! fake driver's process table (mounted read-write at `/run/nano-gpu-fake-driver/procs` and named
 //! as the list's `processDir`: every container's NVML sees the node's GPU processes, as the
-//! driver's does).
+//! driver's does). A container that asks the `compute` capability (`NVIDIA_DRIVER_CAPABILITIES`,
+//! or `all`) also gets the node's `nvidia-cuda-mps-control` (the stand-in
+//! `tests/src/bin/nvidia-cuda-mps-control.rs`) at `/usr/bin/nvidia-cuda-mps-control`, as the real
+//! runtime mounts NVIDIA's.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,7 @@ const DRIVER: &str = "/var/lib/nano-gpu-fake-driver";
 const NVML_TARGET: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 const CARDS_TARGET: &str = "/run/nano-gpu-fake-driver/nvml.json";
 const PROCS_TARGET: &str = "/run/nano-gpu-fake-driver/procs";
+const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -63,9 +67,15 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     let file = bundle.join("config.json");
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&file)?)?;
     // The last setting wins, as in a process environment.
-    let visible = spec["process"]["env"].as_array().and_then(|env| {
-        env.iter().rev().find_map(|e| e.as_str()?.strip_prefix("NVIDIA_VISIBLE_DEVICES=").map(str::to_owned))
-    });
+    let var = |name: &str| {
+        let prefix = format!("{name}=");
+        spec["process"]["env"].as_array().and_then(|env| {
+            env.iter().rev().find_map(|e| e.as_str()?.strip_prefix(prefix.as_str()).map(str::to_owned))
+        })
+    };
+    let visible = var("NVIDIA_VISIBLE_DEVICES");
+    let compute = var("NVIDIA_DRIVER_CAPABILITIES")
+        .is_some_and(|caps| caps.split(',').any(|c| matches!(c.trim(), "compute" | "all")));
     let Some(visible) = visible.filter(|v| !matches!(v.as_str(), "" | "void" | "none")) else {
         return Ok(());
     };
@@ -80,11 +90,15 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     std::fs::write(&list_file, serde_json::to_vec(&list)?)?;
 
     let mounts = spec["mounts"].as_array_mut().context("spec without mounts")?;
-    for (source, target, mode) in [
+    let mut driver = vec![
         (Path::new(DRIVER).join("libnvidia-ml.so.1"), NVML_TARGET.into(), "ro"),
         (list_file, PathBuf::from(CARDS_TARGET), "ro"),
         (Path::new(DRIVER).join("procs"), PathBuf::from(PROCS_TARGET), "rw"),
-    ] {
+    ];
+    if compute && Path::new(DRIVER).join(MPS_CONTROL).is_file() {
+        driver.push((Path::new(DRIVER).join(MPS_CONTROL), Path::new("/usr/bin").join(MPS_CONTROL), "ro"));
+    }
+    for (source, target, mode) in driver {
         mounts.push(json!({
             "destination": target,
             "type": "bind",

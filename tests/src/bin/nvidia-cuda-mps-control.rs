@@ -1,0 +1,72 @@
+//! Stands in for NVIDIA's `nvidia-cuda-mps-control` on the harness's real nodes, where there is no
+//! driver: the node's runtime stand-in (`nvidia-runtime-standin`) mounts it at
+//! `/usr/bin/nvidia-cuda-mps-control` in containers that ask the `compute` driver capability, as
+//! NVIDIA's runtime mounts the real one. Its file name makes its `/proc/<pid>/comm` the real one's
+//! (`nvidia-cuda-mps`), which is how the agent knows a control daemon.
+//!
+//! `-f` is the daemon: in `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) it writes its PID
+//! to `nvidia-cuda-mps-control.pid`, as NVIDIA's does, and the card it serves
+//! (`CUDA_VISIBLE_DEVICES`) to `card`, and in `/dev/shm` the file `nano-gpu-mps-standin`, so a
+//! client can show which pipe directory and `/dev/shm` it was given; it runs until a client tells
+//! it to quit (or it is killed). Without `-f` it is the client: it reads commands from its input
+//! and passes `quit` on. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
+//! (default `/var/log/nvidia-mps`). No MPS server is started: nothing here runs CUDA.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// Left in the pipe directory by a client told `quit`; the daemon ends when it sees it.
+const QUIT: &str = "quit";
+
+fn dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
+}
+
+fn log(dir: &Path, line: &str) {
+    let _ = std::fs::create_dir_all(dir);
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("control.log")) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+fn main() -> std::io::Result<()> {
+    let pipe = dir("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps");
+    let logs = dir("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps");
+    if std::env::args().nth(1).as_deref() == Some("-f") {
+        let card = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+        std::fs::create_dir_all(&pipe)?;
+        let _ = std::fs::remove_file(pipe.join(QUIT));
+        log(&logs, &format!("start CUDA_VISIBLE_DEVICES={card}"));
+        std::fs::write(pipe.join("card"), &card)?;
+        // The daemons' shared /dev/shm, as their clients get it.
+        let _ = std::fs::write("/dev/shm/nano-gpu-mps-standin", "the MPS daemons' /dev/shm\n");
+        std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id()))?;
+        while !pipe.join(QUIT).exists() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_file(pipe.join(PID_FILE));
+        let _ = std::fs::remove_file(pipe.join(QUIT));
+        log(&logs, "stopped");
+        return Ok(());
+    }
+    if !pipe.join(PID_FILE).exists() {
+        println!("Cannot find MPS control daemon process");
+        std::process::exit(1);
+    }
+    for command in std::io::stdin().lock().lines() {
+        let command = command?;
+        log(&logs, &format!("command {command}"));
+        if command.trim() == "quit" {
+            std::fs::write(pipe.join(QUIT), "")?;
+            for _ in 0..50 {
+                if !pipe.join(PID_FILE).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Ok(())
+}
