@@ -120,6 +120,15 @@ fn stop_serving(
 /// How often the MPS daemons are checked.
 const DAEMON_CHECK: Duration = Duration::from_secs(1);
 
+/// How often the socket files of the other agents serving the node are looked at (a `stat` each),
+/// so that the old agent of a rollout is seen going within this: a kubelet before 1.36 has no
+/// healthy device of the resource from its exit until we register anew.
+const OTHERS_CHECK: Duration = Duration::from_millis(50);
+
+/// After registering anew because another agent stopped, once more this much later: a kubelet that
+/// handled the other's disconnect only after our registration stamped that one stopped.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// Registration errors in a row (other than an unreachable kubelet) that end the agent.
 const REFUSALS: u32 = 3;
 
@@ -262,10 +271,17 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         readiness: &readiness,
     };
     let result = serve_and_register(serving, &mut shutdown).await;
-    // The kubelet holds no stream to us any more; no file of ours stays behind.
+    // No file of ours stays behind, each removed once nothing serves on it: another agent of the
+    // node takes a removed file for the end of our streams (and registers anew), so it must not
+    // see one before the kubelet does.
     for name in sockets_of(&plugin_dir, &resources).into_iter().filter(|n| is_ours(n, &resources, &instance))
     {
-        let _ = std::fs::remove_file(plugin_dir.join(name));
+        let path = plugin_dir.join(name);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while is_served(&path).await && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = std::fs::remove_file(path);
     }
     result
 }
@@ -283,6 +299,7 @@ struct Serving<'a> {
 }
 
 /// How watching a registration ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Watched {
     /// Shutdown.
     Stop,
@@ -290,6 +307,8 @@ enum Watched {
     KubeletRestarted,
     /// Another agent of this node stopped serving.
     AnotherStopped,
+    /// [`SETTLE`] after registering anew for [`Watched::AnotherStopped`].
+    Settle,
 }
 
 /// Servers, and what stops them.
@@ -313,6 +332,7 @@ async fn serve_and_register(
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
+    let mut settle: Option<tokio::time::Instant> = None;
     let stop_all = |current: Servers, earlier: &mut Vec<Servers>| {
         for (stops, servers) in earlier.drain(..).chain([current]) {
             stop_serving(stops, &servers);
@@ -419,12 +439,31 @@ async fn serve_and_register(
             }
         };
         readiness.set_registered(true);
-        // Watch for a kubelet restart, and for another agent of the node going away.
+        // Watch for a kubelet restart, and for another agent of the node going away: its socket
+        // files are looked at often (a stopping agent removes them once it serves no more), and
+        // everything, its sockets served included (a killed agent leaves its files), every
+        // `timing.check`.
+        let mut full_check = tokio::time::Instant::now() + timing.check;
         let watched = loop {
+            let mut wake = full_check;
+            if !seen.is_empty() {
+                wake = wake.min(tokio::time::Instant::now() + OTHERS_CHECK);
+            }
+            if let Some(at) = settle {
+                wake = wake.min(at);
+            }
             tokio::select! {
-                _ = tokio::time::sleep(timing.check) => {}
+                _ = tokio::time::sleep_until(wake) => {}
                 _ = shutdown.changed() => break Watched::Stop,
             }
+            let now = tokio::time::Instant::now();
+            if settle.is_some_and(|at| now >= at) {
+                break Watched::Settle;
+            }
+            if now < full_check && seen.iter().all(|o| plugin_dir.join(o).exists()) {
+                continue;
+            }
+            full_check = now + timing.check;
             let gone = sockets.iter().any(|s| file_identity(s).is_none());
             if gone || file_identity(kubelet) != kubelet_identity {
                 break Watched::KubeletRestarted;
@@ -437,13 +476,24 @@ async fn serve_and_register(
             }
         };
         match watched {
-            Watched::AnotherStopped => {
-                tracing::info!("another agent of this node stopped; devices sent again, registering anew");
+            Watched::AnotherStopped | Watched::Settle => {
+                if watched == Watched::AnotherStopped {
+                    tracing::info!(
+                        "another agent of this node stopped; devices sent again, registering anew"
+                    );
+                    settle = Some(tokio::time::Instant::now() + SETTLE);
+                } else {
+                    tracing::info!(
+                        "registering once more, in case the kubelet took the other agent's exit after"
+                    );
+                    settle = None;
+                }
                 cards.send_modify(|_| {});
                 earlier.push((stops, servers));
                 generation += 1;
             }
             Watched::KubeletRestarted => {
+                settle = None;
                 readiness.set_registered(false);
                 stop_all((stops, servers), &mut earlier);
                 generation = 0;
