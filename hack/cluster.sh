@@ -12,7 +12,8 @@
 #     forwarder (tests/src/bin/netns-forward.rs);
 #   - one mount namespace per node (<dir>/nodes/<node>/mntns) in which the node's own directories
 #     stand at the kubelet's and containerd's hard-coded paths (/var/lib, /var/log, /run/containerd,
-#     /run/netns), so a hostPath in a pod means that node's path, as on a real machine;
+#     /run/netns) and at /usr/local (empty), so a hostPath in a pod means that node's path, as on a
+#     real machine;
 #   - one cgroup root per node in every cgroup hierarchy;
 #   - the GPU driver: each containerd runs containers through nvidia-runtime-standin
 #     (tests/src/bin/nvidia-runtime-standin.rs), which gives a container that sets
@@ -234,7 +235,7 @@ cgroup_root() { echo "$CGROUP_PREFIX-$1"; }
 # node_mounts NODE: the node's mount namespace, its paths bound over the hard-coded ones.
 node_mounts() {
   local node=$1 root=$DIR/nodes/$1 d
-  mkdir -p "$root"/{var/lib,var/log,run/containerd,run/netns,cni/net.d,cni/ipam,sysctl}
+  mkdir -p "$root"/{var/lib,var/log,run/containerd,run/netns,usr/local,cni/net.d,cni/ipam,sysctl}
   touch "$root/mntns"
   unshare "--mount=$root/mntns" --propagation private true
   # protectKernelDefaults: the kubelet checks these sysctls and would write them machine-wide if
@@ -244,7 +245,8 @@ node_mounts() {
   printf '1\n' >"$root/sysctl/panic_on_oops"
   nsenter "--mount=$root/mntns" bash -s -- "$root" <<'EOF'
     set -e
-    for d in var/lib var/log run/containerd run/netns; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
+    # /usr/local too: what an operator installs there (HAMi-core's /usr/local/vgpu) is the node's.
+    for d in var/lib var/log run/containerd run/netns usr/local; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
     mount --bind "$1/sysctl/overcommit_memory" /proc/sys/vm/overcommit_memory
     mount --bind "$1/sysctl/panic" /proc/sys/kernel/panic
     mount --bind "$1/sysctl/panic_on_oops" /proc/sys/kernel/panic_on_oops

@@ -30,8 +30,12 @@ fn serve(flags: &Flags) -> ExitCode {
     };
     until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
-        let memory =
+        let mut memory =
             enforce::driver::MemoryLimit::decide(flags.memory_limit, &flags.nvml_lib, &flags.cgroup_root);
+        if matches!(memory, enforce::driver::MemoryLimit::Driver(_)) && flags.node_name.is_none() {
+            // Which pod a share is for comes from the pod watch of the node.
+            memory = enforce::driver::MemoryLimit::Unavailable("it needs --node-name".into());
+        }
         match &memory {
             enforce::driver::MemoryLimit::Driver(_) => {
                 tracing::info!("shares' pods get the driver's memory limit")

@@ -1,7 +1,8 @@
 //! Usage sampling through the real nvml-wrapper FFI path against the fake NVML: a process listed in
 //! its file and a live one (this test, holding a lock on a file of the fake's process directory) are
 //! sampled on their cards, put beside their containers' grants through a fake `/proc` tree, and
-//! rendered as metrics; a process that lets go of its card is gone from the next sample.
+//! rendered as metrics; a process that lets go of its card is gone from the next sample. The live
+//! one is an MPS client, which NVML lists apart from the other processes of its card.
 
 use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_agent::pods::Resident;
@@ -74,10 +75,11 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
         return;
     };
     let dir = Path::new(&config).parent().unwrap().to_owned();
-    // This process takes 5,000 MiB and 10 % of card b, as long as it holds the lock.
+    // This process takes 5,000 MiB and 10 % of card b, as long as it holds the lock, as an MPS
+    // client: NVML lists it apart from the card's other processes.
     let mut file = std::fs::File::create(dir.join("procs/me.json")).unwrap();
     file.lock().unwrap();
-    file.write_all(br#"{"uuid":"GPU-b","memoryMiB":5000,"sm":10}"#).unwrap();
+    file.write_all(br#"{"uuid":"GPU-b","memoryMiB":5000,"sm":10,"mps":true}"#).unwrap();
     let me = std::process::id();
 
     let nvml = NvmlInventory::new(nano_gpu_tests::fake_nvml());

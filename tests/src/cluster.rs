@@ -355,6 +355,19 @@ impl Cluster {
         script(&["down", self.dir.to_str().unwrap()]).status().unwrap()
     }
 
+    /// The Prometheus text of `node`'s agent (`:9401/metrics`, from the cluster's network); empty
+    /// while it has none.
+    pub async fn agent_metrics(&self, system: &Api<Pod>, node: &str) -> String {
+        let selector = ListParams::default()
+            .labels("app.kubernetes.io/name=nano-gpu-agent")
+            .fields(&format!("spec.nodeName={node}"));
+        let Some(agent) = system.list(&selector).await.unwrap().items.into_iter().next() else {
+            return String::new();
+        };
+        let Some(ip) = agent.status.and_then(|s| s.pod_ip) else { return String::new() };
+        self.curl(&format!("http://{ip}:9401/metrics"), None, &[]).1
+    }
+
     /// Takes the cluster down, asserting it went.
     pub fn down(&self) {
         assert!(self.down_status().success(), "hack/cluster.sh down failed");
@@ -419,6 +432,12 @@ impl Cluster {
     /// directory; the pods, the events and the tail of each log also go to stderr, which is all a CI
     /// run keeps. Every kubectl call is bounded: the API may be the thing that failed.
     fn keep_evidence(&self) {
+        // A cluster whose `up` failed has no API server to ask (its logs are in its directory); a
+        // panic here, in a drop during a panic, would abort every test of the binary and leak their
+        // clusters.
+        if !self.env.contains_key("ADMIN_KUBECONFIG") || !self.env.contains_key("K8S_BIN") {
+            return;
+        }
         let dir = self.path("failure");
         let _ = std::fs::create_dir_all(&dir);
         let kubectl = |args: &[&str]| {

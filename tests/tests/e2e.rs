@@ -39,18 +39,6 @@ async fn container_series(pods: &Api<Pod>, name: &str) -> (String, String, u64) 
     (a.node.clone(), labels, held_memory(g, &card_memories(&nodes.items)))
 }
 
-/// The Prometheus text of `node`'s agent (`:9401/metrics`, from the cluster's network).
-async fn agent_metrics(cluster: &Cluster, system: &Api<Pod>, node: &str) -> String {
-    let selector = ListParams::default()
-        .labels("app.kubernetes.io/name=nano-gpu-agent")
-        .fields(&format!("spec.nodeName={node}"));
-    let Some(agent) = system.list(&selector).await.unwrap().items.into_iter().next() else {
-        return String::new();
-    };
-    let Some(ip) = agent.status.and_then(|s| s.pod_ip) else { return String::new() };
-    cluster.curl(&format!("http://{ip}:9401/metrics"), None, &[]).1
-}
-
 /// Whether the pod's `container` is ready.
 fn ready(p: &Pod, container: &str) -> bool {
     let statuses = p.status.as_ref().and_then(|s| s.container_statuses.as_ref());
@@ -472,7 +460,7 @@ async fn the_system_works_on_real_nodes() {
         ];
         let start = std::time::Instant::now();
         loop {
-            let text = agent_metrics(&cluster, &system, node).await;
+            let text = cluster.agent_metrics(&system, node).await;
             let missing: Vec<&String> = want.iter().filter(|w| !text.lines().any(|l| l == *w)).collect();
             if missing.is_empty() {
                 break;
@@ -821,7 +809,7 @@ async fn the_system_works_on_real_nodes() {
     .await;
     for (name, overrun) in [("hog-10", 1), ("use-30", 0)] {
         let (node, labels, _) = container_series(&pods, name).await;
-        let text = agent_metrics(&cluster, &system, &node).await;
+        let text = cluster.agent_metrics(&system, &node).await;
         let want = format!("nano_gpu_container_memory_overrun{labels} {overrun}");
         assert!(text.lines().any(|l| l == want), "{want} not in {node}'s metrics:\n{text}");
     }

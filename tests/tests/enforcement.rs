@@ -7,19 +7,24 @@
 //!   stand-in `nvidia-cuda-mps-control` (`tests/src/bin/nvidia-cuda-mps-control.rs`) into it, as
 //!   NVIDIA's runtime mounts the real one. A share sees its percent and memory as MPS client limits,
 //!   the pipe directory of its own card's daemon (the daemon wrote its card there) and the daemons'
-//!   `/dev/shm` (the daemon wrote a file there); a whole card sees none of it. A daemon killed is
-//!   started again and the share's pod gets `MpsDaemonLost`.
+//!   `/dev/shm` (the daemon wrote a file there); a whole card sees none of it. A CUDA process
+//!   stand-in in a share finds its card's daemon and runs as an MPS client; the agent's metrics show
+//!   its memory under its own pod. A daemon killed is started again and the share's pod gets
+//!   `MpsDaemonLost`.
+//!
+//! - `hami-core`: HAMi-core "installed" in the node's own `/usr/local/vgpu` (a marker file, not
+//!   HAMi's library: nothing here runs CUDA): a share sees HAMi-core's env with its percent and
+//!   memory, the library, `/etc/ld.so.preload` and the lock directory; a whole card none of it.
 //!
 //! The Node's `nano-gpu/memory-limit` label says what the agent found of the driver's memory limit:
 //! the fake NVML has the function, so it is `available` where the host's cgroups are v2 and
-//! `unavailable` where they are not. `hami-core` is not run here: it needs files in the host's
-//! `/usr/local` (unit-tested in the agent).
+//! `unavailable` where they are not.
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
-use nano_gpu_tests::cluster::{Cluster, NS, create, percent_pod, wait_running, wait_until};
+use nano_gpu_tests::cluster::{Cluster, NS, create, percent_pod, percent_pod_then, wait_running, wait_until};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,37 +32,57 @@ use std::time::Duration;
 const SYSTEM: &str = "nano-gpu-system";
 const NODE: &str = "node-1";
 
-/// What container `c` of pod `name` sees: its environment, the card its MPS pipe directory names
-/// (the daemon's `card` file) and whether the daemons' `/dev/shm` is its own.
+/// What container `c` of pod `name` sees: its environment, and what its mounts hold as these
+/// names: `PIPE_CARD` (the card its MPS pipe directory's daemon serves), `DAEMONS_SHM` (`yes`: its
+/// `/dev/shm` is the MPS daemons'), `VGPU` and `PRELOAD` (HAMi-core's library and
+/// `/etc/ld.so.preload`), `VGPULOCK` (`yes`: HAMi-core's lock directory); empty when absent.
 struct Inside {
     env: BTreeMap<String, String>,
-    pipe_card: Option<String>,
-    daemons_shm: bool,
+}
+
+impl Inside {
+    fn get(&self, name: &str) -> &str {
+        self.env.get(name).map_or("", String::as_str)
+    }
+
+    /// Whether any variable starts with `prefix`.
+    fn any(&self, prefix: &str) -> bool {
+        self.env.keys().any(|k| k.starts_with(prefix))
+    }
 }
 
 fn inside(cluster: &Cluster, name: &str) -> Inside {
     let script = "env; echo PIPE_CARD=$(cat /tmp/nvidia-mps/card 2>/dev/null); \
-                  test -f /dev/shm/nano-gpu-mps-standin && echo DAEMONS_SHM=yes; true";
+                  test -f /dev/shm/nano-gpu-mps-standin && echo DAEMONS_SHM=yes; \
+                  echo VGPU=$(cat /usr/local/vgpu/libvgpu.so 2>/dev/null); \
+                  echo PRELOAD=$(cat /etc/ld.so.preload 2>/dev/null); \
+                  test -d /tmp/vgpulock && echo VGPULOCK=yes; true";
     let out = cluster.ok(&["exec", "-n", NS, name, "-c", "c", "--", "sh", "-c", script]);
-    let env: BTreeMap<String, String> =
+    let env =
         out.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-    let pipe_card = env.get("PIPE_CARD").filter(|c| !c.is_empty()).cloned();
-    let daemons_shm = env.get("DAEMONS_SHM").is_some_and(|v| v == "yes");
-    Inside { env, pipe_card, daemons_shm }
+    Inside { env }
 }
 
-/// Pod `name`'s single grant: its card and the memory (MiB) it holds.
-async fn grant(pods: &Api<Pod>, nodes: &Api<Node>, name: &str) -> (String, u64) {
+/// Labels the node `nano-gpu/enforcement=<mode>` and waits for its agent to restart under it and be
+/// ready again.
+async fn switch(nodes: &Api<Node>, system: &Api<Pod>, mode: &str) {
+    let restarts = agent_restarts(system).await;
+    let patch = json!({"metadata": {"labels": {"nano-gpu/enforcement": mode}}});
+    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_until(&format!("the agent restarted under {mode}"), Duration::from_secs(90), || async {
+        agent_restarts(system).await > restarts
+    })
+    .await;
+    agent_ready(system).await;
+}
+
+/// Pod `name`'s single grant: its card, the card's index and the memory (MiB) it holds.
+async fn grant(pods: &Api<Pod>, nodes: &Api<Node>, name: &str) -> (String, u32, u64) {
     let pod = pods.get(name).await.unwrap();
     let a = Assignment::decode(&pod.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION]).unwrap();
     let g = &a.containers["c"][0];
     let memories = card_memories(&nodes.list(&ListParams::default()).await.unwrap().items);
-    (g.uuid.clone(), held_memory(g, &memories))
-}
-
-async fn label_node(nodes: &Api<Node>, mode: &str) {
-    let patch = json!({"metadata": {"labels": {"nano-gpu/enforcement": mode}}});
-    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    (g.uuid.clone(), g.index, held_memory(g, &memories))
 }
 
 /// The node's agent serves: its pod is Ready and the Node's inventory shows a healthy card.
@@ -112,44 +137,52 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     create(&pods, &percent_pod("plain-30", 30)).await;
     wait_running(&pods, &["plain-30".to_string()], Duration::from_secs(60)).await;
     let plain = inside(&cluster, "plain-30");
-    let (card, _) = grant(&pods, &nodes, "plain-30").await;
-    assert_eq!(plain.env.get("NANO_GPU_PERCENT").map(String::as_str), Some("30"), "{:?}", plain.env);
-    assert_eq!(plain.env.get("NVIDIA_VISIBLE_DEVICES"), Some(&card));
-    assert!(!plain.env.keys().any(|k| k.starts_with("CUDA_MPS")), "{:?}", plain.env);
-    assert_eq!((plain.pipe_card, plain.daemons_shm), (None, false));
+    let (card, _, _) = grant(&pods, &nodes, "plain-30").await;
+    assert_eq!(plain.get("NANO_GPU_PERCENT"), "30", "{:?}", plain.env);
+    assert_eq!(plain.get("NVIDIA_VISIBLE_DEVICES"), card);
+    assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
+    assert_eq!((plain.get("PIPE_CARD"), plain.get("DAEMONS_SHM"), plain.get("VGPU")), ("", "", ""));
     pods.delete("plain-30", &DeleteParams::default()).await.unwrap();
 
     // mps: the agent restarts under the new mode; the daemons' DaemonSet comes to the node.
-    let restarts = agent_restarts(&system).await;
-    label_node(&nodes, "mps").await;
-    wait_until("the agent restarted under mps", Duration::from_secs(90), || async {
-        agent_restarts(&system).await > restarts
-    })
-    .await;
-    agent_ready(&system).await;
+    switch(&nodes, &system, "mps").await;
     let shares = [("mps-30", 30), ("mps-20", 20), ("mps-whole", 100)];
     for (name, percent) in shares {
-        create(&pods, &percent_pod(name, percent)).await;
+        // mps-30 runs a CUDA process stand-in, which finds its card's daemon: an MPS client.
+        let pod = match name {
+            "mps-30" => percent_pod_then(name, percent, "exec gpu-use --memory-mib 1000 --sm 20"),
+            _ => percent_pod(name, percent),
+        };
+        create(&pods, &pod).await;
     }
     let names: Vec<String> = shares.iter().map(|s| s.0.to_string()).collect();
     wait_running(&pods, &names, Duration::from_secs(120)).await;
     for (name, percent) in &shares[..2] {
         let seen = inside(&cluster, name);
-        let (card, memory) = grant(&pods, &nodes, name).await;
-        let env = |k: &str| seen.env.get(k).map(String::as_str);
-        assert_eq!(env("NVIDIA_VISIBLE_DEVICES"), Some(card.as_str()), "{name}: {:?}", seen.env);
-        assert_eq!(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some(percent.to_string().as_str()), "{name}");
-        assert_eq!(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), Some(format!("0={memory}M").as_str()), "{name}");
-        assert_eq!(env("CUDA_MPS_PIPE_DIRECTORY"), Some("/tmp/nvidia-mps"), "{name}");
-        assert_eq!(seen.pipe_card.as_deref(), Some(card.as_str()), "{name}: not its own card's daemon");
-        assert!(seen.daemons_shm, "{name}: not the daemons' /dev/shm");
+        let (card, _, memory) = grant(&pods, &nodes, name).await;
+        assert_eq!(seen.get("NVIDIA_VISIBLE_DEVICES"), card, "{name}: {:?}", seen.env);
+        assert_eq!(seen.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), percent.to_string(), "{name}");
+        assert_eq!(seen.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), format!("0={memory}M"), "{name}");
+        assert_eq!(seen.get("CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps", "{name}");
+        assert_eq!(seen.get("PIPE_CARD"), card, "{name}: not its own card's daemon");
+        assert_eq!(seen.get("DAEMONS_SHM"), "yes", "{name}: not the daemons' /dev/shm");
     }
+    // Its use shows under its own pod: NVML lists MPS clients apart (the stand-in driver does too).
+    let (card, index, _) = grant(&pods, &nodes, "mps-30").await;
+    let series = format!(
+        "nano_gpu_container_memory_used_bytes{{node=\"{NODE}\",namespace=\"{NS}\",pod=\"mps-30\",container=\"c\",gpu=\"{}\",uuid=\"{card}\"}} {}",
+        index,
+        1000u64 << 20
+    );
+    wait_until("mps-30's MPS client in the agent's metrics", Duration::from_secs(60), || async {
+        cluster.agent_metrics(&system, NODE).await.lines().any(|l| l == series)
+    })
+    .await;
     let whole = inside(&cluster, "mps-whole");
-    assert!(!whole.env.keys().any(|k| k.starts_with("CUDA_MPS")), "{:?}", whole.env);
-    assert_eq!((whole.pipe_card, whole.daemons_shm), (None, false), "a whole card bypasses MPS");
+    assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
+    assert_eq!((whole.get("PIPE_CARD"), whole.get("DAEMONS_SHM")), ("", ""), "a whole card bypasses MPS");
 
     // The daemon of mps-30's card is killed: started again, and the pod is told.
-    let (card, _) = grant(&pods, &nodes, "mps-30").await;
     let pid_file = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");
     let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
     assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
@@ -169,23 +202,51 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     .await;
     assert_eq!(check_consistency(&cluster, &client).await, shares.len());
 
-    // Back to none: the agent restarts again and new shares are plain.
     for name in &names {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    let restarts = agent_restarts(&system).await;
-    label_node(&nodes, "none").await;
-    wait_until("the agent restarted under none", Duration::from_secs(90), || async {
-        agent_restarts(&system).await > restarts
-    })
-    .await;
-    agent_ready(&system).await;
+
+    // hami-core, installed by the operator in the node's /usr/local/vgpu (the harness gives each
+    // node its own /usr/local): a share gets HAMi-core's env with its percent and memory, the
+    // library and ld.so.preload read-only, the shared lock directory; a whole card none of it.
+    let vgpu = cluster.path(&format!("nodes/{NODE}/usr/local/vgpu"));
+    std::fs::create_dir_all(&vgpu).unwrap();
+    std::fs::write(vgpu.join("libvgpu.so"), "the node's HAMi-core, as its operator installed it\n").unwrap();
+    std::fs::write(vgpu.join("ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n").unwrap();
+    switch(&nodes, &system, "hami-core").await;
+    let shares = [("hami-40", 40), ("hami-whole", 100)];
+    for (name, percent) in shares {
+        create(&pods, &percent_pod(name, percent)).await;
+    }
+    let names: Vec<String> = shares.iter().map(|s| s.0.to_string()).collect();
+    wait_running(&pods, &names, Duration::from_secs(120)).await;
+    let seen = inside(&cluster, "hami-40");
+    let (card, _, memory) = grant(&pods, &nodes, "hami-40").await;
+    assert_eq!(seen.get("NVIDIA_VISIBLE_DEVICES"), card, "{:?}", seen.env);
+    assert_eq!(seen.get("CUDA_DEVICE_MEMORY_LIMIT_0"), format!("{memory}m"), "{:?}", seen.env);
+    assert_eq!(seen.get("CUDA_DEVICE_SM_LIMIT"), "40");
+    assert_eq!(seen.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"), "/tmp/cudevshr.cache");
+    assert_eq!(seen.get("VGPU"), "the node's HAMi-core, as its operator installed it");
+    assert_eq!(seen.get("PRELOAD"), "/usr/local/vgpu/libvgpu.so");
+    assert_eq!(seen.get("VGPULOCK"), "yes");
+    let whole = inside(&cluster, "hami-whole");
+    assert!(!whole.any("CUDA_DEVICE_"), "{:?}", whole.env);
+    assert_eq!((whole.get("VGPU"), whole.get("PRELOAD")), ("", ""), "a whole card bypasses HAMi-core");
+    assert_eq!(check_consistency(&cluster, &client).await, shares.len());
+    for name in &names {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
+    // Back to none: the agent restarts again and new shares are plain.
+    switch(&nodes, &system, "none").await;
     create(&pods, &percent_pod("plain-again", 40)).await;
     wait_running(&pods, &["plain-again".to_string()], Duration::from_secs(90)).await;
     let plain = inside(&cluster, "plain-again");
-    assert!(!plain.env.keys().any(|k| k.starts_with("CUDA_MPS")), "{:?}", plain.env);
+    assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
     cluster.down();
     clear_mps_dirs();
+    // HAMi-core's lock directory, which containerd made in the host's /tmp for the share.
+    let _ = std::fs::remove_dir("/tmp/vgpulock");
 }
 
 /// The MPS daemons' directories of this node's cards, which outlive the cluster on the host

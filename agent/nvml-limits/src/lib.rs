@@ -46,7 +46,9 @@ impl Library {
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot load NVML from {}: {e}", path.display()))?;
         let library = Library { lib };
-        for name in ["nvmlInit_v2", "nvmlDeviceGetHandleByUUID", "nvmlErrorString", SET_MEMORY_LIMITS] {
+        for name in
+            ["nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlErrorString", SET_MEMORY_LIMITS]
+        {
             library.symbol::<*const c_void>(name).map_err(|_| {
                 format!(
                     "the driver's NVML ({}) has no {name}: per-cgroup memory limits need driver r615 or newer",
@@ -81,8 +83,7 @@ impl Library {
     /// bytes, keeping `soft` bytes for them under pressure. Blocks (NVML calls do).
     pub fn set(&self, uuid: &str, cgroup: &Path, soft: u64, hard: u64) -> Result<(), String> {
         let init: Init = self.symbol("nvmlInit_v2")?;
-        let by_uuid: ByUuid = self.symbol("nvmlDeviceGetHandleByUUID")?;
-        let set: SetLimits = self.symbol(SET_MEMORY_LIMITS)?;
+        let shutdown: Init = self.symbol("nvmlShutdown")?;
         let c_uuid = CString::new(uuid).map_err(|_| format!("card UUID {uuid:?} holds a NUL"))?;
         let c_path = CString::new(cgroup.as_os_str().as_encoded_bytes())
             .map_err(|_| format!("cgroup path {} holds a NUL", cgroup.display()))?;
@@ -91,20 +92,31 @@ impl Library {
         if code != SUCCESS {
             return Err(format!("nvmlInit: {}", self.error(code)));
         }
+        let result = self.set_started(&c_uuid, &c_path, soft, hard);
+        // SAFETY: balances the nvmlInit_v2 above (NVML counts its users; the agent's own stays).
+        unsafe { shutdown() };
+        result
+    }
+
+    /// [`Library::set`] once NVML is started.
+    fn set_started(&self, uuid: &CStr, cgroup: &CStr, soft: u64, hard: u64) -> Result<(), String> {
+        let by_uuid: ByUuid = self.symbol("nvmlDeviceGetHandleByUUID")?;
+        let set: SetLimits = self.symbol(SET_MEMORY_LIMITS)?;
         let mut device: Device = std::ptr::null_mut();
         // SAFETY: a NUL-terminated UUID and a place for the handle, as the function takes them.
-        let code = unsafe { by_uuid(c_uuid.as_ptr(), &mut device) };
+        let code = unsafe { by_uuid(uuid.as_ptr(), &mut device) };
         if code != SUCCESS {
-            return Err(format!("card {uuid}: {}", self.error(code)));
+            return Err(format!("card {}: {}", uuid.to_string_lossy(), self.error(code)));
         }
         let mut limits =
-            SetMemoryLimitsV1 { name_space: c_path.as_ptr(), soft_limit: soft, hard_limit: hard };
+            SetMemoryLimitsV1 { name_space: cgroup.as_ptr(), soft_limit: soft, hard_limit: hard };
         // SAFETY: a handle NVML gave, and the struct it documents, whose path outlives the call.
         let code = unsafe { set(device, &mut limits) };
         if code != SUCCESS {
             return Err(format!(
-                "{SET_MEMORY_LIMITS} on card {uuid} for {}: {}",
-                cgroup.display(),
+                "{SET_MEMORY_LIMITS} on card {} for {}: {}",
+                uuid.to_string_lossy(),
+                cgroup.to_string_lossy(),
                 self.error(code)
             ));
         }

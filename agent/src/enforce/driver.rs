@@ -213,6 +213,7 @@ mod tests {
             found.ends_with("kubepods-burstable-pod6f1c2d3e_0000_4a4a_9b9b_123456789abc.slice"),
             "{found:?}"
         );
+        std::fs::remove_dir_all(&root).unwrap();
         let root = tree(&[
             "nano-gpu-x-node-1/kubepods/besteffort/pod6f1c2d3e-0000-4a4a-9b9b-123456789abc/0123",
             "a",
@@ -222,6 +223,7 @@ mod tests {
         );
         let e = pod_cgroup(&root, "00000000-0000-0000-0000-000000000000").unwrap_err();
         assert!(e.contains("no cgroup of pod 00000000"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -239,6 +241,7 @@ mod tests {
             MemoryLimit::decide(Asked::None, Path::new("libc.so.6"), &root.join("v2")).label(),
             "unavailable"
         );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

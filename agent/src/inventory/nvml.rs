@@ -84,13 +84,21 @@ impl NvmlInventory {
             Err(NvmlError::NotFound) => {}
             Err(e) => tracing::debug!(index, error = %e, "process utilisation not available"),
         }
-        let processes = match d.running_compute_processes() {
+        let mut processes = match d.running_compute_processes() {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(index, error = %e, "running processes not available");
                 Vec::new()
             }
         };
+        // Under MPS (Volta and newer) NVML lists the clients apart, each with its own memory.
+        match d.mps_running_compute_processes() {
+            Ok(clients) => {
+                let known: std::collections::HashSet<u32> = processes.iter().map(|p| p.pid).collect();
+                processes.extend(clients.into_iter().filter(|c| !known.contains(&c.pid)));
+            }
+            Err(e) => tracing::debug!(index, error = %e, "MPS clients not available"),
+        }
         let processes = processes
             .into_iter()
             .map(|p| ProcessSample {

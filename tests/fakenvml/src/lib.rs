@@ -18,6 +18,9 @@
 //! as a CUDA context's does. `tests/src/bin/gpu-use.rs` is such a process. A card's used memory is
 //! the sum of its processes', its utilisation the sum of their SM shares (at most 100), and each
 //! process with SM work has one utilisation sample per call, stamped with the time of the call.
+//! A process marked `"mps": true` (listed or live) is an MPS client: as on Volta and newer under
+//! MPS, `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists it, with its own memory, and
+//! `nvmlDeviceGetComputeRunningProcesses_v3` does not.
 //! `"temperature"` (°C, default 40) and `"powerW"` (default 70) are per card. A card with
 //! `"mig": true` is in MIG mode; the others answer `NVML_ERROR_NOT_SUPPORTED` to the MIG mode query,
 //! as cards without MIG do.
@@ -60,6 +63,7 @@ struct Process {
     pid: u32,
     memory_mib: u64,
     sm: u32,
+    mps: bool,
 }
 
 static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
@@ -99,7 +103,12 @@ fn load() -> Vec<Card> {
             let n = |k: &str| p[k].as_u64().unwrap_or(0);
             (
                 n("card") as usize,
-                Process { pid: n("pid") as u32, memory_mib: n("memoryMiB"), sm: n("sm") as u32 },
+                Process {
+                    pid: n("pid") as u32,
+                    memory_mib: n("memoryMiB"),
+                    sm: n("sm") as u32,
+                    mps: p["mps"].as_bool().unwrap_or(false),
+                },
             )
         });
         *p = Processes { listed: listed.collect(), dir: doc["processDir"].as_str().map(str::to_owned) };
@@ -168,6 +177,7 @@ fn live(dir: &str, uuid: &str) -> Vec<Process> {
                 pid,
                 memory_mib: doc["memoryMiB"].as_u64().unwrap_or(0),
                 sm: doc["sm"].as_u64().unwrap_or(0) as u32,
+                mps: doc["mps"].as_bool().unwrap_or(false),
             })
         })
         .collect()
@@ -517,7 +527,26 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    match card_processes(device) {
+    unsafe { process_infos(device, false, count, infos) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    unsafe { process_infos(device, true, count, infos) }
+}
+
+/// The processes of the card behind `device` that are MPS clients (`mps`) or not, NVML's way.
+unsafe fn process_infos(
+    device: nvmlDevice_t,
+    mps: bool,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match card_processes(device).map(|all| all.into_iter().filter(|p| p.mps == mps).collect::<Vec<_>>()) {
         Ok(p) => unsafe {
             fill(&p, count, infos, |p| nvmlProcessInfo_t {
                 pid: p.pid,

@@ -3,7 +3,9 @@
 //! container was given), for as long as it runs. Through the fake NVML's process directory (see
 //! `tests/fakenvml`): one file per card naming the card and the use, held under a lock, so the
 //! driver — here every fake NVML of the node, the agent's included — lists this process on those
-//! cards with its host PID, and forgets it when it ends, as a CUDA context is forgotten.
+//! cards with its host PID, and forgets it when it ends, as a CUDA context is forgotten. Where an
+//! MPS control daemon answers in `CUDA_MPS_PIPE_DIRECTORY` (its PID file is there), it is an MPS
+//! client, as a CUDA process that finds one is (the driver lists it apart).
 
 use anyhow::{Context, Result, bail};
 use std::io::Write;
@@ -29,6 +31,8 @@ fn main() -> Result<()> {
     if cards.is_empty() {
         bail!("no GPU visible");
     }
+    let mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .is_some_and(|d| std::path::Path::new(&d).join("nvidia-cuda-mps-control.pid").is_file());
     // Held open (and locked) until the process ends.
     let mut held = Vec::new();
     for uuid in cards {
@@ -37,9 +41,11 @@ fn main() -> Result<()> {
             std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         file.lock().with_context(|| format!("locking {}", path.display()))?;
         file.write_all(
-            serde_json::json!({"uuid": uuid, "memoryMiB": memory, "sm": sm}).to_string().as_bytes(),
+            serde_json::json!({"uuid": uuid, "memoryMiB": memory, "sm": sm, "mps": mps})
+                .to_string()
+                .as_bytes(),
         )?;
-        println!("using {memory} MiB and {sm} % of {uuid}");
+        println!("using {memory} MiB and {sm} % of {uuid}{}", if mps { " as an MPS client" } else { "" });
         held.push(file);
     }
     loop {
