@@ -7,7 +7,7 @@
 //! whoever sees it must be allowed to (`kubectl port-forward` to the allocator pod, which the API
 //! server authorizes), as operators reach a dashboard.
 
-use crate::state::ClusterState;
+use crate::state::{ClusterState, MapDoc};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::OnceLock;
@@ -30,18 +30,37 @@ pub async fn script() -> Response {
         .into_response()
 }
 
-/// `GET /map/data` over `view`: the map's document ([`ClusterState::map`]) with the view's
-/// generation as its ETag; `304` when the caller has that generation already (`if_none_match`).
-pub fn data(view: &mut ClusterState, if_none_match: Option<&HeaderValue>) -> Response {
+/// What `GET /map/data` answers, taken from the view under its lock; written out by
+/// [`Data::respond`] once the lock is let go (at 5,000 nodes the document is megabytes of JSON).
+pub enum Data {
+    /// The caller has this generation (the ETag) already.
+    Unchanged(String),
+    /// The map's document ([`ClusterState::map`]) and the view's generation as its ETag.
+    Doc(String, Box<MapDoc>),
+}
+
+/// `GET /map/data` over `view`: `304` when the caller has its generation already (`if_none_match`).
+pub fn data(view: &mut ClusterState, if_none_match: Option<&HeaderValue>) -> Data {
     let etag = etag(view.generation());
     if if_none_match.is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
-        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+        return Data::Unchanged(etag);
     }
-    let doc = view.map(WAITING_SHOWN);
-    match serde_json::to_vec(&doc) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json".to_owned()), (header::ETAG, etag)], body)
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    Data::Doc(etag, Box::new(view.map(WAITING_SHOWN)))
+}
+
+impl Data {
+    /// The HTTP answer.
+    pub fn respond(self) -> Response {
+        match self {
+            Data::Unchanged(etag) => (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response(),
+            Data::Doc(etag, doc) => match serde_json::to_vec(&doc) {
+                Ok(body) => {
+                    ([(header::CONTENT_TYPE, "application/json".to_owned()), (header::ETAG, etag)], body)
+                        .into_response()
+                }
+                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+            },
+        }
     }
 }
 

@@ -63,10 +63,10 @@ impl Metrics {
         v.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text: the calls, each card's allocation, and `view`'s gauges.
-    pub fn render(&self, engine: &Engine, view: &ViewGauges) -> String {
-        let cluster = engine.cluster();
-        let mut out = String::new();
+    /// The exposition text: the calls, and what `view` holds of the cluster ([`Scrape::of`]).
+    pub fn render(&self, view: &Scrape) -> String {
+        let mut out =
+            String::with_capacity(256 + view.nodes.iter().map(|n| 64 + 160 * n.cards.len()).sum::<usize>());
         let _ = writeln!(out, "# HELP nano_gpu_decisions_total Extender calls by verb and result.");
         let _ = writeln!(out, "# TYPE nano_gpu_decisions_total counter");
         for verb in Verb::ALL {
@@ -110,19 +110,12 @@ impl Metrics {
             "# HELP nano_gpu_card_allocated_memory_mib GPU memory of each card allocated to pods."
         );
         let _ = writeln!(out, "# TYPE nano_gpu_card_allocated_memory_mib gauge");
-        for n in cluster.nodes().iter().filter(|n| n.schedulable) {
+        for n in &view.nodes {
             for c in &n.cards {
-                let labels = format!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
-                let _ = writeln!(
-                    out,
-                    "nano_gpu_card_allocated_percent{{{labels}}} {}",
-                    (Percent::FULL - c.free).0
-                );
-                let _ = writeln!(
-                    out,
-                    "nano_gpu_card_allocated_memory_mib{{{labels}}} {}",
-                    c.mem_total.saturating_sub(c.mem_free).0
-                );
+                let labels = format_args!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
+                let _ = writeln!(out, "nano_gpu_card_allocated_percent{{{labels}}} {}", c.percent);
+                let labels = format_args!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
+                let _ = writeln!(out, "nano_gpu_card_allocated_memory_mib{{{labels}}} {}", c.memory_mib);
             }
         }
         let _ = writeln!(
@@ -130,29 +123,89 @@ impl Metrics {
             "# HELP nano_gpu_node_fragmentation_percent GPU (percent of a card) the expected workload could not use on the node, the measure the policy places by."
         );
         let _ = writeln!(out, "# TYPE nano_gpu_node_fragmentation_percent gauge");
-        for n in cluster.nodes().iter().filter(|n| n.schedulable) {
-            let frag = engine.workload().frag_now(n);
-            let _ = writeln!(out, "nano_gpu_node_fragmentation_percent{{node=\"{}\"}} {frag:.1}", n.name);
+        for n in &view.nodes {
+            let _ = writeln!(out, "nano_gpu_node_fragmentation_percent{{node=\"{}\"}} {:.1}", n.name, n.frag);
         }
         let _ = writeln!(out, "# HELP nano_gpu_allocator_leading 1 when this replica decides, else 0.");
         let _ = writeln!(out, "# TYPE nano_gpu_allocator_leading gauge");
-        let _ = writeln!(out, "nano_gpu_allocator_leading {}", u8::from(view.leading));
+        let _ = writeln!(out, "nano_gpu_allocator_leading {}", u8::from(view.gauges.leading));
         let _ = writeln!(out, "# HELP nano_gpu_pods_waiting GPU pods pending without an assignment.");
         let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting gauge");
-        let _ = writeln!(out, "nano_gpu_pods_waiting {}", view.waiting);
+        let _ = writeln!(out, "nano_gpu_pods_waiting {}", view.gauges.waiting);
         let _ = writeln!(
             out,
             "# HELP nano_gpu_pods_waiting_oldest_seconds Age of the oldest waiting GPU pod (0 when none waits)."
         );
         let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting_oldest_seconds gauge");
-        let _ = writeln!(out, "nano_gpu_pods_waiting_oldest_seconds {}", view.oldest_waiting_seconds);
+        let _ = writeln!(out, "nano_gpu_pods_waiting_oldest_seconds {}", view.gauges.oldest_waiting_seconds);
         let _ = writeln!(
             out,
             "# HELP nano_gpu_load_cards Cards with a fresh utilisation reading breaking placement ties (0: none, --prometheus-url unset or stale)."
         );
         let _ = writeln!(out, "# TYPE nano_gpu_load_cards gauge");
-        let _ = writeln!(out, "nano_gpu_load_cards {}", view.load_cards);
+        let _ = writeln!(out, "nano_gpu_load_cards {}", view.gauges.load_cards);
         out
+    }
+}
+
+/// What a scrape reads of the cluster view, copied under its lock so that the text is written
+/// outside it (at 5,000 nodes the text is megabytes; the extender's verbs wait on that lock).
+#[derive(Clone, Debug, Default)]
+pub struct Scrape {
+    /// The schedulable nodes, in the view's order.
+    pub nodes: Vec<NodeRow>,
+    /// The gauges beside them.
+    pub gauges: ViewGauges,
+}
+
+/// One node of a [`Scrape`].
+#[derive(Clone, Debug)]
+pub struct NodeRow {
+    /// Node name.
+    pub name: String,
+    /// Its fragmentation now, in percent of a card.
+    pub frag: f64,
+    /// Its cards.
+    pub cards: Vec<CardRow>,
+}
+
+/// One card of a [`NodeRow`].
+#[derive(Clone, Debug)]
+pub struct CardRow {
+    /// UUID.
+    pub uuid: String,
+    /// Index on its node.
+    pub index: u32,
+    /// Percent allocated to pods.
+    pub percent: u32,
+    /// Memory allocated to pods, MiB.
+    pub memory_mib: u64,
+}
+
+impl Scrape {
+    /// What `engine`'s cluster holds now, with `gauges`.
+    pub fn of(engine: &Engine, gauges: ViewGauges) -> Scrape {
+        let nodes = engine
+            .cluster()
+            .nodes()
+            .iter()
+            .filter(|n| n.schedulable)
+            .map(|n| NodeRow {
+                name: n.name.to_string(),
+                frag: engine.workload().frag_now(n),
+                cards: n
+                    .cards
+                    .iter()
+                    .map(|c| CardRow {
+                        uuid: c.uuid.to_string(),
+                        index: c.index,
+                        percent: (Percent::FULL - c.free).0,
+                        memory_mib: c.mem_total.saturating_sub(c.mem_free).0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Scrape { nodes, gauges }
     }
 }
 
@@ -192,10 +245,8 @@ mod tests {
             Default::default(),
         );
         *engine.cluster_mut() = c;
-        let text = m.render(
-            &engine,
-            &ViewGauges { leading: true, waiting: 2, oldest_waiting_seconds: 90, load_cards: 3 },
-        );
+        let gauges = ViewGauges { leading: true, waiting: 2, oldest_waiting_seconds: 90, load_cards: 3 };
+        let text = m.render(&Scrape::of(&engine, gauges));
         assert!(text.contains("nano_gpu_decisions_total{verb=\"filter\",result=\"ok\"} 1"), "{text}");
         assert!(text.contains("nano_gpu_decisions_total{verb=\"bind\",result=\"error\"} 1"));
         assert!(text.contains("nano_gpu_decision_seconds_bucket{verb=\"filter\",le=\"0.0005\"} 0"));

@@ -10,7 +10,7 @@ use crate::admission::Admission;
 use crate::bind::{self, NOT_LEADER};
 use crate::binder::Binder;
 use crate::leader::Leadership;
-use crate::metrics::{Metrics, Verb, ViewGauges};
+use crate::metrics::{Metrics, Scrape, Verb, ViewGauges};
 use crate::state::{ClusterState, SharedView};
 use axum::Router;
 use axum::body::Bytes;
@@ -272,7 +272,8 @@ async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 }
 
 async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    let text = {
+    // What the text needs is copied under the view's lock; the text is written after.
+    let scrape = {
         let state = s.state();
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -280,18 +281,22 @@ async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
         let load_cards = state.load_cards();
         let gauges =
             ViewGauges { leading: s.leader.is_leader(), waiting, oldest_waiting_seconds, load_cards };
-        s.metrics.render(state.extender().engine(), &gauges)
+        Scrape::of(state.extender().engine(), gauges)
     };
+    let text = s.metrics.render(&scrape);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn map_data<B: Binder>(State(s): State<Arc<Shared<B>>>, headers: HeaderMap) -> Response {
-    crate::map::data(&mut s.state(), headers.get(header::IF_NONE_MATCH))
+    // The view's lock is let go before the document is written out.
+    let data = crate::map::data(&mut s.state(), headers.get(header::IF_NONE_MATCH));
+    data.respond()
 }
 
 async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    let value = s.state().inspect();
-    json(&value)
+    // The view's lock is let go before the document is written out.
+    let doc = s.state().inspect_doc();
+    json(&doc)
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ mod reserve;
 mod tests;
 mod why;
 
+pub use inspect::InspectDoc;
+pub use map::MapDoc;
 pub use reserve::Reservation;
 pub use why::NodeVerdict;
 

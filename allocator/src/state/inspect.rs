@@ -9,10 +9,68 @@ use super::rebuild::held_memory;
 use nano_gpu_engine::load::whole_percent;
 use nano_gpu_engine::model::Card;
 use nano_gpu_proto::units::{MiB, Percent};
+use serde::Serialize;
+
+/// The `/inspect` document, typed: built under the view's lock, written out after it (a `Value`
+/// built field by field took 120 to 380 ms at 5,000 nodes, all of it under the lock).
+#[derive(Debug, Serialize)]
+pub struct InspectDoc {
+    /// Per node.
+    pub nodes: Vec<NodeDoc>,
+}
+
+/// One node of an [`InspectDoc`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDoc {
+    name: String,
+    cpu_milli: u64,
+    cpu_free_milli: u64,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: u64,
+    #[serde(rename = "memoryFreeMiB")]
+    memory_free_mib: u64,
+    agent_ready: bool,
+    fragmentation: f64,
+    cards: Vec<CardDoc>,
+}
+
+/// One card of a [`NodeDoc`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CardDoc {
+    index: u32,
+    uuid: String,
+    model: String,
+    healthy: bool,
+    percent_used: Percent,
+    percent_free: Percent,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: MiB,
+    #[serde(rename = "memoryFreeMiB")]
+    memory_free_mib: MiB,
+    pods: Vec<String>,
+    shares: Vec<ShareDoc>,
+    load: Option<u32>,
+}
+
+/// What one pod holds of a [`CardDoc`].
+#[derive(Debug, Serialize)]
+struct ShareDoc {
+    pod: String,
+    percent: Percent,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: MiB,
+}
 
 impl ClusterState {
     /// Per node and card, for `/inspect`.
     pub fn inspect(&self) -> serde_json::Value {
+        serde_json::to_value(self.inspect_doc()).unwrap_or_default()
+    }
+
+    /// [`ClusterState::inspect`], typed.
+    pub fn inspect_doc(&self) -> InspectDoc {
         let engine = self.extender.engine();
         let cluster = engine.cluster();
         let mut nodes = Vec::new();
@@ -21,41 +79,48 @@ impl ClusterState {
             let n = cluster.node(id);
             let on_node: Vec<&PodRecord> =
                 self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid)).collect();
-            let cards: Vec<serde_json::Value> = n
+            let cards = n
                 .cards
                 .iter()
                 .map(|c| {
-                    let mut shares: Vec<(String, Percent, MiB)> = on_node
+                    let mut shares: Vec<ShareDoc> = on_node
                         .iter()
                         .filter_map(|p| {
-                            held_on(p, c, &n.cards)
-                                .map(|(pc, mib)| (format!("{}/{}", p.key.0, p.key.1), pc, mib))
+                            let (percent, memory_mib) = held_on(p, c, &n.cards)?;
+                            Some(ShareDoc { pod: format!("{}/{}", p.key.0, p.key.1), percent, memory_mib })
                         })
                         .collect();
-                    shares.sort();
-                    let pods: Vec<&str> = shares.iter().map(|(pod, ..)| pod.as_str()).collect();
-                    let shares: Vec<serde_json::Value> = shares
-                        .iter()
-                        .map(
-                            |(pod, pc, mib)| serde_json::json!({"pod": pod, "percent": pc, "memoryMiB": mib}),
-                        )
-                        .collect();
-                    serde_json::json!({
-                        "index": c.index, "uuid": c.uuid, "model": cluster.models.name(c.model),
-                        "healthy": c.healthy, "percentUsed": Percent::FULL - c.free, "percentFree": c.free,
-                        "memoryMiB": c.mem_total, "memoryFreeMiB": c.mem_free, "pods": pods, "shares": shares,
-                        "load": engine.load().and_then(|l| l.of(c)).map(whole_percent),
-                    })
+                    shares.sort_by(|a, b| {
+                        (&a.pod, a.percent, a.memory_mib).cmp(&(&b.pod, b.percent, b.memory_mib))
+                    });
+                    CardDoc {
+                        index: c.index,
+                        uuid: c.uuid.clone(),
+                        model: cluster.models.name(c.model).to_owned(),
+                        healthy: c.healthy,
+                        percent_used: Percent::FULL - c.free,
+                        percent_free: c.free,
+                        memory_mib: c.mem_total,
+                        memory_free_mib: c.mem_free,
+                        pods: shares.iter().map(|s| s.pod.clone()).collect(),
+                        shares,
+                        load: engine.load().and_then(|l| l.of(c)).map(whole_percent),
+                    }
                 })
                 .collect();
             let fragmentation = engine.workload().frag_now(n);
-            nodes.push(serde_json::json!({
-                "name": name, "cpuMilli": n.cpu_total, "cpuFreeMilli": n.cpu_free,
-                "memoryMiB": n.mem_total, "memoryFreeMiB": n.mem_free, "agentReady": n.serving,
-                "fragmentation": (fragmentation * 10.0).round() / 10.0, "cards": cards,
-            }));
+            nodes.push(NodeDoc {
+                name: name.clone(),
+                cpu_milli: n.cpu_total,
+                cpu_free_milli: n.cpu_free,
+                memory_mib: n.mem_total,
+                memory_free_mib: n.mem_free,
+                agent_ready: n.serving,
+                fragmentation: (fragmentation * 10.0).round() / 10.0,
+                cards,
+            });
         }
-        serde_json::json!({ "nodes": nodes })
+        InspectDoc { nodes }
     }
 }
 

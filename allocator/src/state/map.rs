@@ -3,11 +3,30 @@
 //! filter), oldest first.
 
 use super::ClusterState;
+use super::inspect::InspectDoc;
 use crate::extender::{NO_INVENTORY, engine_request};
 use nano_gpu_engine::request::Reason;
 use nano_gpu_proto::demand::{CardDemand, PodDemand};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+/// On how many nodes a demand fits, and for the others how many give each reason.
+type Verdict = (usize, BTreeMap<&'static str, usize>);
+
+/// The map's document ([`ClusterState::map`]).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MapDoc {
+    /// Per node and card, as `/inspect` has them.
+    #[serde(flatten)]
+    pub inspect: InspectDoc,
+    /// The view's generation.
+    pub generation: u64,
+    /// The oldest waiting GPU pods, with what they ask and why they wait.
+    pub waiting: Vec<serde_json::Value>,
+    /// How many wait in all.
+    pub waiting_total: usize,
+}
 
 impl ClusterState {
     /// What changed last: equal generations, equal map (and `/inspect`).
@@ -25,30 +44,35 @@ impl ClusterState {
 
     /// The map's document: [`ClusterState::inspect`]'s nodes, the generation, and the oldest
     /// `limit` waiting GPU pods with their reasons (`waitingTotal` counts them all).
-    pub fn map(&mut self, limit: usize) -> serde_json::Value {
+    pub fn map(&mut self, limit: usize) -> MapDoc {
         let mut oldest: Vec<(&String, &super::Waiting)> = self.waiting.iter().collect();
         oldest.sort_by(|a, b| (&a.1.since, &a.1.key).cmp(&(&b.1.since, &b.1.key)));
         let total = oldest.len();
         let chosen: Vec<super::Waiting> = oldest.into_iter().take(limit).map(|(_, w)| w.clone()).collect();
+        // Waiting pods mostly ask a few kinds of things: each kind is judged against every node once.
+        let mut judged: Vec<(&PodDemand, Verdict)> = Vec::new();
         let waiting: Vec<serde_json::Value> = chosen
             .iter()
             .map(|w| {
-                let (fits, reasons) = self.reasons(&w.demand);
+                let (fits, reasons) = match judged.iter().find(|(d, _)| **d == w.demand) {
+                    Some((_, verdict)) => verdict.clone(),
+                    None => {
+                        let verdict = self.reasons(&w.demand);
+                        judged.push((&w.demand, verdict.clone()));
+                        verdict
+                    }
+                };
                 serde_json::json!({
                     "pod": format!("{}/{}", w.key.0, w.key.1), "since": w.since, "asks": asks(&w.demand),
                     "fitsOn": fits, "reasons": reasons,
                 })
             })
             .collect();
-        let mut doc = self.inspect();
-        doc["generation"] = self.generation.into();
-        doc["waiting"] = waiting.into();
-        doc["waitingTotal"] = total.into();
-        doc
+        MapDoc { inspect: self.inspect_doc(), generation: self.generation, waiting, waiting_total: total }
     }
 
     /// On how many nodes `demand` fits now, and for the others how many give each reason.
-    fn reasons(&mut self, demand: &PodDemand) -> (usize, BTreeMap<&'static str, usize>) {
+    fn reasons(&mut self, demand: &PodDemand) -> Verdict {
         let req = engine_request(demand, &self.extender.engine().cluster().models);
         let (mut fits, mut reasons) = (0, BTreeMap::new());
         self.extender.judge(&req, self.nodes.keys(), |_, judged| match judged {

@@ -5,10 +5,15 @@
 //! scheduling cycle; keep-alive connections), and prints one JSON line:
 //! `{"nodes":…,"filter_p99_ms":…,"prioritize_p99_ms":…,"bind_p99_ms":…,"pods_per_s":…,"rss_mib":…}`.
 //!
-//! `rss_mib` is the allocator's peak resident memory (VmHWM). With `--shapes N` the new pods ask N
+//! `rss_mib` is the allocator's peak resident memory (VmHWM); `filter_max_ms` the longest filter
+//! (a verb that waited on something else holding the view shows there). With `--shapes N` the new pods ask N
 //! distinct CPU requests (1000m + 7919·i mod N), so the engine sees N request shapes, as when users pick
-//! exact CPU requests; the line then has a `shapes` field. Usage:
-//! `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--shapes N] [--allocator PATH]`.
+//! exact CPU requests; the line then has a `shapes` field. With `--scrape-ms N`, while the pods are
+//! placed, `/metrics` (as Prometheus scrapes it) and `/map/data` (as the GPU map's page polls it) are
+//! each read every N ms on their own connections (`--scrape PATH,…` for others); the line then has a
+//! `scrape` field with their p99 and sizes, and the verbs' numbers show what the reads cost them.
+//! Usage: `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--shapes N]
+//! [--scrape-ms N] [--scrape PATH,…] [--allocator PATH]`.
 
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
@@ -25,6 +30,8 @@ struct Args {
     placed: usize,
     pods: usize,
     shapes: Option<usize>,
+    scrape_ms: Option<u64>,
+    scrape: Vec<String>,
     allocator: PathBuf,
 }
 
@@ -35,6 +42,8 @@ fn args() -> Result<Args> {
         placed: 40_000,
         pods: 10_000,
         shapes: None,
+        scrape_ms: None,
+        scrape: vec!["/metrics".into(), "/map/data".into()],
         allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
     };
     let mut it = std::env::args().skip(1);
@@ -46,6 +55,8 @@ fn args() -> Result<Args> {
             "--placed" => a.placed = value.parse()?,
             "--pods" => a.pods = value.parse()?,
             "--shapes" => a.shapes = Some(value.parse::<usize>()?.max(1)),
+            "--scrape-ms" => a.scrape_ms = Some(value.parse::<u64>()?.max(1)),
+            "--scrape" => a.scrape = value.split(',').map(str::to_owned).collect(),
             "--allocator" => a.allocator = value.into(),
             other => bail!("unknown flag {other}"),
         }
@@ -184,11 +195,39 @@ async fn main() -> Result<()> {
             latencies.push(t.elapsed().as_secs_f64() * 1000.0);
             let result: BindResult = serde_json::from_slice(&answer)?;
             if !result.error.is_empty() {
+                if failed < 3 {
+                    eprintln!("bind failed: {}", result.error);
+                }
                 failed += 1;
             }
         }
         anyhow::Ok((latencies, failed))
     });
+    // Readers of /metrics and /map/data beside the verbs, each on its own connection.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = a
+        .scrape_ms
+        .into_iter()
+        .flat_map(|every| a.scrape.iter().map(move |path| (every, path.clone())))
+        .map(|(every, path)| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut conn = Conn::open(&addr).await?;
+                let (mut latencies, mut bytes) = (Vec::new(), 0usize);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let (status, body) = conn.call("GET", &path, vec![]).await?;
+                    if status != 200 {
+                        bail!("GET {path}: {status}");
+                    }
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    bytes = body.len();
+                    tokio::time::sleep(Duration::from_millis(every)).await;
+                }
+                anyhow::Ok((latencies, bytes))
+            })
+        })
+        .collect();
     let run = Instant::now();
     for i in 0..a.pods {
         let pod = new_pod(i, a.shapes).to_string();
@@ -223,6 +262,11 @@ async fn main() -> Result<()> {
     }
     drop(binds);
     let (bind, bind_failed) = binder.await??;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut scraped = Vec::new();
+    for reader in readers {
+        scraped.push(reader.await??);
+    }
     failed += bind_failed;
     if a.pods > 0 && failed == a.pods {
         bail!("no pod was placed: every filter or bind failed (see the allocator's warnings above)");
@@ -245,6 +289,7 @@ async fn main() -> Result<()> {
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
     let mut line = json!({
         "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "new_pods": a.pods,
+        "filter_max_ms": round(filter.iter().copied().fold(0.0, f64::max)),
         "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
         "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
         "ready_s": round(ready_s), "bind_writes": api.writes().len(),
@@ -253,6 +298,18 @@ async fn main() -> Result<()> {
     });
     if let Some(n) = a.shapes {
         line["shapes"] = json!(n);
+    }
+    if let Some(every) = a.scrape_ms {
+        let reads: serde_json::Map<String, Value> = a
+            .scrape
+            .iter()
+            .zip(&scraped)
+            .map(|(path, (latencies, bytes))| {
+                let read = json!({"reads": latencies.len(), "p99_ms": round(p99(latencies.clone())), "bytes": bytes});
+                (path.clone(), read)
+            })
+            .collect();
+        line["scrape"] = json!({"every_ms": every, "paths": reads});
     }
     println!("{line}");
     Ok(())
