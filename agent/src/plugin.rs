@@ -61,9 +61,7 @@ impl Plugin {
     ) -> Self {
         Plugin { cards, resource, edits, identity }
     }
-}
 
-impl Plugin {
     /// Sets the driver's memory limit for a share (one NVIDIA card, less than whole) on its pod's
     /// cgroup: what the pod holds on that card. A failure fails the call, so the kubelet starts the
     /// container later (and calls again) instead of starting it unlimited.
