@@ -166,11 +166,16 @@ impl Enforcement {
 
     /// Marks unhealthy, with the reason as its fault, every card whose shares cannot be limited now.
     pub fn apply(&self, cards: &mut [Card]) {
-        for card in cards {
-            if let Some(reason) = self.refusal(card) {
-                card.info.healthy = false;
-                card.fault.get_or_insert(reason);
-            }
+        refuse(cards, |card| self.refusal(card));
+    }
+}
+
+/// Marks unhealthy, with the reason as its fault, every card `refusal` names a reason for.
+pub fn refuse(cards: &mut [Card], refusal: impl Fn(&Card) -> Option<String>) {
+    for card in cards {
+        if let Some(reason) = refusal(card) {
+            card.info.healthy = false;
+            card.fault.get_or_insert(reason);
         }
     }
 }

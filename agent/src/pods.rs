@@ -13,6 +13,7 @@
 pub mod watch;
 
 use crate::inventory::Card;
+use crate::podresources::Lister;
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -211,6 +212,30 @@ impl Served {
         let want: BTreeSet<&String> = ids.iter().collect();
         self.ids.iter().find(|(_, got)| got.iter().collect::<BTreeSet<_>>() == want).map(|(k, _)| k)
     }
+}
+
+/// The pod and container the kubelet gave exactly `ids` of `resource`, asking pod-resources up to
+/// `attempts` times, 200 ms apart (a container's IDs show there a moment after its Allocate).
+pub async fn owner_of(
+    lister: &dyn Lister,
+    resource: &str,
+    ids: &[String],
+    attempts: u32,
+) -> Option<(String, String)> {
+    for attempt in 0..attempts.max(1) {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        match lister.list().await {
+            Ok(list) => {
+                if let Some(owner) = Served::from_list(&list, resource).owner(ids) {
+                    return Some(owner.clone());
+                }
+            }
+            Err(e) => tracing::debug!(error = %e.message(), "pod-resources List failed"),
+        }
+    }
+    None
 }
 
 /// A container placed on this node that the kubelet has not served yet.

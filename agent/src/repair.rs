@@ -9,7 +9,7 @@
 
 use crate::plugin::Report;
 use crate::podresources::Lister;
-use crate::pods::{MarkChange, RepairAt, Served, describe, repaired};
+use crate::pods::{MarkChange, RepairAt, describe, owner_of, repaired};
 use crate::resource::Resource;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
@@ -165,19 +165,7 @@ impl Repairer {
         cards: &[crate::inventory::Card],
         resource: Resource,
     ) -> Result<Verdict, Failure> {
-        let mut owner = None;
-        for attempt in 0..self.attempts.max(1) {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            match self.lister.list().await {
-                Ok(list) => owner = Served::from_list(&list, resource.name()).owner(ids).cloned(),
-                Err(e) => tracing::debug!(error = %e.message(), "pod-resources List failed"),
-            }
-            if owner.is_some() {
-                break;
-            }
-        }
+        let owner = owner_of(&*self.lister, resource.name(), ids, self.attempts).await;
         let final_ = |e: &str| Failure::Final(e.to_owned());
         let (key, container) =
             owner.ok_or_else(|| final_("no container holds these device IDs in pod-resources"))?;

@@ -271,9 +271,10 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         readiness: &readiness,
     };
     let result = serve_and_register(serving, &mut shutdown).await;
-    // No file of ours stays behind, each removed once nothing serves on it: another agent of the
-    // node takes a removed file for the end of our streams (and registers anew), so it must not
-    // see one before the kubelet does.
+    // No file of ours stays behind, each removed once it accepts no connection: another agent of
+    // the node takes a removed file for the end of our streams and registers anew. The streams end
+    // within about a millisecond of that, before or after (`hack/bench-rollout.sh` prints both);
+    // the other agent's second registration covers an end that comes after.
     for name in sockets_of(&plugin_dir, &resources).into_iter().filter(|n| is_ours(n, &resources, &instance))
     {
         let path = plugin_dir.join(name);

@@ -7,18 +7,17 @@
 
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, CardGrant};
 use nano_gpu_proto::device_id;
-use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse,
 };
 use nano_gpu_proto::resources::GPU_PERCENT;
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
-use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
+use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet, two_t4_node};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -114,17 +113,7 @@ fn terminate(child: &mut Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("nano-gpu-enforce-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let gpus = dir.join("gpus.json");
-    std::fs::write(
-        &gpus,
-        r#"{"v":1,"gpus":[
-        {"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true},
-        {"index":1,"uuid":"GPU-b","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true}]}"#,
-    )
-    .unwrap();
+    let (dir, gpus) = two_t4_node("enforce");
     let program = dir.join("bin/nvidia-cuda-mps-control");
     std::fs::create_dir_all(program.parent().unwrap()).unwrap();
     std::fs::write(&program, STAND_IN).unwrap();
@@ -162,10 +151,8 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
         .arg(&root)
         .spawn()
         .unwrap();
-    let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
-    assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
-    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
-    let mut kubelet = DevicePluginClient::new(channel);
+    fake.registered().await;
+    let mut kubelet = fake.plugin().await;
     let mut devices = kubelet.list_and_watch(Empty {}).await.unwrap().into_inner();
     let first = devices.message().await.unwrap().unwrap();
     assert!(first.devices.iter().all(|d| d.health == "Healthy"), "both daemons run: every card is healthy");

@@ -13,7 +13,7 @@ use nano_gpu_proto::kubelet::deviceplugin::{
 use nano_gpu_proto::resources::{GPU_PERCENT, GPUSHARE_MEMORY};
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
-use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
+use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet, two_t4_node};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -72,17 +72,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_server() {
-    let dir = std::env::temp_dir().join(format!("nano-gpu-identity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let gpus = dir.join("gpus.json");
-    std::fs::write(
-        &gpus,
-        r#"{"v":1,"gpus":[
-        {"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true},
-        {"index":1,"uuid":"GPU-b","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true}]}"#,
-    )
-    .unwrap();
+    let (dir, gpus) = two_t4_node("identity");
     let api = FakeApi::start(Objects {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})],
         pods: vec![
@@ -113,8 +103,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         .args(["--identity-wait-ms", "300", "--gpushare", "gib", "--probe-listen", &probes])
         .spawn()
         .unwrap();
-    let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
-    assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
+    fake.registered().await;
     // Registered and serving two cards: ready.
     let mut probe = nano_gpu_tests::http_client::Conn::open(&probes).await.unwrap();
     let mut ready = (0, String::new());
@@ -127,8 +116,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(ready, (200, "serving 2 card(s)".to_string()));
-    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
-    let mut kubelet = DevicePluginClient::new(channel);
+    let mut kubelet = fake.plugin().await;
     let mut all = ids("GPU-a", 0..100);
     all.extend(ids("GPU-b", 0..100));
 

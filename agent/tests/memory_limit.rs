@@ -16,7 +16,7 @@ use nano_gpu_proto::kubelet::deviceplugin::{
 use nano_gpu_proto::resources::GPU_PERCENT;
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::fake_api::{FakeApi, Objects};
-use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
+use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet, two_t4_node};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,8 +67,7 @@ fn terminate(child: &mut Child) {
 /// A scratch directory with the node's cards (fake inventory), the fake NVML's configuration
 /// (recording memory limits in `limits.log`) and a cgroup tree; `v2` makes it a cgroup v2 root.
 fn node(name: &str, v2: bool) -> (PathBuf, PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("nano-gpu-memlimit-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let (dir, gpus) = two_t4_node(&format!("memlimit-{name}"));
     let cgroup = dir.join("cgroup");
     for uid in ["uid_shared", "uid_whole", "uid_pair"] {
         let qos = cgroup.join("kubepods.slice/kubepods-burstable.slice");
@@ -77,14 +76,6 @@ fn node(name: &str, v2: bool) -> (PathBuf, PathBuf, PathBuf) {
     if v2 {
         std::fs::write(cgroup.join("cgroup.controllers"), "cpuset cpu io memory pids misc\n").unwrap();
     }
-    let gpus = dir.join("gpus.json");
-    std::fs::write(
-        &gpus,
-        r#"{"v":1,"gpus":[
-        {"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true},
-        {"index":1,"uuid":"GPU-b","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true}]}"#,
-    )
-    .unwrap();
     let config = dir.join("nvml.json");
     let log = dir.join("limits.log");
     let nvml = json!({"cards": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}], "memoryLimitLog": log});
@@ -116,6 +107,21 @@ fn label(api: &FakeApi) -> Option<String> {
         .next_back()
 }
 
+/// What the kubelet does to start container `c` of `pod` on `ids`: Allocate, then (pod-resources
+/// now listing them) PreStartContainer, whose answer this is.
+async fn admit(
+    fake: &FakeKubelet,
+    kubelet: &mut DevicePluginClient<tonic::transport::Channel>,
+    pod: &str,
+    ids: Vec<String>,
+) -> Result<(), tonic::Status> {
+    fake.pod_resources.put(entry(pod, &[]));
+    let request = ContainerAllocateRequest { devices_ids: ids.clone() };
+    kubelet.allocate(AllocateRequest { container_requests: vec![request] }).await?;
+    fake.pod_resources.put(entry(pod, &ids));
+    kubelet.pre_start_container(PreStartContainerRequest { devices_ids: ids }).await.map(|_| ())
+}
+
 /// The agent on node `dir` with `--memory-limit driver`, registered; its device plugin client.
 async fn agent(
     dir: &Path,
@@ -136,10 +142,9 @@ async fn agent(
         .env("FAKE_NVML_CONFIG", config)
         .spawn()
         .unwrap();
-    let registration = tokio::time::timeout(Duration::from_secs(20), fake.registrations.recv()).await;
-    assert!(matches!(registration, Ok(Some(_))), "the agent did not register");
-    let channel = nano_gpu_runtime::unix_channel(fake.plugin_dir.join("nano-gpu.sock")).await.unwrap();
-    (agent, fake, DevicePluginClient::new(channel))
+    fake.registered().await;
+    let kubelet = fake.plugin().await;
+    (agent, fake, kubelet)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,19 +167,12 @@ async fn a_shares_pod_gets_the_drivers_limit_before_its_container_starts() {
     assert!(first.devices.iter().all(|d| d.health == "Healthy"), "the driver can set limits: cards served");
     eventually("the Node's memory-limit label", || label(&api).as_deref() == Some("driver")).await;
 
-    let allocate = |ids: Vec<String>| AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
-    };
-    let start = |ids: Vec<String>| PreStartContainerRequest { devices_ids: ids };
     let pod_dir = |uid: &str| {
         dir.join(format!("cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice"))
     };
 
     // A 30 % share asking 2 GiB: its pod's cgroup gets 2 GiB on GPU-a, soft and hard.
-    fake.pod_resources.put(entry("shared", &[]));
-    kubelet.allocate(allocate(ids("GPU-a", 0..30))).await.unwrap();
-    fake.pod_resources.put(entry("shared", &ids("GPU-a", 0..30)));
-    kubelet.pre_start_container(start(ids("GPU-a", 0..30))).await.unwrap();
+    admit(&fake, &mut kubelet, "shared", ids("GPU-a", 0..30)).await.unwrap();
     let set = limits(&dir);
     assert_eq!(set.len(), 1, "{set:?}");
     assert_eq!(set[0]["uuid"], "GPU-a");
@@ -185,28 +183,19 @@ async fn a_shares_pod_gets_the_drivers_limit_before_its_container_starts() {
     );
 
     // A whole card: no limit.
-    fake.pod_resources.put(entry("whole", &[]));
-    kubelet.allocate(allocate(ids("GPU-b", 0..100))).await.unwrap();
-    fake.pod_resources.put(entry("whole", &ids("GPU-b", 0..100)));
-    kubelet.pre_start_container(start(ids("GPU-b", 0..100))).await.unwrap();
+    admit(&fake, &mut kubelet, "whole", ids("GPU-b", 0..100)).await.unwrap();
     assert_eq!(limits(&dir).len(), 1, "a whole card got a limit");
 
     // A pod of two containers on GPU-a: the pod's limit is what both hold (20 % of 16000 MiB, its
     // percent's memory, and the sidecar's asked 1000 MiB).
-    fake.pod_resources.put(entry("pair", &[]));
-    kubelet.allocate(allocate(ids("GPU-a", 30..50))).await.unwrap();
-    fake.pod_resources.put(entry("pair", &ids("GPU-a", 30..50)));
-    kubelet.pre_start_container(start(ids("GPU-a", 30..50))).await.unwrap();
+    admit(&fake, &mut kubelet, "pair", ids("GPU-a", 30..50)).await.unwrap();
     let set = limits(&dir);
     assert_eq!(set.len(), 2, "{set:?}");
     assert_eq!(set[1]["nameSpace"], pod_dir("uid_pair").display().to_string());
     assert_eq!(set[1]["hardLimit"].as_u64(), Some((3200 + 1000) << 20));
 
     // A pod whose cgroup cannot be found: the call fails with the reason, nothing is set.
-    fake.pod_resources.put(entry("nocgroup", &[]));
-    kubelet.allocate(allocate(ids("GPU-a", 50..60))).await.unwrap();
-    fake.pod_resources.put(entry("nocgroup", &ids("GPU-a", 50..60)));
-    let refused = kubelet.pre_start_container(start(ids("GPU-a", 50..60))).await.unwrap_err();
+    let refused = admit(&fake, &mut kubelet, "nocgroup", ids("GPU-a", 50..60)).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     assert!(refused.message().contains("no cgroup of pod uid-nocgroup"), "{}", refused.message());
     assert_eq!(limits(&dir).len(), 2);

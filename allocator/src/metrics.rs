@@ -114,7 +114,6 @@ impl Metrics {
             for c in &n.cards {
                 let labels = format_args!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
                 let _ = writeln!(out, "nano_gpu_card_allocated_percent{{{labels}}} {}", c.percent);
-                let labels = format_args!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
                 let _ = writeln!(out, "nano_gpu_card_allocated_memory_mib{{{labels}}} {}", c.memory_mib);
             }
         }

@@ -4,6 +4,7 @@
 //!
 //! For agent tests and the agent benchmark; the end-to-end tests use a kubelet stand-in instead.
 
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
 use nano_gpu_proto::kubelet::podresources::pod_resources_lister_server::{
@@ -140,7 +141,41 @@ pub struct FakeKubelet {
     pub pod_resources: PodResourcesState,
 }
 
+/// The node the agent's tests run on: two Tesla T4 cards of 16,000 MiB, `GPU-a` and `GPU-b`, in
+/// the fake inventory's format.
+pub const TWO_T4: &str = r#"{"v":1,"gpus":[
+    {"index":0,"uuid":"GPU-a","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true},
+    {"index":1,"uuid":"GPU-b","vendor":"nvidia","model":"Tesla T4","memoryMiB":16000,"healthy":true}]}"#;
+
+/// A fresh scratch directory `nano-gpu-<name>-<pid>` with [`TWO_T4`] in its `gpus.json`: the
+/// directory and that file.
+pub fn two_t4_node(name: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the test's directory");
+    let gpus = dir.join("gpus.json");
+    std::fs::write(&gpus, TWO_T4).expect("writing the fake inventory");
+    (dir, gpus)
+}
+
 impl FakeKubelet {
+    /// Waits (up to 20 s) for the next registration; fails the test without one.
+    pub async fn registered(&mut self) -> RegisterRequest {
+        let registration =
+            tokio::time::timeout(std::time::Duration::from_secs(20), self.registrations.recv());
+        match registration.await {
+            Ok(Some(r)) => r,
+            _ => panic!("the agent did not register"),
+        }
+    }
+
+    /// A client of the plugin registered on `nano-gpu.sock`, as the kubelet calls it.
+    pub async fn plugin(&self) -> DevicePluginClient<tonic::transport::Channel> {
+        let socket = self.plugin_dir.join("nano-gpu.sock");
+        let channel = nano_gpu_runtime::unix_channel(socket).await.expect("connecting to the plugin");
+        DevicePluginClient::new(channel)
+    }
+
     /// The agent binary `program` as node `n1`'s agent against this kubelet, the cards of `inventory`
     /// and the API server of `kubeconfig`; callers add their own flags.
     pub fn agent(&self, program: &Path, inventory: &Path, kubeconfig: &Path) -> std::process::Command {

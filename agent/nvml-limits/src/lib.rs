@@ -33,9 +33,15 @@ type ErrorString = unsafe extern "C" fn(Return) -> *const c_char;
 /// The name of the function this crate needs beyond what every NVML has.
 pub const SET_MEMORY_LIMITS: &str = "nvmlDeviceSetMemoryLimits_v1";
 
-/// A loaded NVML that has [`SET_MEMORY_LIMITS`].
+/// A loaded NVML that has [`SET_MEMORY_LIMITS`], with the functions it needs found once, at load.
 pub struct Library {
-    lib: libloading::Library,
+    init: Init,
+    shutdown: Init,
+    by_uuid: ByUuid,
+    set: SetLimits,
+    error_string: ErrorString,
+    /// Kept loaded while the functions above are called.
+    _lib: libloading::Library,
 }
 
 impl Library {
@@ -45,73 +51,64 @@ impl Library {
         // SAFETY: loading NVML runs its initialisers, as nvml-wrapper's own loading of it does.
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot load NVML from {}: {e}", path.display()))?;
-        let library = Library { lib };
-        for name in
-            ["nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlErrorString", SET_MEMORY_LIMITS]
-        {
-            library.symbol::<*const c_void>(name).map_err(|_| {
-                format!(
-                    "the driver's NVML ({}) has no {name}: per-cgroup memory limits need driver r615 or newer",
-                    path.display()
-                )
-            })?;
-        }
-        Ok(library)
-    }
-
-    fn symbol<T: Copy>(&self, name: &str) -> Result<T, String> {
-        let name = CString::new(name).map_err(|e| e.to_string())?;
-        // SAFETY: every caller names a function of NVML's API with `T` its C signature.
-        unsafe { self.lib.get::<T>(name.as_bytes_with_nul()) }.map(|s| *s).map_err(|e| e.to_string())
+        let missing = |name: &str| {
+            format!(
+                "the driver's NVML ({}) has no {name}: per-cgroup memory limits need driver r615 or newer",
+                path.display()
+            )
+        };
+        Ok(Library {
+            init: symbol(&lib, "nvmlInit_v2").ok_or_else(|| missing("nvmlInit_v2"))?,
+            shutdown: symbol(&lib, "nvmlShutdown").ok_or_else(|| missing("nvmlShutdown"))?,
+            by_uuid: symbol(&lib, "nvmlDeviceGetHandleByUUID")
+                .ok_or_else(|| missing("nvmlDeviceGetHandleByUUID"))?,
+            set: symbol(&lib, SET_MEMORY_LIMITS).ok_or_else(|| missing(SET_MEMORY_LIMITS))?,
+            error_string: symbol(&lib, "nvmlErrorString").ok_or_else(|| missing("nvmlErrorString"))?,
+            _lib: lib,
+        })
     }
 
     /// NVML's text for `code`.
     fn error(&self, code: Return) -> String {
-        let text = self.symbol::<ErrorString>("nvmlErrorString").ok().map(|f| {
-            // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
-            let p = unsafe { f(code) };
-            if p.is_null() {
-                String::new()
-            } else {
-                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-            }
-        });
-        format!("NVML error {code} ({})", text.unwrap_or_default())
+        // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
+        let p = unsafe { (self.error_string)(code) };
+        let text = if p.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        format!("NVML error {code} ({text})")
     }
 
     /// Limits the memory the processes of cgroup `cgroup` may allocate on card `uuid` to `hard`
     /// bytes, keeping `soft` bytes for them under pressure. Blocks (NVML calls do).
     pub fn set(&self, uuid: &str, cgroup: &Path, soft: u64, hard: u64) -> Result<(), String> {
-        let init: Init = self.symbol("nvmlInit_v2")?;
-        let shutdown: Init = self.symbol("nvmlShutdown")?;
         let c_uuid = CString::new(uuid).map_err(|_| format!("card UUID {uuid:?} holds a NUL"))?;
         let c_path = CString::new(cgroup.as_os_str().as_encoded_bytes())
             .map_err(|_| format!("cgroup path {} holds a NUL", cgroup.display()))?;
         // SAFETY: nvmlInit_v2 takes nothing and may be called again (NVML counts its users).
-        let code = unsafe { init() };
+        let code = unsafe { (self.init)() };
         if code != SUCCESS {
             return Err(format!("nvmlInit: {}", self.error(code)));
         }
         let result = self.set_started(&c_uuid, &c_path, soft, hard);
         // SAFETY: balances the nvmlInit_v2 above (NVML counts its users; the agent's own stays).
-        unsafe { shutdown() };
+        unsafe { (self.shutdown)() };
         result
     }
 
     /// [`Library::set`] once NVML is started.
     fn set_started(&self, uuid: &CStr, cgroup: &CStr, soft: u64, hard: u64) -> Result<(), String> {
-        let by_uuid: ByUuid = self.symbol("nvmlDeviceGetHandleByUUID")?;
-        let set: SetLimits = self.symbol(SET_MEMORY_LIMITS)?;
         let mut device: Device = std::ptr::null_mut();
         // SAFETY: a NUL-terminated UUID and a place for the handle, as the function takes them.
-        let code = unsafe { by_uuid(uuid.as_ptr(), &mut device) };
+        let code = unsafe { (self.by_uuid)(uuid.as_ptr(), &mut device) };
         if code != SUCCESS {
             return Err(format!("card {}: {}", uuid.to_string_lossy(), self.error(code)));
         }
         let mut limits =
             SetMemoryLimitsV1 { name_space: cgroup.as_ptr(), soft_limit: soft, hard_limit: hard };
         // SAFETY: a handle NVML gave, and the struct it documents, whose path outlives the call.
-        let code = unsafe { set(device, &mut limits) };
+        let code = unsafe { (self.set)(device, &mut limits) };
         if code != SUCCESS {
             return Err(format!(
                 "{SET_MEMORY_LIMITS} on card {} for {}: {}",
@@ -122,6 +119,13 @@ impl Library {
         }
         Ok(())
     }
+}
+
+/// Function `name` of `lib`, if it has it.
+fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Option<T> {
+    let name = CString::new(name).ok()?;
+    // SAFETY: every caller names a function of NVML's API with `T` its C signature.
+    unsafe { lib.get::<T>(name.as_bytes_with_nul()) }.ok().map(|s| *s)
 }
 
 #[cfg(test)]

@@ -18,9 +18,6 @@ use nano_gpu_proto::units::MiB;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The Node label that shows the driver's memory limit on the node.
-pub use nano_gpu_proto::annotations::MEMORY_LIMIT_LABEL as NODE_LABEL;
-
 /// What `--memory-limit` asks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Asked {
@@ -124,29 +121,13 @@ impl MemoryLimit {
             MemoryLimit::Driver(_) => None,
         }
     }
-
-    /// Marks unhealthy, with the reason as its fault, every card whose shares cannot get it.
-    pub fn apply(&self, cards: &mut [Card]) {
-        for card in cards {
-            if let Some(reason) = self.refusal(card) {
-                card.info.healthy = false;
-                card.fault.get_or_insert(reason);
-            }
-        }
-    }
 }
 
 impl DriverLimit {
-    /// The cgroup of pod `uid`: the kubelet names it `pod<uid>` (cgroupfs driver) or
-    /// `kubepods-<qos>-pod<uid, '-' as '_'>.slice` (systemd driver), a few levels below the root.
-    pub fn pod_cgroup(&self, uid: &str) -> Result<PathBuf, String> {
-        pod_cgroup(&self.cgroup_root, uid)
-    }
-
     /// Limits pod `uid` to `memory` on card `uuid` (soft and hard: the allocator never promises
     /// the same memory twice); returns the cgroup. Blocks.
     pub fn limit_pod(&self, uuid: &str, uid: &str, memory: MiB) -> Result<PathBuf, String> {
-        let cgroup = self.pod_cgroup(uid)?;
+        let cgroup = pod_cgroup(&self.cgroup_root, uid)?;
         let bytes = memory.0.saturating_mul(1 << 20);
         self.lib.set(uuid, &cgroup, bytes, bytes)?;
         Ok(cgroup)
@@ -156,7 +137,8 @@ impl DriverLimit {
 /// How deep below the root a pod's cgroup may be (root / kubelet's cgroup root / kubepods / QoS / pod).
 const POD_DEPTH: usize = 5;
 
-/// [`DriverLimit::pod_cgroup`] under `root`.
+/// The cgroup of pod `uid` under `root`: the kubelet names it `pod<uid>` (cgroupfs driver) or
+/// `kubepods-<qos>-pod<uid, '-' as '_'>.slice` (systemd driver), a few levels below the root.
 pub fn pod_cgroup(root: &Path, uid: &str) -> Result<PathBuf, String> {
     let plain = format!("pod{uid}");
     let systemd = format!("-pod{}.slice", uid.replace('-', "_"));
@@ -263,7 +245,7 @@ mod tests {
         };
         let unavailable = MemoryLimit::Unavailable("no cgroup v2".into());
         let mut cards = vec![card(Vendor::Nvidia, false), card(Vendor::Intel, false)];
-        unavailable.apply(&mut cards);
+        crate::enforce::refuse(&mut cards, |c| unavailable.refusal(c));
         assert!(!cards[0].info.healthy && cards[0].fault.as_deref().unwrap().contains("no cgroup v2"));
         assert!(cards[1].info.healthy, "an Intel card is not the driver's to limit");
         assert_eq!(MemoryLimit::Off { available: true }.refusal(&card(Vendor::Nvidia, true)), None);

@@ -27,8 +27,7 @@ pub struct Edits {
 impl Edits {
     /// Marks unhealthy, with the reason, every card whose shares cannot be limited as promised.
     pub fn apply(&self, cards: &mut [Card]) {
-        self.enforcement.apply(cards);
-        self.memory.apply(cards);
+        crate::enforce::refuse(cards, |c| self.enforcement.refusal(c).or_else(|| self.memory.refusal(c)));
     }
 }
 

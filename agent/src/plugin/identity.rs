@@ -8,7 +8,7 @@ use super::edits::Claimed;
 use crate::inventory::Card;
 use crate::podresources::Lister;
 use crate::pods::watch::NodePods;
-use crate::pods::{NodePod, Pending, Pods, Served, identify, pending, steer};
+use crate::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::MiB;
@@ -199,16 +199,7 @@ impl Identity {
     /// holds on `card`: its `namespace/name`, UID and memory there (the grants of its assignment
     /// that add to the pod). The pod watch shows it (it was admitted); without it, one direct read.
     pub(super) async fn holding(&self, ids: &[String], card: &Card) -> Result<(String, String, MiB), String> {
-        let mut owner = None;
-        for attempt in 0..10 {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            owner = self.served().await.owner(ids).cloned();
-            if owner.is_some() {
-                break;
-            }
-        }
+        let owner = owner_of(&*self.lister, self.resource.name(), ids, 10).await;
         let (key, _) = owner.ok_or("no container holds these device IDs in pod-resources")?;
         let mut pod = self.pods.borrow().get(&key).cloned();
         if pod.is_none()
