@@ -29,6 +29,11 @@ const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// repair lands, so a failed read (the API server restarting, unreachable, slow) must not drop it.
 pub const REPAIR_PATIENCE: Duration = Duration::from_secs(600);
 
+/// The longest wait between two tries of a check. While a repair waits, the allocator places on the
+/// view it has, so it is tried again at least every second: after an API server restart it lands
+/// within a second of the API answering (the watches' backoff grows to 4 s).
+const REPAIR_RETRY_MOST: Duration = Duration::from_secs(1);
+
 /// The worker.
 #[derive(Clone)]
 pub struct Repairer {
@@ -136,7 +141,8 @@ impl Repairer {
 
     /// Checks the container holding `ids` against its assignment, repairing it when they differ;
     /// reads and writes that fail (no answer, an error other than the pod being gone) are tried
-    /// again, 250 ms after the first failure doubling to 4 s, for up to [`Repairer::patience`].
+    /// again, 250 ms after the first failure doubling to [`REPAIR_RETRY_MOST`], for up to
+    /// [`Repairer::patience`].
     pub async fn verify(
         &self,
         ids: &[String],
@@ -148,7 +154,7 @@ impl Repairer {
         loop {
             match self.verify_once(ids, cards, resource).await {
                 Err(Failure::Transient(e)) if started.elapsed() < self.patience => {
-                    let wait = backoff.next().unwrap_or(Duration::from_secs(4));
+                    let wait = backoff.next().unwrap_or(REPAIR_RETRY_MOST).min(REPAIR_RETRY_MOST);
                     tracing::debug!(error = %e, "verifying a starting container: trying again in {wait:?}");
                     tokio::time::sleep(wait).await;
                 }

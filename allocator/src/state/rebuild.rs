@@ -1,7 +1,12 @@
 //! Rebuilding one node of the engine's cluster from the view: its record's cards (none when its
 //! inventory does not decode), minus what every pod on it holds (a share that asked no GPU memory
 //! holds its percent of the card's memory); a node with an untrusted assignment
-//! has every card full. A card asked past 100 % raises an `Overcommitted` warning. A pod gpushare
+//! has every card full. A card asked past 100 % raises an `Overcommitted` warning and also fills
+//! every card of its node: the view then disagrees with what the kubelet gave (an agent repaired one
+//! pod's assignment to the card the kubelet chose, and the pod the kubelet moved off that card is not
+//! repaired yet), so the room it shows elsewhere on the node is not there. Placing there would let the
+//! kubelet, which counts device IDs and not cards, split the next share over the leftovers of several
+//! cards. The node takes pods again once the repairs land and no card is over. A pod gpushare
 //! placed holds its memory (and the percent of the card that memory is, the rule for memory-only
 //! shares) on the card of gpushare's index; when that card cannot be told, on every card of the node
 //! (it may be on any), with a `GpushareCardUnknown` warning.
@@ -79,7 +84,7 @@ impl ClusterState {
                 }
             }
         }
-        if poisoned || matches!(record.inventory, Some(Err(_))) {
+        if poisoned || !overcommit.is_empty() || matches!(record.inventory, Some(Err(_))) {
             for c in &mut node.cards {
                 c.free = Percent::ZERO;
             }
@@ -94,7 +99,10 @@ impl ClusterState {
                 &ns,
                 &pod,
                 "Overcommitted",
-                format!("card {uuid} on {name} is over 100 % with this pod"),
+                format!(
+                    "card {uuid} on {name} is over 100 % with this pod; no pod is placed on {name} \
+                     until its assignments agree with the kubelet's again"
+                ),
             );
         }
     }

@@ -97,6 +97,29 @@ fn an_undecodable_assignment_fails_closed_and_warns() {
     assert_eq!(free(&s, "n1"), vec![100, 100]);
 }
 
+/// The kubelet swapped two shares' cards (their repairs come one at a time): once `b` is repaired to
+/// the card it got, its old card shows room that `c` really holds, and the node takes nothing until
+/// `c`'s repair lands too and the view agrees with the kubelet again.
+#[test]
+fn a_card_over_100_percent_closes_its_node_until_the_repairs_land() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod("a", "60", Some("n1"), Some(assignment("n1", 0, 60))));
+    s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&pod("d", "70", Some("n1"), Some(assignment("n1", 1, 70))));
+    s.apply_pod(&pod("c", "30", Some("n1"), Some(assignment("n1", 1, 30))));
+    assert_eq!(free(&s, "n1"), vec![10, 0]);
+    assert!(s.take_warnings().is_empty());
+    s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 1, 30))));
+    assert_eq!(free(&s, "n1"), vec![0, 0]);
+    let w = s.take_warnings();
+    assert_eq!((w.len(), w[0].reason), (1, "Overcommitted"), "{w:?}");
+    assert!(w[0].message.contains("no pod is placed on n1"), "{}", w[0].message);
+    s.apply_pod(&pod("c", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    assert!(s.take_warnings().is_empty());
+    assert_eq!(free(&s, "n1"), vec![10, 0]);
+}
+
 /// A pod that asks no GPU, as anyone who may create pods can write one.
 fn plain_pod(uid: &str, node: Option<&str>, assignment: String) -> Pod {
     serde_json::from_value(json!({
