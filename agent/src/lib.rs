@@ -13,7 +13,8 @@
 //!   [`podresources`]: the kubelet's pod-resources client.
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
-//! - [`run`]: the serve/register loop that survives kubelet restarts.
+//! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the same loop
+//!   relaying to an agent in another container, so the kubelet's side outlives an agent crash.
 //! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
 //!   [`daemons`]: the agent's watch on them.
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
@@ -23,6 +24,7 @@ pub mod daemons;
 pub mod enforce;
 pub mod health;
 pub mod inventory;
+pub mod keeper;
 pub mod plugin;
 pub mod podresources;
 pub mod pods;
@@ -58,6 +60,17 @@ pub struct Flags {
     /// Directory of the kubelet's device-plugin sockets.
     #[arg(long, env = "NANO_GPU_PLUGIN_DIR", default_value = "/var/lib/kubelet/device-plugins")]
     pub plugin_dir: PathBuf,
+    /// Where the agent serves its plugins for the keeper (`keeper`, a second container of its pod
+    /// sharing this directory), which registers with the kubelet and relays its calls, so that a pod
+    /// the kubelet admits while the agent restarts waits for it instead of failing. Unset: the
+    /// agent registers itself.
+    #[arg(long, env = "NANO_GPU_BACKEND_DIR")]
+    pub backend_dir: Option<PathBuf>,
+    /// How long the keeper holds a kubelet's call while the agent does not serve (then fails it),
+    /// and keeps the devices healthy (then marks them unhealthy until the agent is back). The
+    /// kubelet gives PreStartContainer 30 s.
+    #[arg(long, env = "NANO_GPU_KEEPER_PATIENCE_SECONDS", default_value_t = 25)]
+    pub keeper_patience_seconds: u64,
     /// Kubeconfig of the cluster; default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -178,6 +191,10 @@ impl Flags {
 pub enum Command {
     /// Print the cards this node has, as the `nano-gpu/gpus` annotation and labels would carry them.
     Inventory,
+    /// Hold the kubelet's side of the device plugin for the agent serving in `--backend-dir`:
+    /// register, keep the kubelet's device streams open and relay its calls, holding them while the
+    /// agent restarts (a second container of the agent's pod).
+    Keeper,
     /// Run one MPS control daemon per NVIDIA card (not in MIG mode), starting again any that stops,
     /// under `--mps-root`: the daemons of nodes whose shares are enforced with MPS.
     MpsControl,

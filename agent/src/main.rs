@@ -146,6 +146,7 @@ fn serve(flags: &Flags) -> ExitCode {
         });
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
+            backend_dir: flags.backend_dir.clone(),
             instance: flags.instance.clone(),
             backends: flags.backends(),
             timing,
@@ -172,6 +173,26 @@ fn mps_control(flags: &Flags) -> ExitCode {
         every: Duration::from_secs(2),
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
+}
+
+/// `keeper`: the kubelet's side of the agent's device plugins, until SIGTERM.
+fn keeper(flags: &Flags) -> ExitCode {
+    let Some(backend) = flags.backend_dir.clone() else {
+        eprintln!(
+            "nano-gpu-agent: keeper: --backend-dir (NANO_GPU_BACKEND_DIR) names where the agent serves"
+        );
+        return ExitCode::FAILURE;
+    };
+    let keeper = nano_gpu_agent::keeper::Keeper {
+        plugin_dir: flags.plugin_dir.clone(),
+        backend,
+        instance: flags.instance.clone(),
+        patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
+        timing: run::Timing::default(),
+    };
+    until_terminated(flags, "keeper: ", |_, stopped| async move {
+        nano_gpu_agent::keeper::keep(keeper, stopped).await.map_err(|e| e.to_string())
+    })
 }
 
 /// Runs `body` on the agent's runtime (one worker; NVML and sysfs reads go to blocking threads)
@@ -214,6 +235,7 @@ fn main() -> ExitCode {
     match flags.command {
         Some(Command::Inventory) => print_inventory(&flags),
         Some(Command::MpsControl) => mps_control(&flags),
+        Some(Command::Keeper) => keeper(&flags),
         None => serve(&flags),
     }
 }

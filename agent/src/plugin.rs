@@ -21,7 +21,7 @@ mod tests;
 pub use devices::{derive, devices, prefer};
 pub use edits::{Claimed, Edits, allocate};
 pub use identity::{Identity, Report};
-pub use socket::{bind, register, serve, serve_on};
+pub use socket::{bind, options, register, serve, serve_on};
 
 use crate::enforce::driver::{DriverLimit, MemoryLimit};
 use crate::inventory::Card;
@@ -108,10 +108,7 @@ impl DevicePlugin for Plugin {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(DevicePluginOptions {
-            pre_start_required: true,
-            get_preferred_allocation_available: true,
-        }))
+        Ok(Response::new(options()))
     }
 
     async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {

@@ -15,6 +15,7 @@ use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
 use crate::probe::Readiness;
 use crate::publish::Publisher;
 use crate::resource::Resource;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -146,6 +147,9 @@ enum Registration {
 pub struct Agent {
     /// The kubelet's device-plugin directory.
     pub plugin_dir: PathBuf,
+    /// Where to serve for a keeper instead ([`crate::keeper`]): the plugins listen there and the
+    /// keeper registers with the kubelet and relays its calls; nothing is registered from here.
+    pub backend_dir: Option<PathBuf>,
     /// This agent among the node's agents (its pod's name; empty when it is the only one): names
     /// its sockets, so the new agent of a rollout serves before the old one stops.
     pub instance: String,
@@ -175,6 +179,7 @@ pub struct Agent {
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
     let Agent {
         plugin_dir,
+        backend_dir,
         instance,
         backends,
         timing,
@@ -259,44 +264,110 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         }))
     };
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
+    let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
+    if let Some(dir) = &backend_dir {
+        // The keeper registers, and relays the kubelet's calls to these sockets.
+        return serve_backend(dir, &resources, &served, &readiness, &mut shutdown).await;
+    }
     remove_dead_sockets(&plugin_dir, &resources).await;
     let serving = Serving {
-        plugins: &plugins,
+        resources: &resources,
+        served: &served,
         instance: &instance,
         plugin_dir: &plugin_dir,
-        snapshot: &snapshot,
-        cards: &cards,
-        edits: &edits,
         timing,
         readiness: &readiness,
     };
     let result = serve_and_register(serving, &mut shutdown).await;
-    // No file of ours stays behind, each removed once it accepts no connection: another agent of
-    // the node takes a removed file for the end of our streams and registers anew. The streams end
-    // within about a millisecond of that, before or after (`hack/bench-rollout.sh` prints both);
-    // the other agent's second registration covers an end that comes after.
-    for name in sockets_of(&plugin_dir, &resources).into_iter().filter(|n| is_ours(n, &resources, &instance))
-    {
-        let path = plugin_dir.join(name);
+    remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    result
+}
+
+/// Removes the socket files of `instance` in `dir`, each once it accepts no connection: no file
+/// of ours stays behind, and another agent of the node takes a removed file for the end of our
+/// streams and registers anew. The streams end within about a millisecond of that, before or after
+/// (`hack/bench-rollout.sh` prints both); the other agent's second registration covers an end that
+/// comes after.
+pub(crate) async fn remove_own_sockets(dir: &Path, resources: &[Resource], instance: &str) {
+    for name in sockets_of(dir, resources).into_iter().filter(|n| is_ours(n, resources, instance)) {
+        let path = dir.join(name);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         while is_served(&path).await && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = std::fs::remove_file(path);
     }
-    result
 }
 
-/// What serving and registering work with.
-struct Serving<'a> {
+/// Serves `service` on `listener` on a task of its own until `stop` fires.
+pub(crate) fn spawn_server<S: DevicePlugin>(
+    listener: tokio::net::UnixListener,
+    service: S,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<Result<(), String>> {
+    tokio::spawn(async move {
+        plugin::serve_on(listener, service, async { stop.await.unwrap_or(()) })
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// What the registration loop serves on each of its sockets: the agent's device plugin, or the
+/// keeper's relay to it ([`crate::keeper`]).
+pub trait Served: Sync {
+    /// Serves `resource` on `listener` until `stop` fires.
+    fn serve(
+        &self,
+        resource: Resource,
+        listener: tokio::net::UnixListener,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Result<(), String>>;
+    /// Sends every open ListAndWatch stream its devices again.
+    fn send_again(&self);
+}
+
+/// The agent's device plugins over its cards.
+struct Plugins<'a> {
     plugins: &'a [(Resource, Option<Arc<Identity>>)],
-    instance: &'a str,
-    plugin_dir: &'a Path,
     snapshot: &'a watch::Receiver<Snapshot>,
     cards: &'a Arc<watch::Sender<Snapshot>>,
     edits: &'a Edits,
-    timing: Timing,
-    readiness: &'a Arc<Readiness>,
+}
+
+impl Served for Plugins<'_> {
+    fn serve(
+        &self,
+        resource: Resource,
+        listener: tokio::net::UnixListener,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Result<(), String>> {
+        let identity = self.plugins.iter().find(|(r, _)| *r == resource).and_then(|(_, i)| i.clone());
+        spawn_server(
+            listener,
+            Plugin::new(self.snapshot.clone(), resource, self.edits.clone(), identity),
+            stop,
+        )
+    }
+
+    fn send_again(&self) {
+        self.cards.send_modify(|_| {});
+    }
+}
+
+/// What serving and registering work with.
+pub struct Serving<'a> {
+    /// The resources, each on its own socket.
+    pub resources: &'a [Resource],
+    /// What serves them.
+    pub served: &'a dyn Served,
+    /// This agent (or keeper) among the node's: names its sockets.
+    pub instance: &'a str,
+    /// The kubelet's device-plugin directory.
+    pub plugin_dir: &'a Path,
+    /// Timing of the loop.
+    pub timing: Timing,
+    /// Registered or not, for `/readyz`.
+    pub readiness: &'a Arc<Readiness>,
 }
 
 /// How watching a registration ended.
@@ -324,13 +395,12 @@ type Servers = (Vec<tokio::sync::oneshot::Sender<()>>, Vec<tokio::task::JoinHand
 /// the devices are sent again and every resource is registered once more on new sockets
 /// (`<instance>.<generation>`), a fresh endpoint for that kubelet (and one more for a newer one),
 /// while the earlier sockets stay served: closing their streams would stamp the new endpoint too.
-async fn serve_and_register(
+pub async fn serve_and_register(
     serving: Serving<'_>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let Serving { plugins, instance, plugin_dir, snapshot, cards, edits, timing, readiness } = serving;
+    let Serving { resources, served, instance, plugin_dir, timing, readiness } = serving;
     let kubelet = &plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
-    let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
     let mut settle: Option<tokio::time::Instant> = None;
@@ -350,7 +420,7 @@ async fn serve_and_register(
         // Serve every resource on its socket.
         let mut stops = Vec::new();
         let mut servers = Vec::new();
-        for ((resource, identity), socket) in plugins.iter().zip(&sockets) {
+        for (resource, socket) in resources.iter().zip(&sockets) {
             let listener = match plugin::bind(socket) {
                 Ok(l) => l,
                 Err(e) => {
@@ -359,12 +429,7 @@ async fn serve_and_register(
                 }
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let plugin = Plugin::new(snapshot.clone(), *resource, edits.clone(), identity.clone());
-            servers.push(tokio::spawn(async move {
-                plugin::serve_on(listener, plugin, async { stopped.await.unwrap_or(()) })
-                    .await
-                    .map_err(|e| e.to_string())
-            }));
+            servers.push(served.serve(*resource, listener, stopped));
             stops.push(stop);
         }
         // A kubelet that starts now deletes every socket in the directory: serve again then.
@@ -387,7 +452,7 @@ async fn serve_and_register(
         }
         // The other agents serving now (the old one of a rollout), before we register: one that
         // stops from here on is noticed, even while we register.
-        let seen = served_by_others(plugin_dir, &resources, instance).await;
+        let seen = served_by_others(plugin_dir, resources, instance).await;
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
         let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(&names).collect();
@@ -470,7 +535,7 @@ async fn serve_and_register(
                 break Watched::KubeletRestarted;
             }
             if !seen.is_empty() && !instance.is_empty() {
-                let now = served_by_others(plugin_dir, &resources, instance).await;
+                let now = served_by_others(plugin_dir, resources, instance).await;
                 if seen.iter().any(|o| !now.contains(o)) {
                     break Watched::AnotherStopped;
                 }
@@ -489,7 +554,7 @@ async fn serve_and_register(
                     );
                     settle = None;
                 }
-                cards.send_modify(|_| {});
+                served.send_again();
                 earlier.push((stops, servers));
                 generation += 1;
             }
@@ -507,6 +572,58 @@ async fn serve_and_register(
             }
         }
     }
+}
+
+/// The file in the backend directory listing what the agent serves there ([`Resource::tag`]s, a
+/// line each), written once every socket listens.
+pub const SERVED: &str = "served";
+
+/// Serves every resource on its socket in `dir` for the keeper (`<stem>.sock`), lists them in
+/// [`SERVED`] and is ready once they listen, until `shutdown`; then removes the files.
+async fn serve_backend(
+    dir: &Path,
+    resources: &[Resource],
+    served: &dyn Served,
+    readiness: &Readiness,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let sockets: Vec<PathBuf> = resources.iter().map(|r| dir.join(r.socket(""))).collect();
+    let (mut stops, mut servers) = (Vec::new(), Vec::new());
+    for (resource, socket) in resources.iter().zip(&sockets) {
+        let listener = plugin::bind(socket).map_err(|e| {
+            stop_serving(std::mem::take(&mut stops), &servers);
+            RunError::Serve { path: socket.clone(), message: e.to_string() }
+        })?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        servers.push(served.serve(*resource, listener, stopped));
+        stops.push(stop);
+    }
+    let listed: String = resources.iter().map(|r| format!("{}\n", r.tag())).collect();
+    let (tmp, list) = (dir.join(format!(".{SERVED}")), dir.join(SERVED));
+    if let Err(e) = std::fs::write(&tmp, listed).and_then(|()| std::fs::rename(&tmp, &list)) {
+        stop_serving(stops, &servers);
+        return Err(RunError::Serve { path: list, message: e.to_string() });
+    }
+    tracing::info!(dir = %dir.display(), "serving the keeper");
+    readiness.set_registered(true);
+    let ended = async {
+        loop {
+            if let Some(i) = servers.iter().position(|s| s.is_finished()) {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let result = tokio::select! {
+        _ = shutdown.wait_for(|stop| *stop) => Ok(()),
+        i = ended => Err(RunError::Serve { path: sockets[i].clone(), message: "the server stopped".into() }),
+    };
+    readiness.set_registered(false);
+    stop_serving(stops, &servers);
+    for file in sockets.iter().chain([&list]) {
+        let _ = std::fs::remove_file(file);
+    }
+    result
 }
 
 /// The socket files of `resources` in `dir`.
@@ -531,7 +648,7 @@ async fn served_by_others(dir: &Path, resources: &[Resource], instance: &str) ->
 }
 
 /// Whether something accepts connections on the socket at `path`.
-async fn is_served(path: &Path) -> bool {
+pub(crate) async fn is_served(path: &Path) -> bool {
     tokio::net::UnixStream::connect(path).await.is_ok()
 }
 
@@ -553,7 +670,7 @@ fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
 
 /// Removes the sockets of `resources` in `dir` nobody serves (an agent that was killed leaves its
 /// files); an agent that serves (the old one of a rollout) keeps its own.
-async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
+pub(crate) async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
     for name in sockets_of(dir, resources) {
         let path = dir.join(&name);
         if !is_served(&path).await {

@@ -99,6 +99,7 @@ fn agent_named(
     let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
     let agent = run::Agent {
         plugin_dir: dir,
+        backend_dir: None,
         instance: instance.to_owned(),
         backends,
         timing: TIMING,

@@ -252,7 +252,7 @@ async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no
 /// made, its answer was lost in the crash, and the bind's rollback then removed the assignment of a
 /// bound pod. A failed bind now reads back what the API server holds (`allocator/src/bind.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_hangs_and_crashes_during_bursts_lose_no_pod() {
+async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no_pod() {
     let cluster = Cluster::up("crashes", 3);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
@@ -284,6 +284,32 @@ async fn control_plane_hangs_and_crashes_during_bursts_lose_no_pod() {
             Some(cluster.crash("etcd", 3))
         }
         _ => None,
+    })
+    .await;
+
+    // Each node's agent crashing (SIGKILL of its container) during a burst, node-1's after the 15th,
+    // node-2's after the 30th, node-3's after the 45th: the keeper holds the kubelet's side, so the
+    // shares the kubelet admits before it restarts the agent wait for it. (Without the keeper, a
+    // kubelet fails every pod it admits from the crash until a plugin registers again.)
+    burst(&cluster, &client, "killed", |i| {
+        if matches!(i, 15 | 30 | 45) {
+            let node = format!("node-{}", i / 15);
+            let selector = format!("spec.nodeName={node}");
+            let agent = cluster.ok(&[
+                "get",
+                "pods",
+                "-n",
+                "nano-gpu-system",
+                "-l",
+                "app.kubernetes.io/name=nano-gpu-agent",
+                "--field-selector",
+                &selector,
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ]);
+            cluster.kill_container("nano-gpu-system", agent.trim(), "agent");
+        }
+        None
     })
     .await;
 }

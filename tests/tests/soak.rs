@@ -1,6 +1,6 @@
 //! Soak: GPU pods created and deleted without pause (random sizes, some asking a card model) on the
 //! local cluster's real nodes, while every part of the system is restarted in turn: the allocator's
-//! leader pod, its kube-scheduler, an agent (deleted, and rolled over), kube-apiserver, etcd,
+//! leader pod, its kube-scheduler, an agent (deleted, killed, and rolled over), kube-apiserver, etcd,
 //! kube-controller-manager, a kubelet, a containerd. Then what the fault suite checks: every pod the
 //! kubelet got runs, none failed, no card over 100 % or its memory, the allocator's accounting equal
 //! to the assignments, and each pod still waiting truly fits nowhere. All along, the resident memory
@@ -25,10 +25,11 @@ const SIZES: [u32; 8] = [10, 20, 25, 30, 50, 70, 100, 200];
 const MODELS: [&str; 4] = ["NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA A10", "Tesla V100-SXM2-32GB"];
 
 /// What is restarted, in turn.
-const RESTARTS: [&str; 9] = [
+const RESTARTS: [&str; 10] = [
     "allocator-leader",
     "kube-scheduler",
     "agent-delete",
+    "agent-kill",
     "kube-apiserver",
     "agent-rollout",
     "etcd",
@@ -79,6 +80,9 @@ fn sample(prefix: &str, at: Duration) -> Vec<Sample> {
         if !matches!(program.as_str(), "nano-gpu-allocator" | "nano-gpu-agent") {
             continue;
         }
+        // The agent's keeper is the same program.
+        let keeper = cmdline.split(|b| *b == 0).any(|arg| arg == b"keeper");
+        let program = if keeper { format!("{program} keeper") } else { program };
         let ours = std::fs::read_to_string(dir.join("cgroup")).is_ok_and(|c| c.contains(prefix));
         let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         let rss_kib = status
@@ -147,6 +151,13 @@ fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process:
             eprintln!("soak: {e}");
         }
     };
+    let agent = || {
+        let selector = format!("spec.nodeName={node}");
+        let name = "jsonpath={.items[0].metadata.name}";
+        let args = ["get", "pods", "-n", system, "-l", "app.kubernetes.io/name=nano-gpu-agent"];
+        let args = [&args[..], &["--field-selector", &selector, "-o", name]].concat();
+        kubectl_quiet(cluster, &args).filter(|p| !p.is_empty())
+    };
     eprintln!("soak: restarting {what} ({node} if on a node)");
     match what {
         "allocator-leader" => {
@@ -159,16 +170,16 @@ fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process:
                 kill(&pod, "kube-scheduler");
             }
         }
-        // Deleted, as an operator does: terminating, its node takes no new GPU pod. (A SIGKILL of the
-        // agent is not here: the kubelet fails a pod it admits in the second or two before it reports
-        // the agent's pod not Ready; see the README.)
+        // Deleted, as an operator does: terminating, its node takes no new GPU pod.
         "agent-delete" => {
-            let selector = format!("spec.nodeName={node}");
-            let name = "jsonpath={.items[0].metadata.name}";
-            let args = ["get", "pods", "-n", system, "-l", "app.kubernetes.io/name=nano-gpu-agent"];
-            let args = [&args[..], &["--field-selector", &selector, "-o", name]].concat();
-            if let Some(pod) = kubectl_quiet(cluster, &args).filter(|p| !p.is_empty()) {
+            if let Some(pod) = agent() {
                 kubectl_quiet(cluster, &["delete", "pod", &pod, "-n", system, "--wait=false"]);
+            }
+        }
+        // A crash: the keeper holds the kubelet's side of the plugins while the agent restarts.
+        "agent-kill" => {
+            if let Some(pod) = agent() {
+                kill(&pod, "agent");
             }
         }
         "agent-rollout" => {
@@ -227,7 +238,7 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
         std::env::var("NANO_GPU_SOAK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
         });
-    // Every kind once in a short run (18 s apart in 180 s), a restart every 2 min in a long one.
+    // Every kind once in a short run (16 s apart in 180 s), a restart every 2 min in a long one.
     let every = Duration::from_secs((seconds / (RESTARTS.len() as u64 + 1)).clamp(10, 120));
     let sample_every = Duration::from_secs((seconds / 30).clamp(5, 30));
     eprintln!("soak: {seconds} s of churn, a restart every {every:?}, seed {seed} (NANO_GPU_SOAK_SEED)");

@@ -4,7 +4,7 @@
 use super::Plugin;
 use crate::resource::Resource;
 use nano_gpu_proto::kubelet::VERSION;
-use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePluginServer;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;
 use nano_gpu_proto::kubelet::deviceplugin::{DevicePluginOptions, RegisterRequest};
 use std::path::{Path, PathBuf};
@@ -30,10 +30,11 @@ pub async fn serve(
     serve_on(bind(socket)?, plugin, shutdown).await
 }
 
-/// Serves the plugin on a bound socket until `shutdown` resolves.
-pub async fn serve_on(
+/// Serves a device plugin (ours, or the keeper's relay to it) on a bound socket until `shutdown`
+/// resolves.
+pub async fn serve_on<S: DevicePlugin>(
     listener: tokio::net::UnixListener,
-    plugin: Plugin,
+    plugin: S,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
@@ -44,18 +45,23 @@ pub async fn serve_on(
     Ok(())
 }
 
+/// What the plugins ask of the kubelet: PreStartContainer before every container (the repair check,
+/// the driver's memory limit), and GetPreferredAllocation (steering to the assigned cards).
+pub fn options() -> DevicePluginOptions {
+    DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true }
+}
+
 /// Registers `resource` with the kubelet; the plugin serves on `endpoint` (a file name) in the
 /// kubelet's directory.
 pub async fn register(kubelet_socket: PathBuf, resource: Resource, endpoint: &str) -> Result<(), Status> {
     let channel = nano_gpu_runtime::unix_channel(kubelet_socket)
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
-    let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
     let request = RegisterRequest {
         version: VERSION.into(),
         endpoint: endpoint.into(),
         resource_name: resource.name().into(),
-        options: Some(options),
+        options: Some(options()),
     };
     // A kubelet that accepts the connection but never answers must not hold the agent forever.
     tokio::time::timeout(REGISTER_TIMEOUT, RegistrationClient::new(channel).register(request))

@@ -1,0 +1,338 @@
+//! The keeper: the kubelet's side of the agent's device plugins, in a second container of the
+//! agent's pod, so that an agent that crashes does not fail the pods the kubelet admits meanwhile.
+//!
+//! A kubelet whose plugin's stream ends marks every device of the resource unhealthy at once, and
+//! fails each pod it admits until a plugin registers again (`UnexpectedAdmissionError`, final for a
+//! bare pod); the allocator stops placing on the node only when the kubelet reports the agent's pod
+//! not Ready, a second or two later. With the keeper, the agent serves its plugins on sockets in a
+//! directory the two containers share (`--backend-dir`), and the keeper registers with the kubelet
+//! (the same loop as the agent's own, [`crate::run::serve_and_register`]: kubelet restarts and
+//! rollouts alike) and relays:
+//! - ListAndWatch: the agent's device lists as they come; while the agent is away the kubelet's
+//!   stream stays open with the last list, marked unhealthy only once the agent has been away for
+//!   the keeper's patience;
+//! - GetPreferredAllocation, Allocate and PreStartContainer: passed on, and held while the agent does
+//!   not serve (tried again every [`RETRY`]) for up to the patience, then failed with the reason; what
+//!   the agent answers itself, errors included, goes back as it is.
+//!
+//! The keeper holds no state of its own: a restarted agent answers as the agent does after any
+//! restart.
+
+use crate::plugin;
+use crate::probe::Readiness;
+use crate::resource::Resource;
+use crate::run::{self, RunError, Served, Serving, Timing};
+use nano_gpu_proto::kubelet::UNHEALTHY;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
+use nano_gpu_proto::kubelet::deviceplugin::{
+    AllocateRequest, AllocateResponse, DevicePluginOptions, Empty, ListAndWatchResponse,
+    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse,
+};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// How often an absent agent is tried again.
+pub const RETRY: Duration = Duration::from_millis(50);
+
+/// What the keeper runs with.
+#[derive(Clone, Debug)]
+pub struct Keeper {
+    /// The kubelet's device-plugin directory.
+    pub plugin_dir: PathBuf,
+    /// Where the agent serves (`<stem>.sock` per resource).
+    pub backend: PathBuf,
+    /// Names the keeper's sockets, as the agent's own would be named (its pod's name).
+    pub instance: String,
+    /// How long a call is held, and the devices kept healthy, while the agent does not serve.
+    pub patience: Duration,
+    /// Timing of the registration loop.
+    pub timing: Timing,
+}
+
+/// Waits for the agent to serve, then registers what it serves and relays until `shutdown` (or
+/// the kubelet refuses); the keeper's socket files go when it stops.
+pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
+    let Keeper { plugin_dir, backend, instance, patience, timing } = keeper;
+    // Registering before the agent serves would show the kubelet no device at all.
+    let mut said = false;
+    let resources = loop {
+        if let Some(resources) = served_by(&backend).await {
+            break resources;
+        }
+        if !said {
+            tracing::info!(dir = %backend.display(), "waiting for the agent to serve");
+            said = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+        }
+    };
+    tracing::info!(resources = ?resources.iter().map(|r| r.name()).collect::<Vec<_>>(), "the agent serves");
+    let (again, _) = watch::channel(());
+    let relays = Relays { backend, patience, again };
+    run::remove_dead_sockets(&plugin_dir, &resources).await;
+    let readiness = Arc::new(Readiness::default());
+    let serving = Serving {
+        resources: &resources,
+        served: &relays,
+        instance: &instance,
+        plugin_dir: &plugin_dir,
+        timing,
+        readiness: &readiness,
+    };
+    let result = run::serve_and_register(serving, &mut shutdown).await;
+    run::remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    result
+}
+
+/// What the agent in `dir` serves, once it lists it ([`run::SERVED`]) and every socket it lists
+/// answers.
+async fn served_by(dir: &std::path::Path) -> Option<Vec<Resource>> {
+    let listed = std::fs::read_to_string(dir.join(run::SERVED)).ok()?;
+    let resources: Vec<Resource> = listed.lines().map(Resource::of_tag).collect::<Option<_>>()?;
+    for r in &resources {
+        if !run::is_served(&dir.join(r.socket(""))).await {
+            return None;
+        }
+    }
+    (!resources.is_empty()).then_some(resources)
+}
+
+/// The relays of every resource.
+struct Relays {
+    backend: PathBuf,
+    patience: Duration,
+    again: watch::Sender<()>,
+}
+
+impl Served for Relays {
+    fn serve(
+        &self,
+        resource: Resource,
+        listener: tokio::net::UnixListener,
+        stop: oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Result<(), String>> {
+        let relay = Relay {
+            agent: self.backend.join(resource.socket("")),
+            patience: self.patience,
+            again: self.again.subscribe(),
+        };
+        run::spawn_server(listener, relay, stop)
+    }
+
+    fn send_again(&self) {
+        self.again.send_modify(|_| {});
+    }
+}
+
+/// The relay of one resource to the agent's socket.
+pub struct Relay {
+    agent: PathBuf,
+    patience: Duration,
+    again: watch::Receiver<()>,
+}
+
+/// A Status the agent did not answer itself: it was not reached, or went during the call.
+fn not_answered(status: &Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+impl Relay {
+    /// A relay to the agent serving on `agent`, holding calls for up to `patience`, sending its
+    /// devices again whenever `again` changes.
+    pub fn new(agent: PathBuf, patience: Duration, again: watch::Receiver<()>) -> Self {
+        Relay { agent, patience, again }
+    }
+
+    async fn client(&self) -> Result<DevicePluginClient<Channel>, String> {
+        nano_gpu_runtime::unix_channel(self.agent.clone())
+            .await
+            .map(DevicePluginClient::new)
+            .map_err(|e| format!("{e}: {}", self.agent.display()))
+    }
+
+    /// `call` on the agent, tried again every [`RETRY`] while the agent does not answer, for up to
+    /// the patience.
+    async fn forward<T, F, Fut>(&self, what: &str, call: F) -> Result<Response<T>, Status>
+    where
+        F: Fn(DevicePluginClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.patience;
+        let mut said = false;
+        loop {
+            let why = match self.client().await {
+                Ok(client) => match call(client).await {
+                    Err(s) if not_answered(&s) => s.message().to_owned(),
+                    answered => {
+                        if said {
+                            tracing::info!("the agent answers again; {what} relayed");
+                        }
+                        return answered;
+                    }
+                },
+                Err(e) => e,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Status::unavailable(format!(
+                    "the agent did not answer {what} within {} s: {why}",
+                    self.patience.as_secs()
+                )));
+            }
+            if !said {
+                tracing::warn!(error = %why, "the agent does not answer {what}; holding the call for it");
+                said = true;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
+
+type DeviceStream =
+    Pin<Box<dyn futures::Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+/// Resolves when the devices are to be sent again (never once nothing can ask).
+async fn asked_again(again: &mut watch::Receiver<()>) {
+    if again.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Every device of `list` unhealthy.
+fn unhealthy(list: &ListAndWatchResponse) -> ListAndWatchResponse {
+    let mut list = list.clone();
+    for d in &mut list.devices {
+        d.health = UNHEALTHY.to_owned();
+    }
+    list
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Relay {
+    type ListAndWatchStream = DeviceStream;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(plugin::options()))
+    }
+
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let relay = Relay { agent: self.agent.clone(), patience: self.patience, again: self.again.clone() };
+        tokio::spawn(async move { relay.relay_devices(tx).await });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let request = request.into_inner();
+        self.forward("GetPreferredAllocation", |mut c| {
+            let request = request.clone();
+            async move { c.get_preferred_allocation(request).await }
+        })
+        .await
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let request = request.into_inner();
+        self.forward("Allocate", |mut c| {
+            let request = request.clone();
+            async move { c.allocate(request).await }
+        })
+        .await
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let request = request.into_inner();
+        self.forward("PreStartContainer", |mut c| {
+            let request = request.clone();
+            async move { c.pre_start_container(request).await }
+        })
+        .await
+    }
+}
+
+impl Relay {
+    /// Feeds one kubelet stream until the kubelet closes it: the agent's lists, the last one again
+    /// when asked, and that one unhealthy once the agent has been away for the patience.
+    async fn relay_devices(mut self, tx: mpsc::Sender<Result<ListAndWatchResponse, Status>>) {
+        let mut last: Option<ListAndWatchResponse> = None;
+        let mut away: Option<tokio::time::Instant> = None;
+        let mut told = false;
+        loop {
+            if let Ok(mut client) = self.client().await
+                && let Ok(stream) = client.list_and_watch(Empty {}).await
+            {
+                let mut stream = stream.into_inner();
+                if away.take().is_some() {
+                    tracing::info!(agent = %self.agent.display(), "the agent serves again");
+                }
+                told = false;
+                loop {
+                    tokio::select! {
+                        next = stream.message() => match next {
+                            Ok(Some(list)) => {
+                                last = Some(list.clone());
+                                if tx.send(Ok(list)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            _ => break,
+                        },
+                        _ = asked_again(&mut self.again) => {
+                            if let Some(list) = &last && tx.send(Ok(list.clone())).await.is_err() {
+                                return;
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+            let since = *away.get_or_insert_with(|| {
+                tracing::warn!(agent = %self.agent.display(), "the agent stopped serving; the kubelet's devices stay as they were while it comes back");
+                tokio::time::Instant::now()
+            });
+            if !told
+                && since.elapsed() >= self.patience
+                && let Some(list) = &last
+            {
+                tracing::warn!(
+                    "the agent has not served for {} s; its devices are unhealthy until it does",
+                    self.patience.as_secs()
+                );
+                told = true;
+                if tx.send(Ok(unhealthy(list))).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY) => {}
+                _ = asked_again(&mut self.again) => {
+                    let list = last.as_ref().map(|l| if told { unhealthy(l) } else { l.clone() });
+                    if let Some(list) = list && tx.send(Ok(list)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+    }
+}
