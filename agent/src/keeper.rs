@@ -1,13 +1,15 @@
-//! The keeper: the kubelet's side of the agent's device plugins, in a second container of the
-//! agent's pod, so that an agent that crashes does not fail the pods the kubelet admits meanwhile.
+//! The keeper: the kubelet's side of the agent's device plugins, and the agent's parent process, so
+//! that an agent that crashes does not fail the pods the kubelet admits meanwhile.
 //!
 //! A kubelet whose plugin's stream ends marks every device of the resource unhealthy at once, and
 //! fails each pod it admits until a plugin registers again (`UnexpectedAdmissionError`, final for a
 //! bare pod); the allocator stops placing on the node only when the kubelet reports the agent's pod
-//! not Ready, a second or two later. With the keeper, the agent serves its plugins on sockets in a
-//! directory the two containers share (`--backend-dir`), and the keeper registers with the kubelet
-//! (the same loop as the agent's own, [`crate::run::serve_and_register`]: kubelet restarts and
-//! rollouts alike) and relays:
+//! not Ready, a second or two later. With the keeper (`nano-gpu-agent keeper`, the DaemonSet's
+//! command), the agent runs as the keeper's child and serves its plugins on sockets in a directory
+//! of its own (`--backend-dir`); the keeper starts it again whenever it exits (a crash, an OOM kill,
+//! a segfault in the driver's library), registers with the kubelet what it serves (the same loop as
+//! the agent's own, [`crate::run::serve_and_register`]: kubelet restarts and rollouts alike), and
+//! relays:
 //! - ListAndWatch: the agent's device lists as they come; while the agent is away the kubelet's
 //!   stream stays open with the last list, marked unhealthy only once the agent has been away for
 //!   the keeper's patience;
@@ -15,8 +17,10 @@
 //!   not serve (tried again every [`RETRY`]) for up to the patience, then failed with the reason; what
 //!   the agent answers itself, errors included, goes back as it is.
 //!
-//! The keeper holds no state of its own: a restarted agent answers as the agent does after any
-//! restart.
+//! The agent must come back without the kubelet: while the kubelet waits on a held call it admits
+//! nothing else and restarts no container (one loop does both). That is why the keeper is the
+//! agent's parent rather than a container beside it. It holds no state of its own: a restarted agent
+//! answers as the agent does after any restart.
 
 use crate::plugin;
 use crate::probe::Readiness;
@@ -30,6 +34,7 @@ use nano_gpu_proto::kubelet::deviceplugin::{
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
+use rustix::process::{Pid, Signal, kill_process};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -54,12 +59,87 @@ pub struct Keeper {
     pub patience: Duration,
     /// Timing of the registration loop.
     pub timing: Timing,
+    /// The agent to run and start again whenever it exits (`None`: one runs beside the keeper).
+    pub agent: Option<AgentProcess>,
+}
+
+/// How the keeper starts the agent.
+#[derive(Clone, Debug)]
+pub struct AgentProcess {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<std::ffi::OsString>,
+}
+
+/// The first wait before starting an agent that exited again; it doubles up to [`RESTART_MOST`],
+/// and starts over once an agent ran for [`RESTART_RESET`].
+const RESTART_FIRST: Duration = Duration::from_millis(100);
+const RESTART_MOST: Duration = Duration::from_secs(10);
+const RESTART_RESET: Duration = Duration::from_secs(60);
+
+/// How long a stopping agent has to end before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Resolves once `shutdown` says stop.
+async fn stopping(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Runs `agent`, starting it again whenever it exits, until `shutdown`; then stops it (SIGTERM,
+/// SIGKILL after [`STOP_GRACE`]).
+async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = RESTART_FIRST;
+    loop {
+        let started = tokio::time::Instant::now();
+        let spawned =
+            tokio::process::Command::new(&agent.program).args(&agent.args).kill_on_drop(true).spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                tracing::error!(program = %agent.program.display(), error = %e, "the agent did not start");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopping(&mut shutdown) => return,
+                }
+                backoff = (backoff * 2).min(RESTART_MOST);
+                continue;
+            }
+        };
+        tracing::info!(pid = child.id(), "agent started");
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                if started.elapsed() >= RESTART_RESET {
+                    backoff = RESTART_FIRST;
+                }
+                tracing::warn!(%status, "the agent exited; starting it again in {backoff:?}");
+            }
+            _ = stopping(&mut shutdown) => {
+                let pid = child.id().and_then(|p| i32::try_from(p).ok()).and_then(Pid::from_raw);
+                if let Some(pid) = pid {
+                    let _ = kill_process(pid, Signal::TERM);
+                }
+                if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+                    tracing::warn!("the agent did not stop within {STOP_GRACE:?}; killed");
+                    let _ = child.kill().await;
+                }
+                return;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopping(&mut shutdown) => return,
+        }
+        backoff = (backoff * 2).min(RESTART_MOST);
+    }
 }
 
 /// Waits for the agent to serve, then registers what it serves and relays until `shutdown` (or
 /// the kubelet refuses); the keeper's socket files go when it stops.
 pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Keeper { plugin_dir, backend, instance, patience, timing } = keeper;
+    let Keeper { plugin_dir, backend, instance, patience, timing, agent } = keeper;
+    let supervised = agent.map(|agent| tokio::spawn(supervise(agent, shutdown.clone())));
     // Registering before the agent serves would show the kubelet no device at all.
     let mut said = false;
     let resources = loop {
@@ -72,7 +152,12 @@ pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result
         }
         tokio::select! {
             _ = tokio::time::sleep(RETRY) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            _ = stopping(&mut shutdown) => {
+                if let Some(supervised) = supervised {
+                    let _ = supervised.await;
+                }
+                return Ok(());
+            }
         }
     };
     tracing::info!(resources = ?resources.iter().map(|r| r.name()).collect::<Vec<_>>(), "the agent serves");
@@ -90,6 +175,9 @@ pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result
     };
     let result = run::serve_and_register(serving, &mut shutdown).await;
     run::remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    if let Some(supervised) = supervised {
+        let _ = supervised.await;
+    }
     result
 }
 

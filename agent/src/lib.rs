@@ -60,10 +60,9 @@ pub struct Flags {
     /// Directory of the kubelet's device-plugin sockets.
     #[arg(long, env = "NANO_GPU_PLUGIN_DIR", default_value = "/var/lib/kubelet/device-plugins")]
     pub plugin_dir: PathBuf,
-    /// Where the agent serves its plugins for the keeper (`keeper`, a second container of its pod
-    /// sharing this directory), which registers with the kubelet and relays its calls, so that a pod
-    /// the kubelet admits while the agent restarts waits for it instead of failing. Unset: the
-    /// agent registers itself.
+    /// Where the agent serves its plugins for the keeper (`keeper`: the agent's parent process,
+    /// which registers with the kubelet and relays its calls, so that a pod the kubelet admits while
+    /// the agent restarts waits for it instead of failing). Unset: the agent registers itself.
     #[arg(long, env = "NANO_GPU_BACKEND_DIR")]
     pub backend_dir: Option<PathBuf>,
     /// How long the keeper holds a kubelet's call while the agent does not serve (then fails it),
@@ -71,6 +70,10 @@ pub struct Flags {
     /// kubelet gives PreStartContainer 30 s.
     #[arg(long, env = "NANO_GPU_KEEPER_PATIENCE_SECONDS", default_value_t = 25)]
     pub keeper_patience_seconds: u64,
+    /// Whether the keeper runs the agent (this program with the same flags, as its child, started
+    /// again whenever it exits); `false`: an agent runs beside it (its own container).
+    #[arg(long, env = "NANO_GPU_KEEPER_RUNS_AGENT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub keeper_runs_agent: bool,
     /// Kubeconfig of the cluster; default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -191,9 +194,9 @@ impl Flags {
 pub enum Command {
     /// Print the cards this node has, as the `nano-gpu/gpus` annotation and labels would carry them.
     Inventory,
-    /// Hold the kubelet's side of the device plugin for the agent serving in `--backend-dir`:
+    /// Run the agent (serving in `--backend-dir`) and hold the kubelet's side of its device plugins:
     /// register, keep the kubelet's device streams open and relay its calls, holding them while the
-    /// agent restarts (a second container of the agent's pod).
+    /// agent restarts.
     Keeper,
     /// Run one MPS control daemon per NVIDIA card (not in MIG mode), starting again any that stops,
     /// under `--mps-root`: the daemons of nodes whose shares are enforced with MPS.

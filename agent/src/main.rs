@@ -189,6 +189,27 @@ fn keeper(flags: &Flags) -> ExitCode {
         instance: flags.instance.clone(),
         patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
         timing: run::Timing::default(),
+        agent: None,
+    };
+    let keeper = if flags.keeper_runs_agent {
+        let program = match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("nano-gpu-agent: keeper: finding its own program to run the agent: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // The agent: the same flags, without the subcommand.
+        let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        if let Some(at) = args.iter().rposition(|a| a == "keeper") {
+            args.remove(at);
+        }
+        nano_gpu_agent::keeper::Keeper {
+            agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args }),
+            ..keeper
+        }
+    } else {
+        keeper
     };
     until_terminated(flags, "keeper: ", |_, stopped| async move {
         nano_gpu_agent::keeper::keep(keeper, stopped).await.map_err(|e| e.to_string())

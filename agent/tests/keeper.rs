@@ -1,9 +1,10 @@
-//! The keeper against a fake kubelet, with the real agent binary serving for it in a shared
-//! directory: the agent is killed (SIGKILL, as a crash) while the kubelet holds its device stream,
-//! and an Allocate the kubelet makes meanwhile waits for the agent's next start and then gets what
-//! the agent answers; the kubelet's stream neither ends nor turns unhealthy while the agent is away
-//! for less than the patience. An agent that stays away past the patience: the call fails with the
-//! reason and the devices turn unhealthy, until the agent serves again.
+//! The keeper against a fake kubelet, with the real agent binary serving for it in a directory of
+//! its own: the agent is killed (SIGKILL, as a crash) while the kubelet holds its device stream, and
+//! an Allocate the kubelet makes meanwhile waits for the agent's next start and then gets what the
+//! agent answers; the kubelet's stream neither ends nor turns unhealthy while the agent is away for
+//! less than the patience. The keeper runs the agent and starts it again itself (the kubelet, waiting
+//! on the held call, would not); an agent run beside it that stays away past the patience: the call
+//! fails with the reason and the devices turn unhealthy, until the agent serves again.
 
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
@@ -31,16 +32,36 @@ fn agent(backend: &Path, gpus: &Path) -> Child {
         .expect("starting the agent")
 }
 
-/// The keeper of `backend` registering with `kubelet`, holding calls for `patience_s` seconds.
-fn keeper(kubelet: &FakeKubelet, backend: &Path, patience_s: u32) -> Child {
-    Command::new(AGENT)
-        .arg("--plugin-dir")
-        .arg(&kubelet.plugin_dir)
-        .arg("--backend-dir")
-        .arg(backend)
+/// The keeper of `backend` registering with `kubelet`, holding calls for `patience_s` seconds; it
+/// runs the agent itself on the cards of `runs` (else one is started beside it).
+fn keeper(kubelet: &FakeKubelet, backend: &Path, patience_s: u32, runs: Option<&Path>) -> Child {
+    let mut keeper = Command::new(AGENT);
+    keeper.arg("--plugin-dir").arg(&kubelet.plugin_dir).arg("--backend-dir").arg(backend);
+    match runs {
+        Some(gpus) => {
+            keeper.arg("--fake-inventory").arg(gpus).args(["--probe-listen", "", "--usage-seconds", "0"])
+        }
+        None => keeper.args(["--keeper-runs-agent", "false"]),
+    };
+    keeper
         .args(["--keeper-patience-seconds", &patience_s.to_string(), "keeper"])
         .spawn()
         .expect("starting the keeper")
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`: the fields after the command's closing parenthesis.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
 }
 
 fn kill(child: &mut Child) {
@@ -87,7 +108,7 @@ async fn node(name: &str) -> Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allocate_while_the_agent_restarts_waits_for_it_and_the_devices_stay_healthy() {
     let mut n = node("keeper-restart").await;
-    let mut keeper = keeper(&n.kubelet, &n.backend, 20);
+    let mut keeper = keeper(&n.kubelet, &n.backend, 20, None);
     // The keeper registers only once the agent serves.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(n.kubelet.registrations.try_recv().is_err(), "registered before the agent served");
@@ -129,7 +150,7 @@ async fn an_allocate_while_the_agent_restarts_waits_for_it_and_the_devices_stay_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_away_past_the_patience_fails_the_call_and_its_devices_turn_unhealthy() {
     let mut n = node("keeper-away").await;
-    let mut keeper = keeper(&n.kubelet, &n.backend, 2);
+    let mut keeper = keeper(&n.kubelet, &n.backend, 2, None);
     let mut first = agent(&n.backend, &n.gpus);
     n.kubelet.registered().await;
     let mut plugin = n.kubelet.plugin().await;
@@ -156,5 +177,40 @@ async fn an_agent_away_past_the_patience_fails_the_call_and_its_devices_turn_unh
 
     kill(&mut second);
     kill(&mut keeper);
+    let _ = std::fs::remove_dir_all(&n.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keeper_starts_a_crashed_agent_again_and_the_held_allocate_gets_its_answer() {
+    let mut n = node("keeper-runs").await;
+    let mut keeper = keeper(&n.kubelet, &n.backend, 20, Some(&n.gpus));
+    n.kubelet.registered().await;
+    let mut plugin = n.kubelet.plugin().await;
+    let mut stream = plugin.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let list = next_list(&mut stream, Duration::from_secs(10)).await.expect("the devices");
+    assert!(all(&list, HEALTHY), "{list:?}");
+    let agents = children(keeper.id());
+    assert_eq!(agents.len(), 1, "the keeper's agent: {agents:?}");
+
+    // The agent crashes; nobody but the keeper starts it again.
+    let killed = Command::new("kill").args(["-KILL", &agents[0].to_string()]).status().unwrap();
+    assert!(killed.success());
+    let started = Instant::now();
+    let answer = plugin.allocate(allocate_request()).await.expect("the Allocate, held for the next agent");
+    let envs = &answer.into_inner().container_responses[0].envs;
+    assert_eq!(envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("GPU-a"), "{envs:?}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    let now = children(keeper.id());
+    assert!(now.len() == 1 && now[0] != agents[0], "a new agent: {agents:?} then {now:?}");
+    let list = next_list(&mut stream, Duration::from_secs(10)).await.expect("the devices again");
+    assert!(all(&list, HEALTHY), "{list:?}");
+    assert!(n.kubelet.registrations.try_recv().is_err(), "the keeper registered again");
+
+    // SIGTERM: the keeper stops its agent and removes its socket.
+    assert!(Command::new("kill").args(["-TERM", &keeper.id().to_string()]).status().unwrap().success());
+    let stopped = keeper.wait().unwrap();
+    assert!(stopped.success(), "{stopped:?}");
+    assert!(children(keeper.id()).is_empty());
+    assert!(!n.kubelet.plugin_dir.join("nano-gpu.sock").exists());
     let _ = std::fs::remove_dir_all(&n.dir);
 }

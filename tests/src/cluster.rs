@@ -239,6 +239,36 @@ impl Cluster {
         self.signal_container(namespace, pod, container, "SIGKILL");
     }
 
+    /// SIGKILL to the processes of one container of a pod that its first process started (the
+    /// agent under its keeper: a crash the container itself lives through); how many were killed
+    /// (an error while the pod's status names no such container).
+    pub fn kill_children(&self, namespace: &str, pod: &str, container: &str) -> Result<usize, String> {
+        let (_, id) = self.try_container(namespace, pod, container)?;
+        // The container's processes: those in its cgroup (named after its containerd ID).
+        let mut parents = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let in_container =
+                std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(&id));
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // `pid (comm) state ppid ...`
+            let ppid =
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+            if let (true, Some(ppid)) = (in_container, ppid) {
+                parents.insert(pid, ppid);
+            }
+        }
+        let children: Vec<u32> =
+            parents.iter().filter(|(_, ppid)| parents.contains_key(ppid)).map(|(pid, _)| *pid).collect();
+        for pid in &children {
+            let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            if !killed.is_ok_and(|k| k.success()) {
+                return Err(format!("kill -KILL {pid} ({namespace}/{pod}/{container})"));
+            }
+        }
+        Ok(children.len())
+    }
+
     /// Sends `signal` (`SIGSTOP`, `SIGCONT`, ...) to the processes of one container of a pod, through
     /// its node's containerd.
     pub fn signal_container(&self, namespace: &str, pod: &str, container: &str, signal: &str) {

@@ -287,10 +287,10 @@ async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no
     })
     .await;
 
-    // Each node's agent crashing (SIGKILL of its container) during a burst, node-1's after the 15th,
-    // node-2's after the 30th, node-3's after the 45th: the keeper holds the kubelet's side, so the
-    // shares the kubelet admits before it restarts the agent wait for it. (Without the keeper, a
-    // kubelet fails every pod it admits from the crash until a plugin registers again.)
+    // Each node's agent crashing (SIGKILL of the agent process) during a burst, node-1's after the
+    // 15th, node-2's after the 30th, node-3's after the 45th: its keeper starts it again and holds the
+    // kubelet's side meanwhile, so the shares the kubelet admits then wait for it. (Without the
+    // keeper, a kubelet fails every pod it admits from the crash until a plugin registers again.)
     burst(&cluster, &client, "killed", |i| {
         if matches!(i, 15 | 30 | 45) {
             let node = format!("node-{}", i / 15);
@@ -307,7 +307,8 @@ async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no
                 "-o",
                 "jsonpath={.items[0].metadata.name}",
             ]);
-            cluster.kill_container("nano-gpu-system", agent.trim(), "agent");
+            let killed = cluster.kill_children("nano-gpu-system", agent.trim(), "agent");
+            assert_eq!(killed, Ok(1), "the agent process under {node}'s keeper");
         }
         None
     })

@@ -176,10 +176,12 @@ fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process:
                 kubectl_quiet(cluster, &["delete", "pod", &pod, "-n", system, "--wait=false"]);
             }
         }
-        // A crash: the keeper holds the kubelet's side of the plugins while the agent restarts.
+        // A crash of the agent process: its keeper starts it again and holds the kubelet's calls.
         "agent-kill" => {
-            if let Some(pod) = agent() {
-                kill(&pod, "agent");
+            if let Some(pod) = agent()
+                && let Err(e) = cluster.kill_children(system, &pod, "agent")
+            {
+                eprintln!("soak: {e}");
             }
         }
         "agent-rollout" => {
