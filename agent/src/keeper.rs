@@ -109,11 +109,15 @@ async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
         tracing::info!(pid = child.id(), "agent started");
         tokio::select! {
             status = child.wait() => {
-                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 if started.elapsed() >= RESTART_RESET {
                     backoff = RESTART_FIRST;
                 }
-                tracing::warn!(%status, "the agent exited; starting it again in {backoff:?}");
+                match status {
+                    // It asked to be started again (its node's enforcement mode changed).
+                    Ok(s) if s.success() => tracing::info!("the agent stopped; starting it again in {backoff:?}"),
+                    Ok(s) => tracing::warn!(status = %s, "the agent exited; starting it again in {backoff:?}"),
+                    Err(e) => tracing::warn!(error = %e, "the agent cannot be waited on; starting it again in {backoff:?}"),
+                }
             }
             _ = stopping(&mut shutdown) => {
                 let pid = child.id().and_then(|p| i32::try_from(p).ok()).and_then(Pid::from_raw);

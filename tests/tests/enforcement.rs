@@ -63,17 +63,25 @@ fn inside(cluster: &Cluster, name: &str) -> Inside {
     Inside { env }
 }
 
-/// Labels the node `nano-gpu/enforcement=<mode>` and waits for its agent to restart under it and be
-/// ready again.
-async fn switch(nodes: &Api<Node>, system: &Api<Pod>, mode: &str) {
-    let restarts = agent_restarts(system).await;
+/// Labels the node `nano-gpu/enforcement=<mode>` and waits for its agent to restart under it (its
+/// keeper starts it again) and be ready again.
+async fn switch(cluster: &Cluster, nodes: &Api<Node>, system: &Api<Pod>, mode: &str) {
     let patch = json!({"metadata": {"labels": {"nano-gpu/enforcement": mode}}});
     nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     wait_until(&format!("the agent restarted under {mode}"), Duration::from_secs(90), || async {
-        agent_restarts(system).await > restarts
+        agent_mode(cluster).as_deref() == Some(mode)
     })
     .await;
     agent_ready(system).await;
+}
+
+/// The mode the node's newest agent said it enforces (its log's last `shares are enforced` line).
+fn agent_mode(cluster: &Cluster) -> Option<String> {
+    let args = ["logs", "-n", "nano-gpu-system", "-l", "app.kubernetes.io/name=nano-gpu-agent", "--tail=-1"];
+    let out = cluster.kubectl(&args);
+    let logs = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = logs.lines().rev().find(|l| l.contains("shares are enforced"))?;
+    Some(line.split("mode=\"").nth(1)?.split('"').next()?.to_owned())
 }
 
 /// Pod `name`'s single grant: its card, the card's index and the memory (MiB) it holds.
@@ -100,17 +108,6 @@ async fn agent_ready(system: &Api<Pod>) {
         })
     })
     .await;
-}
-
-/// The restart count of the node's agent container.
-async fn agent_restarts(system: &Api<Pod>) -> i32 {
-    let params = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent");
-    let list = system.list(&params).await.unwrap();
-    list.items
-        .iter()
-        .flat_map(|p| p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default())
-        .map(|c| c.restart_count)
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +142,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     pods.delete("plain-30", &DeleteParams::default()).await.unwrap();
 
     // mps: the agent restarts under the new mode; the daemons' DaemonSet comes to the node.
-    switch(&nodes, &system, "mps").await;
+    switch(&cluster, &nodes, &system, "mps").await;
     let shares = [("mps-30", 30), ("mps-20", 20), ("mps-whole", 100)];
     for (name, percent) in shares {
         // mps-30 runs a CUDA process stand-in, which finds its card's daemon: an MPS client.
@@ -213,7 +210,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     std::fs::create_dir_all(&vgpu).unwrap();
     std::fs::write(vgpu.join("libvgpu.so"), "the node's HAMi-core, as its operator installed it\n").unwrap();
     std::fs::write(vgpu.join("ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n").unwrap();
-    switch(&nodes, &system, "hami-core").await;
+    switch(&cluster, &nodes, &system, "hami-core").await;
     let shares = [("hami-40", 40), ("hami-whole", 100)];
     for (name, percent) in shares {
         create(&pods, &percent_pod(name, percent)).await;
@@ -238,7 +235,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     }
 
     // Back to none: the agent restarts again and new shares are plain.
-    switch(&nodes, &system, "none").await;
+    switch(&cluster, &nodes, &system, "none").await;
     create(&pods, &percent_pod("plain-again", 40)).await;
     wait_running(&pods, &["plain-again".to_string()], Duration::from_secs(90)).await;
     let plain = inside(&cluster, "plain-again");

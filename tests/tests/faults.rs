@@ -313,4 +313,20 @@ async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no
         None
     })
     .await;
+    // What the keepers did (the calls they held depend on when the kubelets admitted).
+    let logs = cluster.ok(&[
+        "logs",
+        "-n",
+        "nano-gpu-system",
+        "-l",
+        "app.kubernetes.io/name=nano-gpu-agent",
+        "--tail=-1",
+    ]);
+    let count = |what: &str| logs.lines().filter(|l| l.contains(what)).count();
+    eprintln!(
+        "killed: keepers started {} agents again and held {} calls for them",
+        count("the agent exited; starting it again"),
+        count("holding the call for it")
+    );
+    assert_eq!(count("the agent exited; starting it again"), 3, "{logs}");
 }
