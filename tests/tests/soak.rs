@@ -141,9 +141,14 @@ fn kubectl_quiet(cluster: &Cluster, args: &[&str]) -> Option<String> {
 }
 
 /// Starts restart `what`; a control-plane crash runs in the background (the child ends once the
-/// program was started again).
-fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process::Child> {
+/// program was started again). Also the node it acts on (if it acts on one).
+fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> (Option<std::process::Child>, String) {
     let node = format!("node-{}", 1 + rng.below(3));
+    (restart_on(cluster, what, &node), node)
+}
+
+/// [`restart`] on `node`.
+fn restart_on(cluster: &Cluster, what: &str, node: &str) -> Option<std::process::Child> {
     let system = "nano-gpu-system";
     let leader = || cluster.allocator_leader();
     let kill = |pod: &str, container: &str| {
@@ -187,11 +192,35 @@ fn restart(cluster: &Cluster, what: &str, rng: &mut Rng) -> Option<std::process:
         "agent-rollout" => {
             kubectl_quiet(cluster, &["rollout", "restart", "daemonset/nano-gpu-agent", "-n", system]);
         }
-        "kubelet" | "containerd" => cluster.restart(what, &node),
+        "kubelet" | "containerd" => cluster.restart(what, node),
         "kube-apiserver" | "etcd" | "kube-controller-manager" => return Some(cluster.crash(what, 3)),
         _ => unreachable!("{what}"),
     }
     None
+}
+
+/// Whether pod `p` failed as a restarted kubelet fails the pods of its first admissions: it counts
+/// the devices of pods deleted while it was down as still held until its pod sources are ready
+/// (upstream, kubernetes#109595, #133382), so a pod bound around the restart is refused for want of
+/// device IDs the allocator rightly saw free. Only that message, on a node whose kubelet the soak
+/// restarted within the last 30 s.
+fn by_kubelet_restart(p: &Pod, restarts: &[(String, Instant)]) -> bool {
+    let message = p.status.as_ref().and_then(|s| s.message.as_deref()).unwrap_or_default();
+    let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
+    message.contains("requested number of devices unavailable")
+        && restarts.iter().any(|(n, at)| n == node && at.elapsed() < Duration::from_secs(30))
+}
+
+/// Why pod `p` failed, on which node, and when it was seen failed (from the churn's start).
+fn failure(p: &Pod, started: Instant) -> String {
+    let s = p.status.as_ref().unwrap();
+    let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("-");
+    format!(
+        "{} {} (node {node}, seen at {:?})",
+        s.reason.as_deref().unwrap_or(""),
+        s.message.as_deref().unwrap_or(""),
+        started.elapsed()
+    )
 }
 
 /// What a pod asks: its percent and the models it allows (empty: any).
@@ -257,15 +286,24 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
     let (mut next_restart, mut restarts) = (started + every, 0usize);
     let mut crash: Option<std::process::Child> = None;
     let mut failed: BTreeMap<String, String> = BTreeMap::new();
+    // Pods the kubelet failed in its first admissions after a restart (upstream; see below).
+    let mut upstream: BTreeMap<String, String> = BTreeMap::new();
+    let mut kubelet_restarts: Vec<(String, Instant)> = Vec::new();
     let (mut created, mut deleted) = (0usize, 0usize);
     while started.elapsed() < Duration::from_secs(seconds) {
         let listed = tokio::time::timeout(Duration::from_secs(10), pods.list(&ListParams::default())).await;
         if let Ok(Ok(list)) = listed {
             for p in list.items.iter().filter(|p| phase(p) == "Failed") {
-                let s = p.status.as_ref().unwrap();
-                let why =
-                    format!("{} {}", s.reason.as_deref().unwrap_or(""), s.message.as_deref().unwrap_or(""));
-                failed.entry(p.metadata.name.clone().unwrap()).or_insert(why);
+                let name = p.metadata.name.clone().unwrap();
+                if failed.contains_key(&name) || upstream.contains_key(&name) {
+                    continue;
+                }
+                let why = failure(p, started);
+                if by_kubelet_restart(p, &kubelet_restarts) {
+                    upstream.insert(name, why);
+                } else {
+                    failed.insert(name, why);
+                }
             }
             let live: Vec<String> = list.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
             if live.len() < 20 || (live.len() < MAX_PODS && rng.below(10) < 6) {
@@ -290,7 +328,13 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
             }
         }
         if Instant::now() >= next_restart && crash.as_mut().is_none_or(|c| c.try_wait().unwrap().is_some()) {
-            crash = restart(&cluster, RESTARTS[restarts % RESTARTS.len()], &mut rng);
+            eprintln!("soak: {:?} into the churn, pod {created} created", started.elapsed());
+            let what = RESTARTS[restarts % RESTARTS.len()];
+            let node;
+            (crash, node) = restart(&cluster, what, &mut rng);
+            if what == "kubelet" {
+                kubelet_restarts.push((node, Instant::now()));
+            }
             restarts += 1;
             next_restart = Instant::now() + every;
         }
@@ -323,9 +367,16 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let list = pods.list(&ListParams::default()).await.unwrap();
     for p in list.items.iter().filter(|p| phase(p) == "Failed") {
-        let s = p.status.as_ref().unwrap();
-        let why = format!("{} {}", s.reason.as_deref().unwrap_or(""), s.message.as_deref().unwrap_or(""));
-        failed.entry(p.metadata.name.clone().unwrap()).or_insert(why);
+        let name = p.metadata.name.clone().unwrap();
+        if !upstream.contains_key(&name) {
+            failed.entry(name).or_insert_with(|| failure(p, started));
+        }
+    }
+    if !upstream.is_empty() {
+        eprintln!(
+            "soak: failed by a restarted kubelet's first admissions (upstream, kubernetes#109595; see \
+             the README): {upstream:#?}"
+        );
     }
     samples.extend(sample(&prefix, started.elapsed()));
     report(&samples);
