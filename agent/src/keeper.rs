@@ -55,6 +55,8 @@ pub struct Keeper {
     pub backend: PathBuf,
     /// Names the keeper's sockets, as the agent's own would be named (its pod's name).
     pub instance: String,
+    /// The resources the agent serves (its flags are the keeper's).
+    pub resources: Vec<Resource>,
     /// How long a call is held, and the devices kept healthy, while the agent does not serve.
     pub patience: Duration,
     /// Timing of the registration loop.
@@ -139,63 +141,55 @@ async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-/// Waits for the agent to serve, then registers what it serves and relays until `shutdown` (or
-/// the kubelet refuses); the keeper's socket files go when it stops.
+/// Runs the agent (if it has one to run) and waits for it to serve, then registers its resources
+/// and relays until `shutdown` (or the kubelet refuses); the keeper's socket files go when it stops,
+/// then the agent.
 pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
-    let Keeper { plugin_dir, backend, instance, patience, timing, agent } = keeper;
-    let supervised = agent.map(|agent| tokio::spawn(supervise(agent, shutdown.clone())));
-    // Registering before the agent serves would show the kubelet no device at all.
-    let mut said = false;
-    let resources = loop {
-        if let Some(resources) = served_by(&backend).await {
-            break resources;
-        }
-        if !said {
-            tracing::info!(dir = %backend.display(), "waiting for the agent to serve");
-            said = true;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(RETRY) => {}
-            _ = stopping(&mut shutdown) => {
-                if let Some(supervised) = supervised {
-                    let _ = supervised.await;
-                }
-                return Ok(());
-            }
-        }
-    };
-    tracing::info!(resources = ?resources.iter().map(|r| r.name()).collect::<Vec<_>>(), "the agent serves");
-    let (again, _) = watch::channel(());
-    let relays = Relays { backend, patience, again };
-    run::remove_dead_sockets(&plugin_dir, &resources).await;
-    let readiness = Arc::new(Readiness::default());
-    let serving = Serving {
-        resources: &resources,
-        served: &relays,
-        instance: &instance,
-        plugin_dir: &plugin_dir,
-        timing,
-        readiness: &readiness,
-    };
-    let result = run::serve_and_register(serving, &mut shutdown).await;
-    run::remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    let Keeper { plugin_dir, backend, instance, resources, patience, timing, agent } = keeper;
+    // The agent runs until the keeper ends, however it ends.
+    let (stop_agent, agent_stop) = watch::channel(false);
+    let supervised = agent.map(|agent| tokio::spawn(supervise(agent, agent_stop)));
+    let result = relay(&plugin_dir, &backend, &instance, &resources, patience, timing, &mut shutdown).await;
+    let _ = stop_agent.send(true);
     if let Some(supervised) = supervised {
         let _ = supervised.await;
     }
     result
 }
 
-/// What the agent in `dir` serves, once it lists it ([`run::SERVED`]) and every socket it lists
-/// answers.
-async fn served_by(dir: &std::path::Path) -> Option<Vec<Resource>> {
-    let listed = std::fs::read_to_string(dir.join(run::SERVED)).ok()?;
-    let resources: Vec<Resource> = listed.lines().map(Resource::of_tag).collect::<Option<_>>()?;
-    for r in &resources {
-        if !run::is_served(&dir.join(r.socket(""))).await {
-            return None;
+/// [`keep`] but the agent's process.
+async fn relay(
+    plugin_dir: &std::path::Path,
+    backend: &std::path::Path,
+    instance: &str,
+    resources: &[Resource],
+    patience: Duration,
+    timing: Timing,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    // Registering before the agent serves would show the kubelet no device at all.
+    let mut said = false;
+    for resource in resources {
+        let socket = backend.join(resource.socket(""));
+        while !run::is_served(&socket).await {
+            if !said {
+                tracing::info!(dir = %backend.display(), "waiting for the agent to serve");
+                said = true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY) => {}
+                _ = stopping(shutdown) => return Ok(()),
+            }
         }
     }
-    (!resources.is_empty()).then_some(resources)
+    let (again, _) = watch::channel(());
+    let relays = Relays { backend: backend.to_owned(), patience, again };
+    run::remove_dead_sockets(plugin_dir, resources).await;
+    let readiness = Arc::new(Readiness::default());
+    let serving = Serving { resources, served: &relays, instance, plugin_dir, timing, readiness: &readiness };
+    let result = run::serve_and_register(serving, shutdown).await;
+    run::remove_own_sockets(plugin_dir, resources, instance).await;
+    result
 }
 
 /// The relays of every resource.
@@ -212,11 +206,7 @@ impl Served for Relays {
         listener: tokio::net::UnixListener,
         stop: oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<Result<(), String>> {
-        let relay = Relay {
-            agent: self.backend.join(resource.socket("")),
-            patience: self.patience,
-            again: self.again.subscribe(),
-        };
+        let relay = Relay::new(self.backend.join(resource.socket("")), self.patience, self.again.subscribe());
         run::spawn_server(listener, relay, stop)
     }
 
@@ -226,7 +216,7 @@ impl Served for Relays {
 }
 
 /// The relay of one resource to the agent's socket.
-pub struct Relay {
+struct Relay {
     agent: PathBuf,
     patience: Duration,
     again: watch::Receiver<()>,
@@ -240,7 +230,7 @@ fn not_answered(status: &Status) -> bool {
 impl Relay {
     /// A relay to the agent serving on `agent`, holding calls for up to `patience`, sending its
     /// devices again whenever `again` changes.
-    pub fn new(agent: PathBuf, patience: Duration, again: watch::Receiver<()>) -> Self {
+    fn new(agent: PathBuf, patience: Duration, again: watch::Receiver<()>) -> Self {
         Relay { agent, patience, again }
     }
 
@@ -320,7 +310,7 @@ impl DevicePlugin for Relay {
 
     async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
-        let relay = Relay { agent: self.agent.clone(), patience: self.patience, again: self.again.clone() };
+        let relay = Relay::new(self.agent.clone(), self.patience, self.again.clone());
         tokio::spawn(async move { relay.relay_devices(tx).await });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }

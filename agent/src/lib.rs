@@ -13,8 +13,9 @@
 //!   [`podresources`]: the kubelet's pod-resources client.
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
-//! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the same loop
-//!   relaying to an agent in another container, so the kubelet's side outlives an agent crash.
+//! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the agent's
+//!   parent process, registering through that loop and relaying to the agent, so the kubelet's side
+//!   outlives an agent crash.
 //! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
 //!   [`daemons`]: the agent's watch on them.
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
@@ -70,10 +71,6 @@ pub struct Flags {
     /// kubelet gives PreStartContainer 30 s.
     #[arg(long, env = "NANO_GPU_KEEPER_PATIENCE_SECONDS", default_value_t = 25)]
     pub keeper_patience_seconds: u64,
-    /// Whether the keeper runs the agent (this program with the same flags, as its child, started
-    /// again whenever it exits); `false`: an agent runs beside it (its own container).
-    #[arg(long, env = "NANO_GPU_KEEPER_RUNS_AGENT", default_value_t = true, action = clap::ArgAction::Set)]
-    pub keeper_runs_agent: bool,
     /// Kubeconfig of the cluster; default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

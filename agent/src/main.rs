@@ -183,33 +183,26 @@ fn keeper(flags: &Flags) -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("nano-gpu-agent: keeper: finding its own program to run the agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The agent: the same flags (and environment), without the subcommand.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(at) = args.iter().rposition(|a| a == "keeper") {
+        args.remove(at);
+    }
     let keeper = nano_gpu_agent::keeper::Keeper {
         plugin_dir: flags.plugin_dir.clone(),
         backend,
         instance: flags.instance.clone(),
+        resources: flags.resources(),
         patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
         timing: run::Timing::default(),
-        agent: None,
-    };
-    let keeper = if flags.keeper_runs_agent {
-        let program = match std::env::current_exe() {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("nano-gpu-agent: keeper: finding its own program to run the agent: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        // The agent: the same flags, without the subcommand.
-        let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        if let Some(at) = args.iter().rposition(|a| a == "keeper") {
-            args.remove(at);
-        }
-        nano_gpu_agent::keeper::Keeper {
-            agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args }),
-            ..keeper
-        }
-    } else {
-        keeper
+        agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args }),
     };
     until_terminated(flags, "keeper: ", |_, stopped| async move {
         nano_gpu_agent::keeper::keep(keeper, stopped).await.map_err(|e| e.to_string())

@@ -27,22 +27,6 @@ impl Resource {
         }
     }
 
-    /// A word for this resource and its unit, as the agent lists what it serves for the keeper.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Resource::Percent => "percent",
-            Resource::Gpushare(GpushareUnit::GiB) => "gpushare-gib",
-            Resource::Gpushare(GpushareUnit::MiB) => "gpushare-mib",
-        }
-    }
-
-    /// The resource [`Resource::tag`] names.
-    pub fn of_tag(tag: &str) -> Option<Resource> {
-        [Resource::Percent, Resource::Gpushare(GpushareUnit::GiB), Resource::Gpushare(GpushareUnit::MiB)]
-            .into_iter()
-            .find(|r| r.tag() == tag)
-    }
-
     /// The plugin's socket file name in the kubelet's device-plugin directory for agent `instance`
     /// (its pod's name; empty: `nano-gpu.sock`). Two agents of one node (the new one of a rollout
     /// starts before the old one stops) serve on two sockets.

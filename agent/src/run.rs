@@ -417,21 +417,13 @@ pub async fn serve_and_register(
         let name = generation_name(instance, generation);
         let names: Vec<String> = resources.iter().map(|r| r.socket(&name)).collect();
         let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
-        // Serve every resource on its socket.
-        let mut stops = Vec::new();
-        let mut servers = Vec::new();
-        for (resource, socket) in resources.iter().zip(&sockets) {
-            let listener = match plugin::bind(socket) {
-                Ok(l) => l,
-                Err(e) => {
-                    stop_all((stops, servers), &mut earlier);
-                    return Err(RunError::Serve { path: socket.clone(), message: e.to_string() });
-                }
-            };
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            servers.push(served.serve(*resource, listener, stopped));
-            stops.push(stop);
-        }
+        let (stops, mut servers) = match serve_all(served, resources, &sockets) {
+            Ok(serving) => serving,
+            Err(e) => {
+                stop_all((Vec::new(), Vec::new()), &mut earlier);
+                return Err(e);
+            }
+        };
         // A kubelet that starts now deletes every socket in the directory: serve again then.
         let mut deleted = false;
         for (socket, server) in sockets.iter().zip(&mut servers) {
@@ -574,12 +566,27 @@ pub async fn serve_and_register(
     }
 }
 
-/// The file in the backend directory listing what the agent serves there ([`Resource::tag`]s, a
-/// line each), written once every socket listens.
-pub const SERVED: &str = "served";
+/// Serves every resource on its socket (`sockets`, in the same order), with what stops them; a
+/// socket that cannot be bound stops those served already.
+fn serve_all(served: &dyn Served, resources: &[Resource], sockets: &[PathBuf]) -> Result<Servers, RunError> {
+    let (mut stops, mut servers) = (Vec::new(), Vec::new());
+    for (resource, socket) in resources.iter().zip(sockets) {
+        let listener = match plugin::bind(socket) {
+            Ok(l) => l,
+            Err(e) => {
+                stop_serving(stops, &servers);
+                return Err(RunError::Serve { path: socket.clone(), message: e.to_string() });
+            }
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        servers.push(served.serve(*resource, listener, stopped));
+        stops.push(stop);
+    }
+    Ok((stops, servers))
+}
 
-/// Serves every resource on its socket in `dir` for the keeper (`<stem>.sock`), lists them in
-/// [`SERVED`] and is ready once they listen, until `shutdown`; then removes the files.
+/// Serves every resource on its socket in `dir` for the keeper (`<stem>.sock`), ready once they
+/// listen, until `shutdown` or a server stops; then removes the files.
 async fn serve_backend(
     dir: &Path,
     resources: &[Resource],
@@ -588,40 +595,19 @@ async fn serve_backend(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     let sockets: Vec<PathBuf> = resources.iter().map(|r| dir.join(r.socket(""))).collect();
-    let (mut stops, mut servers) = (Vec::new(), Vec::new());
-    for (resource, socket) in resources.iter().zip(&sockets) {
-        let listener = plugin::bind(socket).map_err(|e| {
-            stop_serving(std::mem::take(&mut stops), &servers);
-            RunError::Serve { path: socket.clone(), message: e.to_string() }
-        })?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        servers.push(served.serve(*resource, listener, stopped));
-        stops.push(stop);
-    }
-    let listed: String = resources.iter().map(|r| format!("{}\n", r.tag())).collect();
-    let (tmp, list) = (dir.join(format!(".{SERVED}")), dir.join(SERVED));
-    if let Err(e) = std::fs::write(&tmp, listed).and_then(|()| std::fs::rename(&tmp, &list)) {
-        stop_serving(stops, &servers);
-        return Err(RunError::Serve { path: list, message: e.to_string() });
-    }
+    let (stops, mut servers) = serve_all(served, resources, &sockets)?;
     tracing::info!(dir = %dir.display(), "serving the keeper");
     readiness.set_registered(true);
-    let ended = async {
-        loop {
-            if let Some(i) = servers.iter().position(|s| s.is_finished()) {
-                return i;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
     let result = tokio::select! {
         _ = shutdown.wait_for(|stop| *stop) => Ok(()),
-        i = ended => Err(RunError::Serve { path: sockets[i].clone(), message: "the server stopped".into() }),
+        (_, i, _) = futures::future::select_all(servers.iter_mut()) => {
+            Err(RunError::Serve { path: sockets[i].clone(), message: "the server stopped".into() })
+        }
     };
     readiness.set_registered(false);
     stop_serving(stops, &servers);
-    for file in sockets.iter().chain([&list]) {
-        let _ = std::fs::remove_file(file);
+    for socket in &sockets {
+        let _ = std::fs::remove_file(socket);
     }
     result
 }

@@ -3,9 +3,13 @@
 //! an Allocate the kubelet makes meanwhile waits for the agent's next start and then gets what the
 //! agent answers; the kubelet's stream neither ends nor turns unhealthy while the agent is away for
 //! less than the patience. The keeper runs the agent and starts it again itself (the kubelet, waiting
-//! on the held call, would not); an agent run beside it that stays away past the patience: the call
-//! fails with the reason and the devices turn unhealthy, until the agent serves again.
+//! on the held call, would not). With a keeper run in the test's process and the agent started
+//! beside it, an agent that stays away past the patience: the call fails with the reason and the
+//! devices turn unhealthy, until the agent serves again.
 
+use nano_gpu_agent::keeper::{Keeper, keep};
+use nano_gpu_agent::resource::Resource;
+use nano_gpu_agent::run::Timing;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{
@@ -16,6 +20,7 @@ use nano_gpu_tests::fake_kubelet::{FakeKubelet, two_t4_node};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tonic::Streaming;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nano-gpu-agent");
@@ -32,36 +37,41 @@ fn agent(backend: &Path, gpus: &Path) -> Child {
         .expect("starting the agent")
 }
 
-/// The keeper of `backend` registering with `kubelet`, holding calls for `patience_s` seconds; it
-/// runs the agent itself on the cards of `runs` (else one is started beside it).
-fn keeper(kubelet: &FakeKubelet, backend: &Path, patience_s: u32, runs: Option<&Path>) -> Child {
-    let mut keeper = Command::new(AGENT);
-    keeper.arg("--plugin-dir").arg(&kubelet.plugin_dir).arg("--backend-dir").arg(backend);
-    match runs {
-        Some(gpus) => {
-            keeper.arg("--fake-inventory").arg(gpus).args(["--probe-listen", "", "--usage-seconds", "0"])
-        }
-        None => keeper.args(["--keeper-runs-agent", "false"]),
-    };
-    keeper
-        .args(["--keeper-patience-seconds", &patience_s.to_string(), "keeper"])
+/// The keeper binary of `backend` registering with `kubelet` and running the agent on the cards of
+/// `gpus`, holding calls for 20 s.
+fn keeper(kubelet: &FakeKubelet, backend: &Path, gpus: &Path) -> Child {
+    Command::new(AGENT)
+        .arg("--plugin-dir")
+        .arg(&kubelet.plugin_dir)
+        .arg("--backend-dir")
+        .arg(backend)
+        .arg("--fake-inventory")
+        .arg(gpus)
+        .args(["--probe-listen", "", "--usage-seconds", "0", "--keeper-patience-seconds", "20", "keeper"])
         .spawn()
         .expect("starting the keeper")
 }
 
+/// A keeper in this process for an agent the test starts beside it (in `backend`), registering
+/// with `kubelet`, holding calls for `patience_s` seconds; it stops when the sender goes.
+fn keeper_beside(kubelet: &FakeKubelet, backend: &Path, patience_s: u64) -> watch::Sender<bool> {
+    let keeper = Keeper {
+        plugin_dir: kubelet.plugin_dir.clone(),
+        backend: backend.to_owned(),
+        instance: String::new(),
+        resources: vec![Resource::Percent],
+        patience: Duration::from_secs(patience_s),
+        timing: Timing::default(),
+        agent: None,
+    };
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(keep(keeper, stopped));
+    stop
+}
+
 /// The processes whose parent is `pid`.
 fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // `pid (comm) state ppid ...`: the fields after the command's closing parenthesis.
-        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-            found.push(child);
-        }
-    }
-    found
+    nano_gpu_tests::pids().into_iter().filter(|p| nano_gpu_tests::parent_pid(*p) == Some(pid)).collect()
 }
 
 fn kill(child: &mut Child) {
@@ -108,7 +118,7 @@ async fn node(name: &str) -> Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allocate_while_the_agent_restarts_waits_for_it_and_the_devices_stay_healthy() {
     let mut n = node("keeper-restart").await;
-    let mut keeper = keeper(&n.kubelet, &n.backend, 20, None);
+    let _keeper = keeper_beside(&n.kubelet, &n.backend, 20);
     // The keeper registers only once the agent serves.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(n.kubelet.registrations.try_recv().is_err(), "registered before the agent served");
@@ -143,14 +153,13 @@ async fn an_allocate_while_the_agent_restarts_waits_for_it_and_the_devices_stay_
     assert!(n.kubelet.registrations.try_recv().is_err(), "the keeper registered again");
 
     kill(&mut second);
-    kill(&mut keeper);
     let _ = std::fs::remove_dir_all(&n.dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_away_past_the_patience_fails_the_call_and_its_devices_turn_unhealthy() {
     let mut n = node("keeper-away").await;
-    let mut keeper = keeper(&n.kubelet, &n.backend, 2, None);
+    let _keeper = keeper_beside(&n.kubelet, &n.backend, 2);
     let mut first = agent(&n.backend, &n.gpus);
     n.kubelet.registered().await;
     let mut plugin = n.kubelet.plugin().await;
@@ -176,14 +185,13 @@ async fn an_agent_away_past_the_patience_fails_the_call_and_its_devices_turn_unh
     assert!(plugin.allocate(allocate_request()).await.is_ok());
 
     kill(&mut second);
-    kill(&mut keeper);
     let _ = std::fs::remove_dir_all(&n.dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keeper_starts_a_crashed_agent_again_and_the_held_allocate_gets_its_answer() {
     let mut n = node("keeper-runs").await;
-    let mut keeper = keeper(&n.kubelet, &n.backend, 20, Some(&n.gpus));
+    let mut keeper = keeper(&n.kubelet, &n.backend, &n.gpus);
     n.kubelet.registered().await;
     let mut plugin = n.kubelet.plugin().await;
     let mut stream = plugin.list_and_watch(Empty {}).await.unwrap().into_inner();

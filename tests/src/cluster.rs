@@ -245,19 +245,13 @@ impl Cluster {
     pub fn kill_children(&self, namespace: &str, pod: &str, container: &str) -> Result<usize, String> {
         let (_, id) = self.try_container(namespace, pod, container)?;
         // The container's processes: those in its cgroup (named after its containerd ID).
-        let mut parents = std::collections::BTreeMap::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let in_container =
-                std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(&id));
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-            // `pid (comm) state ppid ...`
-            let ppid =
-                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
-            if let (true, Some(ppid)) = (in_container, ppid) {
-                parents.insert(pid, ppid);
-            }
-        }
+        let in_container =
+            |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id));
+        let parents: std::collections::BTreeMap<u32, u32> = crate::pids()
+            .into_iter()
+            .filter(|pid| in_container(*pid))
+            .filter_map(|pid| Some((pid, crate::parent_pid(pid)?)))
+            .collect();
         let children: Vec<u32> =
             parents.iter().filter(|(_, ppid)| parents.contains_key(ppid)).map(|(pid, _)| *pid).collect();
         for pid in &children {

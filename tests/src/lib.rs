@@ -97,15 +97,31 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// CPU time (user + system) a process has used, in clock ticks (`/proc/<pid>/stat`); 0 when unreadable.
-pub fn cpu_ticks(pid: u32) -> u64 {
+/// The fields of `/proc/<pid>/stat` after the command name (the state first); none when unreadable.
+fn stat_fields(pid: u32) -> Vec<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at the last ')'.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    rest.split_whitespace().map(str::to_owned).collect()
+}
+
+/// CPU time (user + system) a process has used, in clock ticks (`/proc/<pid>/stat`); 0 when unreadable.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let fields = stat_fields(pid);
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
     let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     get(11) + get(12)
+}
+
+/// The parent of a process (`/proc/<pid>/stat`); `None` when it is gone.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    stat_fields(pid).get(1)?.parse().ok()
+}
+
+/// The processes running now (the numbered entries of `/proc`).
+pub fn pids() -> Vec<u32> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries.filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect()
 }
 
 /// A child process killed (and reaped) when dropped, so a failing benchmark leaves nothing running.
