@@ -11,7 +11,8 @@
 //!   [`resource`]: what each served resource (`gpu-percent`, gpushare's `gpu-mem`) means in IDs.
 //! - [`pods`]: which container a call is for (pure), fed by its node-scoped pod watch;
 //!   [`podresources`]: the kubelet's pod-resources client.
-//! - [`repair`]: the background worker (Events, verify-and-repair of starting containers).
+//! - [`repair`]: the background worker (Events, verify-and-repair of starting containers);
+//!   [`checkpoint`]: the kubelet's device checkpoint kept free of pods that left.
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
 //! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the agent's
 //!   parent process, registering through that loop and relaying to the agent, so the kubelet's side
@@ -21,6 +22,7 @@
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
 //!   memory-overrun watchdog.
 
+pub mod checkpoint;
 pub mod daemons;
 pub mod enforce;
 pub mod health;

@@ -5,7 +5,7 @@ use clap::Parser;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_agent::resource::Resource;
-use nano_gpu_agent::{Command, Flags, enforce, inventory, pods, repair, run, usage};
+use nano_gpu_agent::{Command, Flags, checkpoint, enforce, inventory, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -48,7 +48,7 @@ fn serve(flags: &Flags) -> ExitCode {
             }
         }
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
-        let (mut residents, mut reports_tx) = (None, None);
+        let (mut residents, mut reports_tx, mut sweep) = (None, None, None);
         let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
@@ -73,6 +73,12 @@ fn serve(flags: &Flags) -> ExitCode {
                         Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
                     let (reports, queue) = tokio::sync::mpsc::channel(256);
                     let views = pods::watch::watch_pods(client.clone(), node, &resources, readiness.clone());
+                    sweep = Some(checkpoint::Sweep::new(
+                        flags.plugin_dir.join(checkpoint::CHECKPOINT_FILE),
+                        resources.iter().map(|r| r.name()).collect(),
+                        views.residents.clone(),
+                        lister.clone(),
+                    ));
                     residents = Some(views.residents);
                     reports_tx = Some(reports.clone());
                     tokio::spawn(
@@ -157,6 +163,7 @@ fn serve(flags: &Flags) -> ExitCode {
             readiness,
             usage,
             told,
+            sweep,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

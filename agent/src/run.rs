@@ -53,7 +53,9 @@ pub struct Timing {
 impl Default for Timing {
     fn default() -> Self {
         Timing {
-            check: Duration::from_millis(500),
+            // A restarted kubelet admits the pods bound to it in its first seconds, each failed for
+            // good without a plugin registered: a `stat` or two every 100 ms to see it come.
+            check: Duration::from_millis(100),
             refresh: Duration::from_secs(30),
             max_backoff: Duration::from_secs(8),
         }
@@ -126,6 +128,9 @@ const DAEMON_CHECK: Duration = Duration::from_secs(1);
 /// healthy device of the resource from its exit until we register anew.
 const OTHERS_CHECK: Duration = Duration::from_millis(50);
 
+/// How often the kubelet's socket is looked at while the kubelet is not reachable.
+const KUBELET_POLL: Duration = Duration::from_millis(50);
+
 /// After registering anew because another agent stopped, once more this much later: a kubelet that
 /// handled the other's disconnect only after our registration stamped that one stopped.
 const SETTLE: Duration = Duration::from_secs(1);
@@ -173,6 +178,8 @@ pub struct Agent {
     /// the pods of a card whose daemon stopped are told.
     pub told:
         Option<(watch::Receiver<crate::pods::Residents>, tokio::sync::mpsc::Sender<crate::plugin::Report>)>,
+    /// The kubelet's device checkpoint kept free of pods that left (absent without a node name).
+    pub sweep: Option<crate::checkpoint::Sweep>,
 }
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
@@ -190,6 +197,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         readiness,
         usage,
         told,
+        sweep,
     } = agent;
     let backends: Backends = Arc::new(backends);
     let first = read_blocking(&backends, &health, &readiness, &edits).await.unwrap_or_default();
@@ -204,6 +212,11 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             health.clone(),
             latest,
         )))
+    });
+    // Sending the devices again makes the kubelet write its checkpoint.
+    let _sweeper = sweep.map(|sweep| {
+        let cards = cards.clone();
+        AbortOnDrop(tokio::spawn(sweep.run(move || cards.send_modify(|_| {}))))
     });
     let _daemons = match &edits.enforcement {
         Enforcement::Mps(layout) => Some(AbortOnDrop(tokio::spawn(crate::daemons::watch(
@@ -466,9 +479,8 @@ pub async fn serve_and_register(
                 }
                 Err(s) if s.code() == tonic::Code::Unavailable => {
                     tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => break Registration::Done(None),
+                    if !kubelet_or_backoff(kubelet, backoff, shutdown).await {
+                        break Registration::Done(None);
                     }
                     backoff = (backoff * 2).min(timing.max_backoff);
                 }
@@ -564,6 +576,23 @@ pub async fn serve_and_register(
             }
         }
     }
+}
+
+/// Waits `backoff`, or less: until the kubelet's socket is created anew (a starting kubelet; it is
+/// asked at once). False when `shutdown` flips first.
+async fn kubelet_or_backoff(kubelet: &Path, backoff: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    let before = file_identity(kubelet);
+    let until = tokio::time::Instant::now() + backoff;
+    while tokio::time::Instant::now() < until {
+        tokio::select! {
+            _ = tokio::time::sleep(KUBELET_POLL.min(backoff)) => {}
+            _ = shutdown.changed() => return false,
+        }
+        if file_identity(kubelet) != before {
+            break;
+        }
+    }
+    true
 }
 
 /// Serves every resource on its socket (`sockets`, in the same order), with what stops them; a

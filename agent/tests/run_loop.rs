@@ -110,6 +110,7 @@ fn agent_named(
         readiness: Default::default(),
         usage: None,
         told: None,
+        sweep: None,
     };
     run::run(agent, stopped)
 }

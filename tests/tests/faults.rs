@@ -252,7 +252,7 @@ async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no
 /// made, its answer was lost in the crash, and the bind's rollback then removed the assignment of a
 /// bound pod. A failed bind now reads back what the API server holds (`allocator/src/bind.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no_pod() {
+async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_bursts_lose_no_pod() {
     let cluster = Cluster::up("crashes", 3);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
@@ -260,14 +260,6 @@ async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no
     // kube-apiserver hung for 30 s after the 20th (SIGSTOP: connections open, nothing answered):
     // leases lapse, kube-scheduler's leadership is lost, watches stall.
     burst(&cluster, &client, "hung", |i| (i == 20).then(|| cluster.freeze("kube-apiserver", 30))).await;
-
-    // Not in the suite: a kubelet killed and started again during a burst. Tried (node-3's, after
-    // the 25th): 14 shares bound to node-3 around the restart ended `UnexpectedAdmissionError`,
-    // "requested number of devices unavailable ... Requested: 30, Available: 20". A restarted
-    // kubelet admits the pods bound to it in one batch before it counts its configuration sources
-    // ready, and until then its device manager does not free the devices of pods deleted since its
-    // last admission (the previous burst's, still in its checkpoint); its admission failures are
-    // final. Upstream kubelet behaviour (kubernetes#109595, #133382); see the README.
 
     // kube-apiserver killed after the 30th (back 4 s later), etcd after the 45th (back 3 s later):
     // the watches are refused, then expire, while the kubelets admit pods.
@@ -329,4 +321,43 @@ async fn hangs_and_crashes_of_the_control_plane_and_agents_during_bursts_lose_no
         count("holding the call for it")
     );
     assert_eq!(count("the agent exited; starting it again"), 3, "{logs}");
+
+    // Every kubelet's device checkpoint forgets the deleted shares: each agent asks its kubelet to
+    // free them. (A kubelet frees them by itself only at its next allocation; one restarted before
+    // that reads them back as in use and admits its first pods against them.)
+    wait_until("no kubelet's device checkpoint holds a deleted share", Duration::from_secs(30), || async {
+        (1..=3).all(|n| checkpoint_holders(&cluster, &format!("node-{n}")).is_empty())
+    })
+    .await;
+
+    // Each node's kubelet killed and started again during a burst, node-1's after the 15th, node-2's
+    // after the 30th, node-3's after the 45th: the shares bound to it around that are admitted in
+    // its first batch, before it frees the devices of pods that left (its pod sources are not ready
+    // yet), against what its checkpoint holds. Before the agents kept the checkpoints clean, 14
+    // shares bound to node-3 around its kubelet's restart ended `UnexpectedAdmissionError`,
+    // "requested number of devices unavailable ... Requested: 30, Available: 20": the previous
+    // burst's deleted shares, still in its checkpoint.
+    burst(&cluster, &client, "kubelets", |i| {
+        if matches!(i, 15 | 30 | 45) {
+            cluster.restart("kubelet", &format!("node-{}", i / 15));
+        }
+        None
+    })
+    .await;
+}
+
+/// The UIDs of the pods that hold `nano-gpu/gpu-percent` devices in `node`'s kubelet checkpoint,
+/// read as the kubelet wrote it (`kubelet_internal_checkpoint`, under the node's own `/var/lib`).
+fn checkpoint_holders(cluster: &Cluster, node: &str) -> Vec<String> {
+    let path =
+        cluster.path(&format!("nodes/{node}/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let entries = doc["Data"]["PodDeviceEntries"].as_array().cloned().unwrap_or_default();
+    entries
+        .iter()
+        .filter(|e| e["ResourceName"] == "nano-gpu/gpu-percent")
+        .map(|e| e["PodUID"].as_str().unwrap_or_default().to_owned())
+        .collect()
 }

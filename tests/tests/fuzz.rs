@@ -87,7 +87,11 @@ proptest! {
 
     #[test]
     fn device_ids_decode_or_refuse_and_ours_round_trip(
-        id in prop_oneof![text(DEVICE_ID), "[A-Za-z0-9:._-]{1,80}".prop_map(String::into_bytes)],
+        id in prop_oneof![
+            text(DEVICE_ID),
+            "[A-Za-z0-9:._-]{1,80}".prop_map(String::into_bytes),
+            mutated(CHECKPOINT),
+        ],
     ) {
         nano_gpu_fuzz::device_ids(&id);
     }

@@ -35,6 +35,8 @@ pub mod samples {
     pub const CGROUP: &str = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_4000_8000_123456789abc.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
     /// One of our virtual device IDs.
     pub const DEVICE_ID: &str = "GPU-8a1c2b3d-0000-4000-8000-0123456789ab-42";
+    /// The kubelet's device checkpoint (`kubelet_internal_checkpoint`).
+    pub const CHECKPOINT: &str = r#"{"Data":{"PodDeviceEntries":[{"PodUID":"1b2c3d4e-0000-4000-8000-123456789abc","ContainerName":"c","ResourceName":"nano-gpu/gpu-percent","DeviceIDs":{"-1":["GPU-8a1c-00","GPU-8a1c-01"]},"AllocResp":"CgA="}],"RegisteredDevices":{"nano-gpu/gpu-percent":["GPU-8a1c-00","GPU-8a1c-01"]}},"Checksum":1234}"#;
     /// A `/proc/<pid>/stat` line.
     pub const STAT: &str =
         "42 (python3) S 1 42 42 0 -1 4194560 1000 0 0 0 10 5 0 0 20 0 8 0 123456 1000000 500";
@@ -98,10 +100,11 @@ pub fn pod_demand(data: &[u8]) {
 }
 
 /// A device ID the kubelet hands back, decoded; text that fits as a card UUID round-trips through
-/// our encoding.
+/// our encoding. The text is also read as the kubelet's device checkpoint, where it keeps the IDs.
 pub fn device_ids(data: &[u8]) {
     let id = String::from_utf8_lossy(data);
     let _ = (device_id::decode(&id), device_id::card_of(&id));
+    let _ = nano_gpu_agent::checkpoint::holders(&id, &["nano-gpu/gpu-percent"]);
     if device_id::uuid_fits(&id) {
         let n = (data.len() % 100) as u32;
         let encoded = device_id::encode(&id, n);
@@ -245,7 +248,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "annotations" => texts(&[ASSIGNMENT, INVENTORY, OVERRUN]),
         "quantities" => texts(&["500m", "4Gi", "1.5e3", "100"]),
         "pod_demand" => vec![join(&[POD.as_bytes(), b"8Gi", b"\x01", b"2"])],
-        "device_ids" => texts(&[DEVICE_ID]),
+        "device_ids" => texts(&[DEVICE_ID, CHECKPOINT]),
         "cgroup_and_metrics" => texts(&[CGROUP, METRICS]),
         "allocate" => {
             use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
