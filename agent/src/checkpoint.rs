@@ -31,10 +31,11 @@ pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
 /// How often the checkpoint is read while no pod leaves.
 const EVERY: Duration = Duration::from_secs(10);
 
-/// How long after the node's pods change the checkpoint is read: the kubelet is done with a pod
-/// (its pod worker knows it terminated) before the API server deletes it, but a pod's finish is
-/// seen here as the kubelet reports it.
-const SETTLE: Duration = Duration::from_secs(1);
+/// How long after a pod leaves the node the checkpoint is read, so that pods leaving together
+/// (a deleted Job, a namespace) are asked for at once. The kubelet is done with a pod (its pod
+/// worker knows it terminated) before the API server deletes it, and it counts a finished pod
+/// inactive before it reports the phase.
+const SETTLE: Duration = Duration::from_millis(250);
 
 /// The longest wait before the kubelet is asked again to free the same pods (a pod it still
 /// counts active, such as one deleted with no grace whose containers are still stopping).
@@ -162,18 +163,25 @@ impl Sweep {
         }
     }
 
-    /// Looks at the checkpoint after the node's pods change and every [`EVERY`], until the pod
+    /// Looks at the checkpoint after a pod leaves the node and every [`EVERY`], until the pod
     /// watch ends (or the task is dropped).
     pub async fn run(mut self, resend: impl Fn() + Send + Sync + 'static) {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_failure = None;
+        let mut here: BTreeSet<String> = self.residents.borrow().keys().cloned().collect();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 changed = self.residents.changed() => {
                     if changed.is_err() {
                         return;
+                    }
+                    let now: BTreeSet<String> = self.residents.borrow_and_update().keys().cloned().collect();
+                    let left = here.iter().any(|uid| !now.contains(uid));
+                    here = now;
+                    if !left {
+                        continue;
                     }
                     tokio::time::sleep(SETTLE).await;
                 }
@@ -330,6 +338,29 @@ mod tests {
         std::fs::write(&f.path, checkpoint(&[("u9", "nvidia.com/gpu")])).unwrap();
         assert_eq!(f.once().await, Swept::Clean);
         assert_eq!(f.lister.calls.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_leaving_has_the_checkpoint_read_at_once() {
+        let f = fixture("checkpoint-run", false);
+        std::fs::write(&f.path, checkpoint(&[("u1", "nano-gpu/gpu-percent")])).unwrap();
+        f.pods.send_replace(residents(&["u1", "u2"]));
+        let Fixture { pods, lister, sweep, resent, .. } = f;
+        let counted = resent.clone();
+        let task = tokio::spawn(sweep.run(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
+        tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!(lister.calls.load(Ordering::SeqCst), 0, "u1 is on the node");
+        // u2 leaving, which the checkpoint does not name: nothing asked.
+        pods.send_replace(residents(&["u1"]));
+        tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!(lister.calls.load(Ordering::SeqCst), 0);
+        // u1 leaving: asked within the settle, well before the next periodic look.
+        pods.send_replace(residents(&[]));
+        tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!((lister.calls.load(Ordering::SeqCst), resent.load(Ordering::SeqCst)), (1, 1));
+        task.abort();
     }
 
     #[tokio::test(start_paused = true)]

@@ -62,6 +62,46 @@ impl Default for Timing {
     }
 }
 
+/// Wakes when an entry of a directory is created, removed or renamed (inotify): a starting
+/// kubelet's socket, our sockets deleted by it, another agent's going. A restarted kubelet may admit
+/// the pods bound to it within milliseconds of creating its socket, and fails those it admits
+/// before we register; polling alone would see it up to [`Timing::check`] late. Without inotify
+/// (the instances used up, a filesystem without it) it never wakes and the polling remains.
+struct DirEvents(Option<inotify::EventStream<Vec<u8>>>);
+
+impl DirEvents {
+    fn new(dir: &Path) -> Self {
+        use inotify::{Inotify, WatchMask};
+        let watch = || -> std::io::Result<_> {
+            let inotify = Inotify::init()?;
+            let what = WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM;
+            inotify.watches().add(dir, what)?;
+            inotify.into_event_stream(vec![0u8; 4096])
+        };
+        match watch() {
+            Ok(events) => DirEvents(Some(events)),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "no inotify on the plugin directory; polling it only");
+                DirEvents(None)
+            }
+        }
+    }
+
+    /// Resolves at the next change (one since the last call included).
+    async fn changed(&mut self) {
+        use futures::StreamExt;
+        let Some(events) = &mut self.0 else { return std::future::pending().await };
+        match events.next().await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the plugin directory's inotify failed; polling it only");
+                self.0 = None;
+            }
+            None => self.0 = None,
+        }
+    }
+}
+
 /// Identity of a file: inode and change time, so a re-created file differs.
 fn file_identity(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
@@ -414,6 +454,7 @@ pub async fn serve_and_register(
 ) -> Result<(), RunError> {
     let Serving { resources, served, instance, plugin_dir, timing, readiness } = serving;
     let kubelet = &plugin_dir.join(nano_gpu_proto::kubelet::KUBELET_SOCKET);
+    let mut dir = DirEvents::new(plugin_dir);
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
     let mut settle: Option<tokio::time::Instant> = None;
@@ -460,6 +501,10 @@ pub async fn serve_and_register(
         let seen = served_by_others(plugin_dir, resources, instance).await;
         // Register every resource, with backoff while the kubelet is not there.
         let mut backoff = Duration::from_millis(250);
+        // An unreachable kubelet is most often one starting: its socket may be there a moment before
+        // it listens, and every pod it admits before we register fails. Asked again soon, then less
+        // often.
+        let mut unreachable = Duration::from_millis(20);
         let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(&names).collect();
         // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
         // register shows up as a change, and we register again (never the other way round).
@@ -479,10 +524,10 @@ pub async fn serve_and_register(
                 }
                 Err(s) if s.code() == tonic::Code::Unavailable => {
                     tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
-                    if !kubelet_or_backoff(kubelet, backoff, shutdown).await {
+                    if !kubelet_or_backoff(kubelet, &mut dir, unreachable, shutdown).await {
                         break Registration::Done(None);
                     }
-                    backoff = (backoff * 2).min(timing.max_backoff);
+                    unreachable = (unreachable * 2).min(timing.max_backoff);
                 }
                 Err(_) if socket_gone() => break Registration::ServeAgain,
                 // A refusal repeats; a connection the restarting kubelet dropped does not.
@@ -522,15 +567,17 @@ pub async fn serve_and_register(
             if let Some(at) = settle {
                 wake = wake.min(at);
             }
+            let mut entries_changed = false;
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
+                _ = dir.changed() => entries_changed = true,
                 _ = shutdown.changed() => break Watched::Stop,
             }
             let now = tokio::time::Instant::now();
             if settle.is_some_and(|at| now >= at) {
                 break Watched::Settle;
             }
-            if now < full_check && seen.iter().all(|o| plugin_dir.join(o).exists()) {
+            if !entries_changed && now < full_check && seen.iter().all(|o| plugin_dir.join(o).exists()) {
                 continue;
             }
             full_check = now + timing.check;
@@ -580,12 +627,18 @@ pub async fn serve_and_register(
 
 /// Waits `backoff`, or less: until the kubelet's socket is created anew (a starting kubelet; it is
 /// asked at once). False when `shutdown` flips first.
-async fn kubelet_or_backoff(kubelet: &Path, backoff: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+async fn kubelet_or_backoff(
+    kubelet: &Path,
+    dir: &mut DirEvents,
+    backoff: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
     let before = file_identity(kubelet);
     let until = tokio::time::Instant::now() + backoff;
     while tokio::time::Instant::now() < until {
         tokio::select! {
             _ = tokio::time::sleep(KUBELET_POLL.min(backoff)) => {}
+            _ = dir.changed() => {}
             _ = shutdown.changed() => return false,
         }
         if file_identity(kubelet) != before {

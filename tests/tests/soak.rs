@@ -200,10 +200,11 @@ fn restart_on(cluster: &Cluster, what: &str, node: &str) -> Option<std::process:
 }
 
 /// Whether pod `p` failed as a restarted kubelet fails the pods of its first admissions: it counts
-/// the devices of pods deleted while it was down as still held until its pod sources are ready
-/// (upstream, kubernetes#109595, #133382), so a pod bound around the restart is refused for want of
-/// device IDs the allocator rightly saw free. Only that message, on a node whose kubelet the soak
-/// restarted within the last 30 s.
+/// the devices its checkpoint holds for pods that left as still held until its pod sources are
+/// ready (upstream, kubernetes#109595, #133382), so a pod bound around the restart is refused for
+/// want of device IDs the allocator rightly saw free. The agents keep the checkpoints clean
+/// (`nano_gpu_agent::checkpoint`), which leaves the pods that left in the moment before the kill.
+/// Only that message, on a node whose kubelet the soak restarted within the last 30 s.
 fn by_kubelet_restart(p: &Pod, restarts: &[(String, Instant)]) -> bool {
     let message = p.status.as_ref().and_then(|s| s.message.as_deref()).unwrap_or_default();
     let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
