@@ -29,8 +29,17 @@ async fn create_retrying(pods: &Api<Pod>, pod: &Pod) {
     }
 }
 
-/// The pods by phase, and every pod the kubelet failed, with its reason and message.
-async fn phases(pods: &Api<Pod>) -> (usize, usize, Vec<String>) {
+/// A pod the kubelet failed.
+#[derive(Debug, PartialEq, Eq)]
+struct Failed {
+    name: String,
+    node: String,
+    /// Its reason and message.
+    why: String,
+}
+
+/// The pods by phase, and every pod the kubelet failed.
+async fn phases(pods: &Api<Pod>) -> (usize, usize, Vec<Failed>) {
     let list = pods.list(&ListParams::default()).await.unwrap();
     let failed = list
         .items
@@ -38,12 +47,15 @@ async fn phases(pods: &Api<Pod>) -> (usize, usize, Vec<String>) {
         .filter(|p| phase(p) == "Failed")
         .map(|p| {
             let s = p.status.as_ref();
-            format!(
-                "{}: {} {}",
-                p.metadata.name.as_deref().unwrap_or(""),
-                s.and_then(|s| s.reason.as_deref()).unwrap_or(""),
-                s.and_then(|s| s.message.as_deref()).unwrap_or("")
-            )
+            Failed {
+                name: p.metadata.name.clone().unwrap_or_default(),
+                node: p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+                why: format!(
+                    "{} {}",
+                    s.and_then(|s| s.reason.as_deref()).unwrap_or(""),
+                    s.and_then(|s| s.message.as_deref()).unwrap_or("")
+                ),
+            }
         })
         .collect();
     let count = |want: &str| list.items.iter().filter(|p| phase(p) == want).count();
@@ -69,8 +81,22 @@ async fn placements(pods: &Api<Pod>) -> String {
 /// A burst of 60 shares of 30 % named `<prefix>-NN`; `fault(i)` runs after the i-th is created and
 /// returns what to wait for before the burst is judged. Then: 48 Running, 12 Pending, none failed,
 /// the card and accounting checks; then the burst is deleted (its cards free for the next case).
-async fn burst<F>(cluster: &Cluster, client: &kube::Client, prefix: &str, mut fault: F)
+async fn burst<F>(cluster: &Cluster, client: &kube::Client, prefix: &str, fault: F)
 where
+    F: FnMut(usize) -> Option<std::process::Child>,
+{
+    burst_excusing(cluster, client, prefix, fault, |_| false).await
+}
+
+/// [`burst`], where the failed pods `upstream` picks out are counted apart (and printed): 48
+/// Running, the others Pending, none else failed.
+async fn burst_excusing<F>(
+    cluster: &Cluster,
+    client: &kube::Client,
+    prefix: &str,
+    mut fault: F,
+    upstream: impl Fn(&Failed) -> bool,
+) where
     F: FnMut(usize) -> Option<std::process::Child>,
 {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -83,8 +109,12 @@ where
     for mut w in waits {
         assert!(w.wait().unwrap().success(), "{prefix}: the fault's script failed");
     }
+    let ours = |failed: Vec<Failed>| -> (Vec<Failed>, Vec<Failed>) {
+        failed.into_iter().partition(|f| !upstream(f))
+    };
     wait_until(&format!("{prefix}: 48 of the 60 shares Running"), Duration::from_secs(240), || async {
         let (running, _, failed) = phases(&pods).await;
+        let (failed, _) = ours(failed);
         assert!(failed.is_empty(), "{prefix}: pods failed: {failed:?}");
         running == 48
     })
@@ -93,16 +123,22 @@ where
     // (and the card checks run first: a card over 100 % is the likeliest story).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (running, pending, failed) = phases(&pods).await;
-    if (running, pending, &failed) != (48, 12, &Vec::new()) {
+    let (failed, excused) = ours(failed);
+    if (running, pending + excused.len(), &failed) != (48, 12, &Vec::new()) {
         eprintln!("{prefix}: placements:\n{}", placements(&pods).await);
         check_consistency(cluster, client).await;
     }
-    assert_eq!((running, pending, failed), (48, 12, Vec::<String>::new()), "{prefix}");
+    assert_eq!((running, pending + excused.len(), failed), (48, 12, Vec::new()), "{prefix}");
     assert_eq!(check_consistency(cluster, client).await, 48, "{prefix}");
     eprintln!(
-        "{prefix}: 48 Running, 12 Pending, none failed, {:?} after the first create",
+        "{prefix}: 48 Running, {pending} Pending, none failed by us, {:?} after the first create",
         started.elapsed()
     );
+    if !excused.is_empty() {
+        eprintln!(
+            "{prefix}: failed by a kubelet before any plugin could register with it (upstream): {excused:#?}"
+        );
+    }
     pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await.unwrap();
     wait_until(&format!("{prefix}: deleted"), Duration::from_secs(120), || async {
         pods.list(&ListParams::default()).await.unwrap().items.is_empty()
@@ -337,13 +373,85 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
     // shares bound to node-3 around its kubelet's restart ended `UnexpectedAdmissionError`,
     // "requested number of devices unavailable ... Requested: 30, Available: 20": the previous
     // burst's deleted shares, still in its checkpoint.
-    burst(&cluster, &client, "kubelets", |i| {
-        if matches!(i, 15 | 30 | 45) {
-            cluster.restart("kubelet", &format!("node-{}", i / 15));
-        }
-        None
-    })
+    //
+    // A restarted kubelet also has no healthy device of a resource until a plugin registers it, and
+    // fails the shares of that first batch whose containers had not started (it checks that even
+    // for a pod whose devices it holds). The agents register within tens of milliseconds of the
+    // kubelet's device manager starting (checked below), but the batch can come sooner: the
+    // kubelet's sync loop takes it at its next wake, milliseconds to seconds later. Those failures
+    // are the kubelet's (its log shows the denial before any registration) and counted apart.
+    burst_excusing(
+        &cluster,
+        &client,
+        "kubelets",
+        |i| {
+            if matches!(i, 15 | 30 | 45) {
+                cluster.restart("kubelet", &format!("node-{}", i / 15));
+            }
+            None
+        },
+        |f| denied_before_registration(&cluster, f),
+    )
     .await;
+    for n in 1..=3 {
+        let node = format!("node-{n}");
+        let lag = registration_lag(&kubelet_log(&cluster, &node));
+        eprintln!(
+            "kubelets: on {node}, the agent registered {lag:?} after the kubelet's device manager started"
+        );
+        assert!(lag.is_some_and(|l| l < REGISTERED_WITHIN), "{node}: registration {lag:?} after the start");
+    }
+}
+
+/// How soon after a kubelet's start (its eviction manager's, the line after its device manager's
+/// start at this log level) our plugin must have registered with it: 8 to 40 ms seen.
+const REGISTERED_WITHIN: Duration = Duration::from_millis(500);
+
+/// The log of `node`'s kubelet since it last started (`hack/cluster.sh` starts each one on a new
+/// log).
+fn kubelet_log(cluster: &Cluster, node: &str) -> String {
+    let path = cluster.path(&format!("kubelet-{node}.log"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The time of day of a klog line (`I1124 21:14:54.751062 ...`).
+fn klog_time(line: &str) -> Option<Duration> {
+    let t = line.get(6..21)?;
+    let (h, m, s) = (t.get(0..2)?.parse::<u64>().ok()?, t.get(3..5)?.parse::<u64>().ok()?, t.get(6..)?);
+    Some(Duration::from_secs(h * 3600 + m * 60) + Duration::from_secs_f64(s.parse().ok()?))
+}
+
+/// The time of the first line of `log` that holds `what`.
+fn first(log: &str, what: &str) -> Option<Duration> {
+    log.lines().find(|l| l.contains(what)).and_then(klog_time)
+}
+
+/// The kubelet's first registration of `nano-gpu/gpu-percent` in `log`.
+fn registered(log: &str) -> Option<Duration> {
+    first(
+        log,
+        r#"Got registration request from device plugin with resource" resourceName="nano-gpu/gpu-percent""#,
+    )
+}
+
+/// How long after the kubelet of `log` started its eviction manager our plugin registered.
+fn registration_lag(log: &str) -> Option<Duration> {
+    registered(log)?.checked_sub(first(log, "Eviction manager: starting control loop")?)
+}
+
+/// Whether the kubelet of `f`'s node failed it for want of a healthy device before our plugin
+/// registered with it (and the registration came within [`REGISTERED_WITHIN`] of its start).
+fn denied_before_registration(cluster: &Cluster, f: &Failed) -> bool {
+    if !f.why.contains("no healthy devices present") {
+        return false;
+    }
+    let log = kubelet_log(cluster, &f.node);
+    let denied = log
+        .lines()
+        .find(|l| l.contains("Pod admission denied") && l.contains(&format!(r#"pod="{NS}/{}""#, f.name)))
+        .and_then(klog_time);
+    let prompt = registration_lag(&log).is_some_and(|l| l < REGISTERED_WITHIN);
+    prompt && denied.zip(registered(&log)).is_some_and(|(d, r)| d < r)
 }
 
 /// The UIDs of the pods that hold `nano-gpu/gpu-percent` devices in `node`'s kubelet checkpoint,
