@@ -397,7 +397,7 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
         let node = format!("node-{n}");
         let lag = registration_lag(&kubelet_log(&cluster, &node));
         eprintln!(
-            "kubelets: on {node}, the agent registered {lag:?} after the kubelet's device manager started"
+            "kubelets: on {node}, the agent registered {lag:?} after the kubelet's eviction manager started"
         );
         assert!(lag.is_some_and(|l| l < REGISTERED_WITHIN), "{node}: registration {lag:?} after the start");
     }
