@@ -169,7 +169,7 @@ impl Sweep {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_failure = None;
-        let mut here: BTreeSet<String> = self.residents.borrow().keys().cloned().collect();
+        let mut here = self.residents.borrow().clone();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -177,8 +177,8 @@ impl Sweep {
                     if changed.is_err() {
                         return;
                     }
-                    let now: BTreeSet<String> = self.residents.borrow_and_update().keys().cloned().collect();
-                    let left = here.iter().any(|uid| !now.contains(uid));
+                    let now = self.residents.borrow_and_update().clone();
+                    let left = here.keys().any(|uid| !now.contains_key(uid));
                     here = now;
                     if !left {
                         continue;

@@ -404,7 +404,7 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
 }
 
 /// How soon after a kubelet's start (its eviction manager's, the line after its device manager's
-/// start at this log level) our plugin must have registered with it: 8 to 40 ms seen.
+/// start at this log level) our plugin must have registered with it: 1 to 40 ms seen.
 const REGISTERED_WITHIN: Duration = Duration::from_millis(500);
 
 /// The log of `node`'s kubelet since it last started (`hack/cluster.sh` starts each one on a new
