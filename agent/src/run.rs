@@ -180,11 +180,14 @@ const REFUSALS: u32 = 3;
 
 /// How a round of registrations ended.
 enum Registration {
-    /// Registered (or shutting down), with the kubelet's socket identity from before.
+    /// Registered (or shutting down), with the kubelet's socket identity from just before the first
+    /// registration it took.
     Done(Option<(u64, i64, i64)>),
     /// Our socket was deleted: serve and register again.
     ServeAgain,
-    /// The kubelet refused.
+    /// The kubelet refused a socket: register again on new ones (it may keep refusing that name).
+    Rename,
+    /// The kubelet refused [`REFUSALS`] times in a row.
     Refused(String),
 }
 
@@ -428,8 +431,11 @@ pub struct Serving<'a> {
 enum Watched {
     /// Shutdown.
     Stop,
-    /// The kubelet restarted (it deleted our sockets, or re-created its own).
+    /// The kubelet restarted (it deleted our sockets).
     KubeletRestarted,
+    /// The kubelet's socket was created anew while ours stayed: a kubelet that may or may not hold
+    /// our registration.
+    KubeletChanged,
     /// Another agent of this node stopped serving.
     AnotherStopped,
     /// [`SETTLE`] after registering anew for [`Watched::AnotherStopped`].
@@ -448,6 +454,11 @@ type Servers = (Vec<tokio::sync::oneshot::Sender<()>>, Vec<tokio::task::JoinHand
 /// the devices are sent again and every resource is registered once more on new sockets
 /// (`<instance>.<generation>`), a fresh endpoint for that kubelet (and one more for a newer one),
 /// while the earlier sockets stay served: closing their streams would stamp the new endpoint too.
+///
+/// No socket name is registered twice: a kubelet of 1.37 refuses an endpoint it still holds, and
+/// after such a refusal it may hold that endpoint for good. So every new round of registrations (a
+/// kubelet restart, a refusal, the kubelet's socket made anew) serves on sockets of the next
+/// generation.
 pub async fn serve_and_register(
     serving: Serving<'_>,
     shutdown: &mut watch::Receiver<bool>,
@@ -458,6 +469,8 @@ pub async fn serve_and_register(
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
     let mut settle: Option<tokio::time::Instant> = None;
+    // Refusals in a row, across the names they came for.
+    let mut refusals = 0;
     let stop_all = |current: Servers, earlier: &mut Vec<Servers>| {
         for (stops, servers) in earlier.drain(..).chain([current]) {
             stop_serving(stops, &servers);
@@ -500,27 +513,32 @@ pub async fn serve_and_register(
         // stops from here on is noticed, even while we register.
         let seen = served_by_others(plugin_dir, resources, instance).await;
         // Register every resource, with backoff while the kubelet is not there.
-        let mut backoff = Duration::from_millis(250);
         // An unreachable kubelet is most often one starting: its socket may be there a moment before
         // it listens, and every pod it admits before we register fails. Asked again soon, then less
         // often.
         let mut unreachable = Duration::from_millis(20);
         let mut pending: Vec<(Resource, &String)> = resources.iter().copied().zip(&names).collect();
-        // The kubelet's socket as it was before the first attempt: a kubelet that restarts while we
-        // register shows up as a change, and we register again (never the other way round).
-        let before = file_identity(kubelet);
+        // The kubelet's socket as it was just before the first registration it took: a kubelet that
+        // restarts from then on shows up as a change, and we register again (never the other way
+        // round). Read before each attempt, not once before the first: a kubelet that was not there
+        // yet would otherwise look restarted right after it took us.
+        let mut took: Option<Option<(u64, i64, i64)>> = None;
         let socket_gone = || sockets.iter().any(|s| file_identity(s).is_none());
-        let mut refusals = 0;
         let registered = loop {
-            let Some((resource, name)) = pending.first().copied() else { break Registration::Done(before) };
+            let Some((resource, name)) = pending.first().copied() else {
+                break Registration::Done(took.flatten());
+            };
             // A kubelet that started meanwhile deleted our sockets: it could not call us back.
             if deleted || socket_gone() {
                 break Registration::ServeAgain;
             }
+            let before = file_identity(kubelet);
             match plugin::register(kubelet.to_path_buf(), resource, name).await {
                 Ok(()) => {
                     tracing::info!(resource = resource.name(), socket = %name, "registered with the kubelet");
                     pending.remove(0);
+                    took.get_or_insert(before);
+                    refusals = 0;
                 }
                 Err(s) if s.code() == tonic::Code::Unavailable => {
                     tracing::info!(error = %s.message(), "kubelet not reachable; retrying");
@@ -532,11 +550,16 @@ pub async fn serve_and_register(
                 Err(_) if socket_gone() => break Registration::ServeAgain,
                 // A refusal repeats; a connection the restarting kubelet dropped does not.
                 Err(s) if refusals + 1 >= REFUSALS => break Registration::Refused(s.message().to_owned()),
+                // Asked again on new sockets: a kubelet of 1.37 refuses an endpoint it holds
+                // ("device plugin already connected"), and once it has refused one it may hold it
+                // for good (its failed connection drops the old one's client, whose end then never
+                // frees the endpoint).
                 Err(s) => {
                     refusals += 1;
-                    tracing::warn!(error = %s.message(), "registration failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(timing.max_backoff);
+                    tracing::warn!(error = %s.message(), "registration refused; registering again on new sockets");
+                    let backoff = Duration::from_millis(250) * 2u32.pow(refusals - 1);
+                    tokio::time::sleep(backoff.min(timing.max_backoff)).await;
+                    break Registration::Rename;
                 }
             }
         };
@@ -545,7 +568,13 @@ pub async fn serve_and_register(
             Registration::ServeAgain => {
                 tracing::info!("a plugin socket was deleted (kubelet starting?); serving again");
                 stop_all((stops, servers), &mut earlier);
-                generation = 0;
+                generation += 1;
+                continue;
+            }
+            Registration::Rename => {
+                // What registered before the refusal stays served, as after a rollout's.
+                earlier.push((stops, servers));
+                generation += 1;
                 continue;
             }
             Registration::Refused(message) => {
@@ -581,9 +610,11 @@ pub async fn serve_and_register(
                 continue;
             }
             full_check = now + timing.check;
-            let gone = sockets.iter().any(|s| file_identity(s).is_none());
-            if gone || file_identity(kubelet) != kubelet_identity {
+            if sockets.iter().any(|s| file_identity(s).is_none()) {
                 break Watched::KubeletRestarted;
+            }
+            if file_identity(kubelet) != kubelet_identity {
+                break Watched::KubeletChanged;
             }
             if !seen.is_empty() && !instance.is_empty() {
                 let now = served_by_others(plugin_dir, resources, instance).await;
@@ -609,11 +640,19 @@ pub async fn serve_and_register(
                 earlier.push((stops, servers));
                 generation += 1;
             }
+            Watched::KubeletChanged => {
+                // A kubelet that restarted deletes our sockets, so this one may still hold our
+                // endpoints: registered again on new ones, the earlier kept served.
+                tracing::info!("the kubelet's socket was created anew; registering again on new sockets");
+                settle = None;
+                earlier.push((stops, servers));
+                generation += 1;
+            }
             Watched::KubeletRestarted => {
                 settle = None;
                 readiness.set_registered(false);
                 stop_all((stops, servers), &mut earlier);
-                generation = 0;
+                generation += 1;
                 tracing::info!("kubelet restarted; serving and registering again");
             }
             Watched::Stop => {
@@ -720,19 +759,24 @@ pub(crate) async fn is_served(path: &Path) -> bool {
     tokio::net::UnixStream::connect(path).await.is_ok()
 }
 
-/// The name agent `instance` serves its `generation`-th sockets under (the first: its own name).
+/// The name agent `instance` serves its `generation`-th sockets under (the first: its own name;
+/// then `<instance>.<generation>`, or the bare number for the unnamed agent).
 fn generation_name(instance: &str, generation: u32) -> String {
-    match generation {
-        0 => instance.to_owned(),
-        g => format!("{instance}.{g}"),
+    match (generation, instance) {
+        (0, _) => instance.to_owned(),
+        (g, "") => g.to_string(),
+        (g, _) => format!("{instance}.{g}"),
     }
 }
 
 /// Whether socket file `name` is agent `instance`'s (any generation, [`generation_name`]).
 fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
-    resources.iter().filter_map(|r| r.instance_of(name)).any(|of| {
-        of == instance
-            || (!instance.is_empty() && of.strip_prefix(instance).is_some_and(|g| g.starts_with('.')))
+    let number = |g: &str| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit());
+    resources.iter().filter_map(|r| r.instance_of(name)).any(|of| match of.strip_prefix(instance) {
+        Some("") => true,
+        Some(rest) if instance.is_empty() => number(rest),
+        Some(rest) => rest.strip_prefix('.').is_some_and(number),
+        None => false,
     })
 }
 
@@ -754,5 +798,28 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_owns_its_generations_and_no_other_name() {
+        let r = [Resource::Percent];
+        let owns = |name: &str, instance: &str| is_ours(name, &r, instance);
+        assert_eq!(generation_name("", 0), "");
+        assert_eq!(generation_name("", 2), "2");
+        assert_eq!(generation_name("a", 3), "a.3");
+        assert!(owns("nano-gpu.sock", "") && owns("nano-gpu.2.sock", ""));
+        assert!(!owns("nano-gpu.a.sock", "") && !owns("nano-gpu.a.1.sock", ""));
+        assert!(owns("nano-gpu.a.sock", "a") && owns("nano-gpu.a.3.sock", "a"));
+        assert!(
+            !owns("nano-gpu.ab.sock", "a")
+                && !owns("nano-gpu.a.b.sock", "a")
+                && !owns("nano-gpu.a..sock", "a")
+        );
+        assert!(!owns("nano-gpu.sock", "a") && !owns("nano-gpu.a.sock", "b"));
     }
 }

@@ -1,24 +1,32 @@
 //! The agent's main loop against a fake kubelet over real unix sockets: registration, re-registration
-//! after a kubelet restart (kubelet.sock re-created, or our socket deleted) within 2 s, and a refused
-//! registration ending the agent with the kubelet's reason; the two agents of a rollout side by side.
+//! after a kubelet restart (our socket deleted) within 2 s on a new socket, never the same endpoint
+//! twice (a kubelet of 1.37 refuses one it holds), and refusals ending the agent with the kubelet's
+//! reason; the two agents of a rollout side by side.
 
 use nano_gpu_agent::inventory::{FakeFile, GpuInventory};
 use nano_gpu_agent::run::{self, RunError, Timing};
+use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Request, Response, Status};
 
 /// Behaves as the kubelet's device manager does where it matters here: at start it deletes every
-/// socket in the directory, and a registration dials the plugin's endpoint back before it answers.
+/// socket in the directory; a registration dials the plugin's endpoint back before it answers and
+/// holds the endpoint while its ListAndWatch stream lasts, refusing it meanwhile as 1.37 does
+/// ("device plugin already connected").
 struct FakeKubelet {
     dir: PathBuf,
     seen: mpsc::UnboundedSender<RegisterRequest>,
     /// How many registrations to refuse before accepting (`u32::MAX`: all).
     refuse: AtomicU32,
+    /// The endpoints whose streams are open.
+    held: Arc<Mutex<HashSet<String>>>,
 }
 
 #[tonic::async_trait]
@@ -33,21 +41,44 @@ impl Registration for FakeKubelet {
             }
             return Err(Status::invalid_argument("resource nano-gpu/gpu-percent is already registered"));
         }
-        nano_gpu_runtime::unix_channel(self.dir.join(&request.endpoint))
+        let path = self.dir.join(&request.endpoint);
+        if self.held.lock().unwrap().contains(&request.endpoint) {
+            return Err(Status::unknown(format!("device plugin already connected: {}", path.display())));
+        }
+        let channel = nano_gpu_runtime::unix_channel(path)
             .await
             .map_err(|e| Status::unknown(format!("failed to dial device plugin: {e}")))?;
+        let mut stream = DevicePluginClient::new(channel)
+            .list_and_watch(Empty {})
+            .await
+            .map_err(|e| Status::unknown(format!("ListAndWatch: {e}")))?
+            .into_inner();
+        self.held.lock().unwrap().insert(request.endpoint.clone());
+        let held = self.held.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(_)) = stream.message().await {}
+            held.lock().unwrap().remove(&request.endpoint);
+        });
         Ok(Response::new(Empty {}))
     }
 }
 
+type Started = (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>);
+
 /// Starts a fake kubelet on `dir/kubelet.sock`; dropping the returned sender stops it.
-fn kubelet(dir: &Path, refuse: u32) -> (mpsc::UnboundedReceiver<RegisterRequest>, oneshot::Sender<()>) {
-    let path = dir.join("kubelet.sock");
+fn kubelet(dir: &Path, refuse: u32) -> Started {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         if entry.file_name().to_string_lossy().ends_with(".sock") {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+    kubelet_holding(dir, refuse, &[])
+}
+
+/// [`kubelet`] without its start's deletions (a plugin served again after them), holding
+/// `held` endpoints already (one whose end it missed).
+fn kubelet_holding(dir: &Path, refuse: u32, held: &[&str]) -> Started {
+    let path = dir.join("kubelet.sock");
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let (seen, registrations) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -57,6 +88,7 @@ fn kubelet(dir: &Path, refuse: u32) -> (mpsc::UnboundedReceiver<RegisterRequest>
                 dir: dir.to_owned(),
                 seen,
                 refuse: AtomicU32::new(refuse),
+                held: Arc::new(Mutex::new(held.iter().map(|e| e.to_string()).collect())),
             }))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async {
                 stopped.await.unwrap_or(())
@@ -128,15 +160,20 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     let r = within(Duration::from_secs(10), &mut first).await;
     assert_eq!((r.endpoint.as_str(), r.resource_name.as_str()), ("nano-gpu.sock", "nano-gpu/gpu-percent"));
 
-    // A new kubelet: kubelet.sock is re-created.
+    // A new kubelet deletes every socket in the directory, ours included, and makes kubelet.sock
+    // anew: the agent registers with it on a new socket.
     stop_first.send(()).unwrap();
     let (mut second, _keep) = kubelet(&dir, 0);
-    within(Duration::from_secs(2), &mut second).await;
+    let again = within(Duration::from_secs(2), &mut second).await;
+    assert_eq!(again.endpoint, "nano-gpu.1.sock");
 
-    // A new kubelet deletes every socket in the directory, ours included.
-    std::fs::remove_file(dir.join("nano-gpu.sock")).unwrap();
-    within(Duration::from_secs(2), &mut second).await;
-    assert!(dir.join("nano-gpu.sock").exists());
+    // Our socket deleted (by a kubelet starting): served and registered again, on a name the
+    // kubelet may not still hold.
+    std::fs::remove_file(dir.join(&again.endpoint)).unwrap();
+    let third = within(Duration::from_secs(2), &mut second).await;
+    assert_eq!(third.endpoint, "nano-gpu.2.sock");
+    assert!(dir.join(&third.endpoint).exists());
+    assert!(!dir.join(&again.endpoint).exists() && !dir.join("nano-gpu.sock").exists());
 
     shutdown.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
@@ -154,14 +191,60 @@ async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
     }
     // The kubelet starts and deletes the agent's socket: the agent serves again and registers.
     let (mut late, _keep) = kubelet(&dir, 0);
-    within(Duration::from_secs(5), &mut late).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while !dir.join("nano-gpu.sock").exists() {
-        assert!(tokio::time::Instant::now() < deadline, "the agent serves on its socket again within 2 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let registered = within(Duration::from_secs(5), &mut late).await;
+    assert!(dir.join(&registered.endpoint).exists(), "the agent serves on the socket it registered");
     shutdown.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The soak's node-1, in CI: the restarted kubelet deleted the agent's socket, the agent served it
+/// again before the kubelet listened (its socket not there yet), and once registered took the
+/// kubelet's new socket for another restart. It registered the same endpoint again, which the
+/// kubelet (1.37) refused as already connected and then held for good: the agent ended, and its
+/// restarts were refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_that_listens_after_the_agent_serves_is_registered_with_once() {
+    let (dir, backends) = setup("listens-after");
+    let (shutdown, stopped) = watch::channel(false);
+    let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
+    while !dir.join("nano-gpu.sock").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The agent has tried and found no kubelet; then one listens, leaving the agent's socket.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut seen, _keep) = kubelet_holding(&dir, 0, &[]);
+    assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.sock");
+    // Many times the agent's check (100 ms) and its registration backoff.
+    let more = tokio::time::timeout(Duration::from_secs(1), seen.recv()).await;
+    assert!(more.is_err(), "registered again with the same kubelet: {more:?}");
+    assert!(!agent.is_finished(), "the agent ended: {:?}", agent.await);
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A kubelet that holds the agent's endpoint (its stream's end missed, as 1.37 does after refusing
+/// that endpoint once) refuses it: the agent registers on a new socket and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_the_kubelet_refuses_as_connected_is_replaced_by_a_new_one() {
+    let (dir, backends) = setup("held");
+    let (mut seen, _keep) = kubelet_holding(&dir, 0, &["nano-gpu.sock"]);
+    let (shutdown, stopped) = watch::channel(false);
+    let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
+    assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.sock");
+    assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.1.sock");
+    let more = tokio::time::timeout(Duration::from_secs(1), seen.recv()).await;
+    assert!(more.is_err(), "registered again: {more:?}");
+    assert!(!agent.is_finished(), "the agent ended: {:?}", agent.await);
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("nano-gpu"))
+        .collect();
+    assert!(left.is_empty(), "sockets left behind: {left:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -194,7 +277,6 @@ async fn a_refused_registration_stops_the_agent_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_its_devices_again_after() {
-    use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
     let (dir, backends) = setup("rollout");
     // A socket left by an agent that was killed: nobody serves it.
     drop(std::os::unix::net::UnixListener::bind(dir.join("nano-gpu.dead.sock")).unwrap());
