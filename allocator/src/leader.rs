@@ -249,35 +249,52 @@ pub enum AttemptError {
 }
 
 /// One attempt: reads the Lease and writes it if this step calls for it; returns whether we lead.
+///
+/// `mine` is the Lease as this replica last wrote it: while it holds the Lease it renews from that,
+/// without reading first (client-go's optimistic renewal), so that a renewal is one round trip to a
+/// slow API server, not two. The written resourceVersion goes with it: a Lease anyone wrote since
+/// makes it a 409, and the attempt reads the Lease and decides as usual.
 async fn attempt(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     timing: Timing,
     seen: &mut Observation,
+    mine: &mut Option<Lease>,
 ) -> Result<bool, kube::Error> {
+    if let Some(mut lease) = mine.take() {
+        lease.spec = Some(next_spec(lease.spec.as_ref(), &Step::Renew, me, Timestamp::now(), timing.lease));
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(written) => {
+                seen.note(written.spec.as_ref(), Instant::now());
+                *mine = Some(written);
+                return Ok(true);
+            }
+            Err(e) => tracing::debug!(lease = %name, error = %e, "renewal without a read failed; reading"),
+        }
+    }
     let current = api.get_opt(name).await?;
     let spec = current.as_ref().and_then(|l| l.spec.as_ref());
     let step = step(spec, me, seen, Instant::now(), timing.lease);
     let next = next_spec(spec, &step, me, Timestamp::now(), timing.lease);
-    match step {
-        Step::Follow(_) => Ok(false),
+    let written = match step {
+        Step::Follow(_) => return Ok(false),
         Step::Create => {
             let lease = Lease {
                 metadata: kube::api::ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
                 spec: Some(next),
             };
-            api.create(&PostParams::default(), &lease).await?;
-            Ok(true)
+            api.create(&PostParams::default(), &lease).await?
         }
         Step::Renew | Step::TakeOver => {
             let mut lease = current.unwrap_or_default();
             lease.spec = Some(next);
             // The read resourceVersion stays in the object: a concurrent writer makes this a 409.
-            api.replace(name, &PostParams::default(), &lease).await?;
-            Ok(true)
+            api.replace(name, &PostParams::default(), &lease).await?
         }
-    }
+    };
+    *mine = Some(written);
+    Ok(true)
 }
 
 /// [`attempt`] with a timeout (a hung call ends as an error, never holds the loop).
@@ -287,9 +304,10 @@ async fn attempt_in_time(
     me: &str,
     timing: Timing,
     seen: &mut Observation,
+    mine: &mut Option<Lease>,
 ) -> Result<bool, AttemptError> {
     let limit = timing.call_limit();
-    match tokio::time::timeout(limit, attempt(api, name, me, timing, seen)).await {
+    match tokio::time::timeout(limit, attempt(api, name, me, timing, seen, mine)).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(AttemptError::Timeout(limit)),
     }
@@ -371,6 +389,7 @@ pub async fn run(
 ) {
     let Election { api, name, me, timing, mut label, follow, catch_up } = election;
     let mut seen = Observation::default();
+    let mut mine: Option<Lease> = None;
     tokio::pin!(stop);
     tokio::select! {
         _ = start => {}
@@ -391,9 +410,15 @@ pub async fn run(
             }
             // Still watched, so that a take-over when our scheduler leads need not wait a whole lease
             // more; and given up if it names us.
+            mine = None;
             give_up(&api, &name, &me, timing.call_limit(), &mut seen).await;
         } else {
-            match attempt_in_time(&api, &name, &me, timing, &mut seen).await {
+            // A renewal counts from when its own attempt began (the write lands after it, so no
+            // other replica may take over before that plus a lease), not from the round's start:
+            // with seconds of latency, the reads before it would eat the deadline and leadership
+            // would lapse between renewals.
+            let attempt_began = Instant::now();
+            match attempt_in_time(&api, &name, &me, timing, &mut seen, &mut mine).await {
                 Ok(true) => {
                     // Newly leading: only once the view holds what the last leader wrote.
                     let ready = leadership.is_leader()
@@ -403,7 +428,7 @@ pub async fn run(
                         };
                     if !ready {
                         tracing::warn!(lease = %name, "holds the lease, but its view has not caught up yet");
-                    } else if leadership.hold_until(began + timing.renew_deadline) {
+                    } else if leadership.hold_until(attempt_began + timing.renew_deadline) {
                         tracing::info!(lease = %name, identity = %me, "became the leader");
                     }
                 }
@@ -521,7 +546,7 @@ mod tests {
                 assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
                 send.send_response(respond(201, body));
             });
-            assert!(attempt(&api, "l", "me", TIMING, &mut Observation::default()).await.unwrap());
+            assert!(attempt(&api, "l", "me", TIMING, &mut Observation::default(), &mut None).await.unwrap());
             server.await.unwrap();
         }
 
@@ -557,7 +582,7 @@ mod tests {
             };
             let long_ago = Instant::now() - Duration::from_secs(20);
             step(Some(&old), "me", &mut seen, long_ago, TIMING.lease);
-            assert!(attempt(&api, "l", "me", TIMING, &mut seen).await.unwrap());
+            assert!(attempt(&api, "l", "me", TIMING, &mut seen, &mut None).await.unwrap());
             server.await.unwrap();
         }
 
@@ -782,6 +807,127 @@ mod tests {
             server.await.unwrap();
         }
 
+        /// A fake API server of Leases in namespace `ns` (GET, POST, PUT with resourceVersion
+        /// checks), each request taking `each_way` to arrive and as long for its answer.
+        fn slow_leases(
+            mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+            each_way: Duration,
+            leases: Arc<Mutex<std::collections::HashMap<String, serde_json::Value>>>,
+        ) -> tokio::task::JoinHandle<()> {
+            tokio::spawn(async move {
+                while let Some((req, send)) = handle.next_request().await {
+                    let leases = leases.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(each_way).await;
+                        let method = req.method().clone();
+                        let path = req.uri().path().to_owned();
+                        let body = body_json(req).await;
+                        let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                        let answer = {
+                            let mut leases = leases.lock().unwrap();
+                            let rv = |l: &serde_json::Value| {
+                                l["metadata"]["resourceVersion"].as_str().map(str::to_owned)
+                            };
+                            match method.as_str() {
+                                "GET" => match leases.get(&name) {
+                                    Some(lease) => respond(200, lease.clone()),
+                                    None => failure(404, "NotFound"),
+                                },
+                                "POST" => {
+                                    let mut lease = body;
+                                    let name = lease["metadata"]["name"].as_str().unwrap().to_owned();
+                                    lease["metadata"]["resourceVersion"] = json!("1");
+                                    leases.insert(name, lease.clone());
+                                    respond(201, lease)
+                                }
+                                _ => match leases.get(&name) {
+                                    Some(stored) if rv(stored) == rv(&body) => {
+                                        let next = rv(stored).unwrap().parse::<u64>().unwrap() + 1;
+                                        let mut lease = body;
+                                        lease["metadata"]["resourceVersion"] = json!(next.to_string());
+                                        leases.insert(name, lease.clone());
+                                        respond(200, lease)
+                                    }
+                                    _ => failure(409, "Conflict"),
+                                },
+                            }
+                        };
+                        tokio::time::sleep(each_way).await;
+                        send.send_response(answer);
+                    });
+                }
+            })
+        }
+
+        /// The fault suite's slow API (a second each way): the renewal counts from its own start and
+        /// is one round trip, so leadership holds from one to the next. It lapsed every round when
+        /// it counted from before the read of kube-scheduler's Lease and renewed after a read: the
+        /// leader answered "not the leader" to most of kube-scheduler's calls and the burst stalled.
+        #[tokio::test(start_paused = true)]
+        async fn a_leader_behind_a_slow_api_server_leads_without_a_break() {
+            let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let leases = Arc::new(Mutex::new(std::collections::HashMap::from([(
+                "sched".to_owned(),
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "sched", "namespace": "ns", "resourceVersion": "1"},
+                    "spec": {"holderIdentity": "me_6f1c", "leaseDurationSeconds": 15}}),
+            )])));
+            let server = slow_leases(handle, Duration::from_secs(1), leases.clone());
+            let leadership = Arc::new(Leadership::elected());
+            let mut part = election(api);
+            part.follow = Some("sched".into());
+            let election =
+                tokio::spawn(run(part, leadership.clone(), std::future::ready(()), std::future::pending()));
+            while !leadership.is_leader() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let elected = Instant::now();
+            while elected.elapsed() < Duration::from_secs(120) {
+                assert!(leadership.is_leader(), "leadership lapsed {:?} after it began", elected.elapsed());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let renewals =
+                leases.lock().unwrap()["l"]["metadata"]["resourceVersion"].as_str().unwrap().to_owned();
+            assert!(renewals.parse::<u64>().unwrap() > 20, "renewed {renewals} times in 2 minutes");
+            election.abort();
+            server.abort();
+        }
+
+        /// A Lease another replica wrote since our last renewal (taken over while we were frozen)
+        /// makes the renewal without a read a 409: the attempt reads it and follows.
+        #[tokio::test]
+        async fn a_renewal_without_a_read_that_conflicts_reads_and_follows() {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
+            let now = Timestamp::now().to_string();
+            let server = tokio::spawn(async move {
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method().as_str(), "PUT");
+                assert_eq!(body_json(req).await["metadata"]["resourceVersion"], "5");
+                send.send_response(failure(409, "Conflict"));
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method().as_str(), "GET");
+                send.send_response(respond(
+                    200,
+                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "l", "namespace": "ns", "resourceVersion": "6"},
+                    "spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}}),
+                ));
+            });
+            let mut mine: Option<Lease> = Some(
+                serde_json::from_value(
+                    json!({"metadata": {"name": "l", "namespace": "ns", "resourceVersion": "5"},
+                    "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15}}),
+                )
+                .unwrap(),
+            );
+            let mut seen = Observation::default();
+            assert!(!attempt(&api, "l", "me", TIMING, &mut seen, &mut mine).await.unwrap());
+            assert!(mine.is_none());
+            server.await.unwrap();
+        }
+
         #[tokio::test]
         async fn a_live_lease_of_another_replica_writes_nothing() {
             let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -796,7 +942,7 @@ mod tests {
                     "spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}}),
                 ));
             });
-            assert!(!attempt(&api, "l", "me", TIMING, &mut Observation::default()).await.unwrap());
+            assert!(!attempt(&api, "l", "me", TIMING, &mut Observation::default(), &mut None).await.unwrap());
             server.await.unwrap();
         }
     }
