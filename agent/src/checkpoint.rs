@@ -159,7 +159,11 @@ impl Sweep {
                 resend();
                 Swept::Asked(count)
             }
-            Err(e) => Swept::Failed(format!("pod-resources List: {}", e.message())),
+            Err(e) => {
+                // Not asked after all: the next look asks again rather than waiting its turn.
+                self.asked.clear();
+                Swept::Failed(format!("pod-resources List: {}", e.message()))
+            }
         }
     }
 
@@ -371,5 +375,8 @@ mod tests {
         std::fs::write(&f.path, checkpoint(&[("u1", "nano-gpu/gpu-percent")])).unwrap();
         assert!(matches!(f.once().await, Swept::Failed(why) if why.contains("no kubelet")));
         assert_eq!((f.lister.calls.load(Ordering::SeqCst), f.resent.load(Ordering::SeqCst)), (1, 0));
+        // A List that failed did not ask: the next look asks again, not after a wait.
+        assert!(matches!(f.once().await, Swept::Failed(why) if why.contains("no kubelet")));
+        assert_eq!((f.lister.calls.load(Ordering::SeqCst), f.resent.load(Ordering::SeqCst)), (2, 0));
     }
 }

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod fake_api;
 pub mod fake_kubelet;
 pub mod http_client;
+pub mod kubelet_log;
 pub mod monitoring;
 pub mod variants;
 

@@ -90,10 +90,16 @@ proptest! {
         id in prop_oneof![
             text(DEVICE_ID),
             "[A-Za-z0-9:._-]{1,80}".prop_map(String::into_bytes),
-            mutated(CHECKPOINT),
         ],
     ) {
         nano_gpu_fuzz::device_ids(&id);
+    }
+
+    #[test]
+    fn the_kubelets_device_checkpoint_is_read_as_json_reads_it_or_refused(
+        text in prop_oneof![text(CHECKPOINT), mutated(CHECKPOINT)],
+    ) {
+        nano_gpu_fuzz::kubelet_checkpoint(&text);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_tests::checks::check_consistency;
 use nano_gpu_tests::cluster::{Cluster, NS, gpu_pod, phase, wait_until};
+use nano_gpu_tests::kubelet_log;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -199,17 +200,23 @@ fn restart_on(cluster: &Cluster, what: &str, node: &str) -> Option<std::process:
     None
 }
 
-/// Whether pod `p` failed as a restarted kubelet fails the pods of its first admissions: it counts
-/// the devices its checkpoint holds for pods that left as still held until its pod sources are
-/// ready (upstream, kubernetes#109595, #133382), so a pod bound around the restart is refused for
-/// want of device IDs the allocator rightly saw free. The agents keep the checkpoints clean
-/// (`nano_gpu_agent::checkpoint`), which leaves the pods that left in the moment before the kill.
-/// Only that message, on a node whose kubelet the soak restarted within the last 30 s.
-fn by_kubelet_restart(p: &Pod, restarts: &[(String, Instant)]) -> bool {
+/// Whether pod `p` failed as a restarted kubelet fails the pods of its first admissions (upstream,
+/// kubernetes#109595, #133382), either way the fault suite knows:
+/// - it counts the devices its checkpoint holds for pods that left as still held until its pod
+///   sources are ready, so a pod bound around the restart is refused for want of device IDs the
+///   allocator rightly saw free. The agents keep the checkpoints clean (`nano_gpu_agent::checkpoint`),
+///   which leaves the pods that left in the moment before the kill. Only that message, on a node
+///   whose kubelet the soak restarted within the last 30 s;
+/// - its first batch came before any plugin could register, and it denied the pod for want of a
+///   healthy device: only as its own log shows it ([`kubelet_log::denied_before_registration`]).
+fn by_kubelet_restart(cluster: &Cluster, p: &Pod, restarts: &[(String, Instant)]) -> bool {
     let message = p.status.as_ref().and_then(|s| s.message.as_deref()).unwrap_or_default();
     let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
-    message.contains("requested number of devices unavailable")
-        && restarts.iter().any(|(n, at)| n == node && at.elapsed() < Duration::from_secs(30))
+    let restarted = restarts.iter().any(|(n, at)| n == node && at.elapsed() < Duration::from_secs(30));
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    (restarted && message.contains("requested number of devices unavailable"))
+        || (restarts.iter().any(|(n, _)| n == node)
+            && kubelet_log::denied_before_registration(cluster, NS, name, node, message))
 }
 
 /// Why pod `p` failed, on which node, and when it was seen failed (from the churn's start).
@@ -300,7 +307,7 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
                     continue;
                 }
                 let why = failure(p, started);
-                if by_kubelet_restart(p, &kubelet_restarts) {
+                if by_kubelet_restart(&cluster, p, &kubelet_restarts) {
                     upstream.insert(name, why);
                 } else {
                     failed.insert(name, why);

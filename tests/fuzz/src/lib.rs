@@ -104,13 +104,28 @@ pub fn pod_demand(data: &[u8]) {
 pub fn device_ids(data: &[u8]) {
     let id = String::from_utf8_lossy(data);
     let _ = (device_id::decode(&id), device_id::card_of(&id));
-    let _ = nano_gpu_agent::checkpoint::holders(&id, &["nano-gpu/gpu-percent"]);
     if device_id::uuid_fits(&id) {
         let n = (data.len() % 100) as u32;
         let encoded = device_id::encode(&id, n);
         assert_eq!(device_id::decode(&encoded), Ok((&*id, n)));
         assert_eq!(device_id::card_of(&encoded), Ok(&*id));
     }
+}
+
+/// The kubelet's device checkpoint (`kubelet_internal_checkpoint`) the agent's sweep reads: decoded
+/// or refused, and when decoded, the pods it names for our resource are those a generic JSON reading
+/// of the same text names.
+pub fn kubelet_checkpoint(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Ok(holders) = nano_gpu_agent::checkpoint::holders(&text, &["nano-gpu/gpu-percent"]) else { return };
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("decoded by the sweep, not JSON");
+    let entries = doc["Data"]["PodDeviceEntries"].as_array().cloned().unwrap_or_default();
+    let named: std::collections::BTreeSet<String> = entries
+        .iter()
+        .filter(|e| e["ResourceName"] == "nano-gpu/gpu-percent")
+        .filter_map(|e| e["PodUID"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(holders, named, "{text}");
 }
 
 /// A `/proc/<pid>/cgroup` line, and the Prometheus text `top` reads (line by line and whole).
@@ -229,11 +244,12 @@ pub fn sysfs_and_proc(data: &[u8]) {
 pub type EntryPoint = fn(&[u8]);
 
 /// Every entry point by name, for the drivers that pick one (the seeds' writer, the targets' list).
-pub const TARGETS: [(&str, EntryPoint); 8] = [
+pub const TARGETS: [(&str, EntryPoint); 9] = [
     ("annotations", annotations),
     ("quantities", quantities),
     ("pod_demand", pod_demand),
     ("device_ids", device_ids),
+    ("kubelet_checkpoint", kubelet_checkpoint),
     ("cgroup_and_metrics", cgroup_and_metrics),
     ("allocate", allocate),
     ("http_routes", http_routes),
@@ -248,7 +264,8 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "annotations" => texts(&[ASSIGNMENT, INVENTORY, OVERRUN]),
         "quantities" => texts(&["500m", "4Gi", "1.5e3", "100"]),
         "pod_demand" => vec![join(&[POD.as_bytes(), b"8Gi", b"\x01", b"2"])],
-        "device_ids" => texts(&[DEVICE_ID, CHECKPOINT]),
+        "device_ids" => texts(&[DEVICE_ID]),
+        "kubelet_checkpoint" => texts(&[CHECKPOINT]),
         "cgroup_and_metrics" => texts(&[CGROUP, METRICS]),
         "allocate" => {
             use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
