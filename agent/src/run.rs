@@ -481,7 +481,9 @@ pub async fn serve_and_register(
             stop_all((Vec::new(), Vec::new()), &mut earlier);
             break Ok(());
         }
+        // Every round serves on sockets of its own generation (see above).
         let name = generation_name(instance, generation);
+        generation += 1;
         let names: Vec<String> = resources.iter().map(|r| r.socket(&name)).collect();
         let sockets: Vec<PathBuf> = names.iter().map(|n| plugin_dir.join(n)).collect();
         let (stops, mut servers) = match serve_all(served, resources, &sockets) {
@@ -568,13 +570,11 @@ pub async fn serve_and_register(
             Registration::ServeAgain => {
                 tracing::info!("a plugin socket was deleted (kubelet starting?); serving again");
                 stop_all((stops, servers), &mut earlier);
-                generation += 1;
                 continue;
             }
             Registration::Rename => {
                 // What registered before the refusal stays served, as after a rollout's.
                 earlier.push((stops, servers));
-                generation += 1;
                 continue;
             }
             Registration::Refused(message) => {
@@ -638,7 +638,6 @@ pub async fn serve_and_register(
                 }
                 served.send_again();
                 earlier.push((stops, servers));
-                generation += 1;
             }
             Watched::KubeletChanged => {
                 // A kubelet that restarted deletes our sockets, so this one may still hold our
@@ -646,13 +645,11 @@ pub async fn serve_and_register(
                 tracing::info!("the kubelet's socket was created anew; registering again on new sockets");
                 settle = None;
                 earlier.push((stops, servers));
-                generation += 1;
             }
             Watched::KubeletRestarted => {
                 settle = None;
                 readiness.set_registered(false);
                 stop_all((stops, servers), &mut earlier);
-                generation += 1;
                 tracing::info!("kubelet restarted; serving and registering again");
             }
             Watched::Stop => {

@@ -151,6 +151,30 @@ async fn within(limit: Duration, rx: &mut mpsc::UnboundedReceiver<RegisterReques
     tokio::time::timeout(limit, rx.recv()).await.expect("registered in time").expect("kubelet alive")
 }
 
+type Running = tokio::task::JoinHandle<Result<(), RunError>>;
+
+/// No registration in a second (many times the agent's check and its backoff), the agent running.
+async fn registers_no_more(rx: &mut mpsc::UnboundedReceiver<RegisterRequest>, agent: &Running) {
+    let more = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+    assert!(more.is_err(), "registered again: {more:?}");
+    assert!(!agent.is_finished(), "the agent ended");
+}
+
+/// Stops the agent, which must end well within 5 s.
+async fn stop(shutdown: watch::Sender<bool>, agent: Running) {
+    shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+}
+
+/// The plugin sockets in `dir`.
+fn sockets(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("nano-gpu"))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     let (dir, backends) = setup("restart");
@@ -175,8 +199,7 @@ async fn the_agent_registers_again_within_2_s_after_a_kubelet_restart() {
     assert!(dir.join(&third.endpoint).exists());
     assert!(!dir.join(&again.endpoint).exists() && !dir.join("nano-gpu.sock").exists());
 
-    shutdown.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    stop(shutdown, agent).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -193,8 +216,7 @@ async fn the_agent_waits_for_a_kubelet_that_is_not_there_yet() {
     let (mut late, _keep) = kubelet(&dir, 0);
     let registered = within(Duration::from_secs(5), &mut late).await;
     assert!(dir.join(&registered.endpoint).exists(), "the agent serves on the socket it registered");
-    shutdown.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    stop(shutdown, agent).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -215,12 +237,8 @@ async fn a_kubelet_that_listens_after_the_agent_serves_is_registered_with_once()
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (mut seen, _keep) = kubelet_holding(&dir, 0, &[]);
     assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.sock");
-    // Many times the agent's check (100 ms) and its registration backoff.
-    let more = tokio::time::timeout(Duration::from_secs(1), seen.recv()).await;
-    assert!(more.is_err(), "registered again with the same kubelet: {more:?}");
-    assert!(!agent.is_finished(), "the agent ended: {:?}", agent.await);
-    shutdown.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    registers_no_more(&mut seen, &agent).await;
+    stop(shutdown, agent).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -234,17 +252,9 @@ async fn an_endpoint_the_kubelet_refuses_as_connected_is_replaced_by_a_new_one()
     let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
     assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.sock");
     assert_eq!(within(Duration::from_secs(5), &mut seen).await.endpoint, "nano-gpu.1.sock");
-    let more = tokio::time::timeout(Duration::from_secs(1), seen.recv()).await;
-    assert!(more.is_err(), "registered again: {more:?}");
-    assert!(!agent.is_finished(), "the agent ended: {:?}", agent.await);
-    shutdown.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("nano-gpu"))
-        .collect();
-    assert!(left.is_empty(), "sockets left behind: {left:?}");
+    registers_no_more(&mut seen, &agent).await;
+    stop(shutdown, agent).await;
+    assert_eq!(sockets(&dir), Vec::<String>::new(), "sockets left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -256,8 +266,7 @@ async fn a_registration_that_fails_once_is_retried_not_taken_for_a_refusal() {
     let agent = tokio::spawn(agent(dir.clone(), backends, stopped));
     within(Duration::from_secs(5), &mut seen).await;
     within(Duration::from_secs(5), &mut seen).await;
-    shutdown.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), agent).await.unwrap().unwrap().unwrap();
+    stop(shutdown, agent).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -299,8 +308,7 @@ async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_it
     let channel = nano_gpu_runtime::unix_channel(dir.join("nano-gpu.new.sock")).await.unwrap();
     let mut stream = DevicePluginClient::new(channel).list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(stream.message().await.unwrap().unwrap().devices.len(), 100);
-    stop_old.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), old).await.unwrap().unwrap().unwrap();
+    stop(stop_old, old).await;
     assert!(!dir.join("nano-gpu.old.sock").exists(), "a stopped agent leaves no socket behind");
     let again =
         tokio::time::timeout(Duration::from_secs(2), stream.message()).await.expect("sent again within 2 s");
@@ -311,14 +319,8 @@ async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_it
     assert_eq!(within(Duration::from_secs(3), &mut seen).await.endpoint, "nano-gpu.new.2.sock");
     assert!(dir.join("nano-gpu.new.sock").exists(), "the first sockets stay served");
 
-    stop_new.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), new).await.unwrap().unwrap().unwrap();
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("nano-gpu"))
-        .collect();
-    assert!(left.is_empty(), "sockets left behind: {left:?}");
+    stop(stop_new, new).await;
+    assert_eq!(sockets(&dir), Vec::<String>::new(), "sockets left behind");
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&new_dir).unwrap();
 }

@@ -512,6 +512,13 @@ mod tests {
             retry: Duration::from_secs(2),
         };
 
+        /// Lease `name` of namespace "ns" at resourceVersion `rv`, with `spec`, as the API server
+        /// returns it.
+        fn lease(name: &str, rv: &str, spec: serde_json::Value) -> serde_json::Value {
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}, "spec": spec})
+        }
+
         /// Replica "me" in the election for Lease "l", without a label.
         fn election(api: Api<Lease>) -> Election {
             Election {
@@ -556,9 +563,7 @@ mod tests {
             let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
             let server = tokio::spawn(async move {
                 let (_, send) = handle.next_request().await.unwrap();
-                send.send_response(respond(200, json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "l", "namespace": "ns", "resourceVersion": "77"},
-                    "spec": {"holderIdentity": "other", "renewTime": "2020-01-01T00:00:00.000000Z", "leaseDurationSeconds": 15, "leaseTransitions": 4}})));
+                send.send_response(respond(200, lease("l", "77", json!({"holderIdentity": "other", "renewTime": "2020-01-01T00:00:00.000000Z", "leaseDurationSeconds": 15, "leaseTransitions": 4}))));
                 let (req, send) = handle.next_request().await.unwrap();
                 assert_eq!(
                     (req.method().as_str(), req.uri().path()),
@@ -757,9 +762,7 @@ mod tests {
                 let scheduler = |holder: &str| {
                     respond(
                         200,
-                        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": "sched", "namespace": "ns", "resourceVersion": "3"},
-                        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}),
+                        lease("sched", "3", json!({"holderIdentity": holder, "leaseDurationSeconds": 15})),
                     )
                 };
                 // Our pod's kube-scheduler leads: the Lease is created, held by us.
@@ -869,9 +872,7 @@ mod tests {
             let api: Api<Lease> = Api::namespaced(kube::Client::new(svc, "default"), "ns");
             let leases = Arc::new(Mutex::new(std::collections::HashMap::from([(
                 "sched".to_owned(),
-                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "sched", "namespace": "ns", "resourceVersion": "1"},
-                    "spec": {"holderIdentity": "me_6f1c", "leaseDurationSeconds": 15}}),
+                lease("sched", "1", json!({"holderIdentity": "me_6f1c", "leaseDurationSeconds": 15})),
             )])));
             let server = slow_leases(handle, Duration::from_secs(1), leases.clone());
             let leadership = Arc::new(Leadership::elected());
@@ -910,16 +911,19 @@ mod tests {
                 assert_eq!(req.method().as_str(), "GET");
                 send.send_response(respond(
                     200,
-                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "l", "namespace": "ns", "resourceVersion": "6"},
-                    "spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}}),
+                    lease(
+                        "l",
+                        "6",
+                        json!({"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}),
+                    ),
                 ));
             });
             let mut mine: Option<Lease> = Some(
-                serde_json::from_value(
-                    json!({"metadata": {"name": "l", "namespace": "ns", "resourceVersion": "5"},
-                    "spec": {"holderIdentity": "me", "leaseDurationSeconds": 15}}),
-                )
+                serde_json::from_value(lease(
+                    "l",
+                    "5",
+                    json!({"holderIdentity": "me", "leaseDurationSeconds": 15}),
+                ))
                 .unwrap(),
             );
             let mut seen = Observation::default();
@@ -937,9 +941,11 @@ mod tests {
                 let (_, send) = handle.next_request().await.unwrap();
                 send.send_response(respond(
                     200,
-                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "l", "namespace": "ns", "resourceVersion": "1"},
-                    "spec": {"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}}),
+                    lease(
+                        "l",
+                        "1",
+                        json!({"holderIdentity": "other", "renewTime": now, "leaseDurationSeconds": 15}),
+                    ),
                 ));
             });
             assert!(!attempt(&api, "l", "me", TIMING, &mut Observation::default(), &mut None).await.unwrap());

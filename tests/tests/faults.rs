@@ -419,16 +419,10 @@ fn denied_before_registration(cluster: &Cluster, f: &Failed) -> bool {
 
 /// The UIDs of the pods that hold `nano-gpu/gpu-percent` devices in `node`'s kubelet checkpoint,
 /// read as the kubelet wrote it (`kubelet_internal_checkpoint`, under the node's own `/var/lib`).
-fn checkpoint_holders(cluster: &Cluster, node: &str) -> Vec<String> {
+fn checkpoint_holders(cluster: &Cluster, node: &str) -> std::collections::BTreeSet<String> {
     let path =
         cluster.path(&format!("nodes/{node}/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let entries = doc["Data"]["PodDeviceEntries"].as_array().cloned().unwrap_or_default();
-    entries
-        .iter()
-        .filter(|e| e["ResourceName"] == "nano-gpu/gpu-percent")
-        .map(|e| e["PodUID"].as_str().unwrap_or_default().to_owned())
-        .collect()
+    nano_gpu_fuzz::checkpoint_holders_as_json(&text, "nano-gpu/gpu-percent")
+        .unwrap_or_else(|| panic!("{}: not JSON", path.display()))
 }

@@ -118,14 +118,24 @@ pub fn device_ids(data: &[u8]) {
 pub fn kubelet_checkpoint(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let Ok(holders) = nano_gpu_agent::checkpoint::holders(&text, &["nano-gpu/gpu-percent"]) else { return };
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("decoded by the sweep, not JSON");
-    let entries = doc["Data"]["PodDeviceEntries"].as_array().cloned().unwrap_or_default();
-    let named: std::collections::BTreeSet<String> = entries
-        .iter()
-        .filter(|e| e["ResourceName"] == "nano-gpu/gpu-percent")
-        .filter_map(|e| e["PodUID"].as_str().map(str::to_owned))
-        .collect();
+    let named =
+        checkpoint_holders_as_json(&text, "nano-gpu/gpu-percent").expect("decoded by the sweep, not JSON");
     assert_eq!(holders, named, "{text}");
+}
+
+/// The UIDs of the pods that hold devices of `resource` in the kubelet's device checkpoint `text`,
+/// read as generic JSON (the oracle for the sweep's decoder; the fault suite reads the nodes'
+/// checkpoints with it); None when `text` is not JSON.
+pub fn checkpoint_holders_as_json(text: &str, resource: &str) -> Option<std::collections::BTreeSet<String>> {
+    let doc: serde_json::Value = serde_json::from_str(text).ok()?;
+    let entries = doc["Data"]["PodDeviceEntries"].as_array().cloned().unwrap_or_default();
+    Some(
+        entries
+            .iter()
+            .filter(|e| e["ResourceName"] == resource)
+            .filter_map(|e| e["PodUID"].as_str().map(str::to_owned))
+            .collect(),
+    )
 }
 
 /// A `/proc/<pid>/cgroup` line, and the Prometheus text `top` reads (line by line and whole).
