@@ -320,8 +320,11 @@ imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
 maxPods: 60
 EOF
+  # client.go at 2: the device manager's line for each device list a plugin sends ("State pushed
+  # for device plugin"), which the tests read to tell when a restarted kubelet had our devices.
   launch "kubelet-$node" "${IN_NET[@]}" "--mount=$root/mntns" "$K8S_BIN/kubelet" --config "$root/kubelet.yaml" \
-    --kubeconfig "$DIR/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" -v=1
+    --kubeconfig "$DIR/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" -v=1 \
+    --vmodule=client=2
 }
 
 up() {

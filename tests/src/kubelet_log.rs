@@ -1,6 +1,7 @@
-//! What a local-cluster kubelet's own log says about our plugin's registration after its start, for
-//! the tests that restart kubelets: when the agent registered, and whether a pod the kubelet failed
-//! for want of a healthy device was denied before that (the kubelet's first batch, upstream).
+//! What a local-cluster kubelet's own log says about our plugin after the kubelet's start, for the
+//! tests that restart kubelets: when the agent registered, when the kubelet had its devices, and
+//! whether a pod the kubelet failed for want of a healthy device was denied before that (a
+//! restarted kubelet's first admissions, upstream).
 
 use crate::cluster::Cluster;
 use std::time::Duration;
@@ -8,6 +9,11 @@ use std::time::Duration;
 /// How soon after a kubelet's start (its eviction manager's, the line after its device manager's
 /// start at this log level) our plugin must have registered with it: 1 to 40 ms seen.
 pub const REGISTERED_WITHIN: Duration = Duration::from_millis(500);
+
+/// How soon after our registration the kubelet must have our devices (its first ListAndWatch
+/// answer): it dials our socket, asks our options and opens the stream, each answered at once; a
+/// few milliseconds, 330 ms seen with two clusters on 2 cores (the registration's answer came then).
+pub const LISTED_WITHIN: Duration = Duration::from_secs(2);
 
 /// The log of `node`'s kubelet since it last started (`hack/cluster.sh` starts each one on a new
 /// log).
@@ -36,31 +42,54 @@ fn registered(log: &str) -> Option<Duration> {
     )
 }
 
+/// When the kubelet of `log` first had our devices: its line for the first ListAndWatch answer
+/// (`client.go` at -v=2, `hack/cluster.sh`).
+fn listed(log: &str) -> Option<Duration> {
+    first(log, r#""State pushed for device plugin" resource="nano-gpu/gpu-percent""#)
+}
+
 /// How long after the kubelet of `log` started its eviction manager our plugin registered.
 pub fn registration_lag(log: &str) -> Option<Duration> {
     registered(log)?.checked_sub(first(log, "Eviction manager: starting control loop")?)
 }
 
+/// How long after our registration the kubelet of `log` had our devices.
+pub fn listing_lag(log: &str) -> Option<Duration> {
+    listed(log)?.checked_sub(registered(log)?)
+}
+
 /// Whether `node`'s kubelet failed pod `namespace/pod` (failed `why`) for want of a healthy device
-/// before our plugin registered with it, and the registration came within [`REGISTERED_WITHIN`] of
-/// its start: the restarted kubelet's first batch, which came before any plugin could register.
-pub fn denied_before_registration(
+/// before it had our devices, while we were prompt: registered within [`REGISTERED_WITHIN`] of its
+/// start, listed within [`LISTED_WITHIN`] of that. Those are a restarted kubelet's first
+/// admissions, which may come milliseconds after its device manager starts, before any plugin can
+/// be heard. `None` while that cannot be told yet: the kubelet denied it so and does not have our
+/// devices yet (the pod's status is written milliseconds after the denial; the devices may come
+/// hundreds later on a loaded machine).
+pub fn denied_before_our_devices(
     cluster: &Cluster,
     namespace: &str,
     pod: &str,
     node: &str,
     why: &str,
-) -> bool {
+) -> Option<bool> {
     if !why.contains("no healthy devices present") {
-        return false;
+        return Some(false);
     }
-    let log = log(cluster, node);
-    let denied = log
-        .lines()
-        .find(|l| l.contains("Pod admission denied") && l.contains(&format!(r#"pod="{namespace}/{pod}""#)))
-        .and_then(klog_time);
-    let prompt = registration_lag(&log).is_some_and(|l| l < REGISTERED_WITHIN);
-    prompt && denied.zip(registered(&log)).is_some_and(|(d, r)| d < r)
+    first_admissions(&log(cluster, node), namespace, pod)
+}
+
+/// [`denied_before_our_devices`], from the kubelet's `log`, for a pod it failed for want of a
+/// healthy device.
+fn first_admissions(log: &str, namespace: &str, pod: &str) -> Option<bool> {
+    let pod = format!(r#"pod="{namespace}/{pod}""#);
+    let denial = log.lines().find(|l| l.contains("Pod admission denied") && l.contains(&pod));
+    let Some(denied) = denial.and_then(klog_time) else {
+        return Some(false);
+    };
+    let listed = listed(log)?;
+    let prompt = registration_lag(log).is_some_and(|l| l < REGISTERED_WITHIN)
+        && listing_lag(log).is_some_and(|l| l < LISTED_WITHIN);
+    Some(prompt && denied < listed)
 }
 
 #[cfg(test)]
@@ -75,5 +104,29 @@ mod tests {
         let lag = registration_lag(log).unwrap();
         assert!(lag > Duration::from_micros(1_800) && lag < Duration::from_micros(1_900), "{lag:?}");
         assert_eq!(registration_lag("I1124 23:38:12.558785 no such lines"), None);
+    }
+
+    /// The lines of the landing CI's node-3 kubelet that failed 24 shares (02:31:28), and the
+    /// ListAndWatch line its -v=1 did not print.
+    #[test]
+    fn a_denial_before_the_kubelet_had_our_devices_is_its_own_once_the_devices_came() {
+        let start = "I1125 02:31:28.717445   27314 eviction_manager.go:193] \"Eviction manager: starting control loop\"\n\
+                     I1125 02:31:28.756391   27314 server.go:161] \"Got registration request from device plugin with resource\" resourceName=\"nano-gpu/gpu-percent\"\n\
+                     I1125 02:31:28.900648   27314 allocation_manager.go:660] \"Pod admission denied\" podUID=\"a92a\" pod=\"e2e/kubelets-01\" reason=\"UnexpectedAdmissionError\"\n";
+        // Denied, our devices not there yet: not told yet.
+        assert_eq!(first_admissions(start, "e2e", "kubelets-01"), None);
+        // A pod it did not deny is not its own.
+        assert_eq!(first_admissions(start, "e2e", "kubelets-02"), Some(false));
+        let pushed = |at: &str| {
+            format!(
+                "{start}I1125 {at}   27314 client.go:98] \"State pushed for device plugin\" resource=\"nano-gpu/gpu-percent\" resourceCapacity=400\n"
+            )
+        };
+        assert_eq!(listing_lag(&pushed("02:31:29.081000")), Some(Duration::from_micros(324_609)));
+        assert_eq!(first_admissions(&pushed("02:31:29.081000"), "e2e", "kubelets-01"), Some(true));
+        // Devices that came before the denial: ours.
+        assert_eq!(first_admissions(&pushed("02:31:28.890000"), "e2e", "kubelets-01"), Some(false));
+        // Devices that came too late after the registration: ours too.
+        assert_eq!(first_admissions(&pushed("02:31:31.000000"), "e2e", "kubelets-01"), Some(false));
     }
 }

@@ -207,16 +207,22 @@ fn restart_on(cluster: &Cluster, what: &str, node: &str) -> Option<std::process:
 ///   allocator rightly saw free. The agents keep the checkpoints clean (`nano_gpu_agent::checkpoint`),
 ///   which leaves the pods that left in the moment before the kill. Only that message, on a node
 ///   whose kubelet the soak restarted within the last 30 s;
-/// - its first batch came before any plugin could register, and it denied the pod for want of a
-///   healthy device: only as its own log shows it ([`kubelet_log::denied_before_registration`]).
-fn by_kubelet_restart(cluster: &Cluster, p: &Pod, restarts: &[(String, Instant)]) -> bool {
+/// - it denied the pod for want of a healthy device before it had our devices, which we sent
+///   promptly: only as its own log shows it ([`kubelet_log::denied_before_our_devices`]).
+///
+/// `None` while its log cannot tell yet.
+fn by_kubelet_restart(cluster: &Cluster, p: &Pod, restarts: &[(String, Instant)]) -> Option<bool> {
     let message = p.status.as_ref().and_then(|s| s.message.as_deref()).unwrap_or_default();
     let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
     let restarted = restarts.iter().any(|(n, at)| n == node && at.elapsed() < Duration::from_secs(30));
     let name = p.metadata.name.as_deref().unwrap_or_default();
-    (restarted && message.contains("requested number of devices unavailable"))
-        || (restarts.iter().any(|(n, _)| n == node)
-            && kubelet_log::denied_before_registration(cluster, NS, name, node, message))
+    if restarted && message.contains("requested number of devices unavailable") {
+        return Some(true);
+    }
+    if !restarts.iter().any(|(n, _)| n == node) {
+        return Some(false);
+    }
+    kubelet_log::denied_before_our_devices(cluster, NS, name, node, message)
 }
 
 /// Why pod `p` failed, on which node, and when it was seen failed (from the churn's start).
@@ -307,11 +313,11 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
                     continue;
                 }
                 let why = failure(p, started);
-                if by_kubelet_restart(&cluster, p, &kubelet_restarts) {
-                    upstream.insert(name, why);
-                } else {
-                    failed.insert(name, why);
-                }
+                match by_kubelet_restart(&cluster, p, &kubelet_restarts) {
+                    Some(true) => upstream.insert(name, why),
+                    Some(false) => failed.insert(name, why),
+                    None => continue,
+                };
             }
             let live: Vec<String> = list.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
             if live.len() < 20 || (live.len() < MAX_PODS && rng.below(10) < 6) {
@@ -376,8 +382,15 @@ async fn churn_with_every_part_restarted_loses_no_pod_and_leaks_nothing() {
     let list = pods.list(&ListParams::default()).await.unwrap();
     for p in list.items.iter().filter(|p| phase(p) == "Failed") {
         let name = p.metadata.name.clone().unwrap();
-        if !upstream.contains_key(&name) {
-            failed.entry(name).or_insert_with(|| failure(p, started));
+        if upstream.contains_key(&name) || failed.contains_key(&name) {
+            continue;
+        }
+        // Not told before, or failed since: judged now, and ours unless its kubelet's log says.
+        let why = failure(p, started);
+        if by_kubelet_restart(&cluster, p, &kubelet_restarts) == Some(true) {
+            upstream.insert(name, why);
+        } else {
+            failed.insert(name, why);
         }
     }
     if !upstream.is_empty() {
