@@ -65,6 +65,17 @@ pub struct Warning {
     pub message: String,
 }
 
+/// A pod reserved for that a re-list did not show ([`ClusterState::take_unconfirmed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unconfirmed {
+    /// Its uid.
+    pub uid: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
 /// The cluster view: node and pod records, and the extender deciding over them.
 pub struct ClusterState {
     extender: Extender,
@@ -76,6 +87,9 @@ pub struct ClusterState {
     /// During a re-list: the names and uids seen so far.
     relisting_nodes: Option<HashSet<String>>,
     relisting_pods: Option<HashSet<String>>,
+    /// Pods reserved for by a bind that a re-list did not show, to be looked up
+    /// ([`ClusterState::take_unconfirmed`]).
+    unconfirmed: Vec<Unconfirmed>,
     /// The newest pod resourceVersion a watch event showed.
     pods_version: u64,
     /// With [`ClusterState::require_ready_agents`]: the label (key, value) of agent pods, and the agent
@@ -166,6 +180,7 @@ impl ClusterState {
             by_node: HashMap::new(),
             relisting_nodes: None,
             relisting_pods: None,
+            unconfirmed: Vec::new(),
             pods_version: 0,
             agent_label: None,
             agents: HashMap::new(),
@@ -218,6 +233,13 @@ impl ClusterState {
     /// Warnings raised since the last call.
     pub fn take_warnings(&mut self) -> Vec<Warning> {
         std::mem::take(&mut self.warnings)
+    }
+
+    /// The reserved pods a re-list did not show since the last call: each is gone (deleted after
+    /// the bind, the event lost with the watch that broke, so no event will ever say so) or newer
+    /// than the list. Only the API server can tell; [`ClusterState::forget_gone`] with its answer.
+    pub fn take_unconfirmed(&mut self) -> Vec<Unconfirmed> {
+        std::mem::take(&mut self.unconfirmed)
     }
 
     pub(super) fn warn(

@@ -2,9 +2,10 @@
 //!
 //! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
 //! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
-//! most 4 s). The service is ready once both have listed.
+//! most 4 s). The service is ready once both have listed. A reserved pod a re-list did not show is
+//! looked up ([`look_up_unconfirmed`]).
 
-use crate::state::{ClusterState, Listed, SharedView, Warning};
+use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::ListParams;
@@ -76,8 +77,12 @@ fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     false
 }
 
-async fn run_watch<K>(api: Api<K>, view: Arc<SharedView>, events: mpsc::Sender<Warning>)
-where
+async fn run_watch<K>(
+    api: Api<K>,
+    view: Arc<SharedView>,
+    events: mpsc::Sender<Warning>,
+    unconfirmed: mpsc::UnboundedSender<Unconfirmed>,
+) where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
 {
     let mut stream =
@@ -88,6 +93,10 @@ where
                 let (done, warnings) = {
                     let mut state = view.lock();
                     let done = apply_event(&mut state, event);
+                    for u in state.take_unconfirmed() {
+                        // The receiver lives as long as the watches.
+                        let _ = unconfirmed.send(u);
+                    }
                     (done, state.take_warnings())
                 };
                 if done {
@@ -192,14 +201,53 @@ pub async fn caught_up(pods: &Api<Pod>, view: &SharedView, limit: Duration) -> b
     }
 }
 
+/// The longest wait between two look-ups of a pod while the API server does not answer.
+const LOOK_UP_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Looks up each pod a re-list did not show though the view holds a reservation for it, and gives
+/// the reservation back when the API server no longer holds that pod (that uid): deleted while the
+/// pod watch was broken, it would otherwise hold its cards for good, as no event will say it went.
+/// A pod still there is left to its events. Asked again, backing off, while the API server fails.
+pub async fn look_up_unconfirmed(
+    client: Client,
+    view: Arc<SharedView>,
+    mut unconfirmed: mpsc::UnboundedReceiver<Unconfirmed>,
+) {
+    while let Some(u) = unconfirmed.recv().await {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &u.namespace);
+        let mut wait = Duration::from_millis(500);
+        loop {
+            match pods.get_opt(&u.name).await {
+                Ok(Some(p)) if p.metadata.uid.as_deref() == Some(u.uid.as_str()) => break,
+                Ok(_) => {
+                    if view.lock().forget_gone(&u.uid) {
+                        tracing::info!(
+                            pod = %format!("{}/{}", u.namespace, u.name),
+                            "gave back the cards reserved for a pod deleted while the pod watch was broken"
+                        );
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", u.namespace, u.name), error = %e, "looking up a reserved pod a re-list did not show failed; asking again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(LOOK_UP_BACKOFF);
+                }
+            }
+        }
+    }
+}
+
 /// Runs the node and pod watches until they end (they only end with the process).
 pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
     let recorder = Recorder::new(client.clone(), reporter);
     let (events, warnings) = mpsc::channel(EVENT_QUEUE);
-    let nodes = run_watch(Api::<Node>::all(client.clone()), view.clone(), events.clone());
-    let pods = run_watch(Api::<Pod>::all(client), view, events);
-    futures::join!(nodes, pods, post_events(recorder, warnings));
+    let (unconfirmed, look_ups) = mpsc::unbounded_channel();
+    let nodes =
+        run_watch(Api::<Node>::all(client.clone()), view.clone(), events.clone(), unconfirmed.clone());
+    let pods = run_watch(Api::<Pod>::all(client.clone()), view.clone(), events, unconfirmed);
+    futures::join!(nodes, pods, post_events(recorder, warnings), look_up_unconfirmed(client, view, look_ups));
 }
 
 #[cfg(test)]
@@ -316,6 +364,74 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_secs(3));
         assert!(!caught_up(&pods, &view, Duration::from_secs(3)).await);
         server.await.unwrap();
+    }
+
+    /// A pod with `uid` asking `percent` of a card, pending.
+    fn gpu_pod(uid: &str, percent: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": percent}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reserved_pod_a_relist_missed_is_given_back_once_the_api_server_says_it_is_gone() {
+        use crate::api_replies::{failure, respond};
+        use http::{Request, Response};
+        use kube::client::Body;
+        let view = Arc::new(SharedView::new(state()));
+        let one_card = json!({"v": 1, "gpus": [{"uuid": "GPU-0", "index": 0, "vendor": "nvidia", "model": "Tesla T4", "memoryMiB": 15360, "healthy": true}]});
+        let mut n = node("n1");
+        n.metadata.annotations = Some([("nano-gpu/gpus".to_owned(), one_card.to_string())].into());
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut state = view.lock();
+            state.apply_node(&n);
+            state.reserve(&gpu_pod("gone", "60"), "n1", std::time::SystemTime::UNIX_EPOCH).unwrap();
+            state.reserve(&gpu_pod("kept", "30"), "n1", std::time::SystemTime::UNIX_EPOCH).unwrap();
+            apply_event(&mut state, Event::<Pod>::Init);
+            apply_event(&mut state, Event::<Pod>::InitDone);
+            for u in state.take_unconfirmed() {
+                tx.send(u).unwrap();
+            }
+        }
+        drop(tx);
+        let used = |view: &SharedView| view.lock().inspect()["nodes"][0]["cards"][0]["percentUsed"].clone();
+        assert_eq!(used(&view), 90);
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let server = tokio::spawn(async move {
+            // "gone" is not found; "kept" is asked while the API server is away, then again.
+            let mut paths = Vec::new();
+            while paths.len() < 3 {
+                let (req, send) = handle.next_request().await.unwrap();
+                let path = req.uri().path().to_owned();
+                send.send_response(match path.as_str() {
+                    "/api/v1/namespaces/ns/pods/gone" => failure(404, "NotFound"),
+                    "/api/v1/namespaces/ns/pods/kept" if !paths.contains(&path) => {
+                        failure(503, "ServiceUnavailable")
+                    }
+                    _ => respond(200, serde_json::to_value(gpu_pod("kept", "30")).unwrap()),
+                });
+                paths.push(path);
+            }
+            paths.sort();
+            paths
+        });
+        tokio::time::timeout(Duration::from_secs(60), look_up_unconfirmed(client, view.clone(), rx))
+            .await
+            .expect("every pod looked up");
+        let paths = server.await.unwrap();
+        assert_eq!(
+            paths,
+            [
+                "/api/v1/namespaces/ns/pods/gone",
+                "/api/v1/namespaces/ns/pods/kept",
+                "/api/v1/namespaces/ns/pods/kept"
+            ]
+        );
+        assert_eq!(used(&view), 30, "the gone pod's 60 % given back, the pod still there kept");
     }
 
     #[test]

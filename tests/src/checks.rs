@@ -28,6 +28,8 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
     }
     let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.unwrap();
     let (mut percent, mut memory): (HashMap<String, u32>, HashMap<String, u64>) = Default::default();
+    // Per card, the pods whose assignments hold it and how much (told when the allocator disagrees).
+    let mut holders: HashMap<String, Vec<String>> = HashMap::new();
     let mut checked = 0;
     for p in &pods.items {
         let Some(text) = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) else {
@@ -39,6 +41,7 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
             for g in a.held() {
                 *percent.entry(g.uuid.clone()).or_default() += g.percent.0;
                 *memory.entry(g.uuid.clone()).or_default() += held_memory(g, &card_memory);
+                holders.entry(g.uuid.clone()).or_default().push(format!("{ns}/{name} {}", g.percent.0));
             }
         }
         if phase(p) != "Running" {
@@ -91,7 +94,10 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
             assert_eq!(
                 card["percentUsed"].as_u64().unwrap() as u32,
                 percent.get(uuid).copied().unwrap_or(0),
-                "allocator's view of {uuid} differs from the assignments"
+                "allocator's view of {uuid} differs from the assignments: it counts {}, the assignments \
+                 are {:?}",
+                card["shares"],
+                holders.get(uuid)
             );
             let (total, free) =
                 (card["memoryMiB"].as_u64().unwrap(), card["memoryFreeMiB"].as_u64().unwrap());

@@ -1,10 +1,11 @@
 //! The index of what the watches have shown: node records by name, pod records by uid, and which
 //! pods are on which node. Watch events come in through `apply_*`/`delete_*`; a re-list through
 //! `begin_*_relist`, the objects, and `end_*_relist`, which forgets what the list did not mention
-//! (but keeps the reservations of binds in flight). Every change rebuilds only the nodes it touches.
+//! (but keeps the reservations, to be looked up: a bind in flight, or a pod deleted while the watch
+//! was broken). Every change rebuilds only the nodes it touches.
 
 use super::decode::{Holding, PodRecord, holding, host_requests, is_terminal, node_record, pod_uid};
-use super::{ClusterState, Waiting};
+use super::{ClusterState, Unconfirmed, Waiting};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::demand::pod_demand;
 use std::collections::HashSet;
@@ -206,8 +207,10 @@ impl ClusterState {
         }
     }
 
-    /// A re-list of pods starts: pods not applied before [`ClusterState::end_pod_relist`] are gone
-    /// (reservations of binds in flight are kept).
+    /// A re-list of pods starts: pods not applied before [`ClusterState::end_pod_relist`] are gone.
+    /// A reservation (a bind in flight, or one whose pod no event showed annotated yet) is kept, and
+    /// its pod looked up ([`ClusterState::take_unconfirmed`]): deleted while the watch was broken, it
+    /// would otherwise hold its cards for good.
     pub fn begin_pod_relist(&mut self) {
         self.relisting_pods = Some(HashSet::new());
     }
@@ -219,20 +222,36 @@ impl ClusterState {
         for uid in unseen {
             self.set_agent(&uid, None);
         }
-        let gone: Vec<String> = self
+        let unseen: Vec<(String, bool)> = self
             .pods
             .iter()
-            .filter(|(uid, p)| !p.reserved && !seen.contains(*uid))
-            .map(|(u, _)| u.clone())
+            .filter(|(uid, _)| !seen.contains(*uid))
+            .map(|(u, p)| (u.clone(), p.reserved))
             .collect();
-        for uid in gone {
-            self.forget_pod(&uid);
+        for (uid, reserved) in unseen {
+            if !reserved {
+                self.forget_pod(&uid);
+            } else if let Some(p) = self.pods.get(&uid) {
+                let (namespace, name) = p.key.clone();
+                self.unconfirmed.push(Unconfirmed { uid, namespace, name });
+            }
         }
         let before = self.waiting.len();
         self.waiting.retain(|uid, _| seen.contains(uid));
         if self.waiting.len() != before {
             self.generation += 1;
         }
+    }
+
+    /// Gives back the reservation of pod `uid`, which the API server no longer holds (looked up
+    /// after a re-list did not show it): only while it is still a reservation, as an event since
+    /// then is what the API server said.
+    pub fn forget_gone(&mut self, uid: &str) -> bool {
+        if self.pods.get(uid).is_some_and(|p| p.reserved) {
+            self.forget_pod(uid);
+            return true;
+        }
+        false
     }
 
     /// A pending pod with no assignment: one that asks a GPU is recorded as waiting (for the GPU map).

@@ -325,6 +325,34 @@ fn a_failed_bind_gives_its_reservation_back() {
     assert_eq!(free(&s, "n1"), vec![100]);
 }
 
+/// The landing CI's soak (2026-11-25): a 70 % share bound 0.3 s after the pod watch broke (410),
+/// deleted before its re-list; the list did not show it and no event ever would, and its cards
+/// stayed taken until the end.
+#[test]
+fn a_reservation_a_relist_does_not_show_is_looked_up_and_given_back_when_its_pod_is_gone() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.reserve(&pod("gone", "70", None, None), "n1", SystemTime::UNIX_EPOCH).unwrap();
+    let in_flight = pod("inflight", "20", None, None);
+    s.reserve(&in_flight, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    s.begin_pod_relist();
+    // The pod of a bind in flight is listed, not annotated yet: still reserved, nothing to look up.
+    s.apply_pod(&in_flight);
+    s.end_pod_relist();
+    assert_eq!(free(&s, "n1"), vec![10], "both reservations kept until the API server answers");
+    let unconfirmed = s.take_unconfirmed();
+    let uids: Vec<&str> = unconfirmed.iter().map(|u| u.uid.as_str()).collect();
+    assert_eq!(uids, ["gone"]);
+    assert_eq!((unconfirmed[0].namespace.as_str(), unconfirmed[0].name.as_str()), ("ns", "gone"));
+    assert!(s.take_unconfirmed().is_empty(), "taken once");
+    assert!(s.forget_gone("gone"));
+    assert_eq!(free(&s, "n1"), vec![80]);
+    // A pod an event has shown since is what the API server said: not given back.
+    s.apply_pod(&pod("inflight", "20", Some("n1"), Some(assignment("n1", 0, 20))));
+    assert!(!s.forget_gone("inflight"));
+    assert_eq!(free(&s, "n1"), vec![80]);
+}
+
 #[test]
 fn a_deleted_node_takes_no_pods_and_comes_back_with_its_pods() {
     let mut s = state();
