@@ -20,6 +20,7 @@ use nano_gpu_proto::annotations::{Assignment, CardGrant};
 use nano_gpu_proto::demand::{CardDemand, DemandOptions, PodDemand, pod_demand};
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY, MIN_PRIORITY,
+    for_scheduler,
 };
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -132,10 +133,10 @@ impl Extender {
                 result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned());
             }
             Err(Some(reason)) if reason.unresolvable() => {
-                result.failed_and_unresolvable_nodes.insert(name, reason.to_string());
+                result.failed_and_unresolvable_nodes.insert(name, for_scheduler(&reason.to_string()));
             }
             Err(Some(reason)) => {
-                result.failed_nodes.insert(name, reason.to_string());
+                result.failed_nodes.insert(name, for_scheduler(&reason.to_string()));
             }
         });
         result.node_names = Some(passed);
@@ -383,7 +384,7 @@ mod tests {
         }
         let r = e.filter(args("50", json!({}), &["t4-0"]));
         assert_eq!(r.node_names, Some(vec![]));
-        assert_eq!(r.failed_nodes["t4-0"], "GPU busy: no card has 50% free (most free: 40%)");
+        assert_eq!(r.failed_nodes["t4-0"], "GPU busy: no card has 50 percent free (most free: 40 percent)");
     }
 
     #[test]

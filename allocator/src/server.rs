@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::admission::AdmissionReview;
 use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
-    ExtenderPreemptionResult, MetaPod, MetaVictims,
+    ExtenderPreemptionResult, MetaPod, MetaVictims, for_scheduler,
 };
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -205,7 +205,7 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         }
         Err(e) => {
             tracing::warn!(verb = "bind", %pod, node = %args.node, error = %e, "bind failed");
-            e.to_string()
+            for_scheduler(&e.to_string())
         }
     };
     json(&ExtenderBindingResult { error })

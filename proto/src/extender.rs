@@ -27,6 +27,14 @@ pub const MIN_PRIORITY: i64 = 0;
 /// Highest score an extender may give (`MaxExtenderPriority`).
 pub const MAX_PRIORITY: i64 = 10;
 
+/// A reason as kube-scheduler is to be told it (a node's filter failure, a bind's error): it records
+/// them in Events through a format string (`EventRecorder.Eventf(..., msg)`, no arguments), where a
+/// bare `%` is read as a verb ("30%!f(MISSING)ree"). Each `%` is written as a word instead, which reads
+/// the same in the Event and in the pod's condition (which takes it as is).
+pub fn for_scheduler(reason: &str) -> String {
+    reason.replace('%', " percent")
+}
+
 /// `null` or missing both become the default.
 fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
@@ -266,5 +274,14 @@ mod tests {
         roundtrip::<ExtenderPreemptionResult>(json!({
             "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u1"}, {"UID": "u2"}], "NumPDBViolations": 2}}
         }));
+    }
+
+    #[test]
+    fn a_reason_for_kube_scheduler_has_no_bare_percent() {
+        assert_eq!(
+            for_scheduler("GPU busy: no card has 30% free (most free: 20%)"),
+            "GPU busy: no card has 30 percent free (most free: 20 percent)"
+        );
+        assert_eq!(for_scheduler("node is gone"), "node is gone");
     }
 }
