@@ -171,9 +171,12 @@ const OTHERS_CHECK: Duration = Duration::from_millis(50);
 /// How often the kubelet's socket is looked at while the kubelet is not reachable.
 const KUBELET_POLL: Duration = Duration::from_millis(50);
 
-/// After registering anew because another agent stopped, once more this much later: a kubelet that
-/// handled the other's disconnect only after our registration stamped that one stopped.
-const SETTLE: Duration = Duration::from_secs(1);
+/// After registering anew because another agent stopped, once more after each of these (from the
+/// one before): a kubelet that handled the other's disconnect only after our registration stamped
+/// that one stopped, and has no healthy device until the next. A 1.37 kubelet took the other's end
+/// 4 ms after our registration (a CI run: four pods admitted in the next second failed), so soon,
+/// then once more for a loaded kubelet that took it later.
+const SETTLE: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
 
 /// Registration errors in a row (other than an unreachable kubelet) that end the agent.
 const REFUSALS: u32 = 3;
@@ -438,7 +441,7 @@ enum Watched {
     KubeletChanged,
     /// Another agent of this node stopped serving.
     AnotherStopped,
-    /// [`SETTLE`] after registering anew for [`Watched::AnotherStopped`].
+    /// Each step of [`SETTLE`] after registering anew for [`Watched::AnotherStopped`].
     Settle,
 }
 
@@ -468,7 +471,8 @@ pub async fn serve_and_register(
     let mut dir = DirEvents::new(plugin_dir);
     let mut generation = 0u32;
     let mut earlier: Vec<Servers> = Vec::new();
-    let mut settle: Option<tokio::time::Instant> = None;
+    // When to register once more after another agent stopped, and the step of [`SETTLE`] it is.
+    let mut settle: Option<(tokio::time::Instant, usize)> = None;
     // Refusals in a row, across the names they came for.
     let mut refusals = 0;
     let stop_all = |current: Servers, earlier: &mut Vec<Servers>| {
@@ -593,7 +597,7 @@ pub async fn serve_and_register(
             if !seen.is_empty() {
                 wake = wake.min(tokio::time::Instant::now() + OTHERS_CHECK);
             }
-            if let Some(at) = settle {
+            if let Some((at, _)) = settle {
                 wake = wake.min(at);
             }
             let mut entries_changed = false;
@@ -603,7 +607,7 @@ pub async fn serve_and_register(
                 _ = shutdown.changed() => break Watched::Stop,
             }
             let now = tokio::time::Instant::now();
-            if settle.is_some_and(|at| now >= at) {
+            if settle.is_some_and(|(at, _)| now >= at) {
                 break Watched::Settle;
             }
             if !entries_changed && now < full_check && seen.iter().all(|o| plugin_dir.join(o).exists()) {
@@ -629,12 +633,13 @@ pub async fn serve_and_register(
                     tracing::info!(
                         "another agent of this node stopped; devices sent again, registering anew"
                     );
-                    settle = Some(tokio::time::Instant::now() + SETTLE);
+                    settle = Some((tokio::time::Instant::now() + SETTLE[0], 0));
                 } else {
                     tracing::info!(
                         "registering once more, in case the kubelet took the other agent's exit after"
                     );
-                    settle = None;
+                    let next = settle.map_or(SETTLE.len(), |(_, step)| step + 1);
+                    settle = SETTLE.get(next).map(|d| (tokio::time::Instant::now() + *d, next));
                 }
                 served.send_again();
                 earlier.push((stops, servers));

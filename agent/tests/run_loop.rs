@@ -313,10 +313,12 @@ async fn the_new_agent_of_a_rollout_serves_before_the_old_one_stops_and_sends_it
     let again =
         tokio::time::timeout(Duration::from_secs(2), stream.message()).await.expect("sent again within 2 s");
     assert_eq!(again.unwrap().unwrap().devices.len(), 100);
-    // Registered anew on a new socket, and once more a moment later (a kubelet that took the old
-    // agent's exit after the first stamped it stopped), each a fresh endpoint.
+    // Registered anew on a new socket, and once more 100 ms and a second later (a kubelet that took
+    // the old agent's exit after the one before stamped it stopped), each a fresh endpoint.
     assert_eq!(within(Duration::from_secs(2), &mut seen).await.endpoint, "nano-gpu.new.1.sock");
-    assert_eq!(within(Duration::from_secs(3), &mut seen).await.endpoint, "nano-gpu.new.2.sock");
+    assert_eq!(within(Duration::from_secs(1), &mut seen).await.endpoint, "nano-gpu.new.2.sock");
+    assert_eq!(within(Duration::from_secs(3), &mut seen).await.endpoint, "nano-gpu.new.3.sock");
+    registers_no_more(&mut seen, &new).await;
     assert!(dir.join("nano-gpu.new.sock").exists(), "the first sockets stay served");
 
     stop(stop_new, new).await;
