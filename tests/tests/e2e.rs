@@ -864,8 +864,12 @@ async fn the_system_works_on_real_nodes() {
         pods.get_opt("hog-10").await.unwrap().is_none()
     })
     .await;
-    let list = events.list(&ListParams::default().fields("involvedObject.name=hog-10")).await.unwrap();
-    assert!(list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrunEvicted")), "{list:?}");
+    // The allocator says so once the eviction went through: the pod (grace 0) can be gone first.
+    wait_until("hog-10's GpuMemoryOverrunEvicted event", Duration::from_secs(10), || async {
+        let list = events.list(&ListParams::default().fields("involvedObject.name=hog-10")).await.unwrap();
+        list.items.iter().any(|e| e.reason.as_deref() == Some("GpuMemoryOverrunEvicted"))
+    })
+    .await;
     wait_running(&pods, &["use-30".to_owned()], Duration::from_secs(5)).await;
 
     // Lifecycle. The agent DaemonSet rolls over while pods run: they keep their devices, nothing
