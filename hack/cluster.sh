@@ -294,6 +294,9 @@ start_kubelet() {
   local node=$1 k=$2 root=$DIR/nodes/$1 ip
   ip=$(node_ip "$k")
   bash "$ROOT/hack/control-plane.sh" client "$DIR" "kubelet-$node" "/O=system:nodes/CN=system:node:$node" "$CP_URL" >&2
+  # maxPods stays at the kubelet's default (110). At 60, a burst put 59 pods on one node, and the
+  # agent DaemonSet's rollout there made kube-scheduler preempt one of them for the new
+  # system-node-critical agent pod while the old one was still terminating.
   cat >"$root/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -318,10 +321,6 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
-# (The kubelet's default. At 60, a burst put 59 pods on one node, and the agent DaemonSet's rollout
-# there made kube-scheduler preempt one of them for the new system-node-critical agent pod while the
-# old one was still terminating.)
-maxPods: 110
 EOF
   # client.go at 2: the device manager's line for each device list a plugin sends ("State pushed
   # for device plugin"), which the tests read to tell when a restarted kubelet had our devices.
