@@ -86,7 +86,7 @@ pub struct Flags {
     /// NVML library to load.
     #[arg(long, env = "NANO_GPU_NVML_LIB", default_value = "libnvidia-ml.so.1")]
     pub nvml_lib: PathBuf,
-    /// Root of the sysfs tree for Intel cards.
+    /// Root of the sysfs tree: Intel cards, and the NUMA node of every card.
     #[arg(long, env = "NANO_GPU_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
     /// A JSON file describing fake cards (local clusters and demos) instead of NVML and sysfs.
@@ -228,7 +228,7 @@ impl Flags {
         match &self.fake_inventory {
             Some(path) => vec![Box::new(FakeFile { path: path.clone() })],
             None => vec![
-                Box::new(NvmlInventory::new(self.nvml_lib.clone())),
+                Box::new(NvmlInventory::new(self.nvml_lib.clone()).with_sysfs(self.sysfs_root.clone())),
                 Box::new(SysfsDrm::new(
                     self.sysfs_root.clone(),
                     self.dev_root.clone(),

@@ -66,7 +66,10 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
                 {"uuid": "GPU-a", "name": "Tesla T4", "memoryMiB": 15360, "temperature": 51, "powerW": 33.5},
                 {"uuid": "GPU-b", "name": "Tesla T4", "memoryMiB": 15360}
             ],
-            "processes": [{"card": 0, "pid": 4242, "memoryMiB": 2048, "sm": 30}],
+            "processes": [
+                {"card": 0, "pid": 4242, "memoryMiB": 2048, "sm": 30},
+                {"card": 1, "pid": 4343, "memoryMiB": 66, "mpsServer": true}
+            ],
             "processDir": procs,
         });
         std::fs::write(&config, doc.to_string()).unwrap();
@@ -76,7 +79,8 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     };
     let dir = Path::new(&config).parent().unwrap().to_owned();
     // This process takes 5,000 MiB and 10 % of card b, as long as it holds the lock, as an MPS
-    // client: NVML lists it apart from the card's other processes.
+    // client of the card's server (4343): NVML lists both with their own memory, and samples the
+    // client's work under the server's PID, as a real card does.
     let mut file = std::fs::File::create(dir.join("procs/me.json")).unwrap();
     file.lock().unwrap();
     file.write_all(br#"{"uuid":"GPU-b","memoryMiB":5000,"sm":10,"mps":true}"#).unwrap();
@@ -85,7 +89,8 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     let nvml = NvmlInventory::new(nano_gpu_tests::fake_nvml());
     let cards = nvml.cards().unwrap();
     let samples = nvml.sample().unwrap();
-    let card = |uuid: &str, index, used, util, temperature, power_mw, pid, sm| CardSample {
+    let seen = |pid, used, sm| ProcessSample { pid, memory: Some(MiB(used)), sm };
+    let card = |uuid: &str, index, used, util, temperature, power_mw, processes| CardSample {
         uuid: String::from(uuid),
         index,
         memory_used: MiB(used),
@@ -93,11 +98,14 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
         utilization: Some(util),
         temperature: Some(temperature),
         power_mw: Some(power_mw),
-        processes: vec![ProcessSample { pid, memory: Some(MiB(used)), sm: Some(sm) }],
+        processes,
     };
     assert_eq!(
         samples,
-        [card("GPU-a", 0, 2048, 30, 51, 33_500, 4242, 30), card("GPU-b", 1, 5000, 10, 40, 70_000, me, 10)]
+        [
+            card("GPU-a", 0, 2048, 30, 51, 33_500, vec![seen(4242, 2048, Some(30))]),
+            card("GPU-b", 1, 5066, 10, 40, 70_000, vec![seen(4343, 66, Some(10)), seen(me, 5000, None)]),
+        ]
     );
 
     let proc_root = dir.join("proc");
@@ -112,6 +120,8 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     .collect();
     let mut procs = Procs::new(&proc_root);
     let report = attribute(&samples, &cards, &residents, &mut procs, |_| 0);
+    // The MPS server runs in no pod with a share (the MPS daemons' own): its memory is nobody's.
+    assert_eq!(report.unattributed.iter().map(|u| (u.pid, u.memory)).collect::<Vec<_>>(), [(4343, MiB(66))]);
     let text = metrics::render(&report, "node-1", 0.0);
     let value = |series: &str| {
         text.lines().find_map(|l| l.strip_prefix(series)).map(str::trim).unwrap_or("absent").to_owned()
@@ -140,6 +150,7 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     // The process lets go of the card: its use is gone, as a CUDA context's is when it ends.
     file.unlock().unwrap();
     let after = nvml.sample().unwrap();
-    assert!(after[1].processes.is_empty() && after[1].memory_used == MiB(0), "{:?}", after[1]);
+    assert_eq!(after[1].processes, [seen(4343, 66, None)], "the server stays, idle");
+    assert_eq!(after[1].memory_used, MiB(66));
     assert_eq!(after[0].processes.len(), 1);
 }

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 /// cards last read, by index.
 pub struct NvmlInventory {
     lib: PathBuf,
+    /// Where the card's NUMA node is read (`<sysfs>/bus/pci/devices/<address>/numa_node`).
+    sysfs: PathBuf,
     state: Mutex<State>,
 }
 
@@ -43,11 +45,16 @@ fn started<'a>(nvml: &'a mut Option<Nvml>, lib: &std::path::Path) -> Result<&'a 
 impl NvmlInventory {
     /// NVML from `lib` (`libnvidia-ml.so.1` resolves through the loader's search path).
     pub fn new(lib: PathBuf) -> Self {
-        NvmlInventory { lib, state: Mutex::new(State::default()) }
+        NvmlInventory { lib, sysfs: PathBuf::from("/sys"), state: Mutex::new(State::default()) }
+    }
+
+    /// The same, reading NUMA nodes from the sysfs tree at `root` (the host's `/sys`).
+    pub fn with_sysfs(self, root: PathBuf) -> Self {
+        NvmlInventory { sysfs: root, ..self }
     }
 
     /// Card `index`, or why it cannot be read.
-    fn card(nvml: &Nvml, index: u32) -> Result<Card, String> {
+    fn card(nvml: &Nvml, sysfs: &std::path::Path, index: u32) -> Result<Card, String> {
         let d = nvml.device_by_index(index).map_err(|e| format!("device {index}: {e}"))?;
         let field = |what: &str, e: nvml_wrapper::error::NvmlError| format!("device {index} {what}: {e}");
         let uuid = d.uuid().map_err(|e| field("uuid", e))?;
@@ -56,7 +63,10 @@ impl NvmlInventory {
         let pci_address = d.pci_info().ok().map(|p| p.bus_id);
         // A card without MIG answers "not supported"; only a card that says so is in MIG mode.
         let mig = d.mig_mode().is_ok_and(|m| m.current == 1);
-        Ok(Card { mig, ..Card::nvidia(index, uuid, model, MiB(memory), pci_address) })
+        let numa = pci_address.as_deref().and_then(|a| numa_node(sysfs, a));
+        let mut card = Card { mig, ..Card::nvidia(index, uuid, model, MiB(memory), pci_address) };
+        card.info.numa = numa;
+        Ok(card)
     }
 
     fn invalid(&self, message: impl std::fmt::Display) -> InventoryError {
@@ -123,6 +133,17 @@ impl NvmlInventory {
     }
 }
 
+/// The NUMA node of the PCI device NVML names `bus_id` (`00000000:3B:00.0`: an 8-digit domain,
+/// upper case), from sysfs (`0000:3b:00.0`); `None` where sysfs has no such device or says `-1` (a
+/// machine with one NUMA node, or firmware that does not tell).
+fn numa_node(sysfs: &std::path::Path, bus_id: &str) -> Option<u32> {
+    let (domain, rest) = bus_id.split_once(':')?;
+    let domain = domain.get(domain.len().checked_sub(4)?..)?;
+    let address = format!("{domain}:{rest}").to_ascii_lowercase();
+    let text = std::fs::read_to_string(sysfs.join("bus/pci/devices").join(address).join("numa_node")).ok()?;
+    text.trim().parse().ok()
+}
+
 impl GpuInventory for NvmlInventory {
     fn name(&self) -> &'static str {
         "nvml"
@@ -136,7 +157,7 @@ impl GpuInventory for NvmlInventory {
         state.last.resize(count as usize, None);
         let mut cards = Vec::with_capacity(count as usize);
         for (index, last) in (0..count).zip(state.last.iter_mut()) {
-            match Self::card(nvml, index) {
+            match Self::card(nvml, &self.sysfs, index) {
                 Ok(card) => {
                     if last.as_ref().is_some_and(|c| c.fault.is_some()) {
                         tracing::info!(gpu = %card.info.uuid, "card readable again");
@@ -177,5 +198,29 @@ impl GpuInventory for NvmlInventory {
             }
         }
         Ok(samples)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::numa_node;
+
+    #[test]
+    fn the_numa_node_is_read_from_sysfs_at_the_address_nvml_names() {
+        let root = std::env::temp_dir().join(format!("nano-gpu-numa-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let device = |address: &str, numa: &str| {
+            let dir = root.join("bus/pci/devices").join(address);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("numa_node"), numa).unwrap();
+        };
+        device("0000:3b:00.0", "1\n");
+        device("0000:af:00.0", "-1\n");
+        assert_eq!(numa_node(&root, "00000000:3B:00.0"), Some(1));
+        assert_eq!(numa_node(&root, "00000000:AF:00.0"), None, "-1: the firmware does not tell");
+        assert_eq!(numa_node(&root, "00000000:01:00.0"), None, "no such device");
+        assert_eq!(numa_node(&root, "garbage"), None);
+        assert_eq!(numa_node(&root, "0:01:00.0"), None, "a domain shorter than sysfs's");
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -18,10 +18,14 @@
 //! as a CUDA context's does. `tests/src/bin/gpu-use.rs` is such a process. A card's used memory is
 //! the sum of its processes', its utilisation the sum of their SM shares (at most 100), and each
 //! process with SM work has one utilisation sample per call, stamped with the time of the call.
-//! A process marked `"mps": true` (listed or live) is an MPS client: as on Volta and newer under
-//! MPS, `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists it, with its own memory, and
-//! `nvmlDeviceGetComputeRunningProcesses_v3` does not.
-//! `"temperature"` (°C, default 40) and `"powerW"` (default 70) are per card. A card with
+//! A process marked `"mps": true` (listed or live) is an MPS client and one marked `"mpsServer": true`
+//! its card's MPS server, as a real card under MPS showed them (an H200, driver 580.159.04:
+//! `hack/gpu-check.sh`): `nvmlDeviceGetComputeRunningProcesses_v3` lists the server and every client,
+//! each with its own memory; `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists the clients alone; and
+//! the clients' work is sampled under the server's PID (`nvmlDeviceGetProcessUtilization` gives a
+//! client no sample of its own, and the server the sum of its clients' SM shares, at most 100).
+//! `"temperature"` (°C, default 40), `"powerW"` (default 70) and `"computeCapability"` (default
+//! `"7.5"`) are per card. A card with
 //! `"mig": true` is in MIG mode; the others answer `NVML_ERROR_NOT_SUPPORTED` to the MIG mode query,
 //! as cards without MIG do.
 //!
@@ -55,6 +59,8 @@ struct Card {
     temperature: u32,
     power_mw: u32,
     mig: bool,
+    /// CUDA compute capability (major, minor).
+    capability: (i32, i32),
 }
 
 /// A compute process on a card.
@@ -64,6 +70,7 @@ struct Process {
     memory_mib: u64,
     sm: u32,
     mps: bool,
+    mps_server: bool,
 }
 
 static CARDS: Mutex<Option<Vec<Card>>> = Mutex::new(None);
@@ -108,6 +115,7 @@ fn load() -> Vec<Card> {
                     memory_mib: n("memoryMiB"),
                     sm: n("sm") as u32,
                     mps: p["mps"].as_bool().unwrap_or(false),
+                    mps_server: p["mpsServer"].as_bool().unwrap_or(false),
                 },
             )
         });
@@ -129,6 +137,11 @@ fn load() -> Vec<Card> {
             temperature: c["temperature"].as_u64().unwrap_or(40) as u32,
             power_mw: (c["powerW"].as_f64().unwrap_or(70.0) * 1000.0) as u32,
             mig: c["mig"].as_bool().unwrap_or(false),
+            capability: c["computeCapability"]
+                .as_str()
+                .and_then(|v| v.split_once('.'))
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                .unwrap_or((7, 5)),
         })
         .collect()
 }
@@ -178,6 +191,7 @@ fn live(dir: &str, uuid: &str) -> Vec<Process> {
                 memory_mib: doc["memoryMiB"].as_u64().unwrap_or(0),
                 sm: doc["sm"].as_u64().unwrap_or(0) as u32,
                 mps: doc["mps"].as_bool().unwrap_or(false),
+                mps_server: doc["mpsServer"].as_bool().unwrap_or(false),
             })
         })
         .collect()
@@ -273,6 +287,26 @@ pub extern "C" fn nvmlErrorString(_result: nvmlReturn_t) -> *const c_char {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
     unsafe { write_c_string("550.54.15", version, length) }
+}
+
+/// NVML's version: the CUDA major version, then the driver's (`13.580.159.04` on driver 580.159.04).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    unsafe { write_c_string("12.550.54.15", version, length) }
+}
+
+/// The CUDA version the driver supports, as 1000 × major + 10 × minor (driver 550: CUDA 12.4).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
+    version: *mut std::os::raw::c_int,
+) -> nvmlReturn_t {
+    match unsafe { version.as_mut() } {
+        Some(v) => {
+            *v = 12040;
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        None => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -416,6 +450,21 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut std::os::raw::c_int,
+    minor: *mut std::os::raw::c_int,
+) -> nvmlReturn_t {
+    if major.is_null() || minor.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    status(with_card(device, |c| c.capability), |(a, b)| unsafe {
+        *major = a;
+        *minor = b;
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: nvmlDevice_t,
     current: *mut c_uint,
@@ -539,14 +588,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     unsafe { process_infos(device, true, count, infos) }
 }
 
-/// The processes of the card behind `device` that are MPS clients (`mps`) or not, NVML's way.
+/// The compute processes of the card behind `device` (MPS clients and servers among them), or its MPS
+/// clients alone (`mps_clients`), NVML's way.
 unsafe fn process_infos(
     device: nvmlDevice_t,
-    mps: bool,
+    mps_clients: bool,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    match card_processes(device).map(|all| all.into_iter().filter(|p| p.mps == mps).collect::<Vec<_>>()) {
+    match card_processes(device)
+        .map(|all| all.into_iter().filter(|p| p.mps || !mps_clients).collect::<Vec<_>>())
+    {
         Ok(p) => unsafe {
             fill(&p, count, infos, |p| nvmlProcessInfo_t {
                 pid: p.pid,
@@ -569,10 +621,18 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
-    let busy: Vec<Process> = match card_processes(device) {
-        Ok(p) => p.into_iter().filter(|p| p.sm > 0 && now > last_seen).collect(),
+    let processes = match card_processes(device) {
+        Ok(p) => p,
         Err(e) => return e,
     };
+    // MPS clients' work is the server's: it is sampled under the server's PID, theirs has none.
+    let clients: u32 = processes.iter().filter(|p| p.mps).map(|p| p.sm).sum();
+    let busy: Vec<Process> = processes
+        .iter()
+        .filter(|p| !p.mps)
+        .map(|p| if p.mps_server { Process { sm: (p.sm + clients).min(100), ..*p } } else { *p })
+        .filter(|p| p.sm > 0 && now > last_seen)
+        .collect();
     // As NVML: no sample since `last_seen` is NOT_FOUND.
     if busy.is_empty() {
         return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
@@ -598,7 +658,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     };
     status(card_processes(device), |p| {
-        u.gpu = p.iter().map(|p| p.sm).sum::<u32>().min(100);
+        // An MPS server's own share is its clients': counted once.
+        u.gpu = p.iter().filter(|p| !p.mps_server).map(|p| p.sm).sum::<u32>().min(100);
         u.memory = 0;
     })
 }

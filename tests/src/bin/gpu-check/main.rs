@@ -1,0 +1,894 @@
+//! `gpu-check`: what a real NVIDIA card and driver answer to the agent's own code paths, as one JSON
+//! report (`hack/gpu-check.sh` runs it on a machine with a card; a test runs it against the fake
+//! NVML, where the parts that need CUDA are skipped with the reason).
+//!
+//! Each section runs on its own, and one that fails says why without stopping the others:
+//! - `environment`: kernel, driver, NVML and CUDA versions, the user, cgroup v2;
+//! - `inventory`: the agent's NVML inventory (the node's code path) beside `nvidia-smi --query-gpu`;
+//! - `xid`: whether critical-XID events can be registered on every card (the agent's watcher);
+//! - `usage`: a CUDA process (PyTorch, `client.py`) holding a known allocation and running a known
+//!   load, as the agent's sampler sees it under its PID, and gone after it exits; the sampler's own
+//!   CPU and memory;
+//! - `memory_limit`: whether the driver's NVML has `nvmlDeviceSetMemoryLimits_v1`, and if it has, an
+//!   allocation past a cgroup's limit fails in that cgroup;
+//! - `mps`: the agent's MPS supervisor starts a control daemon for the card, two clients with the
+//!   device plugin's MPS envs run side by side, and what a tenant could do: raise its limits above
+//!   the daemon's defaults, command the daemon as another user, run beside another user's client.
+
+use nano_gpu_agent::enforce::{Enforcement, Share, mps};
+use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
+use nano_gpu_proto::annotations::{NodeInventory, node_labels};
+use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;
+use nano_gpu_proto::units::MiB;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const CLIENT: &str = include_str!("client.py");
+/// The user the unprivileged tries run as (`nobody`).
+const NOBODY: u32 = 65534;
+
+struct Args {
+    nvml_lib: PathBuf,
+    out: PathBuf,
+    python: String,
+    nvidia_smi: String,
+    mps_control: Option<PathBuf>,
+    work: PathBuf,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        nvml_lib: PathBuf::from("libnvidia-ml.so.1"),
+        out: PathBuf::from("gpu-check-out"),
+        python: "python3".into(),
+        nvidia_smi: "nvidia-smi".into(),
+        mps_control: None,
+        work: std::env::temp_dir().join("nano-gpu-check"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--nvml-lib" => a.nvml_lib = value()?.into(),
+            "--out" => a.out = value()?.into(),
+            "--python" => a.python = value()?,
+            "--nvidia-smi" => a.nvidia_smi = value()?,
+            "--mps-control" => a.mps_control = Some(value()?.into()),
+            "--work" => a.work = value()?.into(),
+            other => {
+                return Err(format!(
+                    "unknown argument {other}; takes --nvml-lib, --out, --python, --nvidia-smi, \
+                     --mps-control, --work"
+                ));
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// Where the raw outputs go (`raw.log` under `--out`): every client's lines, every control command.
+#[derive(Clone)]
+struct Raw(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+
+impl Raw {
+    fn line(&self, what: &str, text: &str) {
+        if let Ok(mut f) = self.0.lock() {
+            let _ = writeln!(f, "[{what}] {text}");
+        }
+    }
+}
+
+fn main() {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu-check: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&args.out).and_then(|_| std::fs::create_dir_all(&args.work)) {
+        eprintln!("gpu-check: {} or {}: {e}", args.out.display(), args.work.display());
+        std::process::exit(2);
+    }
+    let raw = match std::fs::File::create(args.out.join("raw.log")) {
+        Ok(f) => Raw(std::sync::Arc::new(std::sync::Mutex::new(f))),
+        Err(e) => {
+            eprintln!("gpu-check: raw.log: {e}");
+            std::process::exit(2);
+        }
+    };
+    nano_gpu_runtime::init_logging(false);
+    let started = Instant::now();
+    let client = args.work.join("client.py");
+    let torch = std::fs::write(&client, CLIENT)
+        .map_err(|e| format!("{}: {e}", client.display()))
+        .and_then(|_| torch_version(&args.python));
+    let ctx = Ctx { args: &args, raw, client, torch: torch.clone() };
+    let mut report = serde_json::Map::new();
+    report.insert("torch".into(), json!(torch.clone().map_err(|e| json!({"error": e})).map(Value::from)));
+    let sections: [(&str, Section); 6] = [
+        ("environment", environment),
+        ("inventory", inventory),
+        ("xid", xid),
+        ("usage", usage),
+        ("memory_limit", memory_limit),
+        ("mps", mps_section),
+    ];
+    for (name, section) in sections {
+        let at = Instant::now();
+        eprintln!("gpu-check: {name}…");
+        let mut value = match section(&ctx) {
+            Ok(v) => v,
+            Err(e) if e.starts_with("skipped") => json!({"ok": null, "reason": e}),
+            Err(e) => json!({"ok": false, "error": e}),
+        };
+        if let Value::Object(o) = &mut value {
+            o.insert("seconds".into(), json!(at.elapsed().as_secs_f64()));
+        }
+        eprintln!("gpu-check: {name}: {value}");
+        report.insert(name.into(), value);
+        // Kept as it grows: a check cut off at its time limit still leaves what it found.
+        let _ = std::fs::write(args.out.join("report.json"), Value::Object(report.clone()).to_string());
+    }
+    report.insert("seconds".into(), json!(started.elapsed().as_secs_f64()));
+    let text = serde_json::to_string_pretty(&Value::Object(report)).unwrap_or_default();
+    let _ = std::fs::write(args.out.join("report.json"), &text);
+    println!("{text}");
+}
+
+/// One part of the report: its JSON, or why it could not run.
+type Section = fn(&Ctx) -> Result<Value, String>;
+
+struct Ctx<'a> {
+    args: &'a Args,
+    raw: Raw,
+    client: PathBuf,
+    /// PyTorch's version, or why the CUDA client cannot run.
+    torch: Result<String, String>,
+}
+
+impl Ctx<'_> {
+    /// Why the CUDA client cannot run, if it cannot.
+    fn need_torch(&self) -> Result<(), String> {
+        self.torch.as_ref().map(|_| ()).map_err(|e| format!("skipped: {e}"))
+    }
+
+    fn nvml(&self) -> Result<nvml_wrapper::Nvml, String> {
+        nvml_wrapper::Nvml::builder()
+            .lib_path(self.args.nvml_lib.as_os_str())
+            .init()
+            .map_err(|e| format!("NVML from {}: {e}", self.args.nvml_lib.display()))
+    }
+}
+
+fn torch_version(python: &str) -> Result<String, String> {
+    let out = Command::new(python)
+        .args(["-c", "import torch; print(torch.__version__, torch.cuda.is_available())"])
+        .output()
+        .map_err(|e| format!("{python}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    match text.split_once(' ') {
+        Some((v, "True")) => Ok(v.to_owned()),
+        Some((v, _)) => Err(format!("{python}'s torch {v} sees no CUDA device")),
+        None => Err(format!("{python} has no torch: {}", String::from_utf8_lossy(&out.stderr).trim())),
+    }
+}
+
+fn environment(ctx: &Ctx) -> Result<Value, String> {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).unwrap_or_default();
+    let uid = read("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next().unwrap_or("").to_owned()));
+    let nvml = ctx.nvml()?;
+    let text =
+        |r: Result<String, nvml_wrapper::error::NvmlError>| r.unwrap_or_else(|e| format!("error: {e}"));
+    Ok(json!({
+        "ok": true,
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "machine": std::env::consts::ARCH,
+        "uid": uid,
+        "cgroup_v2": Path::new("/sys/fs/cgroup/cgroup.controllers").is_file(),
+        "cgroup": read("/proc/self/cgroup"),
+        "driver": text(nvml.sys_driver_version()),
+        "nvml": text(nvml.sys_nvml_version()),
+        "cuda_driver": text(nvml.sys_cuda_driver_version().map(|v| v.to_string())),
+    }))
+}
+
+/// `nvidia-smi --query-gpu` rows, by index: (field, value).
+fn smi_rows(program: &str, raw: &Raw) -> Result<Vec<HashMap<&'static str, String>>, String> {
+    const FIELDS: [&str; 7] =
+        ["index", "uuid", "name", "memory.total", "pci.bus_id", "compute_cap", "mig.mode.current"];
+    let out = Command::new(program)
+        .arg(format!("--query-gpu={}", FIELDS.join(",")))
+        .args(["--format=csv,noheader,nounits"])
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    raw.line("nvidia-smi", &format!("{text}{}", String::from_utf8_lossy(&out.stderr)));
+    if !out.status.success() {
+        return Err(format!("{program} --query-gpu: {}", out.status));
+    }
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| FIELDS.iter().copied().zip(l.split(',').map(|v| v.trim().to_owned())).collect())
+        .collect())
+}
+
+fn inventory(ctx: &Ctx) -> Result<Value, String> {
+    let agent = NvmlInventory::new(ctx.args.nvml_lib.clone());
+    let cards = agent.cards().map_err(|e| e.to_string())?;
+    let nvml = ctx.nvml()?;
+    let smi = smi_rows(&ctx.args.nvidia_smi, &ctx.raw);
+    let mut differences = Vec::new();
+    let mut listed = Vec::new();
+    for card in &cards {
+        let i = &card.info;
+        let device = nvml.device_by_index(i.index).map_err(|e| e.to_string())?;
+        let cc = device.cuda_compute_capability().map(|c| format!("{}.{}", c.major, c.minor)).ok();
+        let bytes = device.memory_info().map(|m| m.total).ok();
+        listed.push(json!({
+            "index": i.index, "uuid": i.uuid, "model": i.model, "memory_mib": i.memory_mib.0,
+            "memory_bytes": bytes, "pci": card.pci_address, "numa": i.numa, "mig": card.mig,
+            "healthy": i.healthy, "fault": card.fault, "compute_capability": cc,
+        }));
+        let Ok(rows) = &smi else { continue };
+        let Some(row) = rows.iter().find(|r| r.get("index") == Some(&i.index.to_string())) else {
+            differences.push(format!("card {}: nvidia-smi does not list it", i.index));
+            continue;
+        };
+        let mut compare = |field: &str, ours: String| {
+            let theirs = row.get(field).cloned().unwrap_or_default();
+            if theirs != ours {
+                differences.push(format!("card {} {field}: agent {ours:?}, nvidia-smi {theirs:?}", i.index));
+            }
+        };
+        compare("uuid", i.uuid.clone());
+        compare("name", i.model.clone());
+        compare("memory.total", i.memory_mib.0.to_string());
+        compare("pci.bus_id", card.pci_address.clone().unwrap_or_default());
+        compare("compute_cap", cc.unwrap_or_default());
+        // A card without MIG says `[N/A]`, one with MIG turned off `Disabled`: both are "not in MIG mode".
+        let mig = row.get("mig.mode.current").map(String::as_str);
+        if mig != Some("[N/A]") || card.mig {
+            compare("mig.mode.current", if card.mig { "Enabled" } else { "Disabled" }.into());
+        }
+    }
+    if let Ok(rows) = &smi
+        && rows.len() != cards.len()
+    {
+        differences.push(format!("the agent lists {} cards, nvidia-smi {}", cards.len(), rows.len()));
+    }
+    // What a node with these cards publishes (`nano-gpu-agent inventory` prints the same).
+    let published = NodeInventory::new(cards.iter().map(|c| c.info.clone()).collect());
+    Ok(json!({
+        "ok": smi.is_ok() && differences.is_empty() && !cards.is_empty(),
+        "annotation": published.encode(),
+        "labels": node_labels(&published),
+        "cards": listed,
+        "nvidia_smi": smi.as_ref().map(|_| "compared").map_err(|e| e.clone()),
+        "differences": differences,
+    }))
+}
+
+fn xid(ctx: &Ctx) -> Result<Value, String> {
+    let health = nano_gpu_agent::health::Health::new(Duration::from_secs(60));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let lib = ctx.args.nvml_lib.clone();
+    let result = std::thread::scope(|s| {
+        let watcher = s.spawn(|| nano_gpu_agent::health::watch_xids(&lib, &health, &stop));
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until && !watcher.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        watcher.join().unwrap_or_else(|_| Err("the watcher panicked".into()))
+    });
+    Ok(match result {
+        Ok(()) => json!({"ok": true, "registered": "critical XID events on every card; 2 s waited"}),
+        Err(e) => json!({"ok": false, "registered": false, "error": e}),
+    })
+}
+
+/// A running CUDA client and the lines it printed, each with when it arrived.
+struct Client {
+    name: String,
+    child: Child,
+    lines: mpsc::Receiver<(Instant, Value)>,
+    seen: Vec<(Instant, Value)>,
+}
+
+impl Client {
+    fn start(
+        ctx: &Ctx,
+        name: &str,
+        spec: Value,
+        env: &[(String, String)],
+        uid: Option<u32>,
+    ) -> Result<Client, String> {
+        let mut cmd = Command::new(&ctx.args.python);
+        cmd.arg(&ctx.client).arg(spec.to_string()).envs(env.iter().cloned());
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid).env("HOME", "/tmp");
+        }
+        Self::spawn(ctx, name, cmd)
+    }
+
+    fn spawn(ctx: &Ctx, name: &str, mut cmd: Command) -> Result<Client, String> {
+        let mut child = cmd.spawn().map_err(|e| format!("{name}: {e}"))?;
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let tag = format!("{name} pid {}", child.id());
+        let (t1, t2) = (tag.clone(), tag);
+        let (log_out, log_err) = (ctx.raw.clone(), ctx.raw.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                log_out.line(&t1, &line);
+                let value =
+                    serde_json::from_str(&line).unwrap_or_else(|_| json!({"event": "text", "text": line}));
+                let _ = tx.send((Instant::now(), value));
+            }
+        });
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                log_err.line(&format!("{t2} stderr"), &line);
+            }
+        });
+        Ok(Client { name: name.into(), child, lines, seen: Vec::new() })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `within` for a line with `event` (or `error`), keeping every line.
+    fn wait_for(&mut self, event: &str, within: Duration) -> Result<Value, String> {
+        let until = Instant::now() + within;
+        if let Some((_, v)) = self.seen.iter().find(|(_, v)| v["event"] == event) {
+            return Ok(v.clone());
+        }
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((at, v)) => {
+                    self.seen.push((at, v.clone()));
+                    if v["event"] == event {
+                        return Ok(v);
+                    }
+                    if v["event"] == "error" {
+                        return Err(format!("{}: {}", self.name, v["error"]));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!("{}: no {event:?} within {within:?}", self.name));
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                    return Err(format!("{}: ended ({status}) before {event:?}", self.name));
+                }
+            }
+        }
+    }
+
+    /// When the line with `event` arrived.
+    fn arrived(&self, event: &str) -> Option<Instant> {
+        self.seen.iter().find(|(_, v)| v["event"] == event).map(|(at, _)| *at)
+    }
+
+    /// Every `try` line: (MiB, ok).
+    fn tries(&self) -> Vec<Value> {
+        self.seen.iter().filter(|(_, v)| v["event"] == "try").map(|(_, v)| v.clone()).collect()
+    }
+
+    /// Waits for the end (killing it after `within`) and keeps what it printed.
+    fn finish(&mut self, within: Duration) -> Result<(), String> {
+        let _ = self.wait_for("done", within);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err(format!("{} did not end; killed", self.name))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// This process's CPU time so far (user and system), from `/proc/self/stat` (USER_HZ, 100 on Linux).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// `VmRSS` and `VmHWM` of this process, in KiB.
+fn memory_kib() -> Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    json!({"rss_kib": field("VmRSS:"), "peak_rss_kib": field("VmHWM:")})
+}
+
+/// One sampling pass of the agent's sampler, as JSON: per card, its use and its processes.
+fn sampled(samples: &[nano_gpu_agent::inventory::CardSample]) -> Value {
+    json!(samples
+        .iter()
+        .map(|s| json!({
+            "uuid": s.uuid, "memory_used_mib": s.memory_used.0, "utilization": s.utilization,
+            "temperature": s.temperature, "power_mw": s.power_mw,
+            "processes": s.processes.iter().map(|p| json!({"pid": p.pid, "memory_mib": p.memory.map(|m| m.0), "sm": p.sm})).collect::<Vec<_>>(),
+        }))
+        .collect::<Vec<_>>())
+}
+
+/// NVML's own process lists of every card, read directly (not through the agent): which PIDs the
+/// compute list, the MPS list and the utilisation samples name, and `nvidia-smi`'s compute apps.
+fn nvml_lists(ctx: &Ctx) -> Value {
+    let Ok(nvml) = ctx.nvml() else { return Value::Null };
+    let count = nvml.device_count().unwrap_or(0);
+    let cards: Vec<Value> = (0..count)
+        .map(|i| {
+            let Ok(d) = nvml.device_by_index(i) else { return Value::Null };
+            let list = |r: Result<
+                Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>,
+                nvml_wrapper::error::NvmlError,
+            >| match r {
+                Ok(ps) => json!(
+                    ps.iter()
+                        .map(|p| json!({"pid": p.pid, "used": format!("{:?}", p.used_gpu_memory)}))
+                        .collect::<Vec<_>>()
+                ),
+                Err(e) => json!({"error": e.to_string()}),
+            };
+            let samples = match d.process_utilization_stats(None) {
+                Ok(ss) => json!(
+                    ss.iter()
+                        .map(|s| json!({"pid": s.pid, "sm": s.sm_util, "mem": s.mem_util, "ts": s.timestamp}))
+                        .collect::<Vec<_>>()
+                ),
+                Err(e) => json!({"error": e.to_string()}),
+            };
+            json!({
+                "compute": list(d.running_compute_processes()),
+                "mps": list(d.mps_running_compute_processes()),
+                "utilization_samples": samples,
+            })
+        })
+        .collect();
+    let smi = Command::new(&ctx.args.nvidia_smi)
+        .args(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|e| e.to_string());
+    json!({"cards": cards, "nvidia_smi_compute_apps": smi})
+}
+
+/// The process `pid` in a sampling pass: (memory MiB, SM %).
+fn process_in(
+    samples: &[nano_gpu_agent::inventory::CardSample],
+    pid: u32,
+) -> Option<(Option<u64>, Option<u32>)> {
+    samples.iter().flat_map(|s| &s.processes).find(|p| p.pid == pid).map(|p| (p.memory.map(|m| m.0), p.sm))
+}
+
+fn usage(ctx: &Ctx) -> Result<Value, String> {
+    ctx.need_torch()?;
+    const HELD: u64 = 1024;
+    let sampler = NvmlInventory::new(ctx.args.nvml_lib.clone());
+    let before = sampler.sample().map_err(|e| e.to_string())?;
+    let mut client = Client::start(ctx, "usage", json!({"alloc_mib": HELD, "load_s": 8}), &[], None)?;
+    let init = client.wait_for("init", Duration::from_secs(90))?;
+    client.wait_for("loaded", Duration::from_secs(30))?;
+    let pid = client.pid();
+    let (cpu0, wall0) = (cpu_seconds(), Instant::now());
+    let mut passes = Vec::new();
+    let (mut memory, mut sm, mut card_util) = (None::<u64>, 0u32, 0u32);
+    let mut all_pids = std::collections::BTreeSet::new();
+    let pass_times = std::cell::RefCell::new(Vec::new());
+    let timed = || {
+        let at = Instant::now();
+        let s = sampler.sample();
+        pass_times.borrow_mut().push(at.elapsed().as_secs_f64() * 1000.0);
+        s
+    };
+    for _ in 0..12 {
+        let s = timed().map_err(|e| e.to_string())?;
+        all_pids.extend(s.iter().flat_map(|c| c.processes.iter().map(|p| p.pid)));
+        if let Some((m, u)) = process_in(&s, pid) {
+            memory = memory.max(m);
+            sm = sm.max(u.unwrap_or(0));
+        }
+        card_util = card_util.max(s.iter().filter_map(|c| c.utilization).max().unwrap_or(0));
+        passes.push(sampled(&s));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let lists = nvml_lists(ctx);
+    let cpu = cpu0.zip(cpu_seconds()).map(|(a, b)| b - a);
+    let wall = wall0.elapsed().as_secs_f64();
+    let resources = json!({
+        "passes": pass_times.borrow().len(), "pass_ms": *pass_times.borrow(),
+        "cpu_seconds": cpu, "wall_seconds": wall, "memory": memory_kib(),
+    });
+    let _ = client.finish(Duration::from_secs(30));
+    let ended = Instant::now();
+    let mut gone_after = None;
+    while ended.elapsed() < Duration::from_secs(10) {
+        let s = timed().map_err(|e| e.to_string())?;
+        if process_in(&s, pid).is_none() {
+            gone_after = Some(ended.elapsed().as_secs_f64());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let in_range = memory.is_some_and(|m| (HELD..HELD + 2048).contains(&m));
+    Ok(json!({
+        "ok": in_range && sm > 0 && gone_after.is_some(),
+        "client": init, "host_pid": pid,
+        "seen_memory_mib": memory, "held_mib": HELD, "seen_sm_max": sm, "card_utilization_max": card_util,
+        "pids_seen": all_pids, "gone_after_s": gone_after,
+        "before": sampled(&before), "passes": passes, "sampler": resources, "nvml_lists": lists,
+    }))
+}
+
+/// What the driver's per-cgroup memory limit does here.
+fn memory_limit(ctx: &Ctx) -> Result<Value, String> {
+    let lib = match nano_gpu_nvml_limits::Library::open(&ctx.args.nvml_lib) {
+        Ok(l) => l,
+        Err(e) => return Ok(json!({"ok": null, "available": false, "reason": e})),
+    };
+    let root = Path::new("/sys/fs/cgroup");
+    if !root.join("cgroup.controllers").is_file() {
+        return Ok(json!({"ok": null, "available": true, "reason": "no cgroup v2 at /sys/fs/cgroup"}));
+    }
+    let cgroup = root.join(format!("nano-gpu-check-{}", std::process::id()));
+    std::fs::create_dir_all(&cgroup).map_err(|e| format!("{}: {e}", cgroup.display()))?;
+    let uuid = NvmlInventory::new(ctx.args.nvml_lib.clone())
+        .cards()
+        .map_err(|e| e.to_string())?
+        .first()
+        .map(|c| c.info.uuid.clone())
+        .ok_or("no card")?;
+    const LIMIT: u64 = 2048 << 20;
+    let set = lib.set(&uuid, &cgroup, LIMIT, LIMIT);
+    let mut result = json!({"available": true, "cgroup": cgroup, "limit_mib": LIMIT >> 20, "set": set.clone().map(|_| "accepted")});
+    if set.is_ok() && ctx.need_torch().is_ok() {
+        // The client enters the cgroup before CUDA starts: a shell writes itself there, then runs it.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$@\"")
+            .arg(&cgroup)
+            .arg(&ctx.args.python)
+            .arg(&ctx.client)
+            .arg(json!({"try_mib": [1024, 4096]}).to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut client = Client::spawn(ctx, "memory-limit", cmd)?;
+        let init = client.wait_for("init", Duration::from_secs(90));
+        let _ = client.finish(Duration::from_secs(60));
+        let tries = client.tries();
+        let held =
+            tries.first().is_some_and(|t| t["ok"] == true) && tries.get(1).is_some_and(|t| t["ok"] == false);
+        result["client"] = json!(init);
+        result["tries"] = json!(tries);
+        result["ok"] = json!(held);
+    } else {
+        result["ok"] = json!(set.is_ok());
+    }
+    let _ = std::fs::remove_dir(&cgroup);
+    Ok(result)
+}
+
+/// `nvidia-cuda-mps-control`: the one asked for, else the first on the PATH or in the driver's usual
+/// folders.
+fn find_mps_control(asked: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = asked {
+        return Some(p.to_owned());
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin", "/usr/local/cuda/bin"])
+        .map(|d| Path::new(d).join("nvidia-cuda-mps-control"))
+        .find(|p| p.is_file())
+}
+
+/// The MPS part: the control program, the layout, the card.
+struct Mps<'a> {
+    ctx: &'a Ctx<'a>,
+    program: PathBuf,
+    layout: mps::Layout,
+    uuid: String,
+}
+
+impl Mps<'_> {
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("CUDA_MPS_PIPE_DIRECTORY".into(), self.layout.pipe(&self.uuid).display().to_string()),
+            ("CUDA_MPS_LOG_DIRECTORY".into(), self.layout.log(&self.uuid).display().to_string()),
+        ]
+    }
+
+    /// The control program run as `uid` (root: `None`) with `commands` on its input; its answer.
+    fn control(&self, commands: &str, uid: Option<u32>) -> Value {
+        let mut cmd = Command::new(&self.program);
+        cmd.envs(self.env()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
+        let answer = (|| {
+            let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+            if let Some(mut input) = child.stdin.take() {
+                let _ = input.write_all(commands.as_bytes());
+            }
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                    let mut out = String::new();
+                    let mut err = String::new();
+                    use std::io::Read;
+                    if let Some(mut o) = child.stdout.take() {
+                        let _ = o.read_to_string(&mut out);
+                    }
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    return Ok(json!({"status": status.code(), "stdout": out.trim(), "stderr": err.trim()}));
+                }
+                if Instant::now() > until {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("no answer in 10 s; killed".to_owned());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })();
+        let value = match answer {
+            Ok(v) => v,
+            Err(e) => json!({"error": e}),
+        };
+        self.ctx.raw.line("mps-control", &format!("uid {uid:?} {commands:?} -> {value}"));
+        json!({"commands": commands.trim(), "uid": uid.unwrap_or(0), "answer": value})
+    }
+
+    /// A client with the device plugin's MPS environment for a share of `percent` and `memory` MiB.
+    fn client(&self, name: &str, share: (u32, u64), spec: Value, uid: Option<u32>) -> Result<Client, String> {
+        let mut response = ContainerAllocateResponse::default();
+        let share = Share { percent: share.0, memory: MiB(share.1) };
+        Enforcement::Mps(self.layout.clone()).limit(&self.uuid, share, &mut response);
+        // In a container the card's pipe directory is mounted where the envs say; here it is read
+        // where it is.
+        let mut env: Vec<(String, String)> =
+            response.envs.into_iter().filter(|(k, _)| k != "CUDA_MPS_PIPE_DIRECTORY").collect();
+        env.extend(self.env());
+        Client::start(self.ctx, name, spec, &env, uid)
+    }
+
+    /// The MPS servers the daemon lists (`get_server_list`).
+    fn servers(&self) -> Vec<String> {
+        let answer = self.control("get_server_list\n", None);
+        answer["answer"]["stdout"].as_str().unwrap_or("").split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// Shuts every server down and waits (up to 15 s) until none is listed.
+    fn shut_servers(&self) -> Value {
+        let servers = self.servers();
+        for s in &servers {
+            self.control(&format!("shutdown_server {s}\n"), None);
+        }
+        let until = Instant::now() + Duration::from_secs(15);
+        while !self.servers().is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        json!({"shut": servers, "left": self.servers()})
+    }
+}
+
+fn mps_section(ctx: &Ctx) -> Result<Value, String> {
+    let Some(program) = find_mps_control(ctx.args.mps_control.as_deref()) else {
+        return Ok(
+            json!({"ok": null, "reason": "no nvidia-cuda-mps-control on the PATH or in the driver's folders"}),
+        );
+    };
+    let uuid = NvmlInventory::new(ctx.args.nvml_lib.clone())
+        .cards()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|c| !c.mig)
+        .map(|c| c.info.uuid)
+        .ok_or("no card outside MIG mode")?;
+    let layout = mps::Layout { root: ctx.args.work.join("mps"), proc_root: PathBuf::from("/proc") };
+    let _ = std::fs::remove_dir_all(&layout.root);
+    let supervisor = mps::Supervisor {
+        layout: layout.clone(),
+        program: program.clone(),
+        backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
+        every: Duration::from_secs(1),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let supervised = runtime.spawn(mps::supervise(supervisor, stopped));
+    let m = Mps { ctx, program, layout: layout.clone(), uuid: uuid.clone() };
+    let mut report = json!({"program": m.program, "card": uuid});
+    let daemon = wait_until(Duration::from_secs(15), || layout.daemon(&uuid).ok());
+    report["daemon_pid"] = json!(daemon);
+    if daemon.is_none() {
+        report["error"] = json!(layout.daemon(&uuid).err());
+    } else {
+        mps_tries(&m, &mut report);
+    }
+    let _ = stop.send(true);
+    let ended = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(15), supervised).await });
+    report["supervisor_stopped"] = json!(match ended {
+        Ok(Ok(Ok(()))) => "stopped; its daemon told to quit".to_owned(),
+        Ok(Ok(Err(e))) => e,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "did not stop in 15 s".into(),
+    });
+    report["daemon_after_stop"] = json!(layout.daemon(&uuid).map_err(|_| "gone"));
+    if let Ok(text) = std::fs::read_to_string(layout.log(&uuid).join("control.log")) {
+        ctx.raw.line("mps control.log", &text);
+    }
+    if let Ok(text) = std::fs::read_to_string(layout.log(&uuid).join("server.log")) {
+        ctx.raw.line("mps server.log", &text);
+    }
+    Ok(report)
+}
+
+fn wait_until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A client's outcome: what it saw at start and its tries.
+fn outcome(c: &Client) -> Value {
+    let init = c.seen.iter().find(|(_, v)| v["event"] == "init").map(|(_, v)| v.clone());
+    let error = c.seen.iter().find(|(_, v)| v["event"] == "error").map(|(_, v)| v["error"].clone());
+    json!({"init": init, "tries": c.tries(), "error": error})
+}
+
+/// Whether the tries went as `expected` (MiB, should succeed).
+fn tries_as(c: &Client, expected: &[(u64, bool)]) -> bool {
+    let tries = c.tries();
+    tries.len() == expected.len()
+        && tries.iter().zip(expected).all(|(t, (mib, ok))| t["mib"] == *mib && t["ok"] == *ok)
+}
+
+fn mps_tries(m: &Mps, report: &mut Value) {
+    let ctx = m.ctx;
+    report["defaults_at_start"] = json!([
+        m.control("get_default_active_thread_percentage\n", None),
+        m.control("get_default_device_pinned_mem_limit 0\n", None),
+    ]);
+    if let Err(e) = ctx.need_torch() {
+        report["clients"] = json!(e);
+        report["ok"] = json!(null);
+        report["control_as_nobody"] =
+            json!(m.control("get_default_active_thread_percentage\n", Some(NOBODY)));
+        return;
+    }
+    // Two shares side by side: each allocation below its limit works, one past it fails.
+    let two = (|| -> Result<Value, String> {
+        let spec = |tries: &[u64]| json!({"try_mib": tries, "load_s": 6});
+        let mut a = m.client("mps-a", (25, 2048), spec(&[1024, 3072]), None)?;
+        let mut b = m.client("mps-b", (50, 4096), spec(&[3072, 6144]), None)?;
+        a.wait_for("loaded", Duration::from_secs(60))?;
+        b.wait_for("loaded", Duration::from_secs(30))?;
+        let sampler = NvmlInventory::new(ctx.args.nvml_lib.clone());
+        std::thread::sleep(Duration::from_secs(2));
+        let seen = sampler.sample().map_err(|e| e.to_string())?;
+        let both = process_in(&seen, a.pid()).is_some() && process_in(&seen, b.pid()).is_some();
+        let lists = nvml_lists(ctx);
+        let _ = (a.finish(Duration::from_secs(30)), b.finish(Duration::from_secs(30)));
+        let limits =
+            tries_as(&a, &[(1024, true), (3072, false)]) && tries_as(&b, &[(3072, true), (6144, false)]);
+        Ok(json!({
+            "ok": limits && both, "limits_held": limits, "sampler_sees_both": both,
+            "a": outcome(&a), "b": outcome(&b), "a_pid": a.pid(), "b_pid": b.pid(), "sampled": sampled(&seen),
+            "servers": m.servers(), "nvml_lists": lists,
+        }))
+    })();
+    let clients_run = two.is_ok();
+    report["two_clients"] = two.unwrap_or_else(|e| json!({"ok": false, "error": e}));
+    if !clients_run {
+        report["ok"] = json!(false);
+        report["set_default_as_nobody"] =
+            json!(m.control("set_default_active_thread_percentage 7\n", Some(NOBODY)));
+        return;
+    }
+    // A tenant's env above the daemon's defaults: does the new server clamp it?
+    let clamp = (|| -> Result<Value, String> {
+        let shut = m.shut_servers();
+        let set = [
+            m.control("set_default_active_thread_percentage 20\n", None),
+            m.control("set_default_device_pinned_mem_limit 0 2048M\n", None),
+        ];
+        let mut c = m.client("mps-clamp", (100, 8192), json!({"try_mib": [1024, 4096]}), None)?;
+        c.wait_for("init", Duration::from_secs(45))?;
+        let _ = c.finish(Duration::from_secs(60));
+        let clamped = tries_as(&c, &[(1024, true), (4096, false)]);
+        Ok(json!({"memory_clamped": clamped, "shut": shut, "set": set, "client": outcome(&c)}))
+    })();
+    report["env_above_defaults"] = clamp.unwrap_or_else(|e| json!({"error": e}));
+    // Another user's commands to the control daemon.
+    let before = m.control("get_default_active_thread_percentage\n", None);
+    let tried = m.control("set_default_active_thread_percentage 7\n", Some(NOBODY));
+    let after = m.control("get_default_active_thread_percentage\n", None);
+    report["set_default_as_nobody"] = json!({
+        "changed": before["answer"]["stdout"] != after["answer"]["stdout"],
+        "before": before, "tried": tried, "after": after,
+    });
+    // Clients of two users: does the second wait until the first user's server is gone?
+    let turns = (|| -> Result<Value, String> {
+        m.shut_servers();
+        let mut root = m.client("mps-root", (10, 1024), json!({"load_s": 10}), None)?;
+        root.wait_for("loaded", Duration::from_secs(45))?;
+        let mut other = m.client("mps-nobody", (50, 4096), json!({"load_s": 1}), Some(NOBODY))?;
+        let other_init = other.wait_for("init", Duration::from_secs(40));
+        let _ = root.finish(Duration::from_secs(30));
+        let _ = other.finish(Duration::from_secs(20));
+        let root_done = root.arrived("done");
+        let other_at = other.arrived("init");
+        let waited = match (root_done, other_at) {
+            (Some(r), Some(o)) => json!(o > r),
+            _ => Value::Null,
+        };
+        Ok(json!({
+            "second_user_started_after_first_ended": waited,
+            "root": outcome(&root), "nobody": outcome(&other),
+            "nobody_init": other_init,
+        }))
+    })();
+    report["two_users"] = turns.unwrap_or_else(|e| json!({"error": e}));
+    // `quit` from another user: does the daemon stop (and does the supervisor start it again)?
+    let pid = m.layout.daemon(&m.uuid).ok();
+    let quit = m.control("quit\n", Some(NOBODY));
+    std::thread::sleep(Duration::from_secs(2));
+    let after = m.layout.daemon(&m.uuid).ok();
+    let restarted = if after.is_some() && after != pid {
+        json!(after)
+    } else if after.is_none() {
+        json!(wait_until(Duration::from_secs(10), || m.layout.daemon(&m.uuid).ok()))
+    } else {
+        Value::Null
+    };
+    report["quit_as_nobody"] = json!({
+        "daemon_before": pid, "answer": quit, "daemon_after_2s": after, "restarted_by_supervisor": restarted,
+    });
+    report["ok"] = report["two_clients"]["ok"].clone();
+}
