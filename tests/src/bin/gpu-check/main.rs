@@ -39,6 +39,9 @@ struct Args {
     nvidia_smi: String,
     mps_control: Option<PathBuf>,
     work: PathBuf,
+    /// Whether the MPS part may put the card in `EXCLUSIVE_PROCESS` compute mode for a while (it is
+    /// set back to `DEFAULT`): only on a machine nobody else uses.
+    exclusive: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -49,6 +52,7 @@ fn args() -> Result<Args, String> {
         nvidia_smi: "nvidia-smi".into(),
         mps_control: None,
         work: std::env::temp_dir().join("nano-gpu-check"),
+        exclusive: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,10 +64,11 @@ fn args() -> Result<Args, String> {
             "--nvidia-smi" => a.nvidia_smi = value()?,
             "--mps-control" => a.mps_control = Some(value()?.into()),
             "--work" => a.work = value()?.into(),
+            "--try-exclusive-mode" => a.exclusive = true,
             other => {
                 return Err(format!(
                     "unknown argument {other}; takes --nvml-lib, --out, --python, --nvidia-smi, \
-                     --mps-control, --work"
+                     --mps-control, --work, --try-exclusive-mode"
                 ));
             }
         }
@@ -875,6 +880,9 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         }))
     })();
     report["two_users"] = turns.unwrap_or_else(|e| json!({"error": e}));
+    if ctx.args.exclusive {
+        report["exclusive_process"] = exclusive_process(m);
+    }
     // `quit` from another user: does the daemon stop (and does the supervisor start it again)?
     let pid = m.layout.daemon(&m.uuid).ok();
     let quit = m.control("quit\n", Some(NOBODY));
@@ -891,4 +899,51 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         "daemon_before": pid, "answer": quit, "daemon_after_2s": after, "restarted_by_supervisor": restarted,
     });
     report["ok"] = report["two_clients"]["ok"].clone();
+}
+
+/// The card in `EXCLUSIVE_PROCESS` compute mode (NVIDIA's advice for MPS): can a process that goes
+/// around MPS (its pipe directory an empty one) reach the card while an MPS server holds it, and can
+/// MPS clients while such a process holds it? The mode is set back to `DEFAULT` at the end.
+fn exclusive_process(m: &Mps) -> Value {
+    use nvml_wrapper::enum_wrappers::device::ComputeMode;
+    let ctx = m.ctx;
+    let Ok(nvml) = ctx.nvml() else { return json!({"error": "NVML"}) };
+    let mut device = match nvml.device_by_uuid(m.uuid.as_str()) {
+        Ok(d) => d,
+        Err(e) => return json!({"error": e.to_string()}),
+    };
+    let before = device.compute_mode().map(|c| format!("{c:?}")).map_err(|e| e.to_string());
+    if let Err(e) = device.set_compute_mode(ComputeMode::ExclusiveProcess) {
+        return json!({"before": before, "set": e.to_string()});
+    }
+    let around = ctx.args.work.join("no-mps");
+    let _ = std::fs::create_dir_all(&around);
+    let around_env = vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())];
+    let mut result = json!({"before": before, "set": "EXCLUSIVE_PROCESS"});
+    m.shut_servers();
+    // An MPS client first: the server holds the card; then a process around MPS.
+    let first = (|| -> Result<Value, String> {
+        let mut client = m.client("excl-mps", (50, 4096), json!({"load_s": 6}), None)?;
+        client.wait_for("loaded", Duration::from_secs(45))?;
+        let mut around = Client::start(ctx, "excl-around", json!({"try_mib": [1024]}), &around_env, None)?;
+        let _ = around.wait_for("done", Duration::from_secs(40));
+        let _ = (client.finish(Duration::from_secs(20)), around.finish(Duration::from_secs(10)));
+        Ok(json!({"mps_client": outcome(&client), "around_mps": outcome(&around)}))
+    })();
+    result["server_first"] = first.unwrap_or_else(|e| json!({"error": e}));
+    m.shut_servers();
+    // A process around MPS first: it holds the card; then an MPS client.
+    let second = (|| -> Result<Value, String> {
+        let mut around = Client::start(ctx, "excl-around-first", json!({"load_s": 6}), &around_env, None)?;
+        around.wait_for("loaded", Duration::from_secs(45))?;
+        let mut client = m.client("excl-mps-second", (50, 4096), json!({"try_mib": [1024]}), None)?;
+        let _ = client.wait_for("done", Duration::from_secs(40));
+        let _ = (around.finish(Duration::from_secs(20)), client.finish(Duration::from_secs(10)));
+        Ok(json!({"around_mps": outcome(&around), "mps_client": outcome(&client)}))
+    })();
+    result["around_first"] = second.unwrap_or_else(|e| json!({"error": e}));
+    m.shut_servers();
+    result["set_back"] =
+        json!(device.set_compute_mode(ComputeMode::Default).map(|_| "DEFAULT").map_err(|e| e.to_string()));
+    result
 }
