@@ -54,11 +54,17 @@ node_ip() { echo "10.201.0.$1"; }
 # The test tools (Rust, tests/src/bin) the harness runs.
 tools() {
   if [[ -z ${NANO_GPU_BIN:-} ]]; then
-    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
-      --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use --bin nvidia-cuda-mps-control -p fakenvml -p nano-gpu-allocator -p nano-gpu-agent >&2)
+    # Two builds: cargo applies `--bin` to every package a command names, so one command naming the
+    # test tools would build nothing of the allocator, the agent or the fake NVML.
+    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-agent -p fakenvml >&2 &&
+      cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
+        --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use --bin nvidia-cuda-mps-control >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
   fi
-  for f in netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use nvidia-cuda-mps-control; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
+  for f in nano-gpu-allocator nano-gpu-agent netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use \
+    nvidia-cuda-mps-control; do
+    [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"
+  done
   FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
   [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
 }

@@ -26,6 +26,14 @@ bash hack/k8s-build.sh >/dev/null
 NANO_GPU_K8S_VERSION=$OLDEST bash hack/k8s-build.sh >/dev/null
 echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
+# README command 1 as a newcomer runs it, stopping by itself once the examples are placed. CI keeps
+# its target directory between runs: what cargo placed at the top of target/release goes first, so
+# the command must build (or link anew) every binary it runs rather than find one an earlier command
+# left there.
+echo "== README command 1: hack/local-up.sh --check"
+release=${CARGO_TARGET_DIR:-target}/release
+if [[ -d $release ]]; then find "$release" -maxdepth 1 -type f -delete; fi
+bash hack/local-up.sh --check
 echo "== cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

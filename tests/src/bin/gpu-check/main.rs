@@ -943,6 +943,32 @@ fn exclusive_process(m: &Mps) -> Value {
     })();
     result["around_first"] = second.unwrap_or_else(|e| json!({"error": e}));
     m.shut_servers();
+    // A server started before any client (`start_server -uid 0`) and kept idle: is the card closed
+    // to a process around MPS, and does a client of another user still get its turn?
+    let eager = (|| -> Result<Value, String> {
+        let started = m.control("start_server -uid 0\n", None);
+        std::thread::sleep(Duration::from_secs(1));
+        let servers = m.servers();
+        let mut around = Client::start(ctx, "eager-around", json!({"try_mib": [1024]}), &around_env, None)?;
+        let _ = around.wait_for("done", Duration::from_secs(40));
+        let _ = around.finish(Duration::from_secs(10));
+        let asked = Instant::now();
+        let mut other = m.client("eager-nobody", (50, 4096), json!({"load_s": 3}), Some(NOBODY))?;
+        let other_init = other.wait_for("init", Duration::from_secs(40)).map(|_| asked.elapsed().as_secs_f64());
+        let during = m.servers();
+        let mut around_during = Client::start(ctx, "eager-around-2", json!({"try_mib": [1024]}), &around_env, None)?;
+        let _ = around_during.wait_for("done", Duration::from_secs(40));
+        let _ = (other.finish(Duration::from_secs(20)), around_during.finish(Duration::from_secs(10)));
+        let after = m.servers();
+        Ok(json!({
+            "start_server": started, "servers_idle": servers, "around_mps_idle_server": outcome(&around),
+            "other_user_seconds_to_context": other_init, "other_user": outcome(&other),
+            "servers_with_other_user": during, "around_mps_other_user_server": outcome(&around_during),
+            "servers_after": after,
+        }))
+    })();
+    result["eager_server"] = eager.unwrap_or_else(|e| json!({"error": e}));
+    m.shut_servers();
     result["set_back"] =
         json!(device.set_compute_mode(ComputeMode::Default).map(|_| "DEFAULT").map_err(|e| e.to_string()));
     result
