@@ -954,9 +954,11 @@ fn exclusive_process(m: &Mps) -> Value {
         let _ = around.finish(Duration::from_secs(10));
         let asked = Instant::now();
         let mut other = m.client("eager-nobody", (50, 4096), json!({"load_s": 3}), Some(NOBODY))?;
-        let other_init = other.wait_for("init", Duration::from_secs(40)).map(|_| asked.elapsed().as_secs_f64());
+        let other_init =
+            other.wait_for("init", Duration::from_secs(40)).map(|_| asked.elapsed().as_secs_f64());
         let during = m.servers();
-        let mut around_during = Client::start(ctx, "eager-around-2", json!({"try_mib": [1024]}), &around_env, None)?;
+        let mut around_during =
+            Client::start(ctx, "eager-around-2", json!({"try_mib": [1024]}), &around_env, None)?;
         let _ = around_during.wait_for("done", Duration::from_secs(40));
         let _ = (other.finish(Duration::from_secs(20)), around_during.finish(Duration::from_secs(10)));
         let after = m.servers();
