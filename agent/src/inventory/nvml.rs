@@ -20,8 +20,8 @@ use std::sync::Mutex;
 /// cards last read, by index.
 pub struct NvmlInventory {
     lib: PathBuf,
-    /// Where the card's NUMA node is read (`<sysfs>/bus/pci/devices/<address>/numa_node`).
-    sysfs: PathBuf,
+    /// Where the card's NUMA node is read (`<sysfs>/bus/pci/devices/<address>/numa_node`), if anywhere.
+    sysfs: Option<PathBuf>,
     state: Mutex<State>,
 }
 
@@ -45,16 +45,17 @@ fn started<'a>(nvml: &'a mut Option<Nvml>, lib: &std::path::Path) -> Result<&'a 
 impl NvmlInventory {
     /// NVML from `lib` (`libnvidia-ml.so.1` resolves through the loader's search path).
     pub fn new(lib: PathBuf) -> Self {
-        NvmlInventory { lib, sysfs: PathBuf::from("/sys"), state: Mutex::new(State::default()) }
+        NvmlInventory { lib, sysfs: None, state: Mutex::new(State::default()) }
     }
 
-    /// The same, reading NUMA nodes from the sysfs tree at `root` (the host's `/sys`).
+    /// The same, reading each card's NUMA node from the sysfs tree at `root` (the host's `/sys`);
+    /// without it the NUMA node is left unknown.
     pub fn with_sysfs(self, root: PathBuf) -> Self {
-        NvmlInventory { sysfs: root, ..self }
+        NvmlInventory { sysfs: Some(root), ..self }
     }
 
     /// Card `index`, or why it cannot be read.
-    fn card(nvml: &Nvml, sysfs: &std::path::Path, index: u32) -> Result<Card, String> {
+    fn card(nvml: &Nvml, sysfs: Option<&std::path::Path>, index: u32) -> Result<Card, String> {
         let d = nvml.device_by_index(index).map_err(|e| format!("device {index}: {e}"))?;
         let field = |what: &str, e: nvml_wrapper::error::NvmlError| format!("device {index} {what}: {e}");
         let uuid = d.uuid().map_err(|e| field("uuid", e))?;
@@ -63,7 +64,7 @@ impl NvmlInventory {
         let pci_address = d.pci_info().ok().map(|p| p.bus_id);
         // A card without MIG answers "not supported"; only a card that says so is in MIG mode.
         let mig = d.mig_mode().is_ok_and(|m| m.current == 1);
-        let numa = pci_address.as_deref().and_then(|a| numa_node(sysfs, a));
+        let numa = sysfs.zip(pci_address.as_deref()).and_then(|(root, a)| numa_node(root, a));
         let mut card = Card { mig, ..Card::nvidia(index, uuid, model, MiB(memory), pci_address) };
         card.info.numa = numa;
         Ok(card)
@@ -157,7 +158,7 @@ impl GpuInventory for NvmlInventory {
         state.last.resize(count as usize, None);
         let mut cards = Vec::with_capacity(count as usize);
         for (index, last) in (0..count).zip(state.last.iter_mut()) {
-            match Self::card(nvml, &self.sysfs, index) {
+            match Self::card(nvml, self.sysfs.as_deref(), index) {
                 Ok(card) => {
                     if last.as_ref().is_some_and(|c| c.fault.is_some()) {
                         tracing::info!(gpu = %card.info.uuid, "card readable again");

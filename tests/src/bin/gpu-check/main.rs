@@ -227,7 +227,7 @@ fn smi_rows(program: &str, raw: &Raw) -> Result<Vec<HashMap<&'static str, String
 }
 
 fn inventory(ctx: &Ctx) -> Result<Value, String> {
-    let agent = NvmlInventory::new(ctx.args.nvml_lib.clone());
+    let agent = NvmlInventory::new(ctx.args.nvml_lib.clone()).with_sysfs(PathBuf::from("/sys"));
     let cards = agent.cards().map_err(|e| e.to_string())?;
     let nvml = ctx.nvml()?;
     let smi = smi_rows(&ctx.args.nvidia_smi, &ctx.raw);
