@@ -128,12 +128,10 @@ impl Enforcement {
         let env = &mut response.envs;
         match self {
             Enforcement::None | Enforcement::Invalid(_) => {}
-            Enforcement::Mps(layout) => {
-                env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
+            Enforcement::Mps(_) => {
                 env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), share.percent.to_string());
                 env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={}M", share.memory.0));
-                response.mounts.push(mount(&layout.pipe(uuid), mps::PIPE_IN_CONTAINER, false));
-                response.mounts.push(mount(&layout.shm(), "/dev/shm", false));
+                self.mps_client(uuid, response);
             }
             Enforcement::HamiCore(hami) => {
                 env.insert("CUDA_DEVICE_MEMORY_LIMIT_0".into(), format!("{}m", share.memory.0));
@@ -145,6 +143,22 @@ impl Enforcement {
                 response.mounts.push(mount(Path::new(HAMI_LOCK), HAMI_LOCK, false));
             }
         }
+    }
+
+    /// Under `mps`: makes the container a client of card `uuid`'s daemon (its pipe directory, the
+    /// daemons' `/dev/shm`), without limits of its own.
+    pub fn mps_client(&self, uuid: &str, response: &mut ContainerAllocateResponse) {
+        if let Enforcement::Mps(layout) = self {
+            response.envs.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
+            response.mounts.push(mount(&layout.pipe(uuid), mps::PIPE_IN_CONTAINER, false));
+            response.mounts.push(mount(&layout.shm(), "/dev/shm", false));
+        }
+    }
+
+    /// Whether card `uuid` is reachable only through MPS (`mps` with the card held in
+    /// `EXCLUSIVE_PROCESS` mode by `mps-control --mps-exclusive-process`).
+    pub fn exclusive(&self, uuid: &str) -> bool {
+        matches!(self, Enforcement::Mps(layout) if layout.exclusive(uuid))
     }
 
     /// Why shares of `card` cannot be limited now, if they cannot.

@@ -154,6 +154,12 @@ pub struct Flags {
     /// NVIDIA's MPS control program, which `mps-control` runs once per card.
     #[arg(long, env = "NANO_GPU_MPS_CONTROL", default_value = "nvidia-cuda-mps-control")]
     pub mps_control: PathBuf,
+    /// `mps-control`: put each card in `EXCLUSIVE_PROCESS` compute mode and keep an MPS server
+    /// running on it, so no process reaches the card except as a client of its daemon (set back to
+    /// `DEFAULT` when it stops). Whole single cards then go through MPS too, unlimited; a container
+    /// given several cards of such a node is refused.
+    #[arg(long, env = "NANO_GPU_MPS_EXCLUSIVE_PROCESS")]
+    pub mps_exclusive_process: bool,
     /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
     #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,

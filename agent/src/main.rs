@@ -178,6 +178,7 @@ fn mps_control(flags: &Flags) -> ExitCode {
         program: flags.mps_control.clone(),
         backends: flags.backends(),
         every: Duration::from_secs(2),
+        exclusive: flags.mps_exclusive_process.then(|| flags.nvml_lib.clone()),
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
 }

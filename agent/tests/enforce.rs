@@ -38,7 +38,11 @@ fi
 pid=$(cat "$pipe/nvidia-cuda-mps-control.pid" 2>/dev/null) || { echo "Cannot find MPS control daemon process"; exit 1; }
 while read -r command; do
   echo "command $command" >> "$log/control.log"
-  if [ "$command" = quit ]; then kill -TERM "$pid"; fi
+  case "$command" in
+    quit) kill -TERM "$pid" ;;
+    get_server_list) cat "$pipe/server" 2>/dev/null ;;
+    "start_server -uid 0") echo 4321 > "$pipe/server" ;;
+  esac
 done
 "#;
 
@@ -211,5 +215,60 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
 
     terminate(&mut agent);
     terminate(&mut daemons);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mps-control --mps-exclusive-process` on the fake NVML: each card outside MIG mode goes to
+/// `EXCLUSIVE_PROCESS` (the fake keeps the mode in a file every process reads), an MPS server is
+/// started ahead of any client and again once none runs, the card is marked for the agent; at
+/// SIGTERM the card is set back to `DEFAULT` and the mark removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_mps_holds_each_card_in_exclusive_process_mode_with_a_server_up() {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-exclusive-mps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (root, modes) = (dir.join("mps"), dir.join("modes.json"));
+    let program = dir.join("bin/nvidia-cuda-mps-control");
+    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+    std::fs::write(&program, STAND_IN).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = dir.join("nvml.json");
+    let doc = json!({
+        "cards": [{"uuid": "GPU-a", "name": "Tesla T4"}, {"uuid": "GPU-m", "name": "A100", "mig": true}],
+        "computeModeFile": modes,
+    });
+    std::fs::write(&config, doc.to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
+        .arg("--nvml-lib")
+        .arg(nano_gpu_tests::fake_nvml())
+        .arg("--sysfs-root")
+        .arg(dir.join("no-sysfs"))
+        .arg("--mps-root")
+        .arg(&root)
+        .arg("--mps-control")
+        .arg(&program)
+        .arg("--mps-exclusive-process")
+        .arg("mps-control")
+        .env("FAKE_NVML_CONFIG", &config)
+        .spawn()
+        .unwrap();
+    let mode = |uuid: &str| -> Option<u64> {
+        let doc: Value = serde_json::from_slice(&std::fs::read(&modes).ok()?).ok()?;
+        doc[uuid].as_u64()
+    };
+    let mark = root.join("GPU-a").join("exclusive-process");
+    let server = root.join("GPU-a/pipe/server");
+    eventually("GPU-a in EXCLUSIVE_PROCESS with a server and its mark", || {
+        mode("GPU-a") == Some(3) && server.is_file() && mark.is_file()
+    })
+    .await;
+    assert!(control_log(&root, "GPU-a").contains("command start_server -uid 0"));
+    assert_eq!(mode("GPU-m"), None, "a card in MIG mode has no daemon and keeps its mode");
+    // The server ends (its last client did, or someone shut it down): another is started.
+    std::fs::remove_file(&server).unwrap();
+    eventually("a new server", || server.is_file()).await;
+
+    terminate(&mut child);
+    assert_eq!(mode("GPU-a"), Some(0), "set back to DEFAULT");
+    assert!(!mark.exists(), "the mark is removed");
     let _ = std::fs::remove_dir_all(&dir);
 }

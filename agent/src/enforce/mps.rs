@@ -7,6 +7,13 @@
 //! agent's rollouts must not touch them). A daemon already answering in a card's pipe directory (an
 //! operator's, or one left by an earlier supervisor) is adopted, not replaced. The agent finds a
 //! daemon by the PID file it writes in its pipe directory and the process's name in `/proc`.
+//!
+//! With `exclusive` the supervisor also closes the way around MPS, as a real card showed it must be
+//! closed (`hack/gpu-check.sh`): each card goes to `EXCLUSIVE_PROCESS` compute mode, where only one
+//! process, the MPS server, may hold a context, and a server is started ahead of any client
+//! (`start_server -uid 0`) and again whenever none runs, since a process that reaches the card while
+//! no server runs gets all of it. A card so set is marked (`<root>/<uuid>/exclusive-process`) for
+//! the agent, which then sends whole cards through MPS too.
 
 use crate::inventory::{GpuInventory, read_all};
 use nano_gpu_proto::annotations::Vendor;
@@ -24,6 +31,8 @@ pub const PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// What `/proc/<pid>/comm` of a control daemon starts with (the kernel keeps 15 characters).
 const COMM: &str = "nvidia-cuda-mps";
+/// The file that says a card is in `EXCLUSIVE_PROCESS` mode with a server kept up, in its directory.
+pub const EXCLUSIVE_MARK: &str = "exclusive-process";
 
 /// The host directories of the node's MPS daemons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +52,11 @@ impl Layout {
     /// The log directory of card `uuid`'s daemon.
     pub fn log(&self, uuid: &str) -> PathBuf {
         self.root.join(uuid).join("log")
+    }
+
+    /// Whether the supervisor holds card `uuid` in `EXCLUSIVE_PROCESS` mode (its mark is there).
+    pub fn exclusive(&self, uuid: &str) -> bool {
+        self.root.join(uuid).join(EXCLUSIVE_MARK).is_file()
     }
 
     /// The `/dev/shm` the daemons and their clients share.
@@ -78,6 +92,8 @@ pub struct Supervisor {
     pub backends: Vec<Box<dyn GpuInventory>>,
     /// How often the cards and daemons are checked.
     pub every: Duration,
+    /// NVML's library, when each card is to be held in `EXCLUSIVE_PROCESS` mode with a server up.
+    pub exclusive: Option<PathBuf>,
 }
 
 /// A daemon of ours, or the PID of one we found running.
@@ -97,8 +113,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
-    let Supervisor { layout, program, backends, every } = supervisor;
+    let Supervisor { layout, program, backends, every, exclusive } = supervisor;
     std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?;
+    let mut exclusive = exclusive.map(Exclusive::new);
     let backends = std::sync::Arc::new(backends);
     let mut daemons: HashMap<String, Daemon> = HashMap::new();
     loop {
@@ -160,6 +177,13 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
             };
             daemons.insert(uuid.clone(), next);
         }
+        if let Some(exclusive) = exclusive.as_mut() {
+            for uuid in &wanted {
+                if matches!(daemons.get(uuid), Some(Daemon::Ours(_) | Daemon::Adopted(_))) {
+                    exclusive.hold(&layout, &program, uuid).await;
+                }
+            }
+        }
         // Cards gone (or now in MIG mode): their daemons of ours quit.
         let gone: Vec<String> = daemons.keys().filter(|u| complete && !wanted.contains(u)).cloned().collect();
         for uuid in gone {
@@ -176,6 +200,9 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                 if let Daemon::Ours(child) = daemon {
                     quit(&layout, &program, &uuid, child).await;
                 }
+            }
+            if let Some(exclusive) = exclusive {
+                exclusive.release(&layout).await;
             }
             return Ok(());
         }
@@ -208,21 +235,149 @@ fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> 
         .spawn()
 }
 
-/// Tells card `uuid`'s daemon to quit (`quit` on the control program's input), waiting up to 5 s
-/// before killing it.
-async fn quit(layout: &Layout, program: &Path, uuid: &str, mut child: Child) {
+/// Runs the control program for card `uuid`'s daemon with `commands` on its input; its output, or
+/// why there is none (it did not run or answer within 5 s).
+async fn control(layout: &Layout, program: &Path, uuid: &str, commands: &str) -> Result<String, String> {
     let asked = async {
         let mut control = Command::new(program)
             .envs(daemon_env(layout, uuid))
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
             .spawn()?;
         if let Some(mut input) = control.stdin.take() {
-            input.write_all(b"quit\n").await?;
+            input.write_all(commands.as_bytes()).await?;
         }
-        control.wait().await
+        control.wait_with_output().await
     };
-    if let Err(e) = asked.await {
+    match tokio::time::timeout(Duration::from_secs(5), asked).await {
+        Ok(Ok(out)) => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer in 5 s".into()),
+    }
+}
+
+/// The cards held in `EXCLUSIVE_PROCESS` mode, and NVML to hold them.
+struct Exclusive {
+    lib: PathBuf,
+    nvml: Option<std::sync::Arc<nvml_wrapper::Nvml>>,
+    /// Cards this supervisor put in the mode (set back at the end), and the last problem said of each.
+    held: HashMap<String, Option<String>>,
+}
+
+impl Exclusive {
+    fn new(lib: PathBuf) -> Self {
+        Exclusive { lib, nvml: None, held: HashMap::new() }
+    }
+
+    /// NVML, started on first use (a failed start is tried again next time).
+    fn nvml(&mut self) -> Result<std::sync::Arc<nvml_wrapper::Nvml>, String> {
+        if self.nvml.is_none() {
+            let nvml = nvml_wrapper::Nvml::builder()
+                .lib_path(self.lib.as_os_str())
+                .init()
+                .map_err(|e| format!("NVML from {}: {e}", self.lib.display()))?;
+            self.nvml = Some(std::sync::Arc::new(nvml));
+        }
+        self.nvml.clone().ok_or_else(|| "NVML".into())
+    }
+
+    /// Card `uuid` in `EXCLUSIVE_PROCESS` mode with a server running, and marked so; a problem is
+    /// logged once (and the mark removed, so the agent does not count on it) until it changes.
+    async fn hold(&mut self, layout: &Layout, program: &Path, uuid: &str) {
+        let mark = layout.root.join(uuid).join(EXCLUSIVE_MARK);
+        let result = match self.nvml() {
+            Ok(nvml) => {
+                let card = uuid.to_owned();
+                tokio::task::spawn_blocking(move || set_mode(&nvml, &card, ComputeMode::ExclusiveProcess))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()))
+            }
+            Err(e) => Err(e),
+        };
+        let result = match result {
+            Ok(()) => self.server(layout, program, uuid).await,
+            Err(e) => Err(format!("setting EXCLUSIVE_PROCESS compute mode: {e}")),
+        };
+        let said = self.held.entry(uuid.to_owned()).or_default();
+        match result {
+            Ok(()) => {
+                if !mark.is_file() {
+                    if let Err(e) = std::fs::write(&mark, "EXCLUSIVE_PROCESS\n") {
+                        tracing::warn!(card = %uuid, error = %e, "cannot mark the card exclusive");
+                    } else {
+                        tracing::info!(card = %uuid, "card in EXCLUSIVE_PROCESS mode with an MPS server up");
+                    }
+                }
+                *said = None;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&mark);
+                if said.as_ref() != Some(&e) {
+                    tracing::error!(card = %uuid, error = %e, "the card is not held exclusive to MPS");
+                    *said = Some(e);
+                }
+            }
+        }
+    }
+
+    /// An MPS server on card `uuid`: started (as root's) when the daemon lists none.
+    async fn server(&self, layout: &Layout, program: &Path, uuid: &str) -> Result<(), String> {
+        let servers = control(layout, program, uuid, "get_server_list\n").await?;
+        if !servers.is_empty() {
+            return Ok(());
+        }
+        let answer = control(layout, program, uuid, "start_server -uid 0\n").await?;
+        // The real daemon lists a new server a moment after it was asked for one (on an H200 the
+        // list asked at once was still empty; a second later it named the server).
+        let mut servers = String::new();
+        for _ in 0..10 {
+            servers = control(layout, program, uuid, "get_server_list\n").await?;
+            if !servers.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if servers.is_empty() {
+            return Err(format!("start_server -uid 0 started no server in 2 s ({answer:?})"));
+        }
+        tracing::info!(card = %uuid, server = %servers, "MPS server started ahead of its clients");
+        Ok(())
+    }
+
+    /// Every card this supervisor held goes back to `DEFAULT` and loses its mark.
+    async fn release(mut self, layout: &Layout) {
+        let Ok(nvml) = self.nvml() else { return };
+        for uuid in self.held.into_keys() {
+            let _ = std::fs::remove_file(layout.root.join(&uuid).join(EXCLUSIVE_MARK));
+            let nvml = nvml.clone();
+            let card = uuid.clone();
+            let set = tokio::task::spawn_blocking(move || set_mode(&nvml, &card, ComputeMode::Default)).await;
+            match set {
+                Ok(Ok(())) => tracing::info!(card = %uuid, "card back in DEFAULT compute mode"),
+                Ok(Err(e)) => tracing::warn!(card = %uuid, error = %e, "card not set back to DEFAULT"),
+                Err(e) => tracing::warn!(card = %uuid, error = %e, "card not set back to DEFAULT"),
+            }
+        }
+    }
+}
+
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
+
+/// Card `uuid` in compute mode `mode` (set only when it is not in it already).
+fn set_mode(nvml: &nvml_wrapper::Nvml, uuid: &str, mode: ComputeMode) -> Result<(), String> {
+    let mut device = nvml.device_by_uuid(uuid).map_err(|e| e.to_string())?;
+    if device.compute_mode().is_ok_and(|m| m == mode) {
+        return Ok(());
+    }
+    device.set_compute_mode(mode).map_err(|e| e.to_string())
+}
+
+/// Tells card `uuid`'s daemon to quit (`quit` on the control program's input), waiting up to 5 s
+/// before killing it.
+async fn quit(layout: &Layout, program: &Path, uuid: &str, mut child: Child) {
+    if let Err(e) = control(layout, program, uuid, "quit\n").await {
         tracing::warn!(card = %uuid, error = %e, "asking the MPS control daemon to quit failed");
     }
     if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {

@@ -105,7 +105,17 @@ pub fn allocate(
             let percent = u32::try_from((n * 100).div_ceil(units)).unwrap_or(100);
             let share = Share { percent, memory: MiB(memory) };
             edits.enforcement.limit(&card.info.uuid, share, &mut response);
+        } else if edits.enforcement.exclusive(&card.info.uuid) {
+            // A whole card only MPS's server may hold: the container reaches it as a client.
+            edits.enforcement.mps_client(&card.info.uuid, &mut response);
         }
+    } else if let Some(held) = nvidia.iter().find(|u| edits.enforcement.exclusive(u)) {
+        return Err(Status::failed_precondition(format!(
+            "enforcement mps: card {held} is reachable only through its MPS daemon (EXCLUSIVE_PROCESS \
+             compute mode), and a process can be the client of one daemon only: a container given \
+             {} cards cannot use them on this node",
+            nvidia.len()
+        )));
     }
     Ok(response)
 }

@@ -106,3 +106,38 @@ fn preferred_ids_come_from_one_card_when_one_can_hold_them() {
     let chosen = prefer(&available, &ids("GPU-b", 0..1), 2);
     assert_eq!(chosen[0], "GPU-b-00");
 }
+
+#[test]
+fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_are_refused() {
+    let root = std::env::temp_dir().join(format!("nano-gpu-exclusive-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let layout = crate::enforce::mps::Layout { root: root.clone(), proc_root: root.join("proc") };
+    let edits = Edits { enforcement: crate::enforce::Enforcement::Mps(layout.clone()), ..Edits::default() };
+    let cards = [card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)];
+    let two: Vec<String> = ids("GPU-a", 0..100).into_iter().chain(ids("GPU-b", 0..100)).collect();
+    // Not held exclusive: a whole card is the container's as under `none`, two cards too.
+    let whole = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, &edits).unwrap();
+    assert!(whole.mounts.is_empty() && !whole.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
+    assert!(allocate(&cards, &two, None, Resource::Percent, &edits).is_ok());
+
+    std::fs::create_dir_all(root.join("GPU-a")).unwrap();
+    std::fs::write(root.join("GPU-a").join(crate::enforce::mps::EXCLUSIVE_MARK), "EXCLUSIVE_PROCESS\n")
+        .unwrap();
+    let whole = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, &edits).unwrap();
+    assert_eq!(whole.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
+    assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "a whole card is not limited");
+    let sources: Vec<&str> = whole.mounts.iter().map(|m| m.host_path.as_str()).collect();
+    assert_eq!(sources, [layout.pipe("GPU-a").to_str().unwrap(), layout.shm().to_str().unwrap()]);
+    // A share of it keeps its limits.
+    let share = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &edits).unwrap();
+    assert_eq!(share.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+    // Two cards, one of them held exclusive: one process cannot be a client of two daemons.
+    let refused = allocate(&cards, &two, None, Resource::Percent, &edits).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("GPU-a") && refused.message().contains("2 cards"),
+        "{}",
+        refused.message()
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

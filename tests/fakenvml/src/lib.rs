@@ -35,6 +35,11 @@
 //! does for MIG handles), and `NVML_ERROR_INVALID_ARGUMENT` for a cgroup path that is not a
 //! directory.
 //!
+//! **Compute modes.** `nvmlDeviceSetComputeMode` keeps each card's mode in the JSON file named by
+//! `"computeModeFile"` (`{"GPU-…": 3}`), which every process using the fake reads, so a test sees what
+//! the agent set; without that file it answers `NVML_ERROR_NO_PERMISSION`, as the driver answers a
+//! caller that is not root.
+//!
 //! Each exported function is the NVML function of the same name; see NVIDIA's NVML reference.
 #![allow(non_snake_case, unsafe_code, missing_docs, clippy::missing_safety_doc)]
 
@@ -85,6 +90,8 @@ struct Processes {
 static PROCESSES: Mutex<Processes> = Mutex::new(Processes { listed: Vec::new(), dir: None });
 /// Where accepted memory limits are recorded (`"memoryLimitLog"`).
 static LIMIT_LOG: Mutex<Option<String>> = Mutex::new(None);
+/// Where the cards' compute modes are kept (`"computeModeFile"`), shared by every process.
+static COMPUTE_MODES: Mutex<Option<String>> = Mutex::new(None);
 /// Pending XID events: (card index, XID).
 static XIDS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
 /// Cards whose critical XIDs an event set listens to.
@@ -104,6 +111,9 @@ fn load() -> Vec<Card> {
     }
     if let Ok(mut log) = LIMIT_LOG.lock() {
         *log = doc["memoryLimitLog"].as_str().map(str::to_owned);
+    }
+    if let Ok(mut file) = COMPUTE_MODES.lock() {
+        *file = doc["computeModeFile"].as_str().map(str::to_owned);
     }
     if let Ok(mut p) = PROCESSES.lock() {
         let listed = doc["processes"].as_array().into_iter().flatten().map(|p| {
@@ -394,6 +404,51 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
         .open(&log)
         .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
     match written {
+        Ok(()) => nvmlReturn_enum_NVML_SUCCESS,
+        Err(_) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+/// The compute modes set so far, by UUID (`NVML_COMPUTEMODE_*`: 0 default, 2 prohibited, 3
+/// exclusive process), from the shared file; a card not in it is in the default mode.
+fn compute_modes() -> (Option<String>, serde_json::Map<String, serde_json::Value>) {
+    let file = COMPUTE_MODES.lock().ok().and_then(|f| f.clone());
+    let modes = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    (file, modes)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *mut c_uint) -> nvmlReturn_t {
+    let Some(mode) = (unsafe { mode.as_mut() }) else { return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT };
+    let uuid = match with_card(device, |c| c.uuid.clone()) {
+        Ok(u) => u,
+        Err(e) => return e,
+    };
+    *mode = compute_modes().1.get(&uuid).and_then(|m| m.as_u64()).unwrap_or(0) as c_uint;
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// As NVML: modes 0, 2 and 3 (1, exclusive thread, is gone); without `"computeModeFile"` the
+/// caller is treated as not root (`NO_PERMISSION`), as the driver treats one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -> nvmlReturn_t {
+    let uuid = match with_card(device, |c| c.uuid.clone()) {
+        Ok(u) => u,
+        Err(e) => return e,
+    };
+    if !matches!(mode, 0 | 2 | 3) {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let (Some(file), mut modes) = compute_modes() else {
+        return nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION;
+    };
+    modes.insert(uuid, mode.into());
+    match std::fs::write(&file, serde_json::Value::Object(modes).to_string()) {
         Ok(()) => nvmlReturn_enum_NVML_SUCCESS,
         Err(_) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
     }

@@ -9,7 +9,9 @@
 //! (`CUDA_VISIBLE_DEVICES`) to `card`, and in `/dev/shm` the file `nano-gpu-mps-standin`, so a
 //! client can show which pipe directory and `/dev/shm` it was given; it runs until a client tells
 //! it to quit (or it is killed). Without `-f` it is the client: it reads commands from its input
-//! and passes `quit` on. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
+//! and passes `quit` on; `start_server`, `get_server_list` and `shutdown_server` keep one server
+//! name in the pipe directory; a caller that is not root is refused `quit`, `set_*`, `start_server`
+//! and `shutdown_server` with the real daemon's answers. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
 //! (default `/var/log/nvidia-mps`). No MPS server is started: nothing here runs CUDA.
 
 use std::io::{BufRead, Write};
@@ -48,6 +50,7 @@ fn main() -> std::io::Result<()> {
         }
         let _ = std::fs::remove_file(pipe.join(PID_FILE));
         let _ = std::fs::remove_file(pipe.join(QUIT));
+        let _ = std::fs::remove_file(pipe.join("server"));
         log(&logs, "stopped");
         return Ok(());
     }
@@ -55,9 +58,48 @@ fn main() -> std::io::Result<()> {
         println!("Cannot find MPS control daemon process");
         std::process::exit(1);
     }
+    // As the real daemon answers a user other than root or its own (seen on an H200, driver 580).
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next() == Some("0")))
+        })
+        .unwrap_or(false);
     for command in std::io::stdin().lock().lines() {
         let command = command?;
         log(&logs, &format!("command {command}"));
+        let word = command.split_whitespace().next().unwrap_or("");
+        if !root && word == "quit" {
+            println!("Not enough privilege to execute quit command");
+            continue;
+        }
+        if !root && (word.starts_with("set_") || word == "start_server" || word == "shutdown_server") {
+            println!(
+                "Insufficient privileges for UID. Control deamon settings can only be modified by the user who \
+                 started it or by the root user."
+            );
+            continue;
+        }
+        // One server at a time, started ahead of clients with `start_server -uid N` (no CUDA here:
+        // the server is a name in the pipe directory, its "PID" the daemon's).
+        match word {
+            "get_server_list" => {
+                if let Ok(server) = std::fs::read_to_string(pipe.join("server")) {
+                    println!("{}", server.trim());
+                }
+                continue;
+            }
+            "start_server" => {
+                let daemon = std::fs::read_to_string(pipe.join(PID_FILE)).unwrap_or_default();
+                std::fs::write(pipe.join("server"), daemon.trim())?;
+                continue;
+            }
+            "shutdown_server" => {
+                let _ = std::fs::remove_file(pipe.join("server"));
+                continue;
+            }
+            _ => {}
+        }
         if command.trim() == "quit" {
             std::fs::write(pipe.join(QUIT), "")?;
             for _ in 0..50 {

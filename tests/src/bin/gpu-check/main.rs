@@ -732,6 +732,7 @@ fn mps_section(ctx: &Ctx) -> Result<Value, String> {
         program: program.clone(),
         backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
         every: Duration::from_secs(1),
+        exclusive: None,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -764,7 +765,86 @@ fn mps_section(ctx: &Ctx) -> Result<Value, String> {
     if let Ok(text) = std::fs::read_to_string(layout.log(&uuid).join("server.log")) {
         ctx.raw.line("mps server.log", &text);
     }
+    if ctx.args.exclusive {
+        report["exclusive_supervisor"] = exclusive_supervisor(ctx, &m.program, &uuid, &runtime);
+    }
     Ok(report)
+}
+
+/// The supervisor as `mps-control --mps-exclusive-process` runs it: the card in `EXCLUSIVE_PROCESS`
+/// mode and a server up before any client, marked for the agent; a process around MPS refused, a
+/// share and a whole card (the device plugin's envs) served through MPS; `DEFAULT` again at the end.
+fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::runtime::Runtime) -> Value {
+    use nvml_wrapper::enum_wrappers::device::ComputeMode;
+    let layout = mps::Layout { root: ctx.args.work.join("mps-exclusive"), proc_root: PathBuf::from("/proc") };
+    let _ = std::fs::remove_dir_all(&layout.root);
+    let supervisor = mps::Supervisor {
+        layout: layout.clone(),
+        program: program.to_owned(),
+        backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
+        every: Duration::from_secs(1),
+        exclusive: Some(ctx.args.nvml_lib.clone()),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let supervised = runtime.spawn(mps::supervise(supervisor, stopped));
+    let m = Mps { ctx, program: program.to_owned(), layout: layout.clone(), uuid: uuid.to_owned() };
+    let mode = || -> Value {
+        let read = ctx.nvml().and_then(|n| {
+            n.device_by_uuid(uuid)
+                .and_then(|d| d.compute_mode())
+                .map(|c| format!("{c:?}"))
+                .map_err(|e| e.to_string())
+        });
+        json!(read)
+    };
+    let marked = wait_until(Duration::from_secs(20), || layout.exclusive(uuid).then_some(()));
+    let mut report = json!({
+        "marked": marked.is_some(), "compute_mode": mode(), "servers_before_any_client": m.servers(),
+    });
+    if marked.is_some() && ctx.need_torch().is_ok() {
+        let around = ctx.args.work.join("no-mps");
+        let _ = std::fs::create_dir_all(&around);
+        let around_env = vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())];
+        let tries = (|| -> Result<Value, String> {
+            let mut outside = Client::start(ctx, "xs-around", json!({"try_mib": [1024]}), &around_env, None)?;
+            let _ = outside.wait_for("done", Duration::from_secs(40));
+            let _ = outside.finish(Duration::from_secs(10));
+            let mut share = m.client("xs-share", (30, 2048), json!({"try_mib": [1024, 3072]}), None)?;
+            let _ = share.wait_for("done", Duration::from_secs(40));
+            let _ = share.finish(Duration::from_secs(10));
+            // A whole card: the device plugin's MPS client envs without limits.
+            let mut response = ContainerAllocateResponse::default();
+            Enforcement::Mps(layout.clone()).mps_client(uuid, &mut response);
+            let mut env: Vec<(String, String)> =
+                response.envs.into_iter().filter(|(k, _)| k != "CUDA_MPS_PIPE_DIRECTORY").collect();
+            env.extend(m.env());
+            let mut whole = Client::start(ctx, "xs-whole", json!({"try_mib": [8192]}), &env, None)?;
+            let _ = whole.wait_for("done", Duration::from_secs(40));
+            let _ = whole.finish(Duration::from_secs(10));
+            let refused =
+                outcome(&outside)["error"].as_str().is_some_and(|e| e.contains("busy or unavailable"));
+            let share_held = tries_as(&share, &[(1024, true), (3072, false)]);
+            let whole_ran = tries_as(&whole, &[(8192, true)]);
+            Ok(json!({
+                "ok": refused && share_held && whole_ran,
+                "around_refused": refused, "share_limits_held": share_held, "whole_card_ran": whole_ran,
+                "around": outcome(&outside), "share": outcome(&share), "whole": outcome(&whole),
+            }))
+        })();
+        report["clients"] = tries.unwrap_or_else(|e| json!({"ok": false, "error": e}));
+    }
+    let _ = stop.send(true);
+    let ended = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(20), supervised).await });
+    report["stopped"] = json!(matches!(ended, Ok(Ok(Ok(())))));
+    report["compute_mode_after_stop"] = mode();
+    report["mark_after_stop"] = json!(layout.exclusive(uuid));
+    let default = matches!(
+        ctx.nvml()
+            .and_then(|n| n.device_by_uuid(uuid).and_then(|d| d.compute_mode()).map_err(|e| e.to_string())),
+        Ok(ComputeMode::Default)
+    );
+    report["ok"] = json!(report["clients"]["ok"] == true && default && !layout.exclusive(uuid));
+    report
 }
 
 fn wait_until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
