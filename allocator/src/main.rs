@@ -76,7 +76,8 @@ struct ServeArgs {
     gpushare: Option<GpushareUnitArg>,
     /// Place on a node only while a Ready agent pod with this label (`key=value`) runs there (the
     /// shipped install: `app.kubernetes.io/name=nano-gpu-agent`): a kubelet whose device plugin does
-    /// not serve fails the GPU pods it admits.
+    /// not serve fails the GPU pods it admits. Only pods in this replica's namespace
+    /// (`POD_NAMESPACE`) that a DaemonSet controls count as agents.
     #[arg(long, env = "NANO_GPU_REQUIRE_READY_AGENT", value_parser = parse_label)]
     require_ready_agent: Option<(String, String)>,
     /// Rebuild the learned target workload every this many binds.
@@ -258,7 +259,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let engine = Engine::new(Cluster::new(), policy, Default::default());
         let mut view = state::ClusterState::new(engine, 0, demand).learn_workload(args.learn_every);
         if let Some((key, value)) = &args.require_ready_agent {
-            view = view.require_ready_agents(key, value);
+            view = view.require_ready_agents(key, value, &args.lease_namespace);
         }
         let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);

@@ -92,9 +92,9 @@ pub struct ClusterState {
     unconfirmed: Vec<Unconfirmed>,
     /// The newest pod resourceVersion a watch event showed.
     pods_version: u64,
-    /// With [`ClusterState::require_ready_agents`]: the label (key, value) of agent pods, and the agent
-    /// pods seen, by uid: their node and whether they are Ready.
-    agent_label: Option<(String, String)>,
+    /// With [`ClusterState::require_ready_agents`]: what makes a pod an agent (its label and
+    /// namespace), and the agent pods seen, by uid: their node and whether they are Ready.
+    agent_label: Option<AgentPods>,
     agents: HashMap<String, (String, bool)>,
     warnings: Vec<Warning>,
     /// Pending pods that ask a GPU and hold no assignment yet, by uid (the GPU map's waiting list).
@@ -102,6 +102,29 @@ pub struct ClusterState {
     /// Bumped at every change of what `/inspect` or the map shows, so a reader can tell nothing
     /// changed without building them.
     generation: u64,
+}
+
+/// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
+#[derive(Clone, Debug)]
+struct AgentPods {
+    key: String,
+    value: String,
+    namespace: String,
+}
+
+impl AgentPods {
+    /// Whether `pod` is an agent pod.
+    fn matches(&self, pod: &Pod) -> bool {
+        let labelled = pod.metadata.labels.as_ref().and_then(|l| l.get(&self.key)) == Some(&self.value);
+        let here = pod.metadata.namespace.as_deref() == Some(self.namespace.as_str());
+        let daemon_set = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1");
+        labelled && here && daemon_set
+    }
 }
 
 /// A pending GPU pod: its name, what it asks, since when (its creation, RFC 3339 and in seconds
@@ -196,12 +219,15 @@ impl ClusterState {
         self
     }
 
-    /// Places on a node only while a Ready agent pod (labelled `key=value`) runs there: a kubelet
-    /// whose device plugin does not serve (its agent crashed or was deleted) fails the pods it admits
-    /// (`UnexpectedAdmissionError`), so none is sent there until the agent is back. The engine's node
+    /// Places on a node only while a Ready agent pod runs there: a kubelet whose device plugin does
+    /// not serve (its agent crashed or was deleted) fails the pods it admits
+    /// (`UnexpectedAdmissionError`), so none is sent there until the agent is back. An agent pod is
+    /// labelled `key=value`, runs in `namespace` (the system's, where tenants create no pods) and is
+    /// controlled by a DaemonSet: a tenant's pod with the label counts for nothing. The engine's node
     /// says it (`serving`, rebuilt when the node's agents change): filter, bind and `/inspect` read it.
-    pub fn require_ready_agents(mut self, key: &str, value: &str) -> Self {
-        self.agent_label = Some((key.to_owned(), value.to_owned()));
+    pub fn require_ready_agents(mut self, key: &str, value: &str, namespace: &str) -> Self {
+        self.agent_label =
+            Some(AgentPods { key: key.to_owned(), value: value.to_owned(), namespace: namespace.to_owned() });
         self
     }
 

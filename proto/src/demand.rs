@@ -293,20 +293,63 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
             memory = memory.saturating_add(quantity::mebibytes(&q.0).map_err(|e| err("memory", e))?);
         }
     }
-    let models = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(GPU_MODEL_ANNOTATION))
-        .map(|v| v.split('|').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned).collect())
-        .unwrap_or_default();
+    let models = match pod.metadata.annotations.as_ref().and_then(|a| a.get(GPU_MODEL_ANNOTATION)) {
+        Some(value) => models(value)?,
+        None => Vec::new(),
+    };
     Ok(PodDemand { slots: combine(app, init)?, cpu: CpuMilli(cpu), memory: MiB(memory), models })
+}
+
+/// The longest `nano-gpu/gpu-model` value read, in bytes: every pending GPU pod's models are kept,
+/// so a pod cannot make the allocator hold more than this for it.
+pub const MAX_MODELS_LEN: usize = 1024;
+/// The most models one pod may name.
+pub const MAX_MODELS: usize = 32;
+
+/// The models `nano-gpu/gpu-model` names (`|`-separated, blanks ignored, each once), or why it is
+/// refused: longer than [`MAX_MODELS_LEN`] or naming more than [`MAX_MODELS`].
+fn models(value: &str) -> Result<Vec<String>, InvalidDemand> {
+    if value.len() > MAX_MODELS_LEN {
+        return Err(InvalidDemand(format!(
+            "annotation {GPU_MODEL_ANNOTATION} is {} bytes long; at most {MAX_MODELS_LEN} (card models separated by '|')",
+            value.len()
+        )));
+    }
+    let mut models: Vec<String> = Vec::new();
+    for m in value.split('|').map(str::trim).filter(|m| !m.is_empty()) {
+        if !models.iter().any(|k| k == m) {
+            models.push(m.to_owned());
+        }
+    }
+    if models.len() > MAX_MODELS {
+        return Err(InvalidDemand(format!(
+            "annotation {GPU_MODEL_ANNOTATION} names {} models; at most {MAX_MODELS}",
+            models.len()
+        )));
+    }
+    Ok(models)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_model_list_is_bounded_and_each_model_kept_once() {
+        let with = |value: String| {
+            let mut p = pod(json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "30"}))]}));
+            p.metadata.annotations = Some([(GPU_MODEL_ANNOTATION.to_string(), value)].into());
+            pod_demand(&p, &DemandOptions::default())
+        };
+        assert_eq!(with("T4|A10|T4| T4 ".into()).unwrap().models, ["T4", "A10"]);
+        // A pending pod cannot make the allocator keep 100,000 strings for it.
+        let huge = with("a|".repeat(100_000)).unwrap_err().0;
+        assert!(huge.contains("200000 bytes") && huge.len() < 200, "{huge}");
+        let many: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+        assert!(with(many.join("|")).unwrap_err().0.contains("names 40 models"));
+        assert_eq!(with("|".repeat(MAX_MODELS_LEN)).unwrap().models, Vec::<String>::new());
+    }
 
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})).unwrap()

@@ -69,7 +69,7 @@ impl Layout {
         let file = self.pipe(uuid).join(PID_FILE);
         let down =
             |why: String| format!("enforcement mps: the card's MPS control daemon is not running ({why})");
-        let text = std::fs::read_to_string(&file).map_err(|e| down(format!("{}: {e}", file.display())))?;
+        let text = read_small_file(&file, 64).map_err(|e| down(format!("{}: {e}", file.display())))?;
         let pid: u32 =
             text.trim().parse().map_err(|_| down(format!("{} holds {:?}", file.display(), text.trim())))?;
         let comm =
@@ -80,6 +80,23 @@ impl Layout {
             Err(down(format!("PID {pid} of {} is gone", file.display())))
         }
     }
+}
+
+/// The text of `file`, at most `limit` bytes, only if it is a regular file. The pipe directories are
+/// writable by every share's container, so a FIFO, a device or a link may stand where a PID file
+/// should: such a file is refused, never waited on or followed (opened without blocking and without
+/// following a link, then checked on the open descriptor).
+fn read_small_file(file: &Path, limit: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW;
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits() as i32).open(file)?;
+    if !opened.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file"));
+    }
+    let mut text = String::new();
+    opened.take(limit).read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// What the supervisor runs with.
@@ -409,6 +426,32 @@ mod tests {
         assert!(layout.daemon("GPU-a").is_err(), "a reused PID is not the daemon");
         std::fs::write(proc_root.join("4242/comm"), "nvidia-cuda-mps\n").unwrap();
         assert_eq!(layout.daemon("GPU-a"), Ok(4242));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A share's container can write in its card's pipe directory: what it puts in the PID file's
+    /// place is refused at once, never read from (a FIFO would block the reader, `/dev/zero` never
+    /// end).
+    #[test]
+    fn a_fifo_or_a_link_in_place_of_the_pid_file_is_refused_without_waiting() {
+        let root = std::env::temp_dir().join(format!("nano-gpu-mps-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
+        std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
+        let file = layout.pipe("GPU-a").join(PID_FILE);
+        let made = std::process::Command::new("mkfifo").arg(&file).status().unwrap();
+        assert!(made.success());
+        let started = Instant::now();
+        let err = layout.daemon("GPU-a").unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        let err = layout.daemon("GPU-a").unwrap_err();
+        assert!(err.contains("not running"), "{err}");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "1".repeat(1 << 20)).unwrap();
+        assert!(layout.daemon("GPU-a").unwrap_err().contains("holds"), "a huge file is read only in part");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -129,10 +129,9 @@ impl ClusterState {
     /// Notes whether `pod` is an agent (see [`ClusterState::require_ready_agents`]), where, and
     /// whether it is Ready and not going away.
     fn note_agent(&mut self, uid: &str, pod: &Pod) {
-        let Some((key, value)) = &self.agent_label else { return };
-        let labels = pod.metadata.labels.as_ref();
+        let Some(agents) = &self.agent_label else { return };
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let agent = match (labels.and_then(|l| l.get(key)) == Some(value), node) {
+        let agent = match (agents.matches(pod), node) {
             (true, Some(node)) => {
                 let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
                 let ready =

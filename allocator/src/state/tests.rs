@@ -671,7 +671,9 @@ fn agent(uid: &str, node: &str, ready: bool, deleting: bool) -> Pod {
     let status = if ready { "True" } else { "False" };
     let mut p: Pod = serde_json::from_value(json!({
         "metadata": {"name": uid, "namespace": "nano-gpu-system", "uid": uid,
-                     "labels": {"app.kubernetes.io/name": "nano-gpu-agent"}},
+                     "labels": {"app.kubernetes.io/name": "nano-gpu-agent"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nano-gpu-agent",
+                                          "uid": "ds-1", "controller": true}]},
         "spec": {"nodeName": node, "containers": [{"name": "agent"}]},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}
     }))
@@ -686,7 +688,7 @@ fn agent(uid: &str, node: &str, ready: bool, deleting: bool) -> Pod {
 
 #[test]
 fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
-    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent");
+    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent", "nano-gpu-system");
     s.apply_node(&node("n1", 1));
     s.apply_node(&node("n2", 1));
     let filter = |s: &mut ClusterState| {
@@ -714,6 +716,27 @@ fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
     assert_eq!(filter(&mut s).node_names, Some(vec!["n2".to_owned()]));
     s.reset_pods(&[]);
     assert_eq!(filter(&mut s).node_names, Some(vec![]));
+}
+
+/// A tenant's pod labelled as an agent (in its own namespace, or with no DaemonSet controlling it)
+/// does not make a node serve.
+#[test]
+fn only_the_system_s_daemonset_pods_count_as_agents() {
+    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent", "nano-gpu-system");
+    s.apply_node(&node("n1", 1));
+    let filter = |s: &mut ClusterState| {
+        let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]});
+        s.filter(serde_json::from_value(args).unwrap()).node_names.unwrap()
+    };
+    let mut posing = agent("t1", "n1", true, false);
+    posing.metadata.namespace = Some("tenant".into());
+    s.apply_pod(&posing);
+    let mut unowned = agent("t2", "n1", true, false);
+    unowned.metadata.owner_references = None;
+    s.apply_pod(&unowned);
+    assert!(filter(&mut s).is_empty(), "no agent of the system runs on n1");
+    s.apply_pod(&agent("a1", "n1", true, false));
+    assert_eq!(filter(&mut s), ["n1"]);
 }
 
 #[test]
