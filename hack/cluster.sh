@@ -69,6 +69,19 @@ tools() {
   [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
 }
 
+# runtime_config: the node's NVIDIA runtime configuration (the stand-in reads it as
+# nvidia-container-runtime reads /etc/nvidia-container-runtime/config.toml): by default what the
+# README asks of a node (devices from the device plugin's mounts, a pod's NVIDIA_VISIBLE_DEVICES
+# ignored unless it is privileged); NANO_GPU_RUNTIME_CONFIG=default leaves the toolkit's defaults.
+runtime_config() {
+  case ${NANO_GPU_RUNTIME_CONFIG:-secure} in
+    secure) printf '%s\n' 'accept-nvidia-visible-devices-envvar-when-unprivileged = false' \
+      'accept-nvidia-visible-devices-as-volume-mounts = true' ;;
+    default) echo "# the NVIDIA container toolkit's defaults" ;;
+    *) die "NANO_GPU_RUNTIME_CONFIG=$NANO_GPU_RUNTIME_CONFIG: secure or default" ;;
+  esac
+}
+
 # rootfs_new: an empty root filesystem laid out as Debian's (merged /usr), with the users the shipped
 # images have (root, and nonroot 65532 as in distroless).
 rootfs_new() {
@@ -407,6 +420,7 @@ EOF
     mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
     chmod 1777 "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
     nvml_config "$node" "$k" >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/nvml.json"
+    runtime_config >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/config.toml"
     install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
     install -m 755 "$NANO_GPU_BIN/nvidia-cuda-mps-control" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/"
     start_containerd "$node" "$k"

@@ -98,6 +98,11 @@ pub struct Flags {
     /// Also hand NVIDIA cards to containers as CDI devices (`nvidia.com/gpu=<uuid>`).
     #[arg(long, env = "NANO_GPU_CDI")]
     pub cdi: bool,
+    /// How NVIDIA cards are named to the runtime: `envvar` (`NVIDIA_VISIBLE_DEVICES`, which a pod's
+    /// own env overrides), `volume-mounts` (`/dev/null` at `/var/run/nvidia-container-devices/<uuid>`,
+    /// read first by a runtime set to accept them; a pod cannot change them), or both, comma-separated.
+    #[arg(long, env = "NANO_GPU_DEVICE_LIST_STRATEGY", default_value = "envvar,volume-mounts")]
+    pub device_list_strategy: plugin::DeviceList,
     /// Seconds without a critical XID before an unhealthy card is healthy again.
     #[arg(long, env = "NANO_GPU_XID_QUIET_SECONDS", default_value_t = 300)]
     pub xid_quiet_seconds: u64,

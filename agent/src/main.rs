@@ -128,7 +128,12 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             e => tracing::info!(mode = e.name(), "shares are enforced"),
         }
-        let edits = nano_gpu_agent::plugin::Edits { cdi: flags.cdi, enforcement, memory };
+        let edits = nano_gpu_agent::plugin::Edits {
+            cdi: flags.cdi,
+            devices: flags.device_list_strategy,
+            enforcement,
+            memory,
+        };
         let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)

@@ -174,14 +174,25 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     let mounts: Vec<(String, &str)> =
         share.mounts.iter().map(|m| (m.host_path.clone(), m.container_path.as_str())).collect();
     let pipe = root.join("GPU-a/pipe").display().to_string();
-    assert_eq!(mounts, [(pipe, "/tmp/nvidia-mps"), (root.join("shm").display().to_string(), "/dev/shm")]);
+    assert_eq!(
+        mounts,
+        [
+            ("/dev/null".to_owned(), "/var/run/nvidia-container-devices/GPU-a"),
+            (pipe, "/tmp/nvidia-mps"),
+            (root.join("shm").display().to_string(), "/dev/shm")
+        ]
+    );
     // A whole card bypasses MPS.
     fake.pod_resources.put(entry("shared", &ids("GPU-a", 0..30)));
     fake.pod_resources.put(entry("whole", &[]));
     let got = kubelet.allocate(allocate(ids("GPU-b", 0..100))).await.unwrap().into_inner();
     let whole = &got.container_responses[0];
     assert_eq!(whole.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
-    assert!(whole.mounts.is_empty() && !whole.envs.keys().any(|k| k.starts_with("CUDA_MPS")), "{whole:?}");
+    assert!(
+        whole.mounts.iter().all(|m| m.host_path == "/dev/null")
+            && !whole.envs.keys().any(|k| k.starts_with("CUDA_MPS")),
+        "{whole:?}"
+    );
 
     // GPU-a's daemon dies: the supervisor starts it again, and the pod with a share there is told.
     let killed = pid_of(&root, "GPU-a").unwrap();

@@ -11,9 +11,10 @@ use nano_gpu_proto::device_id;
 use nano_gpu_proto::units::MiB;
 use std::collections::{BTreeSet, HashMap};
 
-/// Every Running pod with an assignment: in each of its containers the cards of its
-/// `NVIDIA_VISIBLE_DEVICES` and `NANO_GPU_CARDS`, the cards its NVML shows, and the cards of the
-/// device IDs its kubelet gave it all equal its assignment; no card is over 100 % or over its memory;
+/// Every Running pod with an assignment: in each of its containers the cards of its device-list
+/// mounts and of `NANO_GPU_CARDS`, the cards its NVML shows, and the cards of the device IDs its
+/// kubelet gave it all equal its assignment (not `NVIDIA_VISIBLE_DEVICES`: the pod's own env may
+/// say anything, and the node's runtime reads the mounts); no card is over 100 % or over its memory;
 /// the allocator's view holds exactly what the assignments of the bound pods hold (no leaked
 /// reservation), percent and memory; one memory truth: a share that asked no memory holds its percent
 /// of the card's memory there, and its container was told exactly that (`NANO_GPU_MEMORY_MIB`).
@@ -53,11 +54,13 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
             let assigned: BTreeSet<String> = grants.iter().map(|g| g.uuid.clone()).collect();
             let seen = report(&api, name, container).await;
             let key = format!("{ns}/{name}/{container}");
-            for var in ["NVIDIA_VISIBLE_DEVICES", "NANO_GPU_CARDS"] {
-                let cards: BTreeSet<String> =
-                    seen.env.get(var).map(|v| v.split(',').map(String::from).collect()).unwrap_or_default();
-                assert_eq!(cards, assigned, "{key}: {var} vs its assignment; env {:?}", seen.env);
-            }
+            let told: BTreeSet<String> = seen
+                .env
+                .get("NANO_GPU_CARDS")
+                .map(|v| v.split(',').map(String::from).collect())
+                .unwrap_or_default();
+            assert_eq!(told, assigned, "{key}: NANO_GPU_CARDS vs its assignment; env {:?}", seen.env);
+            assert_eq!(seen.mounts, assigned, "{key}: its device-list mounts vs its assignment");
             assert_eq!(seen.cards, assigned, "{key}: the cards its NVML shows vs its assignment");
             let ids: BTreeSet<String> = devices[&node]
                 .get(&key)

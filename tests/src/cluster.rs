@@ -24,7 +24,8 @@ pub const CUDA_IMAGE: &str = "nvidia/cuda:12.4.1-base-ubuntu22.04";
 /// What a GPU container of the tests runs: its cards as its NVML shows them, its GPU environment,
 /// then a marker, then it sleeps.
 const REPORT: &str = "nvidia-smi -L; env | grep -E '^(NVIDIA_VISIBLE_DEVICES|NANO_GPU_[A-Z_]+|ALIYUN_COM_[A-Z_]+)=' \
-                      | sort; echo reported; ";
+                      | sort; for d in /var/run/nvidia-container-devices/*; do [ -e \"$d\" ] && echo \"devmount ${d##*/}\"; done; \
+                      echo reported; ";
 
 /// The running cluster; taken down (every process, mount, cgroup, namespace) when dropped.
 pub struct Cluster {
@@ -516,6 +517,8 @@ pub struct Report {
     pub env: BTreeMap<String, String>,
     /// The UUIDs `nvidia-smi -L` listed.
     pub cards: BTreeSet<String>,
+    /// The device list the container was handed as mounts (`/var/run/nvidia-container-devices/*`).
+    pub mounts: BTreeSet<String>,
 }
 
 /// Reads what a container of [`gpu_pod`] printed, from its log (waits until it printed all of it).
@@ -534,6 +537,8 @@ pub async fn report(pods: &Api<Pod>, pod: &str, container: &str) -> Report {
     for line in log.lines() {
         if let Some(uuid) = line.strip_prefix("GPU ").and_then(|l| l.split("(UUID: ").nth(1)) {
             report.cards.insert(uuid.trim_end_matches(')').to_owned());
+        } else if let Some(device) = line.strip_prefix("devmount ") {
+            report.mounts.insert(device.to_owned());
         } else if let Some((k, v)) = line.split_once('=') {
             report.env.insert(k.to_owned(), v.to_owned());
         }

@@ -25,6 +25,39 @@ use std::time::Duration;
 
 const SYSTEM: &str = "nano-gpu-system";
 
+/// A tenant's env does not reach cards (the local cluster's nodes run the NVIDIA runtime as the
+/// README asks: device lists from the device plugin's mounts, a pod's `NVIDIA_VISIBLE_DEVICES`
+/// ignored unless it is privileged): a 10 % share that sets `NVIDIA_VISIBLE_DEVICES=all` sees its
+/// one card, and a pod that asks no GPU, its image saying `all`, sees none.
+async fn tenant_env_cannot_widen(pods: &Api<Pod>) {
+    let mut widen = percent_pod("widen", 10);
+    widen.spec.as_mut().unwrap().containers[0].env = Some(vec![
+        serde_json::from_value(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})).unwrap(),
+    ]);
+    create(pods, &widen).await;
+    let plain = gpu_pod("no-gpu", &[("c", &[])], json!({}));
+    create(pods, &plain).await;
+    let names = ["widen".to_string(), "no-gpu".to_string()];
+    wait_running(pods, &names, Duration::from_secs(120)).await;
+    let seen = report(pods, "widen", "c").await;
+    let a = Assignment::decode(
+        &pods.get("widen").await.unwrap().metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION],
+    )
+    .unwrap();
+    let assigned: BTreeSet<String> = a.containers["c"].iter().map(|g| g.uuid.clone()).collect();
+    assert_eq!(seen.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("all"), "its own env won");
+    assert_eq!(seen.cards, assigned, "a share that sets NVIDIA_VISIBLE_DEVICES=all sees its card only");
+    let none = report(pods, "no-gpu", "c").await;
+    assert!(none.cards.is_empty() && none.mounts.is_empty(), "a pod asking no GPU sees no card: {none:?}");
+    for name in names {
+        pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    wait_until("the tenant pods gone", Duration::from_secs(60), || async {
+        pods.get_opt("widen").await.unwrap().is_none() && pods.get_opt("no-gpu").await.unwrap().is_none()
+    })
+    .await;
+}
+
 /// The node of pod `name`'s container `c`, the labels of its per-container series (its first card),
 /// and the memory (MiB) that grant holds.
 async fn container_series(pods: &Api<Pod>, name: &str) -> (String, String, u64) {
@@ -412,6 +445,7 @@ async fn the_system_works_on_real_nodes() {
     names.extend(["multi", "t4", "gpushare"].map(String::from));
     wait_running(&pods, &names, Duration::from_secs(120)).await;
     assert_eq!(check_consistency(&cluster, &client).await, names.len());
+    tenant_env_cannot_widen(&pods).await;
     let t4 = pods.get("t4").await.unwrap();
     let a = Assignment::decode(&t4.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION]).unwrap();
     assert_eq!(a.node, "node-2", "the only Tesla T4 cards are on node-2");

@@ -1,6 +1,12 @@
 //! Container edits: what one container gets for the IDs the kubelet chose: the card(s) as
-//! `NVIDIA_VISIBLE_DEVICES` (and CDI names) or Intel device nodes, the share's env, and gpushare's env
-//! for `aliyun.com/gpu-mem`.
+//! `NVIDIA_VISIBLE_DEVICES`, as volume mounts the NVIDIA runtime reads (and CDI names), or Intel
+//! device nodes, the share's env, and gpushare's env for `aliyun.com/gpu-mem`.
+//!
+//! A container's own `env` comes after the device plugin's, so `NVIDIA_VISIBLE_DEVICES` is the pod's
+//! to change. The volume mounts are not: `/dev/null` at `/var/run/nvidia-container-devices/<uuid>`,
+//! which nvidia-container-runtime reads as the container's device list when its configuration says
+//! `accept-nvidia-visible-devices-as-volume-mounts = true`, before any environment variable, and a
+//! pod under Pod Security `baseline` cannot mount `/dev/null` itself (no hostPath volumes).
 
 use super::devices::derive;
 use crate::enforce::driver::MemoryLimit;
@@ -9,15 +15,61 @@ use crate::inventory::Card;
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::gpushare;
-use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
+use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 use nano_gpu_proto::units::{MiB, Percent};
 use tonic::Status;
+
+/// Where the NVIDIA runtime reads a container's device list from mounts (`/dev/null` at
+/// `<root>/<device>`).
+pub const DEVICE_LIST_MOUNTS: &str = "/var/run/nvidia-container-devices";
+
+/// How NVIDIA cards are named to the runtime (`--device-list-strategy`): NVIDIA's device plugin's
+/// names and meanings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceList {
+    /// `envvar`: `NVIDIA_VISIBLE_DEVICES=<uuids>`.
+    pub envvar: bool,
+    /// `volume-mounts`: `/dev/null` at `/var/run/nvidia-container-devices/<uuid>` per card.
+    pub volume_mounts: bool,
+}
+
+impl Default for DeviceList {
+    /// Both: the env for nodes whose runtime reads only it, the mounts (which win there) for nodes set
+    /// up as the README says.
+    fn default() -> Self {
+        DeviceList { envvar: true, volume_mounts: true }
+    }
+}
+
+impl std::str::FromStr for DeviceList {
+    type Err = String;
+
+    /// A comma list of `envvar` and `volume-mounts` (CDI names are `--cdi`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut list = DeviceList { envvar: false, volume_mounts: false };
+        for word in s.split(',').map(str::trim) {
+            match word {
+                "envvar" => list.envvar = true,
+                "volume-mounts" => list.volume_mounts = true,
+                other => {
+                    return Err(format!(
+                        "device list strategy {other:?}: the strategies are envvar and volume-mounts, \
+                         comma-separated (CDI names: --cdi)"
+                    ));
+                }
+            }
+        }
+        Ok(list)
+    }
+}
 
 /// How containers are given their cards beyond the environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edits {
     /// Also name NVIDIA cards as CDI devices (`nvidia.com/gpu=<uuid>`), for runtimes set up with CDI.
     pub cdi: bool,
+    /// How NVIDIA cards are named to the runtime.
+    pub devices: DeviceList,
     /// How a share of an NVIDIA card is limited.
     pub enforcement: Enforcement,
     /// Whether a share's pod also gets the driver's memory limit (set at PreStartContainer).
@@ -68,7 +120,18 @@ pub fn allocate(
             response.cdi_devices =
                 nvidia.iter().map(|u| CdiDevice { name: format!("nvidia.com/gpu={u}") }).collect();
         }
-        response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), nvidia.join(","));
+        // Without the env strategy the image's own value (CUDA images say `all`) is replaced by one
+        // that names no card, so a runtime that reads only the env fails the container rather than
+        // give it every card, as NVIDIA's device plugin does.
+        let visible = if edits.devices.envvar { nvidia.join(",") } else { DEVICE_LIST_MOUNTS.into() };
+        response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
+        if edits.devices.volume_mounts {
+            response.mounts.extend(nvidia.iter().map(|u| Mount {
+                container_path: format!("{DEVICE_LIST_MOUNTS}/{u}"),
+                host_path: "/dev/null".into(),
+                read_only: true,
+            }));
+        }
     }
     let count: u32 = got.iter().map(|(_, n)| n).sum();
     let grants = claimed.map(|c| c.grants.as_slice());

@@ -117,7 +117,14 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
     let two: Vec<String> = ids("GPU-a", 0..100).into_iter().chain(ids("GPU-b", 0..100)).collect();
     // Not held exclusive: a whole card is the container's as under `none`, two cards too.
     let whole = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, &edits).unwrap();
-    assert!(whole.mounts.is_empty() && !whole.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
+    let mps_mounts = |r: &nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse| {
+        r.mounts
+            .iter()
+            .filter(|m| m.host_path != "/dev/null")
+            .map(|m| m.host_path.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(mps_mounts(&whole).is_empty() && !whole.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
     assert!(allocate(&cards, &two, None, Resource::Percent, &edits).is_ok());
 
     std::fs::create_dir_all(root.join("GPU-a")).unwrap();
@@ -126,8 +133,10 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
     let whole = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, &edits).unwrap();
     assert_eq!(whole.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
     assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "a whole card is not limited");
-    let sources: Vec<&str> = whole.mounts.iter().map(|m| m.host_path.as_str()).collect();
-    assert_eq!(sources, [layout.pipe("GPU-a").to_str().unwrap(), layout.shm().to_str().unwrap()]);
+    assert_eq!(
+        mps_mounts(&whole),
+        [layout.pipe("GPU-a").display().to_string(), layout.shm().display().to_string()]
+    );
     // A share of it keeps its limits.
     let share = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &edits).unwrap();
     assert_eq!(share.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
@@ -140,4 +149,38 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
         refused.message()
     );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The device list as mounts the NVIDIA runtime reads before any env (which the pod can override):
+/// one `/dev/null` per NVIDIA card; with the env strategy off, the image's `all` is replaced by a
+/// value naming no card.
+#[test]
+fn nvidia_cards_are_named_by_env_and_by_volume_mounts_as_asked() {
+    let cards =
+        [card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia), card("0000:03:00.0", Vendor::Intel)];
+    let two: Vec<String> = ids("GPU-a", 0..100).into_iter().chain(ids("GPU-b", 0..100)).collect();
+    let both = allocate(&cards, &two, None, Resource::Percent, &Edits::default()).unwrap();
+    assert_eq!(both.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    let mounts: Vec<(&str, &str, bool)> =
+        both.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)).collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/dev/null", "/var/run/nvidia-container-devices/GPU-a", true),
+            ("/dev/null", "/var/run/nvidia-container-devices/GPU-b", true)
+        ]
+    );
+    let only_mounts = Edits { devices: "volume-mounts".parse().unwrap(), ..Edits::default() };
+    let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &only_mounts).unwrap();
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "/var/run/nvidia-container-devices");
+    assert_eq!(r.mounts.len(), 1);
+    let only_env = Edits { devices: "envvar".parse().unwrap(), ..Edits::default() };
+    let r = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &only_env).unwrap();
+    assert_eq!((r.envs["NVIDIA_VISIBLE_DEVICES"].as_str(), r.mounts.len()), ("GPU-a", 0));
+    // An Intel card is handed as its device nodes, named by no NVIDIA list.
+    let intel =
+        allocate(&cards, &ids("0000:03:00.0", 0..100), None, Resource::Percent, &Edits::default()).unwrap();
+    assert!(intel.mounts.is_empty() && !intel.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
+    let err = "envvar,cdi".parse::<DeviceList>().unwrap_err();
+    assert!(err.contains("\"cdi\"") && err.contains("--cdi"), "{err}");
 }

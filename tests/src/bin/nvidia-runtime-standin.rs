@@ -14,6 +14,22 @@
 //! or `all`) also gets the node's `nvidia-cuda-mps-control` (the stand-in
 //! `tests/src/bin/nvidia-cuda-mps-control.rs`) at `/usr/bin/nvidia-cuda-mps-control`, as the real
 //! runtime mounts NVIDIA's.
+//!
+//! **Which cards**, by the toolkit's own rules (nvidia-container-toolkit's hook, `getDevices`), under
+//! the node's configuration `/var/lib/nano-gpu-fake-driver/config.toml` (standing in for
+//! `/etc/nvidia-container-runtime/config.toml`; the same two keys, the same defaults):
+//! - with `accept-nvidia-visible-devices-as-volume-mounts = true` (default false), the cards named by
+//!   mounts whose source is `/dev/null` and whose destination lies under
+//!   `/var/run/nvidia-container-devices/` (`cdi/` and `imex/` names aside) come first: if there are
+//!   any, they are the list;
+//! - otherwise `NVIDIA_VISIBLE_DEVICES` (its last value), which counts only in a privileged container
+//!   (`CAP_SYS_ADMIN` in the bounding set) or with
+//!   `accept-nvidia-visible-devices-envvar-when-unprivileged = true` (the default); `void`, `none` or
+//!   empty name no card.
+//!
+//! Where it differs from the real runtime: a device name is looked up among the node's cards by UUID
+//! or index only (no MIG or CDI names), and a name that matches no card is dropped rather than failing
+//! the container.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -73,10 +89,12 @@ fn edit_spec(bundle: &Path) -> Result<()> {
             env.iter().rev().find_map(|e| e.as_str()?.strip_prefix(prefix.as_str()).map(str::to_owned))
         })
     };
-    let visible = var("NVIDIA_VISIBLE_DEVICES");
     let compute = var("NVIDIA_DRIVER_CAPABILITIES")
         .is_some_and(|caps| caps.split(',').any(|c| matches!(c.trim(), "compute" | "all")));
-    let Some(visible) = visible.filter(|v| !matches!(v.as_str(), "" | "void" | "none")) else {
+    let config = std::fs::read_to_string(Path::new(DRIVER).join("config.toml"))
+        .map(|t| RuntimeConfig::parse(&t))
+        .unwrap_or_default();
+    let Some(visible) = config.devices(&spec, var("NVIDIA_VISIBLE_DEVICES")) else {
         return Ok(());
     };
     // The node's cards, kept to the visible ones.
@@ -114,6 +132,93 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The two keys of the NVIDIA runtime's configuration that decide where a container's device list
+/// comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RuntimeConfig {
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged`.
+    envvar_when_unprivileged: bool,
+    /// `accept-nvidia-visible-devices-as-volume-mounts`.
+    volume_mounts: bool,
+}
+
+impl Default for RuntimeConfig {
+    /// The toolkit's defaults.
+    fn default() -> Self {
+        RuntimeConfig { envvar_when_unprivileged: true, volume_mounts: false }
+    }
+}
+
+/// Where the runtime reads a device list from mounts.
+const DEVICE_MOUNTS: &str = "/var/run/nvidia-container-devices";
+
+impl RuntimeConfig {
+    /// The top-level keys of a `config.toml` (anything after the first `[section]` is a section's).
+    fn parse(text: &str) -> Self {
+        let mut config = RuntimeConfig::default();
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                break;
+            }
+            let Some((key, value)) = line.split_once('=') else { continue };
+            let value = value.trim() == "true";
+            match key.trim() {
+                "accept-nvidia-visible-devices-envvar-when-unprivileged" => {
+                    config.envvar_when_unprivileged = value
+                }
+                "accept-nvidia-visible-devices-as-volume-mounts" => config.volume_mounts = value,
+                _ => {}
+            }
+        }
+        config
+    }
+
+    /// The container's device list (`all` or comma-separated names), or `None` for no card, from its
+    /// OCI `spec` and its `NVIDIA_VISIBLE_DEVICES` (the last value).
+    fn devices(&self, spec: &Value, env: Option<String>) -> Option<String> {
+        if self.volume_mounts {
+            let mounted = devices_from_mounts(spec);
+            if !mounted.is_empty() {
+                return Some(mounted.join(","));
+            }
+        }
+        let env = env.filter(|v| !matches!(v.as_str(), "" | "void" | "none"))?;
+        (self.envvar_when_unprivileged || privileged(spec)).then_some(env)
+    }
+}
+
+/// Whether the container is privileged as the toolkit judges it: `CAP_SYS_ADMIN` in its bounding set.
+fn privileged(spec: &Value) -> bool {
+    spec["process"]["capabilities"]["bounding"]
+        .as_array()
+        .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"))
+}
+
+/// The device names of `/dev/null` mounts under [`DEVICE_MOUNTS`], each destination once, CDI and IMEX
+/// names aside.
+fn devices_from_mounts(spec: &Value) -> Vec<String> {
+    let clean = |p: &str| Path::new(p).components().collect::<PathBuf>();
+    let root = clean(DEVICE_MOUNTS);
+    let mut seen = std::collections::HashSet::new();
+    let mut devices = Vec::new();
+    for m in spec["mounts"].as_array().into_iter().flatten() {
+        let (Some(source), Some(destination)) = (m["source"].as_str(), m["destination"].as_str()) else {
+            continue;
+        };
+        let destination = clean(destination);
+        if clean(source) != Path::new("/dev/null") || !seen.insert(destination.clone()) {
+            continue;
+        }
+        let Ok(device) = destination.strip_prefix(&root) else { continue };
+        let device = device.to_string_lossy().into_owned();
+        if device.is_empty() || device.starts_with("cdi/") || device.starts_with("imex/") {
+            continue;
+        }
+        devices.push(device);
+    }
+    devices
+}
+
 /// The cards of `cards` (a JSON array) that `visible` names: `all`, or a comma list of UUIDs or
 /// indexes, as the real runtime takes them.
 fn visible_cards(cards: Value, visible: &str) -> Value {
@@ -146,6 +251,45 @@ mod tests {
         // Other commands pass through untouched, even with a --bundle-like word after them.
         assert_eq!(creating(&args("--root /r start id")), None);
         assert_eq!(creating(&args("--log /x state --bundle /b id")), None);
+    }
+
+    fn spec(mounts: &[(&str, &str)], bounding: &[&str]) -> Value {
+        let mounts: Vec<Value> =
+            mounts.iter().map(|(s, d)| json!({"source": s, "destination": d, "type": "bind"})).collect();
+        json!({"mounts": mounts, "process": {"capabilities": {"bounding": bounding}}})
+    }
+
+    #[test]
+    fn the_device_list_follows_the_toolkit_s_rules() {
+        let secure = RuntimeConfig::parse(
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\
+             accept-nvidia-visible-devices-as-volume-mounts = true\n[nvidia-container-cli]\nldconfig = \"x\"\n",
+        );
+        assert_eq!(secure, RuntimeConfig { envvar_when_unprivileged: false, volume_mounts: true });
+        assert_eq!(RuntimeConfig::parse("# nothing set\n"), RuntimeConfig::default());
+        let all = Some("all".to_owned());
+        let mounted = spec(
+            &[
+                ("/dev/null", "/var/run/nvidia-container-devices/GPU-a"),
+                ("/dev/null", "/var/run/nvidia-container-devices/GPU-a/"),
+                ("/dev/null", "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=0"),
+                ("/tmp/x", "/var/run/nvidia-container-devices/GPU-b"),
+                ("/dev/null", "/elsewhere/GPU-c"),
+            ],
+            &["CAP_CHOWN"],
+        );
+        // The mounts win over the env, and only /dev/null ones under the root count.
+        assert_eq!(secure.devices(&mounted, all.clone()), Some("GPU-a".into()));
+        // No mounts: the env of an unprivileged container is ignored, a privileged one's is not.
+        assert_eq!(secure.devices(&spec(&[], &["CAP_CHOWN"]), all.clone()), None);
+        assert_eq!(secure.devices(&spec(&[], &["CAP_SYS_ADMIN"]), all.clone()), all);
+        // The toolkit's defaults: the env counts for anyone, the mounts are not read.
+        let default = RuntimeConfig::default();
+        assert_eq!(default.devices(&mounted, all.clone()), all);
+        assert_eq!(default.devices(&mounted, None), None);
+        for nothing in ["", "void", "none"] {
+            assert_eq!(default.devices(&spec(&[], &[]), Some(nothing.into())), None);
+        }
     }
 
     #[test]
