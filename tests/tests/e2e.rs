@@ -541,6 +541,17 @@ async fn the_system_works_on_real_nodes() {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("may not"), "{}", e.message),
         other => panic!("an assignment was rewritten by the admin: {other:?}"),
     }
+    // Nor through the status subresource, which keeps the metadata a write carries; nor the overrun
+    // label the evictor selects on (set here, as removing it would be refused the same).
+    match pods.patch_status("t4", &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("nano-gpu/assignment"), "{}", e.message),
+        other => panic!("an assignment was written through pods/status: {other:?}"),
+    }
+    let overrun = json!({"metadata": {"labels": {"nano-gpu/overrun": "true"}}});
+    match pods.patch("t4", &PatchParams::default(), &Patch::Merge(&overrun)).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("label nano-gpu/overrun"), "{}", e.message),
+        other => panic!("the overrun label was set by the admin: {other:?}"),
+    }
     // Other annotations stay the users' own.
     let label = json!({"metadata": {"annotations": {"team": "ml"}}});
     pods.patch("t4", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
