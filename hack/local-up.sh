@@ -52,13 +52,15 @@ for pod in $pods; do
     [[ $(kubectl get pod -n nano-gpu-demo "$pod" -o jsonpath='{.status.phase}') == Running ]] ||
       fail "$pod is not Running"
     for c in $(kubectl get pod -n nano-gpu-demo "$pod" -o jsonpath='{.spec.containers[*].name}'); do
-      # nvidia-smi prints its line once the container started: give a fresh container a moment.
+      # nvidia-smi prints its line once the container started: give a fresh container a moment. The
+      # log is read whole first (grep -q ending a pipe early fails it under pipefail).
+      shown=
       for _ in 1 2 3 4 5 6 7 8 9 10; do
-        kubectl logs -n nano-gpu-demo "$pod" -c "$c" 2>/dev/null | grep -q '^GPU [0-9]*: .*(UUID: ' && break
+        log=$(kubectl logs -n nano-gpu-demo "$pod" -c "$c" 2>/dev/null || true)
+        if grep -q '^GPU [0-9]*: .*(UUID: ' <<<"$log"; then shown=1; break; fi
         sleep 1
       done
-      kubectl logs -n nano-gpu-demo "$pod" -c "$c" 2>/dev/null | grep -q '^GPU [0-9]*: .*(UUID: ' ||
-        fail "$pod/$c: nvidia-smi -L showed no card"
+      [[ -n $shown ]] || fail "$pod/$c: nvidia-smi -L showed no card"
     done
   fi
 done
