@@ -28,7 +28,8 @@ const SYSTEM: &str = "nano-gpu-system";
 /// A tenant's env does not reach cards (the local cluster's nodes run the NVIDIA runtime as the
 /// README asks: device lists from the device plugin's mounts, a pod's `NVIDIA_VISIBLE_DEVICES`
 /// ignored unless it is privileged): a 10 % share that sets `NVIDIA_VISIBLE_DEVICES=all` sees its
-/// one card, and a pod that asks no GPU, its image saying `all`, sees none.
+/// one card, and a pod that asks no GPU, its image saying `all`, sees none; a pod that would mount
+/// `/dev/null` as a device list is refused by Pod Security baseline.
 async fn tenant_env_cannot_widen(pods: &Api<Pod>) {
     let mut widen = percent_pod("widen", 10);
     widen.spec.as_mut().unwrap().containers[0].env = Some(vec![
@@ -49,6 +50,20 @@ async fn tenant_env_cannot_widen(pods: &Api<Pod>) {
     assert_eq!(seen.cards, assigned, "a share that sets NVIDIA_VISIBLE_DEVICES=all sees its card only");
     let none = report(pods, "no-gpu", "c").await;
     assert!(none.cards.is_empty() && none.mounts.is_empty(), "a pod asking no GPU sees no card: {none:?}");
+    // Naming cards by a mount of its own is what Pod Security baseline forbids the tenant.
+    let mut mounting = gpu_pod("mounting", &[("c", &[])], json!({}));
+    let spec = mounting.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "all", "hostPath": {"path": "/dev/null"}})).unwrap(),
+    ]);
+    spec.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(json!({"name": "all", "mountPath": "/var/run/nvidia-container-devices/all"}))
+            .unwrap(),
+    ]);
+    match pods.create(&PostParams::default(), &mounting).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("hostPath"), "{}", e.message),
+        other => panic!("a tenant's hostPath device list was admitted: {other:?}"),
+    }
     for name in names {
         pods.delete(&name, &DeleteParams::default()).await.unwrap();
     }
@@ -407,6 +422,8 @@ async fn the_system_works_on_real_nodes() {
     let cluster = Cluster::up("e2e", 3);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
+    // The tenants' namespace under Pod Security baseline, as the README asks.
+    cluster.ok(&["label", "namespace", NS, "pod-security.kubernetes.io/enforce=baseline"]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let system: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
 
