@@ -128,6 +128,13 @@ pub trait GpuInventory: Send + Sync {
     }
 }
 
+/// The NUMA node of the PCI device whose sysfs directory is `device` (its `numa_node`); `None` where
+/// there is none or it says `-1` (one NUMA node, or firmware that does not tell).
+fn numa_node(device: &std::path::Path) -> Option<u32> {
+    let text = std::fs::read_to_string(device.join("numa_node")).ok()?;
+    text.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+}
+
 /// Every backend's cards, in backend order; a backend that fails is reported, the others still count.
 pub fn read_all(backends: &[Box<dyn GpuInventory>]) -> (Vec<Card>, Vec<(String, InventoryError)>) {
     each_backend(backends, |b| b.cards())

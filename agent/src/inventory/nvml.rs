@@ -135,14 +135,12 @@ impl NvmlInventory {
 }
 
 /// The NUMA node of the PCI device NVML names `bus_id` (`00000000:3B:00.0`: an 8-digit domain,
-/// upper case), from sysfs (`0000:3b:00.0`); `None` where sysfs has no such device or says `-1` (a
-/// machine with one NUMA node, or firmware that does not tell).
+/// upper case), read from its sysfs directory (`0000:3b:00.0`).
 fn numa_node(sysfs: &std::path::Path, bus_id: &str) -> Option<u32> {
     let (domain, rest) = bus_id.split_once(':')?;
     let domain = domain.get(domain.len().checked_sub(4)?..)?;
     let address = format!("{domain}:{rest}").to_ascii_lowercase();
-    let text = std::fs::read_to_string(sysfs.join("bus/pci/devices").join(address).join("numa_node")).ok()?;
-    text.trim().parse().ok()
+    super::numa_node(&sysfs.join("bus/pci/devices").join(address))
 }
 
 impl GpuInventory for NvmlInventory {

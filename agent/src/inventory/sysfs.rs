@@ -57,8 +57,7 @@ impl SysfsDrm {
         let memory =
             read_trimmed(&dir.join("lmem_total_bytes")).and_then(|b| b.parse::<u64>().ok()).unwrap_or(0)
                 >> 20;
-        let numa =
-            read_trimmed(&device.join("numa_node")).and_then(|n| n.parse::<i64>().ok()).filter(|n| *n >= 0);
+        let numa = super::numa_node(&device);
         let mut device_nodes: Vec<PathBuf> = std::fs::read_dir(device.join("drm"))
             .ok()?
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -75,7 +74,7 @@ impl SysfsDrm {
                 model: format!("Intel {device_id} ({driver})"),
                 memory_mib: MiB(memory),
                 healthy: true,
-                numa: numa.map(|n| n as u32),
+                numa,
             },
             device_nodes,
             pci_address,
