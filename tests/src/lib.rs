@@ -114,6 +114,12 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     get(11) + get(12)
 }
 
+/// This process's real user ID (`/proc/self/status`); `None` when unreadable.
+pub fn own_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok())
+}
+
 /// The parent of a process (`/proc/<pid>/stat`); `None` when it is gone.
 pub fn parent_pid(pid: u32) -> Option<u32> {
     stat_fields(pid).get(1)?.parse().ok()

@@ -100,6 +100,5 @@ fn the_real_gpu_check_runs_against_the_fake_nvml() {
     assert!(mps["daemon_pid"].as_u64().is_some(), "{mps}");
     assert_eq!(mps["supervisor_stopped"], "stopped; its daemon told to quit");
     assert_eq!(mps["daemon_after_stop"]["Err"], "gone");
-    assert!(report["seconds"].as_f64().unwrap() < 60.0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -54,6 +54,16 @@ impl Layout {
         self.root.join(uuid).join("log")
     }
 
+    /// The environment that points the control program (the daemon, or a command to it) at card
+    /// `uuid`'s daemon.
+    pub fn control_env(&self, uuid: &str) -> [(&'static str, String); 3] {
+        [
+            ("CUDA_VISIBLE_DEVICES", uuid.to_owned()),
+            ("CUDA_MPS_PIPE_DIRECTORY", self.pipe(uuid).display().to_string()),
+            ("CUDA_MPS_LOG_DIRECTORY", self.log(uuid).display().to_string()),
+        ]
+    }
+
     /// Whether the supervisor holds card `uuid` in `EXCLUSIVE_PROCESS` mode (its mark is there).
     pub fn exclusive(&self, uuid: &str) -> bool {
         self.root.join(uuid).join(EXCLUSIVE_MARK).is_file()
@@ -230,15 +240,6 @@ fn waiting(backoff: Duration) -> Daemon {
     Daemon::Waiting { until: Instant::now() + backoff, backoff }
 }
 
-/// The environment that points the control program at card `uuid`'s daemon.
-fn daemon_env(layout: &Layout, uuid: &str) -> [(&'static str, String); 3] {
-    [
-        ("CUDA_VISIBLE_DEVICES", uuid.to_owned()),
-        ("CUDA_MPS_PIPE_DIRECTORY", layout.pipe(uuid).display().to_string()),
-        ("CUDA_MPS_LOG_DIRECTORY", layout.log(uuid).display().to_string()),
-    ]
-}
-
 /// Starts card `uuid`'s control daemon in the foreground (`-f`), as our child.
 fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> {
     for dir in [layout.pipe(uuid), layout.log(uuid)] {
@@ -246,7 +247,7 @@ fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> 
     }
     Command::new(program)
         .arg("-f")
-        .envs(daemon_env(layout, uuid))
+        .envs(layout.control_env(uuid))
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -257,7 +258,7 @@ fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> 
 async fn control(layout: &Layout, program: &Path, uuid: &str, commands: &str) -> Result<String, String> {
     let asked = async {
         let mut control = Command::new(program)
-            .envs(daemon_env(layout, uuid))
+            .envs(layout.control_env(uuid))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -441,10 +442,12 @@ mod tests {
         let file = layout.pipe("GPU-a").join(PID_FILE);
         let made = std::process::Command::new("mkfifo").arg(&file).status().unwrap();
         assert!(made.success());
-        let started = Instant::now();
-        let err = layout.daemon("GPU-a").unwrap_err();
+        // A reader that waited on the FIFO would never answer: the test fails instead of hanging.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = layout.clone();
+        std::thread::spawn(move || tx.send(reader.daemon("GPU-a")));
+        let err = rx.recv_timeout(Duration::from_secs(10)).expect("the PID file read waited").unwrap_err();
         assert!(err.contains("not a regular file"), "{err}");
-        assert!(started.elapsed() < Duration::from_secs(1));
         std::fs::remove_file(&file).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
         let err = layout.daemon("GPU-a").unwrap_err();

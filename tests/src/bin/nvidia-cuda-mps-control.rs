@@ -59,12 +59,8 @@ fn main() -> std::io::Result<()> {
         std::process::exit(1);
     }
     // As the real daemon answers a user other than root or its own (seen on an H200, driver 580).
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next() == Some("0")))
-        })
-        .unwrap_or(false);
+    let uid = nano_gpu_tests::own_uid().unwrap_or(u32::MAX);
+    let root = uid == 0;
     for command in std::io::stdin().lock().lines() {
         let command = command?;
         log(&logs, &format!("command {command}"));
@@ -75,8 +71,8 @@ fn main() -> std::io::Result<()> {
         }
         if !root && (word.starts_with("set_") || word == "start_server" || word == "shutdown_server") {
             println!(
-                "Insufficient privileges for UID. Control deamon settings can only be modified by the user who \
-                 started it or by the root user."
+                "Insufficient privileges for UID {uid}. Control deamon settings can only be modified by the user \
+                 who started it or by the root user."
             );
             continue;
         }

@@ -113,7 +113,11 @@ fn main() {
     let torch = std::fs::write(&client, CLIENT)
         .map_err(|e| format!("{}: {e}", client.display()))
         .and_then(|_| torch_version(&args.python));
-    let ctx = Ctx { args: &args, raw, client, torch: torch.clone() };
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(args.nvml_lib.as_os_str())
+        .init()
+        .map_err(|e| format!("NVML from {}: {e}", args.nvml_lib.display()));
+    let ctx = Ctx { args: &args, raw, client, torch: torch.clone(), nvml };
     let mut report = serde_json::Map::new();
     report.insert("torch".into(), json!(torch.clone().map_err(|e| json!({"error": e})).map(Value::from)));
     let sections: [(&str, Section); 6] = [
@@ -155,6 +159,8 @@ struct Ctx<'a> {
     client: PathBuf,
     /// PyTorch's version, or why the CUDA client cannot run.
     torch: Result<String, String>,
+    /// NVML, read directly where the check compares the agent's answers with the driver's.
+    nvml: Result<nvml_wrapper::Nvml, String>,
 }
 
 impl Ctx<'_> {
@@ -163,11 +169,8 @@ impl Ctx<'_> {
         self.torch.as_ref().map(|_| ()).map_err(|e| format!("skipped: {e}"))
     }
 
-    fn nvml(&self) -> Result<nvml_wrapper::Nvml, String> {
-        nvml_wrapper::Nvml::builder()
-            .lib_path(self.args.nvml_lib.as_os_str())
-            .init()
-            .map_err(|e| format!("NVML from {}: {e}", self.args.nvml_lib.display()))
+    fn nvml(&self) -> Result<&nvml_wrapper::Nvml, String> {
+        self.nvml.as_ref().map_err(Clone::clone)
     }
 }
 
@@ -186,9 +189,7 @@ fn torch_version(python: &str) -> Result<String, String> {
 
 fn environment(ctx: &Ctx) -> Result<Value, String> {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).unwrap_or_default();
-    let uid = read("/proc/self/status")
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().next().unwrap_or("").to_owned()));
+    let uid = nano_gpu_tests::own_uid();
     let nvml = ctx.nvml()?;
     let text =
         |r: Result<String, nvml_wrapper::error::NvmlError>| r.unwrap_or_else(|e| format!("error: {e}"));
@@ -351,6 +352,19 @@ impl Client {
         Ok(Client { name: name.into(), child, lines, seen: Vec::new() })
     }
 
+    /// Started and run to its end (killed past 40 s): what it printed.
+    fn run(
+        ctx: &Ctx,
+        name: &str,
+        spec: Value,
+        env: &[(String, String)],
+        uid: Option<u32>,
+    ) -> Result<Client, String> {
+        let mut client = Client::start(ctx, name, spec, env, uid)?;
+        let _ = client.finish(Duration::from_secs(40));
+        Ok(client)
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -419,22 +433,9 @@ impl Drop for Client {
     }
 }
 
-/// This process's CPU time so far (user and system), from `/proc/self/stat` (USER_HZ, 100 on Linux).
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
-}
-
-/// `VmRSS` and `VmHWM` of this process, in KiB.
-fn memory_kib() -> Value {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse::<u64>().ok())
-    };
-    json!({"rss_kib": field("VmRSS:"), "peak_rss_kib": field("VmHWM:")})
+/// This process's CPU time so far (user and system), in seconds (USER_HZ, 100 on Linux).
+fn cpu_seconds() -> f64 {
+    nano_gpu_tests::cpu_ticks(std::process::id()) as f64 / 100.0
 }
 
 /// One sampling pass of the agent's sampler, as JSON: per card, its use and its processes.
@@ -510,17 +511,13 @@ fn usage(ctx: &Ctx) -> Result<Value, String> {
     let pid = client.pid();
     let (cpu0, wall0) = (cpu_seconds(), Instant::now());
     let mut passes = Vec::new();
+    let mut pass_ms = Vec::new();
     let (mut memory, mut sm, mut card_util) = (None::<u64>, 0u32, 0u32);
     let mut all_pids = std::collections::BTreeSet::new();
-    let pass_times = std::cell::RefCell::new(Vec::new());
-    let timed = || {
-        let at = Instant::now();
-        let s = sampler.sample();
-        pass_times.borrow_mut().push(at.elapsed().as_secs_f64() * 1000.0);
-        s
-    };
     for _ in 0..12 {
-        let s = timed().map_err(|e| e.to_string())?;
+        let at = Instant::now();
+        let s = sampler.sample().map_err(|e| e.to_string())?;
+        pass_ms.push(at.elapsed().as_secs_f64() * 1000.0);
         all_pids.extend(s.iter().flat_map(|c| c.processes.iter().map(|p| p.pid)));
         if let Some((m, u)) = process_in(&s, pid) {
             memory = memory.max(m);
@@ -530,18 +527,18 @@ fn usage(ctx: &Ctx) -> Result<Value, String> {
         passes.push(sampled(&s));
         std::thread::sleep(Duration::from_millis(500));
     }
-    let lists = nvml_lists(ctx);
-    let cpu = cpu0.zip(cpu_seconds()).map(|(a, b)| b - a);
-    let wall = wall0.elapsed().as_secs_f64();
+    // The sampler's own cost: these 12 passes and the sleeps between them, nothing else.
     let resources = json!({
-        "passes": pass_times.borrow().len(), "pass_ms": *pass_times.borrow(),
-        "cpu_seconds": cpu, "wall_seconds": wall, "memory": memory_kib(),
+        "passes": pass_ms.len(), "pass_ms": pass_ms, "cpu_seconds": cpu_seconds() - cpu0,
+        "wall_seconds": wall0.elapsed().as_secs_f64(),
+        "peak_rss_mib": nano_gpu_tests::peak_rss_mib(std::process::id()),
     });
+    let lists = nvml_lists(ctx);
     let _ = client.finish(Duration::from_secs(30));
     let ended = Instant::now();
     let mut gone_after = None;
     while ended.elapsed() < Duration::from_secs(10) {
-        let s = timed().map_err(|e| e.to_string())?;
+        let s = sampler.sample().map_err(|e| e.to_string())?;
         if process_in(&s, pid).is_none() {
             gone_after = Some(ended.elapsed().as_secs_f64());
             break;
@@ -629,17 +626,24 @@ struct Mps<'a> {
 }
 
 impl Mps<'_> {
-    fn env(&self) -> Vec<(String, String)> {
-        vec![
-            ("CUDA_MPS_PIPE_DIRECTORY".into(), self.layout.pipe(&self.uuid).display().to_string()),
-            ("CUDA_MPS_LOG_DIRECTORY".into(), self.layout.log(&self.uuid).display().to_string()),
-        ]
+    /// The env the device plugin gave a container (`response`), as a process on this machine takes it:
+    /// in a container the card's pipe directory is mounted where the env says; here it is read where
+    /// it is.
+    fn client_env(&self, response: ContainerAllocateResponse) -> Vec<(String, String)> {
+        let pipe = self.layout.pipe(&self.uuid).display().to_string();
+        let mut env: Vec<(String, String)> =
+            response.envs.into_iter().filter(|(k, _)| k != "CUDA_MPS_PIPE_DIRECTORY").collect();
+        env.push(("CUDA_MPS_PIPE_DIRECTORY".into(), pipe));
+        env
     }
 
     /// The control program run as `uid` (root: `None`) with `commands` on its input; its answer.
     fn control(&self, commands: &str, uid: Option<u32>) -> Value {
         let mut cmd = Command::new(&self.program);
-        cmd.envs(self.env()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.envs(self.layout.control_env(&self.uuid))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if let Some(uid) = uid {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid);
@@ -684,12 +688,14 @@ impl Mps<'_> {
         let mut response = ContainerAllocateResponse::default();
         let share = Share { percent: share.0, memory: MiB(share.1) };
         Enforcement::Mps(self.layout.clone()).limit(&self.uuid, share, &mut response);
-        // In a container the card's pipe directory is mounted where the envs say; here it is read
-        // where it is.
-        let mut env: Vec<(String, String)> =
-            response.envs.into_iter().filter(|(k, _)| k != "CUDA_MPS_PIPE_DIRECTORY").collect();
-        env.extend(self.env());
-        Client::start(self.ctx, name, spec, &env, uid)
+        Client::start(self.ctx, name, spec, &self.client_env(response), uid)
+    }
+
+    /// [`Mps::client`], run to its end (killed past 40 s).
+    fn run(&self, name: &str, share: (u32, u64), spec: Value, uid: Option<u32>) -> Result<Client, String> {
+        let mut client = self.client(name, share, spec, uid)?;
+        let _ = client.finish(Duration::from_secs(40));
+        Ok(client)
     }
 
     /// The MPS servers the daemon lists (`get_server_list`).
@@ -802,25 +808,14 @@ fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::
         "marked": marked.is_some(), "compute_mode": mode(), "servers_before_any_client": m.servers(),
     });
     if marked.is_some() && ctx.need_torch().is_ok() {
-        let around = ctx.args.work.join("no-mps");
-        let _ = std::fs::create_dir_all(&around);
-        let around_env = vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())];
         let tries = (|| -> Result<Value, String> {
-            let mut outside = Client::start(ctx, "xs-around", json!({"try_mib": [1024]}), &around_env, None)?;
-            let _ = outside.wait_for("done", Duration::from_secs(40));
-            let _ = outside.finish(Duration::from_secs(10));
-            let mut share = m.client("xs-share", (30, 2048), json!({"try_mib": [1024, 3072]}), None)?;
-            let _ = share.wait_for("done", Duration::from_secs(40));
-            let _ = share.finish(Duration::from_secs(10));
+            let outside = Client::run(ctx, "xs-around", json!({"try_mib": [1024]}), &around_mps(ctx), None)?;
+            let share = m.run("xs-share", (30, 2048), json!({"try_mib": [1024, 3072]}), None)?;
             // A whole card: the device plugin's MPS client envs without limits.
             let mut response = ContainerAllocateResponse::default();
             Enforcement::Mps(layout.clone()).mps_client(uuid, &mut response);
-            let mut env: Vec<(String, String)> =
-                response.envs.into_iter().filter(|(k, _)| k != "CUDA_MPS_PIPE_DIRECTORY").collect();
-            env.extend(m.env());
-            let mut whole = Client::start(ctx, "xs-whole", json!({"try_mib": [8192]}), &env, None)?;
-            let _ = whole.wait_for("done", Duration::from_secs(40));
-            let _ = whole.finish(Duration::from_secs(10));
+            let env = m.client_env(response);
+            let whole = Client::run(ctx, "xs-whole", json!({"try_mib": [8192]}), &env, None)?;
             let refused =
                 outcome(&outside)["error"].as_str().is_some_and(|e| e.contains("busy or unavailable"));
             let share_held = tries_as(&share, &[(1024, true), (3072, false)]);
@@ -845,6 +840,26 @@ fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::
     );
     report["ok"] = json!(report["clients"]["ok"] == true && default && !layout.exclusive(uuid));
     report
+}
+
+/// The env of a process that goes around MPS: its pipe directory an empty one, so it finds no daemon
+/// and opens the card itself.
+fn around_mps(ctx: &Ctx) -> Vec<(String, String)> {
+    let around = ctx.args.work.join("no-mps");
+    let _ = std::fs::create_dir_all(&around);
+    vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())]
+}
+
+/// `holder` keeps the card busy (its load running) while `newcomer` starts and runs to its end; both,
+/// with what they printed.
+fn holder_then(
+    mut holder: Client,
+    newcomer: impl FnOnce() -> Result<Client, String>,
+) -> Result<(Client, Client), String> {
+    holder.wait_for("loaded", Duration::from_secs(45))?;
+    let newcomer = newcomer()?;
+    let _ = holder.finish(Duration::from_secs(20));
+    Ok((holder, newcomer))
 }
 
 fn wait_until<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
@@ -996,32 +1011,26 @@ fn exclusive_process(m: &Mps) -> Value {
     if let Err(e) = device.set_compute_mode(ComputeMode::ExclusiveProcess) {
         return json!({"before": before, "set": e.to_string()});
     }
-    let around = ctx.args.work.join("no-mps");
-    let _ = std::fs::create_dir_all(&around);
-    let around_env = vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())];
+    let around_env = around_mps(ctx);
     let mut result = json!({"before": before, "set": "EXCLUSIVE_PROCESS"});
     m.shut_servers();
-    // An MPS client first: the server holds the card; then a process around MPS.
-    let first = (|| -> Result<Value, String> {
-        let mut client = m.client("excl-mps", (50, 4096), json!({"load_s": 6}), None)?;
-        client.wait_for("loaded", Duration::from_secs(45))?;
-        let mut around = Client::start(ctx, "excl-around", json!({"try_mib": [1024]}), &around_env, None)?;
-        let _ = around.wait_for("done", Duration::from_secs(40));
-        let _ = (client.finish(Duration::from_secs(20)), around.finish(Duration::from_secs(10)));
-        Ok(json!({"mps_client": outcome(&client), "around_mps": outcome(&around)}))
-    })();
-    result["server_first"] = first.unwrap_or_else(|e| json!({"error": e}));
+    // An MPS client first (the server holds the card), then a process around MPS; then the other way.
+    let first = m.client("excl-mps", (50, 4096), json!({"load_s": 6}), None).and_then(|holder| {
+        holder_then(holder, || Client::run(ctx, "excl-around", json!({"try_mib": [1024]}), &around_env, None))
+    });
+    result["server_first"] = match first {
+        Ok((client, around)) => json!({"mps_client": outcome(&client), "around_mps": outcome(&around)}),
+        Err(e) => json!({"error": e}),
+    };
     m.shut_servers();
-    // A process around MPS first: it holds the card; then an MPS client.
-    let second = (|| -> Result<Value, String> {
-        let mut around = Client::start(ctx, "excl-around-first", json!({"load_s": 6}), &around_env, None)?;
-        around.wait_for("loaded", Duration::from_secs(45))?;
-        let mut client = m.client("excl-mps-second", (50, 4096), json!({"try_mib": [1024]}), None)?;
-        let _ = client.wait_for("done", Duration::from_secs(40));
-        let _ = (around.finish(Duration::from_secs(20)), client.finish(Duration::from_secs(10)));
-        Ok(json!({"around_mps": outcome(&around), "mps_client": outcome(&client)}))
-    })();
-    result["around_first"] = second.unwrap_or_else(|e| json!({"error": e}));
+    let second =
+        Client::start(ctx, "excl-around-first", json!({"load_s": 6}), &around_env, None).and_then(|holder| {
+            holder_then(holder, || m.run("excl-mps-second", (50, 4096), json!({"try_mib": [1024]}), None))
+        });
+    result["around_first"] = match second {
+        Ok((around, client)) => json!({"around_mps": outcome(&around), "mps_client": outcome(&client)}),
+        Err(e) => json!({"error": e}),
+    };
     m.shut_servers();
     // A server started before any client (`start_server -uid 0`) and kept idle: is the card closed
     // to a process around MPS, and does a client of another user still get its turn?
@@ -1029,18 +1038,15 @@ fn exclusive_process(m: &Mps) -> Value {
         let started = m.control("start_server -uid 0\n", None);
         std::thread::sleep(Duration::from_secs(1));
         let servers = m.servers();
-        let mut around = Client::start(ctx, "eager-around", json!({"try_mib": [1024]}), &around_env, None)?;
-        let _ = around.wait_for("done", Duration::from_secs(40));
-        let _ = around.finish(Duration::from_secs(10));
+        let around = Client::run(ctx, "eager-around", json!({"try_mib": [1024]}), &around_env, None)?;
         let asked = Instant::now();
         let mut other = m.client("eager-nobody", (50, 4096), json!({"load_s": 3}), Some(NOBODY))?;
         let other_init =
             other.wait_for("init", Duration::from_secs(40)).map(|_| asked.elapsed().as_secs_f64());
         let during = m.servers();
-        let mut around_during =
-            Client::start(ctx, "eager-around-2", json!({"try_mib": [1024]}), &around_env, None)?;
-        let _ = around_during.wait_for("done", Duration::from_secs(40));
-        let _ = (other.finish(Duration::from_secs(20)), around_during.finish(Duration::from_secs(10)));
+        let around_during =
+            Client::run(ctx, "eager-around-2", json!({"try_mib": [1024]}), &around_env, None)?;
+        let _ = other.finish(Duration::from_secs(20));
         let after = m.servers();
         Ok(json!({
             "start_server": started, "servers_idle": servers, "around_mps_idle_server": outcome(&around),
