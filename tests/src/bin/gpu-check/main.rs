@@ -731,22 +731,12 @@ fn mps_section(ctx: &Ctx) -> Result<Value, String> {
         .find(|c| !c.mig)
         .map(|c| c.info.uuid)
         .ok_or("no card outside MIG mode")?;
-    let layout = mps::Layout { root: ctx.args.work.join("mps"), proc_root: PathBuf::from("/proc") };
-    let _ = std::fs::remove_dir_all(&layout.root);
-    let supervisor = mps::Supervisor {
-        layout: layout.clone(),
-        program: program.clone(),
-        backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
-        every: Duration::from_secs(1),
-        exclusive: None,
-    };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let supervised = runtime.spawn(mps::supervise(supervisor, stopped));
+    let (layout, stop, supervised) = supervise(ctx, "mps", &program, false, &runtime);
     let m = Mps { ctx, program, layout: layout.clone(), uuid: uuid.clone() };
     let mut report = json!({"program": m.program, "card": uuid});
     let daemon = wait_until(Duration::from_secs(15), || layout.daemon(&uuid).ok());
@@ -777,22 +767,34 @@ fn mps_section(ctx: &Ctx) -> Result<Value, String> {
     Ok(report)
 }
 
-/// The supervisor as `mps-control --mps-exclusive-process` runs it: the card in `EXCLUSIVE_PROCESS`
-/// mode and a server up before any client, marked for the agent; a process around MPS refused, a
-/// share and a whole card (the device plugin's envs) served through MPS; `DEFAULT` again at the end.
-fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::runtime::Runtime) -> Value {
-    use nvml_wrapper::enum_wrappers::device::ComputeMode;
-    let layout = mps::Layout { root: ctx.args.work.join("mps-exclusive"), proc_root: PathBuf::from("/proc") };
+/// The agent's MPS supervisor (`mps-control`, `exclusive` as `--mps-exclusive-process`) on `runtime`,
+/// its daemons under a fresh `<work>/<dir>`: their layout, the stop signal, the task.
+fn supervise(
+    ctx: &Ctx,
+    dir: &str,
+    program: &Path,
+    exclusive: bool,
+    runtime: &tokio::runtime::Runtime,
+) -> (mps::Layout, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<Result<(), String>>) {
+    let layout = mps::Layout { root: ctx.args.work.join(dir), proc_root: PathBuf::from("/proc") };
     let _ = std::fs::remove_dir_all(&layout.root);
     let supervisor = mps::Supervisor {
         layout: layout.clone(),
         program: program.to_owned(),
         backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
         every: Duration::from_secs(1),
-        exclusive: Some(ctx.args.nvml_lib.clone()),
+        exclusive: exclusive.then(|| ctx.args.nvml_lib.clone()),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let supervised = runtime.spawn(mps::supervise(supervisor, stopped));
+    (layout, stop, runtime.spawn(mps::supervise(supervisor, stopped)))
+}
+
+/// The supervisor as `mps-control --mps-exclusive-process` runs it: the card in `EXCLUSIVE_PROCESS`
+/// mode and a server up before any client, marked for the agent; a process around MPS refused, a
+/// share and a whole card (the device plugin's envs) served through MPS; `DEFAULT` again at the end.
+fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::runtime::Runtime) -> Value {
+    use nvml_wrapper::enum_wrappers::device::ComputeMode;
+    let (layout, stop, supervised) = supervise(ctx, "mps-exclusive", program, true, runtime);
     let m = Mps { ctx, program: program.to_owned(), layout: layout.clone(), uuid: uuid.to_owned() };
     let mode = || -> Value {
         let read = ctx.nvml().and_then(|n| {
