@@ -19,6 +19,8 @@ pub const WATCH_LAG: Duration = Duration::from_secs(10);
 pub struct Readiness {
     registered: AtomicBool,
     cards: AtomicUsize,
+    /// What holds a share to its size here, said when ready.
+    guarantee: Mutex<String>,
     problems: Mutex<Vec<String>>,
     /// Since when the pod watch has failed, and its last error.
     watch_failing: Mutex<Option<(Instant, String)>>,
@@ -34,6 +36,11 @@ impl Readiness {
     pub fn set_inventory(&self, cards: usize, problems: Vec<String>) {
         self.cards.store(cards, Ordering::SeqCst);
         *self.problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
+    }
+
+    /// What holds a share on this node to its size ([`Edits::guarantee`](crate::plugin::Edits::guarantee)).
+    pub fn set_guarantee(&self, guarantee: String) {
+        *self.guarantee.lock().unwrap_or_else(|e| e.into_inner()) = guarantee;
     }
 
     /// The pod watch failed with `error` (`None`: it works again).
@@ -61,7 +68,11 @@ impl Readiness {
         if !self.registered.load(Ordering::SeqCst) {
             return Err("not registered with the kubelet".into());
         }
-        Ok(format!("serving {cards} card(s)"))
+        let guarantee = self.guarantee.lock().unwrap_or_else(|e| e.into_inner());
+        if guarantee.is_empty() {
+            return Ok(format!("serving {cards} card(s)"));
+        }
+        Ok(format!("serving {cards} card(s); {guarantee}"))
     }
 }
 
@@ -90,6 +101,8 @@ mod tests {
         assert_eq!(r.check().unwrap_err(), "not registered with the kubelet");
         r.set_registered(true);
         assert_eq!(r.check().unwrap(), "serving 2 card(s)");
+        r.set_guarantee("shares: not limited".into());
+        assert_eq!(r.check().unwrap(), "serving 2 card(s); shares: not limited");
     }
 
     #[test]

@@ -246,6 +246,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         sweep,
     } = agent;
     let backends: Backends = Arc::new(backends);
+    readiness.set_guarantee(edits.guarantee());
     let first = read_blocking(&backends, &health, &readiness, &edits).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);

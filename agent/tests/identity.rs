@@ -115,7 +115,9 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(ready, (200, "serving 2 card(s)".to_string()));
+    // Saying what holds a share to its size here: nothing but the accounting under `none`.
+    let said = "serving 2 card(s); shares: not limited (the scheduler's accounting only)";
+    assert_eq!(ready, (200, said.to_string()));
     let mut kubelet = fake.plugin().await;
     let mut all = ids("GPU-a", 0..100);
     all.extend(ids("GPU-b", 0..100));

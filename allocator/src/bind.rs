@@ -1,17 +1,21 @@
 //! The bind protocol, on its own: what `POST /bind` does between decoding kube-scheduler's
 //! `ExtenderBindingArgs` and answering it.
 //!
-//! 1. Only the leader binds. Read the pod from the API server (never from a filter body: what is
-//!    bound is what the API server holds) and check it has the uid kube-scheduler names.
-//! 2. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
+//! 1. Only the leader binds, and at most one bind of a pod runs at a time ([`InFlight`]): kube-scheduler
+//!    retries a pod whose bind it gave up on, perhaps on another node, while the first may still run.
+//! 2. Read the pod from the API server (never from a filter body: what is bound is what the API server
+//!    holds) and check it has the uid kube-scheduler names.
+//! 3. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
 //!    back-to-back binds never double-book, and a repeated bind of a bound pod is answered at once.
-//! 3. Write the annotations with uid + resourceVersion preconditions; a conflict re-reads the pod and
-//!    tries again, up to [`CONFLICT_RETRIES`] times.
-//! 4. POST `pods/binding`.
+//! 4. POST `pods/binding` carrying the assignment: one write sets the node and the annotations together
+//!    (see [`binder`](crate::binder)), so no answer, however late, leaves a pod bound to one node with an
+//!    assignment naming another.
 //!
-//! A failure comes back as a [`BindFailed`] naming the step. Before any write, the reservation is
-//! simply given back; after one, what the API server holds decides (an answer may have been lost):
-//! see [`settle_failure`].
+//! Steps 2–4 end within [`DEADLINE`] and reading back a failed binding within [`READ_BACK`], together
+//! below kube-scheduler's `httpTimeout` (10 s in the shipped configurations): the answer always reaches
+//! kube-scheduler before it gives up. A failure comes back as a [`BindFailed`] naming the step. Before
+//! the binding is sent, the reservation is simply given back; after, what the API server holds decides
+//! (the answer may have been lost): see [`settle_failure`].
 
 use crate::binder::{ApiError, Binder};
 use crate::extender::BindError;
@@ -19,15 +23,21 @@ use crate::leader::Leadership;
 use crate::state::{Reservation, SharedView};
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::ExtenderBindingArgs;
-use std::collections::BTreeMap;
-use std::time::SystemTime;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 use thiserror::Error;
+use tokio::time::Instant;
 
 /// What a replica that is not the leader answers.
 pub const NOT_LEADER: &str = "this allocator replica is not the leader; retry";
 
-/// Conflicting annotation writes retried before a bind gives up.
-pub const CONFLICT_RETRIES: usize = 5;
+/// How long reading the pod and binding it may take together.
+pub const DEADLINE: Duration = Duration::from_secs(8);
+
+/// How long reading back a failed binding may take, after [`DEADLINE`].
+pub const READ_BACK: Duration = Duration::from_secs(1);
 
 /// Why a bind did not happen; the message is what kube-scheduler records for the pod.
 #[derive(Debug, Error)]
@@ -35,6 +45,14 @@ pub enum BindFailed {
     /// This replica does not decide.
     #[error("{}", NOT_LEADER)]
     NotLeader,
+    /// Another bind of the same pod has not ended.
+    #[error("a bind of pod {pod} to node {node} is still in flight; retry once it has ended")]
+    InFlight {
+        /// `namespace/name`.
+        pod: String,
+        /// The node that bind names.
+        node: String,
+    },
     /// The pod cannot be read.
     #[error("reading pod {pod}: {source}")]
     ReadPod {
@@ -54,29 +72,10 @@ pub enum BindFailed {
     /// No cards can be taken for it on that node.
     #[error(transparent)]
     Refused(#[from] BindError),
-    /// The pod was deleted and created again while its annotation was being written.
-    #[error("pod {pod} was replaced")]
-    Replaced {
-        /// `namespace/name`.
-        pod: String,
-    },
-    /// Re-reading the pod after a conflict failed.
-    #[error("re-reading pod {pod}: {source}")]
-    Reread {
-        /// `namespace/name`.
-        pod: String,
-        /// The API error.
-        source: ApiError,
-    },
-    /// Writing the annotations failed.
-    #[error("writing {ASSIGNMENT_ANNOTATION} on {pod}: {source}")]
-    Annotate {
-        /// `namespace/name`.
-        pod: String,
-        /// The API error.
-        source: ApiError,
-    },
-    /// The binding was refused.
+    /// The bind's task ended without an answer (a panic).
+    #[error("the bind of this pod failed: {0}")]
+    Task(String),
+    /// The binding was refused or its answer lost.
     #[error("binding {pod} to {node}: {source}")]
     Bind {
         /// `namespace/name`.
@@ -88,21 +87,64 @@ pub enum BindFailed {
     },
 }
 
-/// Binds the pod `args` names to `args.node`: reserve, annotate (retrying conflicts), bind; on failure
-/// the annotations and the reservation are removed. Leadership is checked again before every write:
-/// a replica that lost it mid-bind (a hung API call, a frozen process) writes nothing more.
+/// The pods whose bind is running, by uid, with the node each names.
+#[derive(Debug, Default)]
+pub struct InFlight(Mutex<HashMap<String, String>>);
+
+impl InFlight {
+    /// Marks the pod `uid` as being bound to `node` until the returned guard is dropped; the node of
+    /// the bind already running, if one is.
+    fn enter(&self, uid: &str, node: &str) -> Result<Entered<'_>, String> {
+        let mut running = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = running.get(uid) {
+            return Err(other.clone());
+        }
+        running.insert(uid.to_owned(), node.to_owned());
+        Ok(Entered { set: self, uid: uid.to_owned() })
+    }
+}
+
+/// A bind in [`InFlight`]; leaves it when dropped.
+struct Entered<'a> {
+    set: &'a InFlight,
+    uid: String,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.set.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.uid);
+    }
+}
+
+/// `call`, or [`ApiError::Timeout`] once `deadline` has passed.
+async fn by<T>(
+    deadline: Instant,
+    budget: Duration,
+    call: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout_at(deadline, call).await.unwrap_or(Err(ApiError::Timeout(budget)))
+}
+
+/// Binds the pod `args` names to `args.node`: reserve, then one binding that carries the assignment;
+/// on failure the reservation is given back unless the pod may hold it. Leadership is checked again
+/// before the write: a replica that lost it mid-bind (a hung API call, a frozen process) writes
+/// nothing.
 pub async fn bind<B: Binder>(
     view: &SharedView,
     binder: &B,
     leader: &Leadership,
+    in_flight: &InFlight,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
     let key = || format!("{ns}/{name}");
     // Counted in flight until it returns: a leader that stops lets it end before giving the Lease up.
     let Some(_decision) = leader.decide() else { return Err(BindFailed::NotLeader) };
-    let mut pod =
-        binder.get_pod(ns, name).await.map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
+    let _entered = in_flight.enter(uid, node).map_err(|node| BindFailed::InFlight { pod: key(), node })?;
+    let deadline = Instant::now() + DEADLINE;
+    let pod = by(deadline, DEADLINE, binder.get_pod(ns, name))
+        .await
+        .map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
         return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
     }
@@ -111,61 +153,36 @@ pub async fn bind<B: Binder>(
     if !reservation.fresh && already_bound {
         return Ok(()); // kube-scheduler retried a bind that had succeeded
     }
-    let set: BTreeMap<String, Option<String>> =
-        reservation.annotations.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
-    let mut attempt = 0;
-    // Whether an annotation write went out (its answer may be lost: then it may have been made).
-    let mut written = false;
-    let annotated = loop {
-        let rv = pod.metadata.resource_version.clone();
-        if !leader.is_leader() {
-            break Err(BindFailed::NotLeader);
-        }
-        written = true;
-        match binder.annotate(ns, name, uid, rv.as_deref(), &set).await {
-            Ok(()) => break Ok(()),
-            Err(ApiError::Conflict(_)) if attempt < CONFLICT_RETRIES => {
-                attempt += 1;
-                match binder.get_pod(ns, name).await {
-                    Ok(fresh) if fresh.metadata.uid.as_deref() == Some(uid.as_str()) => pod = fresh,
-                    Ok(_) => break Err(BindFailed::Replaced { pod: key() }),
-                    Err(source) => break Err(BindFailed::Reread { pod: key(), source }),
-                }
-            }
-            Err(source) => break Err(BindFailed::Annotate { pod: key(), source }),
-        }
-    };
-    let result = match annotated {
-        Ok(()) if !leader.is_leader() => Err(BindFailed::NotLeader),
-        Ok(()) => binder.bind(ns, name, uid, node).await.map_err(|source| BindFailed::Bind {
-            pod: key(),
-            node: node.clone(),
-            source,
-        }),
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(()) => Ok(()),
-        // Kube-scheduler's retry of a pod that held this assignment already: nothing of ours to undo.
-        Err(e) if !reservation.fresh => Err(e),
-        Err(e) if !written => {
+    if !leader.is_leader() {
+        if reservation.fresh {
             view.lock().release(&reservation);
-            Err(e)
         }
-        Err(e) => settle_failure(view, binder, args, &reservation, e).await,
+        return Err(BindFailed::NotLeader);
+    }
+    let bound = by(deadline, DEADLINE, binder.bind(ns, name, uid, node, &reservation.annotations)).await;
+    match bound {
+        Ok(()) => Ok(()),
+        Err(source) => {
+            let failed = BindFailed::Bind { pod: key(), node: node.clone(), source };
+            // Kube-scheduler's retry of a pod that held this assignment already: nothing of ours to undo.
+            if !reservation.fresh {
+                return Err(failed);
+            }
+            settle_failure(view, binder, args, &reservation, failed).await
+        }
     }
 }
 
-/// A bind failed after an annotation write went out; what the API server holds now decides what that
-/// failure was. Its answers may have been lost (a crash, a timeout), so nothing is undone blind:
-/// - the pod is bound to the node with our assignment: the bind took effect, only its answer was
+/// A binding failed; what the API server holds now decides what that failure was. Its answer may
+/// have been lost (a timeout, a broken connection), so nothing is given back blind:
+/// - the pod is bound to the node with our assignment: the binding took effect, only its answer was
 ///   lost, and it succeeded;
-/// - the pod is unbound with our assignment: the assignment is removed, only while it is still ours
-///   (resourceVersion precondition: a new leader's assignment is never removed; this also holds for a
-///   replica that lost leadership meanwhile), and the reservation given back;
-/// - another assignment, another pod, or none: the reservation is given back;
-/// - the pod cannot be read, or the removal's answer is lost: what it holds is left as it is (it may be
-///   bound) and the view keeps the reservation until the watch shows the pod.
+/// - the pod is gone, replaced, or bound elsewhere or with another assignment: the binding did not
+///   take effect (a pod is bound once), and the reservation is given back;
+/// - the pod is unbound: the reservation is given back if the API server's answer said the binding
+///   was refused; after a lost answer the binding may still land, so the view keeps the reservation
+///   until the watch shows the pod (a later bind of the pod reuses it or replaces it);
+/// - the pod cannot be read in [`READ_BACK`]: the view keeps the reservation the same way.
 async fn settle_failure<B: Binder>(
     view: &SharedView,
     binder: &B,
@@ -175,41 +192,35 @@ async fn settle_failure<B: Binder>(
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
     let key = format!("{ns}/{name}");
+    let answered = matches!(&failed, BindFailed::Bind { source, .. } if source.answered());
+    let read = by(Instant::now() + READ_BACK, READ_BACK, binder.get_pod(ns, name)).await;
+    let pod = match read {
+        Ok(pod) => pod,
+        Err(ApiError::NotFound(_)) => {
+            view.lock().release(reservation);
+            return Err(failed);
+        }
+        Err(e) => {
+            tracing::warn!(pod = %key, error = %e, after = %failed, "a failed bind's outcome cannot be read; its reservation stays until the pod is seen");
+            return Err(failed);
+        }
+    };
     let ours = reservation.annotations.get(ASSIGNMENT_ANNOTATION);
-    let remove = reservation.annotations.keys().map(|k| (k.clone(), None)).collect();
-    for _ in 0..=CONFLICT_RETRIES {
-        let pod = match binder.get_pod(ns, name).await {
-            Ok(pod) => pod,
-            Err(ApiError::NotFound(_)) => break,
-            Err(e) => {
-                tracing::warn!(pod = %key, error = %e, after = %failed, "a failed bind's outcome cannot be read; its assignment stays until the pod is seen");
-                return Err(failed);
-            }
-        };
-        let assignment = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
-        if pod.metadata.uid.as_deref() != Some(uid.as_str()) || assignment != ours {
-            break;
+    let assignment = pod.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+    let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let same_pod = pod.metadata.uid.as_deref() == Some(uid.as_str());
+    match on {
+        Some(n) if same_pod && n == node.as_str() && assignment == ours => {
+            tracing::info!(pod = %key, node = %node, after = %failed, "the bind took effect; its answer was lost");
+            Ok(())
         }
-        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            Some(n) if n == node.as_str() => {
-                tracing::info!(pod = %key, node = %node, after = %failed, "the bind took effect; its answer was lost");
-                return Ok(());
-            }
-            Some(other) => {
-                tracing::warn!(pod = %key, node = %other, "bound elsewhere with our assignment; left as it is");
-                break;
-            }
-            None => {}
+        None if same_pod && !answered => {
+            tracing::warn!(pod = %key, after = %failed, "a binding whose answer was lost may still land; its reservation stays until the pod is seen");
+            Err(failed)
         }
-        match binder.annotate(ns, name, uid, pod.metadata.resource_version.as_deref(), &remove).await {
-            Ok(()) => break,
-            Err(ApiError::Conflict(_)) => continue,
-            Err(e) => {
-                tracing::warn!(pod = %key, error = %e, "could not remove the assignment after a failed bind");
-                return Err(failed);
-            }
+        _ => {
+            view.lock().release(reservation);
+            Err(failed)
         }
     }
-    view.lock().release(reservation);
-    Err(failed)
 }

@@ -1,10 +1,13 @@
-//! The API calls of a bind, behind a narrow port: read the pod, write its assignment annotation with a
-//! resourceVersion precondition, create the `pods/binding` subresource. [`KubeBinder`] is the real
-//! one; tests use the same code against a fake API server (tower-test).
+//! The API calls of a bind, behind a narrow port: read the pod, and create its `pods/binding`
+//! subresource carrying the assignment. kube-apiserver copies a Binding's annotations onto the pod in
+//! the same write that sets `spec.nodeName`, with the Binding's uid as a precondition
+//! (`BindingREST.setPodNodeAndMetadata`): a pod is never bound without its assignment, nor annotated
+//! without being bound. [`KubeBinder`] is the real one; tests use the same code against a fake API
+//! server (tower-test).
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use std::collections::BTreeMap;
 use std::future::Future;
 use thiserror::Error;
@@ -18,12 +21,22 @@ pub enum ApiError {
     /// The pod is gone.
     #[error("not found: {0}")]
     NotFound(String),
-    /// The API server did not answer in time.
+    /// The API server did not answer in time: the call may or may not have taken effect.
     #[error("the API server did not answer within {0:?}")]
     Timeout(std::time::Duration),
-    /// Anything else.
+    /// The API server answered with another error: the call took no effect.
     #[error("{0}")]
-    Other(String),
+    Refused(String),
+    /// No answer came (the connection failed): the call may or may not have taken effect.
+    #[error("{0}")]
+    Unanswered(String),
+}
+
+impl ApiError {
+    /// Whether the API server's answer says the call took no effect (a lost answer leaves it open).
+    pub fn answered(&self) -> bool {
+        !matches!(self, ApiError::Timeout(_) | ApiError::Unanswered(_))
+    }
 }
 
 /// How long one API call of a bind may take: kube-scheduler's extender call waits for the whole bind,
@@ -43,7 +56,8 @@ impl From<kube::Error> for ApiError {
         match &e {
             kube::Error::Api(s) if s.code == 409 => ApiError::Conflict(s.message.clone()),
             kube::Error::Api(s) if s.code == 404 => ApiError::NotFound(s.message.clone()),
-            _ => ApiError::Other(e.to_string()),
+            kube::Error::Api(s) => ApiError::Refused(s.message.clone()),
+            _ => ApiError::Unanswered(e.to_string()),
         }
     }
 }
@@ -53,24 +67,15 @@ pub trait Binder: Send + Sync + 'static {
     /// Reads a pod.
     fn get_pod(&self, ns: &str, name: &str) -> impl Future<Output = Result<Pod, ApiError>> + Send;
 
-    /// Sets annotations (a `None` value removes one), only if the pod still has `uid` and, when
-    /// given, `resource_version`.
-    fn annotate(
-        &self,
-        ns: &str,
-        name: &str,
-        uid: &str,
-        resource_version: Option<&str>,
-        annotations: &BTreeMap<String, Option<String>>,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
-
-    /// Binds the pod to the node.
+    /// Binds the pod to the node and sets `annotations` on it in the same write, only if the pod still
+    /// has `uid` and is bound to no node.
     fn bind(
         &self,
         ns: &str,
         name: &str,
         uid: &str,
         node: &str,
+        annotations: &BTreeMap<String, String>,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
@@ -91,27 +96,21 @@ impl KubeBinder {
     }
 }
 
-/// The merge patch that sets or removes (`None`) annotations, with the uid (and resourceVersion) as
-/// preconditions: the API server refuses it with 409 if either changed.
-pub fn annotation_patch(
+/// The `pods/binding` body: the target node, the pod's uid as the precondition, and the annotations
+/// the API server copies onto the pod.
+pub fn binding(
+    ns: &str,
+    name: &str,
     uid: &str,
-    resource_version: Option<&str>,
-    annotations: &BTreeMap<String, Option<String>>,
-) -> serde_json::Value {
-    let mut meta = serde_json::json!({ "uid": uid, "annotations": annotations });
-    if let Some(rv) = resource_version {
-        meta["resourceVersion"] = rv.into();
-    }
-    serde_json::json!({ "metadata": meta })
-}
-
-/// The `pods/binding` body.
-pub fn binding(ns: &str, name: &str, uid: &str, node: &str) -> Binding {
+    node: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Binding {
     Binding {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(ns.to_owned()),
             uid: Some(uid.to_owned()),
+            annotations: (!annotations.is_empty()).then(|| annotations.clone()),
             ..Default::default()
         },
         target: ObjectReference {
@@ -127,21 +126,15 @@ impl Binder for KubeBinder {
         in_time(self.pods(ns).get(name)).await
     }
 
-    async fn annotate(
+    async fn bind(
         &self,
         ns: &str,
         name: &str,
         uid: &str,
-        resource_version: Option<&str>,
-        annotations: &BTreeMap<String, Option<String>>,
+        node: &str,
+        annotations: &BTreeMap<String, String>,
     ) -> Result<(), ApiError> {
-        let patch = annotation_patch(uid, resource_version, annotations);
-        in_time(self.pods(ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await?;
-        Ok(())
-    }
-
-    async fn bind(&self, ns: &str, name: &str, uid: &str, node: &str) -> Result<(), ApiError> {
-        let body = binding(ns, name, uid, node);
+        let body = binding(ns, name, uid, node, annotations);
         let pods = self.pods(ns);
         let _: serde_json::Value =
             in_time(pods.create_subresource("binding", name, &PostParams::default(), &body)).await?;
@@ -172,72 +165,8 @@ mod tests {
         (method, path, ctype, body_json(req).await)
     }
 
-    fn pod() -> Value {
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}})
-    }
-
     #[tokio::test]
-    async fn annotate_sends_a_merge_patch_with_uid_and_resource_version_preconditions() {
-        let (binder, mut handle) = client();
-        let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.unwrap();
-            let (method, path, ctype, body) = body(req).await;
-            assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/api/v1/namespaces/ns/pods/p"));
-            assert_eq!(ctype.as_deref(), Some("application/merge-patch+json"));
-            assert_eq!(
-                body,
-                json!({"metadata": {"uid": "u1", "resourceVersion": "42",
-                "annotations": {"nano-gpu/assignment": "{\"v\":1}"}}})
-            );
-            send.send_response(respond(200, pod()));
-        });
-        let set = BTreeMap::from([("nano-gpu/assignment".to_string(), Some("{\"v\":1}".to_string()))]);
-        binder.annotate("ns", "p", "u1", Some("42"), &set).await.unwrap();
-        server.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn removing_the_annotation_patches_it_to_null() {
-        let (binder, mut handle) = client();
-        let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.unwrap();
-            let (_, _, _, body) = body(req).await;
-            assert_eq!(
-                body,
-                json!({"metadata": {"uid": "u1", "annotations": {"nano-gpu/assignment": null}}})
-            );
-            send.send_response(respond(200, pod()));
-        });
-        binder
-            .annotate("ns", "p", "u1", None, &BTreeMap::from([("nano-gpu/assignment".to_string(), None)]))
-            .await
-            .unwrap();
-        server.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_409_is_a_conflict_and_a_404_is_not_found() {
-        let (binder, mut handle) = client();
-        let server = tokio::spawn(async move {
-            for code in [409, 404] {
-                let (_, send) = handle.next_request().await.unwrap();
-                send.send_response(respond(
-                    code,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "message": "the object has been modified", "reason": "Conflict", "code": code}),
-                ));
-            }
-        });
-        let set = BTreeMap::from([("nano-gpu/assignment".to_string(), Some("x".to_string()))]);
-        let e = binder.annotate("ns", "p", "u1", Some("1"), &set).await.unwrap_err();
-        assert!(matches!(e, ApiError::Conflict(ref m) if m == "the object has been modified"), "{e:?}");
-        let e = binder.get_pod("ns", "p").await.unwrap_err();
-        assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");
-        server.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn bind_posts_the_binding_subresource() {
+    async fn bind_posts_one_binding_that_carries_the_assignment_and_the_uid_precondition() {
         let (binder, mut handle) = client();
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
@@ -246,7 +175,8 @@ mod tests {
             assert_eq!(
                 body,
                 json!({"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                    "annotations": {"nano-gpu/assignment": "{\"v\":1}"}},
                 "target": {"kind": "Node", "name": "n1"}})
             );
             send.send_response(respond(
@@ -254,8 +184,34 @@ mod tests {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
             ));
         });
-        binder.bind("ns", "p", "u1", "n1").await.unwrap();
+        let set = BTreeMap::from([("nano-gpu/assignment".to_string(), "{\"v\":1}".to_string())]);
+        binder.bind("ns", "p", "u1", "n1", &set).await.unwrap();
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn answers_are_told_apart_from_lost_ones() {
+        let (binder, mut handle) = client();
+        let server = tokio::spawn(async move {
+            for code in [409, 404, 500] {
+                let (_, send) = handle.next_request().await.unwrap();
+                send.send_response(respond(
+                    code,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": code}),
+                ));
+            }
+        });
+        let none = BTreeMap::new();
+        let e = binder.bind("ns", "p", "u1", "n1", &none).await.unwrap_err();
+        assert!(matches!(e, ApiError::Conflict(ref m) if m == "the object has been modified"), "{e:?}");
+        let e = binder.get_pod("ns", "p").await.unwrap_err();
+        assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");
+        let e = binder.bind("ns", "p", "u1", "n1", &none).await.unwrap_err();
+        assert!(matches!(e, ApiError::Refused(_)) && e.answered(), "{e:?}");
+        server.await.unwrap();
+        assert!(!ApiError::Timeout(CALL_TIMEOUT).answered());
+        assert!(!ApiError::Unanswered("connection reset".into()).answered());
     }
 
     #[tokio::test(start_paused = true)]
@@ -266,7 +222,7 @@ mod tests {
             std::future::pending::<()>().await;
         });
         let started = tokio::time::Instant::now();
-        let err = binder.bind("ns", "p", "u", "n1").await.unwrap_err();
+        let err = binder.bind("ns", "p", "u", "n1", &BTreeMap::new()).await.unwrap_err();
         assert!(matches!(err, ApiError::Timeout(_)), "{err}");
         assert_eq!(started.elapsed(), CALL_TIMEOUT);
         server.abort();

@@ -12,7 +12,7 @@
 //! - [`watch`] feeds [`state`] (the cluster view: decode, index, rebuild, reservations, preemption,
 //!   `/inspect`) from Node and Pod watches;
 //! - [`server`] decodes HTTP requests and answers them from the view; `/bind` runs [`bind`] (the bind
-//!   protocol: reserve, annotate, bind, roll back) through [`binder`] (the API calls behind a port);
+//!   protocol: reserve, one binding that carries the assignment, read back) through [`binder`] (the API calls behind a port);
 //! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
 //!   memory grant;
 //! - [`map`]: the GPU map page and its live data, on the loopback listener with `/inspect`;

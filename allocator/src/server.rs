@@ -7,7 +7,7 @@
 //! webhook).
 
 use crate::admission::Admission;
-use crate::bind::{self, NOT_LEADER};
+use crate::bind::{self, InFlight, NOT_LEADER};
 use crate::binder::Binder;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, Scrape, Verb, ViewGauges};
@@ -41,6 +41,8 @@ pub struct Shared<B> {
     pub metrics: Metrics,
     /// Whether this replica may decide (always, unless leader election says otherwise).
     pub leader: Arc<Leadership>,
+    /// The pods whose bind is running.
+    binds: InFlight,
     admission: Admission,
 }
 
@@ -73,6 +75,7 @@ impl<B: Binder> Shared<B> {
             binder,
             metrics: Metrics::default(),
             leader: Arc::new(Leadership::always()),
+            binds: InFlight::default(),
         })
     }
 
@@ -196,7 +199,12 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let result = bind::bind(&s.view, &s.binder, &s.leader, &args).await;
+    // On a task of its own: a bind runs to its end (and settles) even if kube-scheduler hangs up.
+    let task = {
+        let (s, args) = (s.clone(), args.clone());
+        tokio::spawn(async move { bind::bind(&s.view, &s.binder, &s.leader, &s.binds, &args).await })
+    };
+    let result = task.await.unwrap_or_else(|e| Err(bind::BindFailed::Task(e.to_string())));
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
@@ -316,25 +324,36 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
     use tower::ServiceExt;
 
     /// A hand-written fake of the API calls: records them, keeps the pods they write (each write a new
-    /// resourceVersion), and fails on demand.
+    /// resourceVersion), binds as kube-apiserver does (the node and the Binding's annotations in one
+    /// write, refused for a pod bound already), and fails or waits on demand.
     #[derive(Default)]
     struct FakeBinder {
         calls: Mutex<Vec<String>>,
         pods: Mutex<HashMap<String, Pod>>,
-        conflicts: AtomicUsize,
         fail_bind: AtomicBool,
         /// The binding is made, but its answer is lost (a timeout).
         lose_bind_answer: AtomicBool,
+        /// The binding is not made, and no answer comes (a broken connection).
+        drop_bind: AtomicBool,
         /// Reads fail after a binding was tried (the API server went away).
         unreadable_after_bind: AtomicBool,
-        /// Another writer's assignment, written when a binding is tried.
-        written_at_bind: Mutex<Option<String>>,
-        written: Mutex<Vec<BTreeMap<String, Option<String>>>>,
+        /// Another writer's binding to n1 with this assignment, made when a binding is tried.
+        bound_by_another: Mutex<Option<String>>,
+        /// How long a binding takes to be made, the first `slow_binds` times: its answer never comes,
+        /// and the API server makes it that long after it was sent.
+        bind_delay: Mutex<Duration>,
+        slow_binds: AtomicUsize,
+        /// Bindings the API server still works on: when each is made, the pod, node and annotations.
+        late: Mutex<Vec<LateBinding>>,
+        written: Mutex<Vec<BTreeMap<String, String>>>,
     }
+
+    /// A binding the fake API server makes later: when, the pod, the node and the annotations.
+    type LateBinding = (tokio::time::Instant, String, String, BTreeMap<String, String>);
 
     impl FakeBinder {
         fn calls(&self) -> Vec<String> {
@@ -354,11 +373,47 @@ mod tests {
             let pods = self.pods.lock().unwrap();
             pods.get(name)?.metadata.annotations.as_ref()?.get(ASSIGNMENT_ANNOTATION).cloned()
         }
+
+        /// Makes the late bindings whose time has come (each refused if the pod is bound by then).
+        fn land_due(&self) {
+            let now = tokio::time::Instant::now();
+            let due: Vec<_> = {
+                let mut late = self.late.lock().unwrap();
+                let (due, rest) = late.drain(..).partition(|l| l.0 <= now);
+                *late = rest;
+                due
+            };
+            for (_, name, node, annotations) in due {
+                let _refused_if_bound = self.apply_binding(&name, &node, &annotations);
+            }
+        }
+
+        fn node_of(&self, name: &str) -> Option<String> {
+            self.pods.lock().unwrap().get(name)?.spec.as_ref()?.node_name.clone()
+        }
+
+        /// kube-apiserver's binding: refused for a pod bound already, else node and annotations at once.
+        fn apply_binding(
+            &self,
+            name: &str,
+            node: &str,
+            annotations: &BTreeMap<String, String>,
+        ) -> Result<(), ApiError> {
+            if let Some(on) = self.node_of(name) {
+                return Err(ApiError::Refused(format!("pod {name} is already assigned to node \"{on}\"")));
+            }
+            self.change(name, |p| {
+                p.spec.get_or_insert_default().node_name = Some(node.to_owned());
+                p.metadata.annotations.get_or_insert_default().extend(annotations.clone());
+            });
+            Ok(())
+        }
     }
 
     impl Binder for FakeBinder {
         async fn get_pod(&self, ns: &str, name: &str) -> Result<Pod, ApiError> {
             self.calls.lock().unwrap().push(format!("get {ns}/{name}"));
+            self.land_due();
             let tried = self.calls().iter().any(|c| c.starts_with("bind "));
             if tried && self.unreadable_after_bind.load(Ordering::SeqCst) {
                 return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
@@ -366,44 +421,36 @@ mod tests {
             self.pods.lock().unwrap().get(name).cloned().ok_or_else(|| ApiError::NotFound(name.into()))
         }
 
-        async fn annotate(
+        async fn bind(
             &self,
             _: &str,
             name: &str,
             _: &str,
-            rv: Option<&str>,
-            annotations: &BTreeMap<String, Option<String>>,
+            node: &str,
+            annotations: &BTreeMap<String, String>,
         ) -> Result<(), ApiError> {
-            self.written.lock().unwrap().push(annotations.clone());
-            let value = annotations.get(ASSIGNMENT_ANNOTATION).cloned().flatten();
-            let what = if value.is_some() { "annotate" } else { "unannotate" };
-            self.calls.lock().unwrap().push(format!("{what} {name} rv={}", rv.unwrap_or("-")));
-            if value.is_some() && self.conflicts.load(Ordering::SeqCst) > 0 {
-                self.conflicts.fetch_sub(1, Ordering::SeqCst);
-                return Err(ApiError::Conflict("the object has been modified".into()));
-            }
-            self.change(name, |p| {
-                let held = p.metadata.annotations.get_or_insert_default();
-                for (k, v) in annotations {
-                    match v {
-                        Some(v) => held.insert(k.clone(), v.clone()),
-                        None => held.remove(k),
-                    };
-                }
-            });
-            Ok(())
-        }
-
-        async fn bind(&self, _: &str, name: &str, _: &str, node: &str) -> Result<(), ApiError> {
             self.calls.lock().unwrap().push(format!("bind {name} {node}"));
-            if let Some(theirs) = self.written_at_bind.lock().unwrap().take() {
-                let annotations = [(ASSIGNMENT_ANNOTATION.to_owned(), theirs)];
-                self.change(name, |p| p.metadata.annotations.get_or_insert_default().extend(annotations));
+            self.land_due();
+            self.written.lock().unwrap().push(annotations.clone());
+            if let Some(theirs) = self.bound_by_another.lock().unwrap().take() {
+                self.apply_binding(name, "n1", &[(ASSIGNMENT_ANNOTATION.to_owned(), theirs)].into())?;
             }
             if self.fail_bind.load(Ordering::SeqCst) {
-                return Err(ApiError::Other("binding refused".into()));
+                return Err(ApiError::Refused("binding refused".into()));
             }
-            self.change(name, |p| p.spec.get_or_insert_default().node_name = Some(node.to_owned()));
+            if self.drop_bind.load(Ordering::SeqCst) {
+                return Err(ApiError::Unanswered("connection reset by peer".into()));
+            }
+            let slow = self
+                .slow_binds
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if slow {
+                let at = tokio::time::Instant::now() + *self.bind_delay.lock().unwrap();
+                self.late.lock().unwrap().push((at, name.to_owned(), node.to_owned(), annotations.clone()));
+                return std::future::pending().await;
+            }
+            self.apply_binding(name, node, annotations)?;
             if self.lose_bind_answer.load(Ordering::SeqCst) {
                 return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
             }
@@ -472,7 +519,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_gpushare_pod_gets_the_annotations_gpushare_wrote_and_loses_them_on_failure() {
+    async fn a_gpushare_pod_gets_the_annotations_gpushare_wrote_and_nothing_on_failure() {
         let s = shared_with(DemandOptions { gpushare: Some(nano_gpu_proto::demand::GpushareUnit::GiB) });
         let p: Pod = serde_json::from_value(json!({
             "metadata": {"name": "g", "namespace": "ns", "uid": "g", "resourceVersion": "1"},
@@ -484,18 +531,17 @@ mod tests {
         call(&s, "POST", "/bind", binding("g")).await;
         let written = s.binder.written.lock().unwrap().clone();
         let set = &written[0];
-        assert_eq!(set["ALIYUN_COM_GPU_MEM_IDX"].as_deref(), Some("0"));
-        assert_eq!(set["ALIYUN_COM_GPU_MEM_POD"].as_deref(), Some("3"));
-        assert_eq!(set["ALIYUN_COM_GPU_MEM_DEV"].as_deref(), Some("15"));
-        assert_eq!(set["ALIYUN_COM_GPU_MEM_ASSIGNED"].as_deref(), Some("false"));
-        assert!(set["ALIYUN_COM_GPU_MEM_ASSUME_TIME"].as_deref().is_some_and(|t| t.len() >= 19));
-        let assignment: Value = serde_json::from_str(set[ASSIGNMENT_ANNOTATION].as_deref().unwrap()).unwrap();
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_IDX"], "0");
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_POD"], "3");
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_DEV"], "15");
+        assert_eq!(set["ALIYUN_COM_GPU_MEM_ASSIGNED"], "false");
+        assert!(set["ALIYUN_COM_GPU_MEM_ASSUME_TIME"].len() >= 19);
+        let assignment: Value = serde_json::from_str(&set[ASSIGNMENT_ANNOTATION]).unwrap();
         // 3 GiB of a 15 GiB card: 20 %.
         assert_eq!(assignment["containers"]["c"][0]["percent"], 20);
-        // The failed bind removes every annotation it wrote.
-        let removed = &written[1];
-        assert_eq!(removed.len(), 6);
-        assert!(removed.values().all(Option::is_none));
+        // The refused binding left nothing on the pod, and its cards are given back.
+        assert_eq!(s.binder.assignment("g"), None);
+        assert_eq!(free(&s), 100);
     }
 
     #[tokio::test]
@@ -595,8 +641,10 @@ mod tests {
         );
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         assert_eq!(body, r#"{"Error":""}"#);
-        // The pod is read from the API server; the annotation carries the read resourceVersion.
-        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=7", "bind a n1"]);
+        // The pod is read from the API server and bound with its assignment in one write.
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "bind a n1"]);
+        assert_eq!(s.binder.node_of("a").as_deref(), Some("n1"));
+        assert!(s.binder.assignment("a").is_some_and(|a| a.contains("\"node\":\"n1\"")));
         assert_eq!(free(&s), 40);
     }
 
@@ -611,7 +659,7 @@ mod tests {
         call(&s, "POST", "/filter", json!({"Pod": forged, "NodeNames": ["n1"]})).await;
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         assert_eq!(body, r#"{"Error":""}"#);
-        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=3", "bind a n1"]);
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "bind a n1"]);
         assert_eq!(free(&s), 40, "60 % held, as the API server's pod asks");
     }
 
@@ -709,32 +757,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_conflicting_annotation_write_is_retried_on_the_fresh_pod() {
-        let s = shared();
-        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "8", None));
-        s.binder.conflicts.store(1, Ordering::SeqCst);
-        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
-        assert_eq!(body, r#"{"Error":""}"#);
-        assert_eq!(
-            s.binder.calls(),
-            vec!["get ns/a", "annotate a rv=8", "get ns/a", "annotate a rv=8", "bind a n1"]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_failed_binding_removes_the_annotation_and_the_reservation() {
+    async fn a_refused_binding_gives_the_reservation_back() {
         let s = shared();
         s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
         s.binder.fail_bind.store(true, Ordering::SeqCst);
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         let r: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(r["Error"], "binding ns/a to n1: binding refused");
-        // The pod read back: still unbound with our assignment, which is removed over that read.
-        assert_eq!(
-            s.binder.calls(),
-            vec!["get ns/a", "annotate a rv=1", "bind a n1", "get ns/a", "unannotate a rv=2"]
-        );
-        assert_eq!(s.binder.assignment("a"), None);
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "bind a n1", "get ns/a"]);
+        assert_eq!((s.binder.assignment("a"), s.binder.node_of("a")), (None, None));
         assert_eq!(free(&s), 100);
     }
 
@@ -745,49 +776,112 @@ mod tests {
         s.binder.lose_bind_answer.store(true, Ordering::SeqCst);
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         assert_eq!(body, r#"{"Error":""}"#, "the pod is bound: the bind took effect");
-        assert_eq!(s.binder.calls(), vec!["get ns/a", "annotate a rv=1", "bind a n1", "get ns/a"]);
+        assert_eq!(s.binder.calls(), vec!["get ns/a", "bind a n1", "get ns/a"]);
         assert!(s.binder.assignment("a").is_some(), "a bound pod keeps its assignment");
         assert_eq!(free(&s), 40);
     }
 
     #[tokio::test]
-    async fn a_failed_bind_whose_outcome_cannot_be_read_leaves_the_assignment_and_the_reservation() {
+    async fn a_binding_lost_before_it_was_made_keeps_the_reservation_for_a_late_landing() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        s.binder.drop_bind.store(true, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert!(body.contains("connection reset"), "{body}");
+        assert_eq!(s.binder.node_of("a"), None);
+        // It may still land: the cards stay held until the watch shows the pod.
+        assert_eq!(free(&s), 40);
+        // kube-scheduler's retry on the same node reuses them.
+        s.binder.drop_bind.store(false, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn a_failed_bind_whose_outcome_cannot_be_read_leaves_the_reservation() {
         let s = shared();
         s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
         s.binder.lose_bind_answer.store(true, Ordering::SeqCst);
         s.binder.unreadable_after_bind.store(true, Ordering::SeqCst);
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
         assert!(body.contains("did not answer"), "{body}");
-        assert!(!s.binder.calls().iter().any(|c| c.starts_with("unannotate")), "{:?}", s.binder.calls());
         assert!(s.binder.assignment("a").is_some());
         // Held until the watch shows the pod: it may well be bound (here it is).
         assert_eq!(free(&s), 40);
     }
 
     #[tokio::test]
-    async fn a_failed_bind_never_removes_an_assignment_written_since_by_another() {
+    async fn a_pod_another_bound_first_keeps_their_assignment_and_ours_is_given_back() {
         let s = shared();
         s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
-        s.binder.fail_bind.store(true, Ordering::SeqCst);
-        // Another leader's assignment lands while our binding fails.
+        // Another leader's binding lands just before ours.
         let theirs = r#"{"v":1,"node":"n1","at":"other","containers":{"c":[{"uuid":"GPU-0","index":0,"percent":60}]}}"#;
-        *s.binder.written_at_bind.lock().unwrap() = Some(theirs.to_owned());
+        *s.binder.bound_by_another.lock().unwrap() = Some(theirs.to_owned());
         let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
-        assert!(body.contains("binding refused"), "{body}");
-        assert!(!s.binder.calls().iter().any(|c| c.starts_with("unannotate")), "{:?}", s.binder.calls());
+        assert!(body.contains("already assigned to node"), "{body}");
         assert_eq!(s.binder.assignment("a").as_deref(), Some(theirs));
         // Our reservation is given back; theirs comes in with the watch.
         assert_eq!(free(&s), 100);
     }
 
-    #[tokio::test]
-    async fn endless_conflicts_give_up_and_roll_back() {
+    /// The cluster of [`shared`] with a second node, n2, like n1.
+    fn two_nodes() -> Arc<Shared<FakeBinder>> {
         let s = shared();
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n2", "annotations": {"nano-gpu/gpus":
+                r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-1","vendor":"nvidia","model":"T4","memoryMiB":15360,"healthy":true}]}"#}},
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}
+        }))
+        .unwrap();
+        s.state().apply_node(&node);
+        s
+    }
+
+    fn binding_to(uid: &str, node: &str) -> Value {
+        json!({"PodName": uid, "PodNamespace": "ns", "PodUID": uid, "Node": node})
+    }
+
+    /// A bind of pod `a` to n1 that the API server makes 20 s after it was sent (its answer never
+    /// comes: far past kube-scheduler's 10 s), and kube-scheduler's retry on n2 `retry_at` seconds
+    /// after the first; what the retry is told, and where the pod ends with which assignment.
+    async fn a_slow_bind_then_a_retry_elsewhere(retry_at: u64) -> (String, String, String) {
+        let s = two_nodes();
         s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
-        s.binder.conflicts.store(100, Ordering::SeqCst);
-        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
-        assert!(body.contains("the object has been modified"), "{body}");
-        assert_eq!(free(&s), 100);
+        *s.binder.bind_delay.lock().unwrap() = Duration::from_secs(20);
+        s.binder.slow_binds.store(1, Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        let first = {
+            let s = s.clone();
+            tokio::spawn(async move { call(&s, "POST", "/bind", binding_to("a", "n1")).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A retry while the first runs is told to come back.
+        let (_, body) = call(&s, "POST", "/bind", binding_to("a", "n2")).await;
+        assert!(body.contains("a bind of pod ns/a to node n1 is still in flight"), "{body}");
+        // The first answers within the deadline and the read back, below kube-scheduler's 10 s.
+        let (_, body) = first.await.unwrap();
+        assert!(body.contains("did not answer"), "{body}");
+        assert!(started.elapsed() <= bind::DEADLINE + bind::READ_BACK, "{:?}", started.elapsed());
+        tokio::time::sleep_until(started + Duration::from_secs(retry_at)).await;
+        let (_, retried) = call(&s, "POST", "/bind", binding_to("a", "n2")).await;
+        tokio::time::sleep_until(started + Duration::from_secs(60)).await;
+        s.binder.land_due();
+        (retried, s.binder.node_of("a").unwrap(), s.binder.assignment("a").unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_binding_never_leaves_a_pod_on_one_node_with_an_assignment_naming_another() {
+        // The retry lands first; the late binding to n1 is then refused.
+        let (retried, node, assignment) = a_slow_bind_then_a_retry_elsewhere(12).await;
+        assert_eq!(retried, r#"{"Error":""}"#);
+        assert_eq!(node, "n2");
+        assert!(assignment.contains("\"node\":\"n2\"") && assignment.contains("GPU-1"), "{assignment}");
+        // The late binding lands first; the retry is refused, and the pod keeps n1's assignment.
+        let (retried, node, assignment) = a_slow_bind_then_a_retry_elsewhere(25).await;
+        assert!(retried.contains("already assigned to node"), "{retried}");
+        assert_eq!(node, "n1");
+        assert!(assignment.contains("\"node\":\"n1\"") && assignment.contains("GPU-0"), "{assignment}");
     }
 
     #[tokio::test]
@@ -817,7 +911,7 @@ mod tests {
         call(&s, "POST", "/bind", binding("a")).await;
         let (_, body) = call(&s, "POST", "/bind", binding("b")).await;
         assert!(body.contains("no longer fits on node n1"), "{body}");
-        assert!(!s.binder.calls().iter().any(|c| c.starts_with("annotate b")));
+        assert!(!s.binder.calls().iter().any(|c| c.starts_with("bind b")));
     }
 
     #[tokio::test]

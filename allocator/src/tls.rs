@@ -190,13 +190,19 @@ pub fn with_ca_bundle(
     config
 }
 
-/// Writes `ca_pem` into the `caBundle` of every webhook of the named MutatingWebhookConfiguration.
-pub async fn publish_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<(), kube::Error> {
+/// Writes `ca_pem` into the `caBundle` of every webhook of the named MutatingWebhookConfiguration,
+/// unless every one holds it already; whether it wrote. (A re-apply of the shipped manifest, e.g.
+/// a GitOps re-sync, empties it: kube-apiserver then cannot call the webhook, and GPU pods are refused.)
+pub async fn publish_ca_bundle(client: kube::Client, name: &str, ca_pem: &str) -> Result<bool, kube::Error> {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let api: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(client);
     let current = api.get(name).await?;
-    api.replace(name, &kube::api::PostParams::default(), &with_ca_bundle(current, ca_pem)).await?;
-    Ok(())
+    let wanted = with_ca_bundle(current.clone(), ca_pem);
+    if wanted == current {
+        return Ok(false);
+    }
+    api.replace(name, &kube::api::PostParams::default(), &wanted).await?;
+    Ok(true)
 }
 
 /// A verifier that accepts only client certificates signed by a CA of `ca_pem` (and requires one).
@@ -308,6 +314,43 @@ mod tests {
         let out = serde_json::to_value(with_ca_bundle(config, "PEM")).unwrap();
         // caBundle travels as base64 of the PEM.
         assert_eq!(out["webhooks"][0]["clientConfig"]["caBundle"], "UEVN");
+    }
+
+    #[tokio::test]
+    async fn an_emptied_ca_bundle_is_written_again_and_a_present_one_left_alone() {
+        use crate::api_replies::{body_json, respond};
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let config = |bundle: Option<&str>| {
+            let mut client_config = serde_json::json!({"service": {"name": "s", "namespace": "n"}});
+            if let Some(b) = bundle {
+                client_config["caBundle"] = b.into();
+            }
+            serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration", "metadata": {"name": "w", "resourceVersion": "3"},
+                "webhooks": [{"name": "pods.nano-gpu.io", "clientConfig": client_config,
+                    "admissionReviewVersions": ["v1"], "sideEffects": "None"}]})
+        };
+        let server = tokio::spawn(async move {
+            // A re-applied manifest emptied it: read, then written with the bundle.
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), "GET");
+            send.send_response(respond(200, config(None)));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), "PUT");
+            let written = body_json(req).await;
+            assert_eq!(written["webhooks"][0]["clientConfig"]["caBundle"], "UEVN");
+            send.send_response(respond(200, written));
+            // Holding it: read only.
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), "GET");
+            send.send_response(respond(200, config(Some("UEVN"))));
+        });
+        assert!(publish_ca_bundle(client.clone(), "w", "PEM").await.unwrap());
+        assert!(!publish_ca_bundle(client, "w", "PEM").await.unwrap());
+        server.await.unwrap();
     }
 
     #[tokio::test]

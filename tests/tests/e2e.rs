@@ -8,7 +8,7 @@
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
@@ -569,6 +569,26 @@ async fn the_system_works_on_real_nodes() {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("label nano-gpu/overrun"), "{}", e.message),
         other => panic!("the overrun label was set by the admin: {other:?}"),
     }
+    // Nor through a Binding, whose annotations kube-apiserver copies onto the pod it binds.
+    // (A pod no scheduler serves: it stays unbound.)
+    let pending = gpu_pod("unbound", &[("c", &[])], json!({}));
+    let pending = Pod {
+        spec: Some(PodSpec { scheduler_name: Some("no-such-scheduler".into()), ..pending.spec.unwrap() }),
+        ..pending
+    };
+    create(&pods, &pending).await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "unbound", "annotations": { ASSIGNMENT_ANNOTATION: stolen }},
+        "target": {"kind": "Node", "name": "node-1"}});
+    let params = PostParams::default();
+    match pods.create_subresource::<Value, Value>("binding", "unbound", &params, &binding).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.message.contains("only nano-gpu may set nano-gpu/assignment"), "{}", e.message)
+        }
+        other => panic!("an assignment was written through a Binding: {other:?}"),
+    }
+    assert_eq!(pods.get("unbound").await.unwrap().spec.unwrap().node_name, None);
+    pods.delete("unbound", &DeleteParams::default().grace_period(0)).await.unwrap();
     // Other annotations stay the users' own.
     let label = json!({"metadata": {"annotations": {"team": "ml"}}});
     pods.patch("t4", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
@@ -592,10 +612,10 @@ async fn the_system_works_on_real_nodes() {
     let token = cluster.ok(&["create", "token", "nano-gpu-agent", "-n", SYSTEM]);
     let unbound = cluster.token_kubeconfig("agent-unbound", &token);
     let writes: [(&[&str], bool); 4] = [
-        (&["annotate", "node", "node-1", "e2e=agent", "--overwrite"], true),
-        (&["annotate", "pod", "-n", SYSTEM, &pod_1, "e2e=agent", "--overwrite"], true),
-        (&["annotate", "node", "node-2", "e2e=agent", "--overwrite"], false),
-        (&["annotate", "pod", "-n", SYSTEM, &pod_2, "e2e=agent", "--overwrite"], false),
+        (&["annotate", "node", "node-1", "nano-gpu/e2e=agent", "--overwrite"], true),
+        (&["annotate", "pod", "-n", SYSTEM, &pod_1, "nano-gpu/e2e=agent", "--overwrite"], true),
+        (&["annotate", "node", "node-2", "nano-gpu/e2e=agent", "--overwrite"], false),
+        (&["annotate", "pod", "-n", SYSTEM, &pod_2, "nano-gpu/e2e=agent", "--overwrite"], false),
     ];
     for (args, allowed) in writes {
         let out = cluster.kubectl_as(&bound, args);
@@ -607,6 +627,52 @@ async fn the_system_works_on_real_nodes() {
         let out = cluster.kubectl_as(&unbound, args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("names no node"), "an unbound token: {args:?}: {err}");
+    }
+    // On its own node, only nano-gpu's keys (deploy/own-keys-policy.yaml): no other annotation, no
+    // node-restriction label, no taint or other spec, no condition or other resource in the status.
+    let deadline = r#"[{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 315360000}]"#;
+    let refused: [(&[&str], &str); 4] = [
+        (
+            &["annotate", "node", "node-1", "e2e=agent"],
+            "may change only nano-gpu's labels and annotations, not e2e",
+        ),
+        (
+            &["label", "node", "node-1", "node-restriction.kubernetes.io/gpu=yes"],
+            "not label node-restriction.kubernetes.io/gpu",
+        ),
+        (&["taint", "node", "node-1", "e2e=agent:NoSchedule"], "may not change the spec of nodes node-1"),
+        (
+            &["patch", "pod", "-n", SYSTEM, &pod_1, "--type=json", "-p", deadline],
+            "may not change the spec of pods",
+        ),
+    ];
+    for (args, reason) in refused {
+        let out = cluster.kubectl_as(&bound, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(reason), "node-1's agent: {args:?}: {err}");
+    }
+    // (A status patch without the read kubectl makes first: the agent may not read nodes/status.)
+    let agent_1: Api<Node> = Api::all(nano_gpu_runtime::connect(Some(&bound)).await.unwrap());
+    let status = json!({"status": {"capacity": {"nvidia.com/gpu": "8"}}});
+    match agent_1.patch_status("node-1", &PatchParams::default(), &Patch::Merge(&status)).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.message.contains("only gpushare's aliyun.com/* capacity"), "{}", e.message)
+        }
+        other => panic!("node-1's agent wrote another resource into its Node's status: {other:?}"),
+    }
+    // The allocator's account (its kube-scheduler's too) patches no pod outside its namespace, and
+    // writes no metadata through a pod's status.
+    let token = cluster.ok(&["create", "token", "nano-gpu-allocator", "-n", SYSTEM]);
+    let allocator = cluster.token_kubeconfig("allocator", &token);
+    let out = cluster.kubectl_as(&allocator, &["annotate", "pod", "-n", NS, "t4", "e2e=allocator"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot patch resource \"pods\""), "{err}");
+    let as_allocator: Api<Pod> =
+        Api::namespaced(nano_gpu_runtime::connect(Some(&allocator)).await.unwrap(), NS);
+    let meta = json!({"metadata": {"annotations": {"e2e": "allocator"}}});
+    match as_allocator.patch_status("t4", &PatchParams::default(), &Patch::Merge(&meta)).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("not e2e"), "{}", e.message),
+        other => panic!("the allocator's account wrote metadata through a pod's status: {other:?}"),
     }
 
     // Pods that fit nowhere stay Pending with a FailedScheduling event naming the reason: one the

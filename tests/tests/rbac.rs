@@ -46,6 +46,16 @@ fn the_allocator_may_do_what_its_code_does() {
 }
 
 #[test]
+fn the_allocator_changes_pods_only_in_its_own_namespace() {
+    // Binds carry the assignment in the Binding; a pod is patched only for the leader label.
+    for (kind, r) in rules() {
+        let pods = r.resources.iter().flatten().any(|x| x == "pods");
+        let writes = r.verbs.iter().any(|v| !["get", "list", "watch"].contains(&v.as_str()));
+        assert!(!(pods && writes) || kind == "Role", "{kind} may change pods cluster-wide: {r:?}");
+    }
+}
+
+#[test]
 fn the_allocator_has_no_wildcards_and_reads_only_its_own_secret() {
     for (kind, r) in rules() {
         let words: Vec<&String> =

@@ -81,6 +81,28 @@ impl Edits {
     pub fn apply(&self, cards: &mut [Card]) {
         crate::enforce::refuse(cards, |c| self.enforcement.refusal(c).or_else(|| self.memory.refusal(c)));
     }
+
+    /// What holds a share on this node to its size against a tenant who does not cooperate, in one
+    /// line (the README's guarantee table for these settings); `/readyz` says it.
+    pub fn guarantee(&self) -> String {
+        let limits = match &self.enforcement {
+            Enforcement::None => "shares: not limited (the scheduler's accounting only)",
+            Enforcement::Mps(_) => {
+                "shares: MPS limits set in each process's own environment, which a tenant can raise to the \
+                 daemon's defaults (advisory against a hostile tenant)"
+            }
+            Enforcement::HamiCore(_) => {
+                "shares: HAMi-core limits set in each process's own environment, which a tenant can change \
+                 (advisory against a hostile tenant)"
+            }
+            Enforcement::Invalid(_) => "shares: none served (the node's enforcement label names no mode)",
+        };
+        let memory = match self.memory {
+            MemoryLimit::Driver(_) => "; memory: the driver's per-pod limit, which a tenant cannot raise",
+            _ => "",
+        };
+        format!("{limits}{memory}")
+    }
 }
 
 /// The container an Allocate is for, as far as the agent could tell.

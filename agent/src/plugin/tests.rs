@@ -184,3 +184,14 @@ fn nvidia_cards_are_named_by_env_and_by_volume_mounts_as_asked() {
     let err = "envvar,cdi".parse::<DeviceList>().unwrap_err();
     assert!(err.contains("\"cdi\"") && err.contains("--cdi"), "{err}");
 }
+
+#[test]
+fn each_mode_says_what_holds_a_share_against_a_hostile_tenant() {
+    let layout = crate::enforce::mps::Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() };
+    let none = Edits::default().guarantee();
+    assert_eq!(none, "shares: not limited (the scheduler's accounting only)");
+    let mps = Edits { enforcement: crate::enforce::Enforcement::Mps(layout), ..Edits::default() }.guarantee();
+    assert!(mps.contains("own environment") && mps.contains("advisory against a hostile tenant"), "{mps}");
+    let invalid = Edits { enforcement: crate::enforce::Enforcement::Invalid("x".into()), ..Edits::default() };
+    assert!(invalid.guarantee().contains("none served"));
+}

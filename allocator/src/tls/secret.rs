@@ -201,7 +201,8 @@ pub async fn ensure(api: &Api<Secret>, name: &str, dns_names: &[String]) -> Resu
 }
 
 /// Keeps serving the shared certificate: every [`RECHECK`], reads (or renews) it, serves it when it
-/// changed and writes its CA bundle into the webhook configuration `webhook`.
+/// changed, and writes its CA bundle into the webhook configuration `webhook` wherever it is missing
+/// or another (a re-applied manifest empties it).
 pub async fn keep(
     api: Api<Secret>,
     name: String,
@@ -226,7 +227,7 @@ pub async fn keep(
                 tracing::info!(secret = %name, "serving the renewed webhook certificate");
                 current = m;
             }
-            Ok(_) => {}
+            Ok(_) => publish(&client, &webhook, &current.ca_pem).await,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the webhook certificate; serving the last one")
             }
@@ -237,7 +238,8 @@ pub async fn keep(
 /// Writes `ca_pem` into the webhook configuration `webhook` (the same bundle from every replica).
 pub async fn publish(client: &kube::Client, webhook: &str, ca_pem: &str) {
     match tokio::time::timeout(CALL_TIMEOUT, publish_ca_bundle(client.clone(), webhook, ca_pem)).await {
-        Ok(Ok(())) => tracing::info!(webhook, "CA bundle written into the webhook configuration"),
+        Ok(Ok(true)) => tracing::info!(webhook, "CA bundle written into the webhook configuration"),
+        Ok(Ok(false)) => tracing::debug!(webhook, "the webhook configuration holds the CA bundle"),
         Ok(Err(e)) => {
             tracing::warn!(webhook, error = %e, "could not write the CA bundle into the webhook configuration")
         }

@@ -320,18 +320,15 @@ fn allocator() -> (axum::Router, axum::Router) {
         async fn get_pod(&self, _: &str, name: &str) -> Result<Pod, ApiError> {
             Err(ApiError::NotFound(name.into()))
         }
-        async fn annotate(
+        async fn bind(
             &self,
             _: &str,
             _: &str,
             _: &str,
-            _: Option<&str>,
-            _: &std::collections::BTreeMap<String, Option<String>>,
+            _: &str,
+            _: &std::collections::BTreeMap<String, String>,
         ) -> Result<(), ApiError> {
-            Err(ApiError::Other("no API server".into()))
-        }
-        async fn bind(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), ApiError> {
-            Err(ApiError::Other("no API server".into()))
+            Err(ApiError::Unanswered("no API server".into()))
         }
     }
     let engine = Engine::new(Cluster::new(), policy::by_name("default", 0).unwrap(), Workload::default());
