@@ -22,6 +22,7 @@
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
 //!   memory-overrun watchdog.
 
+pub mod canary;
 pub mod checkpoint;
 pub mod daemons;
 pub mod enforce;
@@ -171,6 +172,11 @@ pub struct Flags {
     /// Where the host's root is seen (host paths handed to containers are checked under it).
     #[arg(long, env = "NANO_GPU_HOST_ROOT", default_value = "/")]
     pub host_root: PathBuf,
+    /// The runtime canary's report, shared with the `runtime-canary` container (`canary` writes it,
+    /// the agent reads it every 10 s): a node whose runtime gave that container cards is not ready,
+    /// labelled `nano-gpu/device-isolation=env-honoured` and warned about; unset: no canary.
+    #[arg(long, env = "NANO_GPU_RUNTIME_CANARY")]
+    pub runtime_canary: Option<PathBuf>,
     /// What to do (default: run the agent).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -211,6 +217,10 @@ pub enum Command {
     /// Run one MPS control daemon per NVIDIA card (not in MIG mode), starting again any that stops,
     /// under `--mps-root`: the daemons of nodes whose shares are enforced with MPS.
     MpsControl,
+    /// The runtime canary (an unprivileged container of the agent's pod that asks no GPU and sets
+    /// `NVIDIA_VISIBLE_DEVICES=all`): write the cards this container sees (NVML's, and the device
+    /// nodes under `--dev-root`) to `--runtime-canary`, then wait for SIGTERM.
+    Canary,
 }
 
 impl Flags {

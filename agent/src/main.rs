@@ -48,11 +48,12 @@ fn serve(flags: &Flags) -> ExitCode {
             }
         }
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
-        let (mut residents, mut reports_tx, mut sweep) = (None, None, None);
+        let (mut residents, mut reports_tx, mut sweep, mut node_client) = (None, None, None, None);
         let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
+                    node_client = Some((client.clone(), node.clone()));
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
                         return Ok(());
@@ -144,6 +145,15 @@ fn serve(flags: &Flags) -> ExitCode {
                 nano_gpu_agent::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
             tokio::spawn(async move { axum::serve(listener, app).await });
         }
+        if let Some(report) = flags.runtime_canary.clone() {
+            let readiness = readiness.clone();
+            tokio::spawn(nano_gpu_agent::canary::watch(
+                report,
+                readiness,
+                node_client,
+                Duration::from_secs(10),
+            ));
+        }
         let told = residents.clone().zip(reports_tx.clone());
         let usage = (flags.usage_seconds > 0).then(|| {
             let sampling = usage::Sampling {
@@ -186,6 +196,18 @@ fn mps_control(flags: &Flags) -> ExitCode {
         exclusive: flags.mps_exclusive_process.then(|| flags.nvml_lib.clone()),
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
+}
+
+/// `canary`: what this container sees, written to `--runtime-canary`, then wait for SIGTERM.
+fn canary(flags: &Flags) -> ExitCode {
+    let Some(out) = flags.runtime_canary.clone() else {
+        eprintln!(
+            "nano-gpu-agent: canary: --runtime-canary (NANO_GPU_RUNTIME_CANARY) names the report to write"
+        );
+        return ExitCode::FAILURE;
+    };
+    let (lib, dev) = (flags.nvml_lib.clone(), flags.dev_root.clone());
+    until_terminated(flags, "canary: ", |_, _| nano_gpu_agent::canary::report(lib, dev, out))
 }
 
 /// `keeper`: the kubelet's side of the agent's device plugins, until SIGTERM.
@@ -263,6 +285,7 @@ fn main() -> ExitCode {
         Some(Command::Inventory) => print_inventory(&flags),
         Some(Command::MpsControl) => mps_control(&flags),
         Some(Command::Keeper) => keeper(&flags),
+        Some(Command::Canary) => canary(&flags),
         None => serve(&flags),
     }
 }

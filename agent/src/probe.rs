@@ -21,6 +21,8 @@ pub struct Readiness {
     cards: AtomicUsize,
     /// What holds a share to its size here, said when ready.
     guarantee: Mutex<String>,
+    /// Why the node's runtime must not be trusted with tenants' pods (the runtime canary's verdict).
+    runtime_problem: Mutex<Option<String>>,
     problems: Mutex<Vec<String>>,
     /// Since when the pod watch has failed, and its last error.
     watch_failing: Mutex<Option<(Instant, String)>>,
@@ -43,6 +45,11 @@ impl Readiness {
         *self.guarantee.lock().unwrap_or_else(|e| e.into_inner()) = guarantee;
     }
 
+    /// The runtime canary's problem with this node's runtime (`None`: none, or not known yet).
+    pub fn set_runtime_problem(&self, problem: Option<String>) {
+        *self.runtime_problem.lock().unwrap_or_else(|e| e.into_inner()) = problem;
+    }
+
     /// The pod watch failed with `error` (`None`: it works again).
     pub fn set_watch_error(&self, error: Option<String>) {
         let mut failing = self.watch_failing.lock().unwrap_or_else(|e| e.into_inner());
@@ -58,6 +65,9 @@ impl Readiness {
                 "the pod watch has failed for {} s (last: {error}); Allocate reads the API server directly",
                 since.elapsed().as_secs()
             ));
+        }
+        if let Some(problem) = &*self.runtime_problem.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(problem.clone());
         }
         let cards = self.cards.load(Ordering::SeqCst);
         let problems = self.problems.lock().unwrap_or_else(|e| e.into_inner()).join("; ");
@@ -103,6 +113,11 @@ mod tests {
         assert_eq!(r.check().unwrap(), "serving 2 card(s)");
         r.set_guarantee("shares: not limited".into());
         assert_eq!(r.check().unwrap(), "serving 2 card(s); shares: not limited");
+        // A runtime that gives tenants cards by their env: not ready, with the reason, until it is fixed.
+        r.set_runtime_problem(Some("this node's NVIDIA runtime gave ...".into()));
+        assert_eq!(r.check().unwrap_err(), "this node's NVIDIA runtime gave ...");
+        r.set_runtime_problem(None);
+        assert!(r.check().is_ok());
     }
 
     #[test]

@@ -261,7 +261,7 @@ fn pod_reference(key: &str) -> ObjectReference {
     }
 }
 
-fn node_reference(node: &str) -> ObjectReference {
+pub(crate) fn node_reference(node: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),

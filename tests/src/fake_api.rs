@@ -173,3 +173,76 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         _ => status(404, "NotFound", &format!("{method} {path} is not served by the fake API server")),
     }
 }
+
+/// The real `nano-gpu-allocator serve` on a loopback port against a [`FakeApi`], once ready (its
+/// watches listed every node and pod); killed, and its directory removed, when dropped.
+pub struct ServedAllocator {
+    /// The fake API server it watches.
+    pub api: FakeApi,
+    /// Its process.
+    pub server: crate::Killed,
+    /// Where its extender listens (`127.0.0.1:<port>`).
+    pub addr: String,
+    /// Seconds from its start to ready.
+    pub ready_s: f64,
+    dir: std::path::PathBuf,
+}
+
+impl ServedAllocator {
+    /// Starts `allocator` against a fake API server holding `objects`; waits up to `limit` for it to
+    /// be ready, returning a connection to it.
+    pub async fn start(
+        allocator: &std::path::Path,
+        objects: Objects,
+        limit: std::time::Duration,
+    ) -> anyhow::Result<(ServedAllocator, crate::http_client::Conn)> {
+        use anyhow::Context;
+        if !allocator.exists() {
+            anyhow::bail!(
+                "{} not found: build it first (cargo build --release -p nano-gpu-allocator)",
+                allocator.display()
+            );
+        }
+        let api = FakeApi::start(objects).await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let dir = std::env::temp_dir().join(format!("nano-gpu-bench-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig())?;
+        let addr = format!("127.0.0.1:{port}");
+        let child = std::process::Command::new(allocator)
+            .args(["serve", "--listen", &addr])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", allocator.display()))?;
+        let server = crate::Killed(child);
+        let started = std::time::Instant::now();
+        let conn = loop {
+            if started.elapsed() > limit {
+                anyhow::bail!("the allocator was not ready within {limit:?}");
+            }
+            if let Ok(mut c) = crate::http_client::Conn::open(&addr).await
+                && matches!(c.call("GET", "/readyz", vec![]).await, Ok((200, _)))
+            {
+                break c;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let ready_s = started.elapsed().as_secs_f64();
+        Ok((ServedAllocator { api, server, addr, ready_s, dir }, conn))
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.server.0.id()
+    }
+}
+
+impl Drop for ServedAllocator {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -89,10 +89,20 @@ pub fn p99(mut v: Vec<f64>) -> f64 {
 
 /// Peak resident memory of a process (VmHWM), in MiB; 0 when it cannot be read.
 pub fn peak_rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+/// Resident memory of a process now (VmRSS), in MiB; 0 when it cannot be read.
+pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A `/proc/<pid>/status` field given in kB, in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)

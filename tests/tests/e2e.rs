@@ -463,6 +463,17 @@ async fn the_system_works_on_real_nodes() {
     wait_running(&pods, &names, Duration::from_secs(120)).await;
     assert_eq!(check_consistency(&cluster, &client).await, names.len());
     tenant_env_cannot_widen(&pods).await;
+    // Every node's runtime canary was given no card: the Nodes say so.
+    let all_nodes: Api<Node> = Api::all(client.clone());
+    wait_until("every node's device isolation held", Duration::from_secs(60), || async {
+        let list = all_nodes.list(&ListParams::default()).await.unwrap().items;
+        list.iter().filter(|n| n.metadata.name.as_deref() != Some("control-plane")).all(|n| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            !labels.contains_key("nano-gpu/node")
+                || labels.get("nano-gpu/device-isolation").map(String::as_str) == Some("held")
+        })
+    })
+    .await;
     let t4 = pods.get("t4").await.unwrap();
     let a = Assignment::decode(&t4.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION]).unwrap();
     assert_eq!(a.node, "node-2", "the only Tesla T4 cards are on node-2");

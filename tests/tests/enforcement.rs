@@ -22,6 +22,7 @@
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use nano_gpu_agent::canary::ISOLATION_LABEL;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{Cluster, NS, create, percent_pod, percent_pod_then, wait_running, wait_until};
@@ -240,10 +241,90 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     wait_running(&pods, &["plain-again".to_string()], Duration::from_secs(90)).await;
     let plain = inside(&cluster, "plain-again");
     assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
+    the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(&cluster, &nodes, &system, &pods).await;
     cluster.down();
     clear_mps_dirs();
     // HAMi-core's lock directory, which containerd made in the host's /tmp for the share.
     let _ = std::fs::remove_dir("/tmp/vgpulock");
+}
+
+/// The node's value of the label the runtime canary's verdict sets.
+async fn isolation(nodes: &Api<Node>) -> Option<String> {
+    let node = nodes.get(NODE).await.unwrap();
+    node.metadata.labels.unwrap_or_default().get(ISOLATION_LABEL).cloned()
+}
+
+/// Deletes the node's agent pod (the DaemonSet makes a new one, whose canary looks again) and waits
+/// until the Node's `nano-gpu/device-isolation` says `want` for the new pod.
+async fn new_agent_until(nodes: &Api<Node>, system: &Api<Pod>, want: &str) {
+    let params = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent");
+    for p in system.list(&params).await.unwrap().items {
+        system.delete(&p.metadata.name.unwrap(), &DeleteParams::default()).await.unwrap();
+    }
+    // The old agent's label stays until the new one writes its own; clear it to see the new one's.
+    let clear = json!({"metadata": {"labels": {ISOLATION_LABEL: null}}});
+    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(&clear)).await.unwrap();
+    wait_until(&format!("{ISOLATION_LABEL}={want}"), Duration::from_secs(120), || async {
+        isolation(nodes).await.as_deref() == Some(want)
+    })
+    .await;
+}
+
+/// The runtime canary: under the configuration the README asks of a node, the agent's unprivileged
+/// canary container (no GPU asked, `NVIDIA_VISIBLE_DEVICES=all` in its env) is given no card and the
+/// Node says `held`. At the NVIDIA toolkit's defaults the runtime honours the env: the Node says
+/// `env-honoured` with a `RuntimeHonoursPodEnv` Warning, the agent is not ready (so no GPU pod is
+/// placed there), and a GPU pod waits; set right again, the node serves again.
+async fn the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(
+    cluster: &Cluster,
+    nodes: &Api<Node>,
+    system: &Api<Pod>,
+    pods: &Api<Pod>,
+) {
+    wait_until("the canary's verdict", Duration::from_secs(60), || async {
+        isolation(nodes).await.as_deref() == Some("held")
+    })
+    .await;
+    let config = cluster.path(&format!("nodes/{NODE}/var/lib/nano-gpu-fake-driver/config.toml"));
+    let secure = std::fs::read_to_string(&config).unwrap();
+    assert!(secure.contains("when-unprivileged = false"), "{secure}");
+    std::fs::write(&config, "# the NVIDIA container toolkit's defaults\n").unwrap();
+    new_agent_until(nodes, system, "env-honoured").await;
+    let events: Api<Event> = Api::namespaced(cluster.client().await, "default");
+    wait_until("a RuntimeHonoursPodEnv Event on the Node", Duration::from_secs(30), || async {
+        let selector = format!("involvedObject.kind=Node,involvedObject.name={NODE}");
+        let list = events.list(&ListParams::default().fields(&selector)).await.unwrap();
+        list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("RuntimeHonoursPodEnv")
+                && e.message.as_deref().is_some_and(|m| m.contains("when-unprivileged = false"))
+        })
+    })
+    .await;
+    // Not ready, with the reason (the kubelet probes every 5 s); a GPU pod is not placed.
+    let agent_status = || async {
+        let params = ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent");
+        let pods = system.list(&params).await.unwrap().items;
+        let agent = pods.into_iter().find(|p| p.metadata.deletion_timestamp.is_none());
+        agent.and_then(|p| p.status).unwrap_or_default()
+    };
+    wait_until("the agent not Ready", Duration::from_secs(30), || async {
+        let conditions = agent_status().await.conditions.unwrap_or_default();
+        conditions.iter().any(|c| c.type_ == "Ready" && c.status == "False")
+    })
+    .await;
+    let ip = agent_status().await.pod_ip.unwrap_or_default();
+    let (code, why) = cluster.curl(&format!("http://{ip}:9401/readyz"), None, &[]);
+    assert_eq!(code, 503, "{why}");
+    assert!(why.contains("any pod here could reach every card"), "{why}");
+    create(pods, &percent_pod("waits", 10)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let waiting = pods.get("waits").await.unwrap();
+    assert_eq!(waiting.spec.and_then(|s| s.node_name), None, "a GPU pod was placed on the node");
+    // Set right again: served again, and the waiting pod runs.
+    std::fs::write(&config, secure).unwrap();
+    new_agent_until(nodes, system, "held").await;
+    agent_ready(system).await;
+    wait_running(pods, &["waits".to_string()], Duration::from_secs(120)).await;
 }
 
 /// The MPS daemons' directories of this node's cards, which outlive the cluster on the host

@@ -96,7 +96,7 @@ impl Layout {
 /// writable by every share's container, so a FIFO, a device or a link may stand where a PID file
 /// should: such a file is refused, never waited on or followed (opened without blocking and without
 /// following a link, then checked on the open descriptor).
-fn read_small_file(file: &Path, limit: u64) -> std::io::Result<String> {
+pub(crate) fn read_small_file(file: &Path, limit: u64) -> std::io::Result<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW;

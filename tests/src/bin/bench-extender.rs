@@ -16,12 +16,11 @@
 //! [--scrape-ms N] [--scrape PATH,…] [--allocator PATH]`.
 
 use anyhow::{Context, Result, bail};
-use nano_gpu_tests::fake_api::{FakeApi, Objects};
+use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
 use nano_gpu_tests::http_client::Conn;
-use nano_gpu_tests::{Killed, p99, peak_rss_mib};
+use nano_gpu_tests::{p99, peak_rss_mib};
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Args {
@@ -137,44 +136,10 @@ struct BindResult {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> Result<()> {
     let a = args()?;
-    if !a.allocator.exists() {
-        bail!(
-            "{} not found: build it first (cargo build --release -p nano-gpu-allocator)",
-            a.allocator.display()
-        );
-    }
-    let api = FakeApi::start(objects(&a)).await?;
-    let dir = std::env::temp_dir().join(format!("nano-gpu-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(&a.allocator)
-        .args(["serve", "--listen", &addr])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", a.allocator.display()))?;
-    let server = Killed(child);
-    let pid = server.0.id();
-
     // Ready once the 5,000 nodes and 40,000 pods are listed.
-    let started = Instant::now();
-    let mut conn = loop {
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("the allocator was not ready within 300 s");
-        }
-        if let Ok(mut c) = Conn::open(&addr).await
-            && matches!(c.call("GET", "/readyz", vec![]).await, Ok((200, _)))
-        {
-            break c;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let ready_s = started.elapsed().as_secs_f64();
+    let (served, mut conn) =
+        ServedAllocator::start(&a.allocator, objects(&a), Duration::from_secs(300)).await?;
+    let (addr, pid, ready_s) = (served.addr.clone(), served.pid(), served.ready_s);
 
     // The driver plays kube-scheduler: it must not be the bottleneck, so bodies are assembled from
     // pre-serialized parts and answers are read into typed structs.
@@ -284,15 +249,15 @@ async fn main() -> Result<()> {
         let count = sample("nano_gpu_decision_seconds_count", verb);
         if count > 0.0 { sample("nano_gpu_decision_seconds_sum", verb) / count * 1000.0 } else { 0.0 }
     };
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+    let bind_writes = served.api.writes().len();
+    drop(served);
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
     let mut line = json!({
         "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "new_pods": a.pods,
         "filter_max_ms": round(filter.iter().copied().fold(0.0, f64::max)),
         "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
         "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
-        "ready_s": round(ready_s), "bind_writes": api.writes().len(),
+        "ready_s": round(ready_s), "bind_writes": bind_writes,
         "server_mean_ms": {"filter": round(server_mean_ms("filter")), "prioritize": round(server_mean_ms("prioritize")),
             "bind": round(server_mean_ms("bind"))},
     });

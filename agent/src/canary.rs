@@ -1,0 +1,296 @@
+//! The runtime canary: does this node's NVIDIA container runtime give cards to a container that asks
+//! for none and names them in its own environment?
+//!
+//! A tenant's pod is judged by the runtime, not by us: set as the README says
+//! (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`), the runtime ignores an
+//! unprivileged container's `NVIDIA_VISIBLE_DEVICES` and reads only the device list the device plugin
+//! mounted; at its defaults it honours the variable, and any pod on the node that sets it sees every
+//! card. The toolkit's configuration file is not a reliable place to read this (another file, another
+//! runtime, a CDI mode), so the agent's pod asks the runtime itself: its container `runtime-canary`
+//! (`nano-gpu-agent canary`) is unprivileged, asks no GPU, sets `NVIDIA_VISIBLE_DEVICES=all`, and
+//! writes what it sees ([`look`], [`write`]) into a directory it shares with the agent. The agent
+//! reads it ([`watch`]): a node whose runtime honoured the variable is not ready (`/readyz` says why,
+//! so the allocator places no GPU pod there), is labelled `nano-gpu/device-isolation=env-honoured`,
+//! and gets a Warning Event `RuntimeHonoursPodEnv`; one where it did not is labelled `held`.
+
+use crate::inventory::{GpuInventory, NvmlInventory};
+use crate::probe::Readiness;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Node label that says what the canary saw: `held` or `env-honoured`.
+pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
+
+/// The largest report read (it is a few dozen bytes).
+const MAX_REPORT: u64 = 4096;
+
+/// What the canary container saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Seen {
+    /// Cards NVML listed (0 when no driver library was given to the container).
+    pub nvml_cards: u32,
+    /// Why NVML listed none, when it could not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_error: Option<String>,
+    /// NVIDIA card device nodes (`/dev/nvidia<N>`) in the container.
+    pub device_nodes: u32,
+}
+
+impl Seen {
+    /// Whether the runtime gave the container any card.
+    pub fn any(&self) -> bool {
+        self.nvml_cards > 0 || self.device_nodes > 0
+    }
+}
+
+/// What a container sees: NVML's cards through the library `nvml_lib` (the runtime mounts the
+/// driver's into a container it gives cards to), and the card device nodes under `dev`.
+pub fn look(nvml_lib: &Path, dev: &Path) -> Seen {
+    let (nvml_cards, nvml_error) = match NvmlInventory::new(nvml_lib.to_owned()).cards() {
+        Ok(cards) => (u32::try_from(cards.len()).unwrap_or(u32::MAX), None),
+        Err(e) => (0, Some(e.to_string())),
+    };
+    let device_nodes = std::fs::read_dir(dev)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    Seen { nvml_cards, nvml_error, device_nodes: u32::try_from(device_nodes).unwrap_or(u32::MAX) }
+}
+
+/// Writes `seen` to `report` whole (a temporary file renamed over it).
+pub fn write(report: &Path, seen: &Seen) -> std::io::Result<()> {
+    let tmp = report.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(seen)?)?;
+    std::fs::rename(&tmp, report)
+}
+
+/// What the agent makes of the canary's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No report (yet), or one that cannot be read: the reason.
+    Unknown(String),
+    /// The runtime gave the canary no card.
+    Held,
+    /// The runtime gave the canary cards from its own environment.
+    Honoured(Seen),
+}
+
+impl Verdict {
+    /// The Node label's value, when the canary has said.
+    pub fn label(&self) -> Option<&'static str> {
+        match self {
+            Verdict::Unknown(_) => None,
+            Verdict::Held => Some("held"),
+            Verdict::Honoured(_) => Some("env-honoured"),
+        }
+    }
+
+    /// Why the node must not be served, if it must not.
+    pub fn problem(&self) -> Option<String> {
+        let Verdict::Honoured(seen) = self else { return None };
+        Some(format!(
+            "this node's NVIDIA runtime gave a container that asks no GPU the cards its own \
+             NVIDIA_VISIBLE_DEVICES=all names ({} by NVML, {} device nodes): any pod here could reach \
+             every card; set accept-nvidia-visible-devices-envvar-when-unprivileged = false and \
+             accept-nvidia-visible-devices-as-volume-mounts = true in the runtime's config.toml, then \
+             restart this pod",
+            seen.nvml_cards, seen.device_nodes
+        ))
+    }
+}
+
+/// Reads the report at `path` without following a link or blocking on a pipe, at most
+/// [`MAX_REPORT`] bytes.
+pub fn read(path: &Path) -> Verdict {
+    let text = match crate::enforce::mps::read_small_file(path, MAX_REPORT) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Verdict::Unknown("the runtime canary has not reported yet".into());
+        }
+        Err(e) => return Verdict::Unknown(format!("reading {}: {e}", path.display())),
+    };
+    match serde_json::from_str::<Seen>(&text) {
+        Ok(seen) if seen.any() => Verdict::Honoured(seen),
+        Ok(_) => Verdict::Held,
+        Err(e) => Verdict::Unknown(format!("{}: not a canary report: {e}", path.display())),
+    }
+}
+
+/// `nano-gpu-agent canary`: looks once, writes the report, then waits for SIGTERM (the container
+/// stays running, so the pod stays Ready and the report in place).
+pub async fn report(nvml_lib: PathBuf, dev: PathBuf, out: PathBuf) -> Result<(), String> {
+    let seen = tokio::task::spawn_blocking(move || look(&nvml_lib, &dev)).await.map_err(|e| e.to_string())?;
+    write(&out, &seen).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    if seen.any() {
+        tracing::warn!(?seen, "this container asks no GPU and was given cards: the runtime honours its env");
+    } else {
+        tracing::info!(?seen, "this container asks no GPU and was given none");
+    }
+    nano_gpu_runtime::terminated().await;
+    Ok(())
+}
+
+/// How long the agent waits for the canary's first report before it is ready without one (a
+/// canary that cannot run must not keep a node from serving for good; the agent's log says it).
+pub const FIRST_REPORT: Duration = Duration::from_secs(30);
+
+/// Reads the canary's report at `path` every second until there is one, then every `every`: keeps
+/// the readiness problem, the Node's label and (on every change to `env-honoured`) a Warning Event
+/// in step with it. Until the first report, for at most [`FIRST_REPORT`], the agent is not ready.
+pub async fn watch(
+    path: PathBuf,
+    readiness: Arc<Readiness>,
+    node: Option<(kube::Client, String)>,
+    every: Duration,
+) {
+    let recorder = node.as_ref().map(|(client, name)| {
+        let reporter = Reporter { controller: "nano-gpu-agent".into(), instance: Some(name.clone()) };
+        (Recorder::new(client.clone(), reporter), Api::<Node>::all(client.clone()), name.clone())
+    });
+    let mut labelled: Option<&'static str> = None;
+    let started = tokio::time::Instant::now();
+    let (mut reported, mut gave_up, mut first) = (false, false, true);
+    loop {
+        if !first {
+            tokio::time::sleep(if reported { every } else { Duration::from_secs(1) }).await;
+        }
+        first = false;
+        let verdict = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || read(&path))
+                .await
+                .unwrap_or_else(|e| Verdict::Unknown(e.to_string()))
+        };
+        reported |= !matches!(verdict, Verdict::Unknown(_));
+        let problem = match &verdict {
+            Verdict::Unknown(why) if !reported && started.elapsed() < FIRST_REPORT => {
+                Some(format!("waiting for the runtime canary's first report ({why})"))
+            }
+            Verdict::Unknown(why) if !reported => {
+                if !gave_up {
+                    tracing::warn!(
+                        "no report from the runtime canary within {FIRST_REPORT:?} ({why}); serving without its verdict"
+                    );
+                    gave_up = true;
+                }
+                None
+            }
+            v => v.problem(),
+        };
+        readiness.set_runtime_problem(problem);
+        let (Some(label), Some((recorder, nodes, name))) = (verdict.label(), recorder.as_ref()) else {
+            continue;
+        };
+        if labelled == Some(label) {
+            continue;
+        }
+        let patch = serde_json::json!({"metadata": {"labels": {ISOLATION_LABEL: label}}});
+        let written = tokio::time::timeout(
+            Duration::from_secs(10),
+            nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await;
+        match written {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the device-isolation label was not written; trying again");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!("writing the device-isolation label timed out; trying again");
+                continue;
+            }
+        }
+        labelled = Some(label);
+        if let Some(problem) = verdict.problem() {
+            tracing::error!("{problem}");
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "RuntimeHonoursPodEnv".into(),
+                note: Some(problem),
+                action: "CheckRuntime".into(),
+                secondary: None,
+            };
+            let node_ref = crate::repair::node_reference(name);
+            let sent =
+                tokio::time::timeout(Duration::from_secs(10), recorder.publish(&event, &node_ref)).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::warn!("the RuntimeHonoursPodEnv Event was not written");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nano-gpu-canary-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_container_given_no_card_sees_none_and_one_given_cards_sees_them() {
+        let dev = dir("dev");
+        for name in ["null", "nvidiactl", "nvidia-uvm", "nvidia-caps"] {
+            std::fs::write(dev.join(name), "").unwrap();
+        }
+        let nowhere = Path::new("/nonexistent/libnvidia-ml.so.1");
+        let seen = look(nowhere, &dev);
+        assert_eq!((seen.nvml_cards, seen.device_nodes, seen.any()), (0, 0, false), "{seen:?}");
+        assert!(seen.nvml_error.is_some());
+        for name in ["nvidia0", "nvidia3"] {
+            std::fs::write(dev.join(name), "").unwrap();
+        }
+        assert_eq!(look(nowhere, &dev).device_nodes, 2);
+    }
+
+    #[test]
+    fn the_report_decides_held_honoured_or_unknown() {
+        let d = dir("report");
+        let report = d.join("seen.json");
+        assert!(matches!(read(&report), Verdict::Unknown(ref m) if m.contains("not reported yet")));
+        write(&report, &Seen { nvml_error: Some("no library".into()), ..Seen::default() }).unwrap();
+        assert_eq!(read(&report), Verdict::Held);
+        assert_eq!((Verdict::Held.label(), Verdict::Held.problem()), (Some("held"), None));
+        let seen = Seen { nvml_cards: 4, nvml_error: None, device_nodes: 0 };
+        write(&report, &seen).unwrap();
+        let verdict = read(&report);
+        assert_eq!(verdict, Verdict::Honoured(seen));
+        assert_eq!(verdict.label(), Some("env-honoured"));
+        let problem = verdict.problem().unwrap();
+        assert!(
+            problem.contains("(4 by NVML, 0 device nodes)") && problem.contains("when-unprivileged = false")
+        );
+        std::fs::write(&report, "garbage").unwrap();
+        assert!(matches!(read(&report), Verdict::Unknown(ref m) if m.contains("not a canary report")));
+    }
+
+    #[test]
+    fn a_link_or_a_pipe_in_place_of_the_report_is_not_read() {
+        let d = dir("tricks");
+        let report = d.join("seen.json");
+        std::os::unix::fs::symlink("/dev/zero", &report).unwrap();
+        assert!(matches!(read(&report), Verdict::Unknown(_)));
+        std::fs::remove_file(&report).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&report).status().unwrap();
+        assert!(made.success());
+        assert!(matches!(read(&report), Verdict::Unknown(ref m) if m.contains("not a regular file")));
+    }
+}
