@@ -85,8 +85,8 @@ async fn run_watch<K>(
 ) where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
 {
-    let mut stream =
-        watcher::watcher(api, watcher::Config::default()).backoff(nano_gpu_runtime::watch_backoff()).boxed();
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
     loop {
         match stream.try_next().await {
             Ok(Some(event)) => {
@@ -118,6 +118,12 @@ async fn run_watch<K>(
         }
     }
 }
+
+/// Objects per page of a list (the watches' initial lists and re-lists, the catch-up list). A page is
+/// held whole while it is decoded, and a tenant's pod may carry 256 KiB of annotations that we do not
+/// read: 100 such pods are 25 MiB a page, where client-go's 500 were 125 MiB (seen: 1,000 pending
+/// pods of that size raised a replica's memory by 420 MiB at its start; `hack/bench-pending.sh`).
+pub const LIST_PAGE: u32 = 100;
 
 /// Warnings waiting to become Events, at most.
 const EVENT_QUEUE: usize = 1024;
@@ -164,28 +170,36 @@ pub async fn publish(recorder: &Recorder, w: &Warning, action: &str) {
 /// Pods deleted since only make the view hold more than it must for a moment (never less).
 pub async fn caught_up(pods: &Api<Pod>, view: &SharedView, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
-    // No resourceVersion: a consistent read, as of now.
-    let list = match tokio::time::timeout_at(deadline, pods.list_metadata(&ListParams::default())).await {
-        Ok(Ok(list)) => list,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "listing pods to catch up failed");
-            return false;
+    // No resourceVersion: a consistent read, as of now; its pages continue the same snapshot.
+    let mut params = ListParams::default().limit(LIST_PAGE);
+    let mut newest = 0u64;
+    loop {
+        let page = match tokio::time::timeout_at(deadline, pods.list_metadata(&params)).await {
+            Ok(Ok(page)) => page,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "listing pods to catch up failed");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!("listing pods to catch up took over {limit:?}");
+                return false;
+            }
+        };
+        for p in &page.items {
+            let Ok(v) = p.metadata.resource_version.as_deref().unwrap_or("0").parse::<u64>() else {
+                // Not etcd's numbers: the order of writes cannot be read from them.
+                tracing::warn!(
+                    "pod resourceVersions are not numbers; deciding without waiting for the watch"
+                );
+                return true;
+            };
+            newest = newest.max(v);
         }
-        Err(_) => {
-            tracing::warn!("listing pods to catch up took over {limit:?}");
-            return false;
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
         }
-    };
-    let versions: Result<Vec<u64>, _> = list
-        .items
-        .iter()
-        .map(|p| p.metadata.resource_version.as_deref().unwrap_or("0").parse::<u64>())
-        .collect();
-    let Ok(newest) = versions.map(|v| v.into_iter().max().unwrap_or(0)) else {
-        // Not etcd's numbers: the order of writes cannot be read from them.
-        tracing::warn!("pod resourceVersions are not numbers; deciding without waiting for the watch");
-        return true;
-    };
+    }
     loop {
         if view.lock().has_pods_up_to(newest) {
             return true;
@@ -314,10 +328,18 @@ mod tests {
         let view = Arc::new(SharedView::new(state()));
         view.lock().apply_pod(&versioned_pod("a", "5"));
         let server = tokio::spawn(async move {
+            // The newest write is on the second page.
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.uri().path(), "/api/v1/pods");
-            assert!(!req.uri().query().unwrap_or("").contains("resourceVersion"), "a consistent list");
-            send.send_response(respond(200, listed(&["3", "8"])));
+            let query = req.uri().query().unwrap_or("").to_owned();
+            assert!(!query.contains("resourceVersion"), "a consistent list: {query}");
+            assert!(query.contains(&format!("limit={LIST_PAGE}")), "paged: {query}");
+            let mut first = listed(&["3", "5"]);
+            first["metadata"]["continue"] = "page-2".into();
+            send.send_response(respond(200, first));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert!(req.uri().query().unwrap_or("").contains("continue=page-2"), "{:?}", req.uri());
+            send.send_response(respond(200, listed(&["8"])));
             let (_, send) = handle.next_request().await.unwrap();
             send.send_response(respond(200, listed(&["4"])));
         });

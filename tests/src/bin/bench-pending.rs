@@ -8,7 +8,8 @@
 //! 256 KiB in all). Prints one JSON line: each run's resident memory once ready and settled
 //! (`rss_mib`, VmRSS) and at its peak (`peak_mib`, VmHWM, the initial list included), and the growth
 //! per pending pod (`growth_kib_per_pod`, from the settled figures).
-//! Usage: `bench-pending [--nodes N] [--cards N] [--placed N] [--pending N] [--allocator PATH]`.
+//! Usage: `bench-pending [--nodes N] [--cards N] [--placed N] [--pending N] [--filler-kib N]
+//! [--allocator PATH]` (`--filler-kib`: the annotations the allocator does not read, per pod).
 
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
@@ -22,6 +23,7 @@ struct Args {
     cards: usize,
     placed: usize,
     pending: usize,
+    filler_kib: usize,
     allocator: PathBuf,
 }
 
@@ -31,6 +33,7 @@ fn args() -> Result<Args> {
         cards: 8,
         placed: 4000,
         pending: 1000,
+        filler_kib: 250,
         allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
     };
     let mut it = std::env::args().skip(1);
@@ -41,6 +44,7 @@ fn args() -> Result<Args> {
             "--cards" => a.cards = value.parse()?,
             "--placed" => a.placed = value.parse()?,
             "--pending" => a.pending = value.parse()?,
+            "--filler-kib" => a.filler_kib = value.parse()?,
             "--allocator" => a.allocator = value.into(),
             other => bail!("unknown flag {other}"),
         }
@@ -112,7 +116,7 @@ async fn measure(a: &Args, objects: Objects) -> Result<(f64, f64, f64)> {
 async fn main() -> Result<()> {
     let a = args()?;
     let (base_rss, base_peak, base_ready) = measure(&a, cluster(&a)).await?;
-    let (models, filler) = (models(), "n".repeat(250 * 1024));
+    let (models, filler) = (models(), "n".repeat(a.filler_kib * 1024));
     let mut objects = cluster(&a);
     objects.pods.extend((0..a.pending).map(|i| pending_pod(i, &models, &filler)));
     let (rss, peak, ready) = measure(&a, objects).await?;
