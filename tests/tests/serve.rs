@@ -126,3 +126,28 @@ fn the_extender_benchmark_places_the_pods_at_a_small_scale() {
     let (failed, writes) = (result["failed"].as_u64().unwrap(), result["bind_writes"].as_u64().unwrap());
     assert!(failed <= 10 && writes == 30 - failed, "{result}");
 }
+
+/// The pending-pod memory benchmark at a small scale runs both allocators and prints its line, so a
+/// change it does not follow fails here, not only when someone runs `hack/bench-pending.sh`.
+#[test]
+fn the_pending_pod_benchmark_prints_both_runs() {
+    let allocator = nano_gpu_tests::workspace_binary("nano-gpu-allocator");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bench-pending"))
+        .arg("--allocator")
+        .arg(&allocator)
+        .args(["--nodes", "5", "--cards", "2", "--placed", "10", "--pending", "20", "--filler-kib", "8"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench-pending failed: {stderr}");
+    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
+    let result: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?} {stderr}"));
+    assert_eq!(
+        (result["pending_pods"].as_u64(), result["annotation_bytes_per_pod"].as_u64()),
+        (Some(20), Some(1023 + 8192))
+    );
+    for run in ["baseline", "with_pending"] {
+        assert!(result[run]["rss_mib"].as_f64().is_some_and(|m| m > 0.0), "{result}");
+    }
+    assert!(result["growth_kib_per_pod"].is_number(), "{result}");
+}
