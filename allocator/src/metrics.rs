@@ -147,8 +147,9 @@ impl Metrics {
     }
 }
 
-/// What a scrape reads of the cluster view, copied under its lock so that the text is written
-/// outside it (at 5,000 nodes the text is megabytes; the extender's verbs wait on that lock).
+/// What a scrape reads of the cluster view, copied under its lock so that the fragmentation and the
+/// text are computed outside it (at 5,000 nodes the text is megabytes; the extender's verbs wait on
+/// that lock).
 #[derive(Clone, Debug, Default)]
 pub struct Scrape {
     /// The schedulable nodes, in the view's order.
@@ -184,14 +185,34 @@ pub struct CardRow {
 impl Scrape {
     /// What `engine`'s cluster holds now, with `gauges`.
     pub fn of(engine: &Engine, gauges: ViewGauges) -> Scrape {
-        let nodes = engine
-            .cluster()
-            .nodes()
+        Scrape::taken(engine, gauges).rows()
+    }
+
+    /// The nodes and the workload a scrape needs, copied (under the view's lock): the fragmentation
+    /// of each node, which takes the longest, is computed from the copy after the lock is let go
+    /// ([`Taken::rows`]).
+    pub fn taken(engine: &Engine, gauges: ViewGauges) -> Taken {
+        let nodes = engine.cluster().nodes().iter().filter(|n| n.schedulable).cloned().collect();
+        Taken { nodes, workload: engine.workload().clone(), gauges }
+    }
+}
+
+/// The copy of the view a scrape reads ([`Scrape::taken`]).
+pub struct Taken {
+    nodes: Vec<nano_gpu_engine::model::Node>,
+    workload: nano_gpu_engine::workload::Workload,
+    gauges: ViewGauges,
+}
+
+impl Taken {
+    /// The scrape's rows: each node's cards and fragmentation.
+    pub fn rows(self) -> Scrape {
+        let Taken { nodes, workload, gauges } = self;
+        let nodes = nodes
             .iter()
-            .filter(|n| n.schedulable)
             .map(|n| NodeRow {
                 name: n.name.to_string(),
-                frag: engine.workload().frag_now(n),
+                frag: workload.frag_now(n),
                 cards: n
                     .cards
                     .iter()

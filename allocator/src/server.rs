@@ -280,8 +280,8 @@ async fn readyz<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 }
 
 async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
-    // What the text needs is copied under the view's lock; the text is written after.
-    let scrape = {
+    // What the text needs is copied under the view's lock; the fragmentation and the text after.
+    let taken = {
         let state = s.state();
         let now =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -289,9 +289,9 @@ async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
         let load_cards = state.load_cards();
         let gauges =
             ViewGauges { leading: s.leader.is_leader(), waiting, oldest_waiting_seconds, load_cards };
-        Scrape::of(state.extender().engine(), gauges)
+        Scrape::taken(state.extender().engine(), gauges)
     };
-    let text = s.metrics.render(&scrape);
+    let text = s.metrics.render(&taken.rows());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
