@@ -29,7 +29,8 @@ const SYSTEM: &str = "nano-gpu-system";
 /// README asks: device lists from the device plugin's mounts, a pod's `NVIDIA_VISIBLE_DEVICES`
 /// ignored unless it is privileged): a 10 % share that sets `NVIDIA_VISIBLE_DEVICES=all` sees its
 /// one card, and a pod that asks no GPU, its image saying `all`, sees none; a pod that would mount
-/// `/dev/null` as a device list is refused by Pod Security baseline.
+/// `/dev/null` as a device list, or run privileged, is refused by Pod Security baseline; a model list
+/// past the allocator's limit is refused at admission with the limit.
 async fn tenant_env_cannot_widen(pods: &Api<Pod>) {
     let mut widen = percent_pod("widen", 10);
     widen.spec.as_mut().unwrap().containers[0].env = Some(vec![
@@ -63,6 +64,23 @@ async fn tenant_env_cannot_widen(pods: &Api<Pod>) {
     match pods.create(&PostParams::default(), &mounting).await {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("hostPath"), "{}", e.message),
         other => panic!("a tenant's hostPath device list was admitted: {other:?}"),
+    }
+    // A privileged container (which the runtime would hand every card by its env) is what Pod
+    // Security baseline refuses the tenant.
+    let mut privileged = gpu_pod("privileged", &[("c", &[])], json!({}));
+    privileged.spec.as_mut().unwrap().containers[0].security_context =
+        Some(serde_json::from_value(json!({"privileged": true})).unwrap());
+    match pods.create(&PostParams::default(), &privileged).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("privileged"), "{}", e.message),
+        other => panic!("a tenant's privileged pod was admitted: {other:?}"),
+    }
+    // A model list that would cost the allocators memory for as long as the pod waits is refused
+    // with the limit (200 kB of "a|a|...": 100,000 models).
+    let models = json!({"nano-gpu/gpu-model": "a|".repeat(100_000)});
+    let huge = gpu_pod("huge-models", &[("c", &[("nano-gpu/gpu-percent", "10")])], models);
+    match pods.create(&PostParams::default(), &huge).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("at most 1024"), "{}", e.message),
+        other => panic!("a 200 kB model list was admitted: {other:?}"),
     }
     for name in names {
         pods.delete(&name, &DeleteParams::default()).await.unwrap();
