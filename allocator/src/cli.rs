@@ -1,7 +1,7 @@
 //! The commands a person runs against a cluster, shared by `nano-gpu-allocator` and the kubectl plugin
 //! `kubectl-nano_gpu`: `inspect` (every card and the pods on it), `top` (granted against used, from
-//! the agents' metrics) and `why` (for a waiting GPU pod, each node's reason and what would make
-//! room). Each reads the cluster with the caller's kubeconfig, as kubectl does, and changes nothing.
+//! the agents' metrics), `why` (for a waiting GPU pod, each node's reason and what would make
+//! room) and `check` (is nano-gpu installed and working, and if not, what to do). Each reads the cluster with the caller's kubeconfig, as kubectl does, and changes nothing.
 
 use crate::state::{ClusterState, NodeVerdict};
 use crate::{inspect, top};
@@ -108,6 +108,17 @@ pub struct WhyArgs {
     pub gpushare: Option<GpushareUnitArg>,
 }
 
+/// `check`'s arguments.
+#[derive(Args)]
+pub struct CheckArgs {
+    /// nano-gpu's namespace.
+    #[arg(long, default_value = "nano-gpu-system")]
+    pub namespace: String,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    pub format: Format,
+}
+
 /// One runtime for one command.
 fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(work)
@@ -141,6 +152,21 @@ pub fn inspect(args: InspectArgs, kube: &Kube) -> Result<()> {
     match args.format {
         Format::Table => print!("{}", inspect::table(&view)),
         Format::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+    }
+    Ok(())
+}
+
+/// `check`: every check of [`crate::check`], one line each; fails (exit 1) when one fails.
+pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
+    let snapshot = block_on(async { crate::check::gather(&kube.client().await?, &args.namespace).await })?;
+    let lines = crate::check::evaluate(&snapshot, std::time::SystemTime::now());
+    match args.format {
+        Format::Table => print!("{}", crate::check::table(&lines)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&lines)?),
+    }
+    let failed = lines.iter().filter(|l| l.status == crate::check::Status::Fail).count();
+    if failed > 0 {
+        bail!("{failed} check(s) failed");
     }
     Ok(())
 }

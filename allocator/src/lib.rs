@@ -29,6 +29,7 @@ pub mod admission;
 mod api_replies;
 pub mod bind;
 pub mod binder;
+pub mod check;
 pub mod cli;
 pub mod evict;
 pub mod extender;

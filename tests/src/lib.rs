@@ -10,6 +10,7 @@ pub mod fake_kubelet;
 pub mod http_client;
 pub mod kubelet_log;
 pub mod monitoring;
+pub mod mps_standin;
 pub mod variants;
 
 use std::path::PathBuf;

@@ -412,6 +412,13 @@ async fn first_card(pods: &Api<Pod>, name: &str) -> String {
 /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`) on PATH,
 /// the kubeconfig comes from KUBECONFIG. Its JSON output.
 fn kubectl_nano_gpu(cluster: &Cluster, args: &[&str]) -> Value {
+    let (ok, out, err) = kubectl_nano_gpu_run(cluster, args);
+    assert!(ok, "kubectl nano-gpu {args:?}: {err}");
+    out
+}
+
+/// `kubectl nano-gpu ARGS` whatever its exit: whether it succeeded, its JSON output, its stderr.
+fn kubectl_nano_gpu_run(cluster: &Cluster, args: &[&str]) -> (bool, Value, String) {
     let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
     let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
     let out = std::process::Command::new(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
@@ -421,8 +428,23 @@ fn kubectl_nano_gpu(cluster: &Cluster, args: &[&str]) -> Value {
         .env("KUBECONFIG", &cluster.env["ADMIN_KUBECONFIG"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "kubectl nano-gpu {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("kubectl nano-gpu {args:?}: {e}: {err}"));
+    (out.status.success(), json, err)
+}
+
+/// The lines of `kubectl nano-gpu check -o json` that failed, as `check object`.
+fn failed_checks(cluster: &Cluster) -> (bool, Vec<String>, Value) {
+    let (ok, lines, _) = kubectl_nano_gpu_run(cluster, &["check", "-o", "json"]);
+    let failed = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["status"] == "fail")
+        .map(|l| format!("{} {}", l["check"].as_str().unwrap(), l["object"].as_str().unwrap()))
+        .collect();
+    (ok, failed, lines)
 }
 
 /// A Deployment `workers` in [`NS`]: `replicas` pods asking `percent` of a card each.
@@ -703,6 +725,33 @@ async fn the_system_works_on_real_nodes() {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("not e2e"), "{}", e.message),
         other => panic!("the allocator's account wrote metadata through a pod's status: {other:?}"),
     }
+
+    // `kubectl nano-gpu check` on this cluster: no line fails. With the webhook's caBundle emptied (as
+    // a re-applied manifest leaves it) it names that, says what to do and exits 1; the allocator writes
+    // the bundle again within a minute, and the check passes again. A node whose canary said its
+    // runtime honours a pod's env is named too.
+    let (ok, failed, lines) = failed_checks(&cluster);
+    assert!(ok && failed.is_empty(), "{failed:?}\n{lines:#}");
+    let checks: BTreeSet<&str> =
+        lines.as_array().unwrap().iter().filter_map(|l| l["check"].as_str()).collect();
+    assert!(checks.len() >= 11, "{checks:?}");
+    let empty = r#"[{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]"#;
+    cluster.ok(&["patch", "mutatingwebhookconfiguration", "nano-gpu-allocator", "--type=json", "-p", empty]);
+    let (ok, failed, lines) = failed_checks(&cluster);
+    assert!(!ok && failed == ["webhook-ca webhook"], "{failed:?}\n{lines:#}");
+    let said =
+        lines.as_array().unwrap().iter().find(|l| l["check"] == "webhook-ca").unwrap()["message"].clone();
+    assert!(said.as_str().unwrap().contains("caBundle is empty"), "{said}");
+    wait_until("the allocator wrote the CA bundle again", Duration::from_secs(120), || async {
+        failed_checks(&cluster).1.is_empty()
+    })
+    .await;
+    let honoured = json!({"metadata": {"labels": {"nano-gpu/device-isolation": "env-honoured"}}});
+    all_nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&honoured)).await.unwrap();
+    let (ok, failed, _) = failed_checks(&cluster);
+    assert!(!ok && failed == ["device-isolation node-2"], "{failed:?}");
+    let held = json!({"metadata": {"labels": {"nano-gpu/device-isolation": "held"}}});
+    all_nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&held)).await.unwrap();
 
     // Pods that fit nowhere stay Pending with a FailedScheduling event naming the reason: one the
     // in-tree fit check stops (more percent than any node has), one only the extender can judge (a

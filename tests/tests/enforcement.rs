@@ -8,8 +8,10 @@
 //!   NVIDIA's runtime mounts the real one. A share sees its percent and memory as MPS client limits,
 //!   the pipe directory of its own card's daemon (the daemon wrote its card there) and the daemons'
 //!   `/dev/shm` (the daemon wrote a file there); a whole card sees none of it. A CUDA process
-//!   stand-in in a share finds its card's daemon and runs as an MPS client; the agent's metrics show
-//!   its memory under its own pod. A daemon killed is started again and the share's pod gets
+//!   stand-in in a share finds its card's daemon and runs as an MPS client, held to its share's
+//!   percent; one whose process exports `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100` gets 100 %, until an
+//!   operator sets the daemon's default (a ceiling for every client of the card); the agent's metrics
+//!   show its memory under its own pod. A daemon killed is started again and the share's pod gets
 //!   `MpsDaemonLost`.
 //!
 //! - `hami-core`: HAMi-core "installed" in the node's own `/usr/local/vgpu` (a marker file, not
@@ -145,10 +147,14 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     // mps: the agent restarts under the new mode; the daemons' DaemonSet comes to the node.
     switch(&cluster, &nodes, &system, "mps").await;
     let shares = [("mps-30", 30), ("mps-20", 20), ("mps-whole", 100)];
+    // Tenants' CUDA processes (the stand-in), each finding its card's daemon: an MPS client. mps-30
+    // asks all SMs of its card and is held to its 30 %; mps-20's process exports 100 % first, and
+    // gets it: the limits are the process's own environment (the README's guarantee table).
+    let raising = "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100; exec gpu-use --memory-mib 100 --sm 100";
     for (name, percent) in shares {
-        // mps-30 runs a CUDA process stand-in, which finds its card's daemon: an MPS client.
         let pod = match name {
-            "mps-30" => percent_pod_then(name, percent, "exec gpu-use --memory-mib 1000 --sm 20"),
+            "mps-30" => percent_pod_then(name, percent, "exec gpu-use --memory-mib 1000 --sm 100"),
+            "mps-20" => percent_pod_then(name, percent, raising),
             _ => percent_pod(name, percent),
         };
         create(&pods, &pod).await;
@@ -176,6 +182,36 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
         cluster.agent_metrics(&system, NODE).await.lines().any(|l| l == series)
     })
     .await;
+    let (memory_30, memory_20) =
+        (grant(&pods, &nodes, "mps-30").await.2, grant(&pods, &nodes, "mps-20").await.2);
+    let held = format!("using 1000 MiB and 30 % of {card} as an MPS client (limits: 30 %, {memory_30} MiB)");
+    client_says(&cluster, "mps-30", &held).await;
+    client_says(
+        &cluster,
+        "mps-20",
+        &format!(
+            "and 100 % of {} as an MPS client (limits: 100 %, {memory_20} MiB)",
+            grant(&pods, &nodes, "mps-20").await.0
+        ),
+    )
+    .await;
+    // An operator's ceiling on every card of the node (the daemon's default, as root): a tenant's
+    // export no longer raises past it.
+    for pipe in node_pipes() {
+        set_daemon_default(&pipe, "set_default_active_thread_percentage 50");
+    }
+    create(&pods, &percent_pod_then("mps-ceiling", 20, raising)).await;
+    wait_running(&pods, &["mps-ceiling".to_string()], Duration::from_secs(60)).await;
+    client_says(&cluster, "mps-ceiling", "and 50 % of ").await;
+    client_says(&cluster, "mps-ceiling", "(limits: 50 %, ").await;
+    pods.delete("mps-ceiling", &DeleteParams::default()).await.unwrap();
+    wait_until("mps-ceiling gone", Duration::from_secs(60), || async {
+        pods.get_opt("mps-ceiling").await.unwrap().is_none()
+    })
+    .await;
+    for pipe in node_pipes() {
+        let _ = std::fs::remove_file(pipe.join(nano_gpu_tests::mps_standin::DEFAULT_THREADS));
+    }
     let whole = inside(&cluster, "mps-whole");
     assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
     assert_eq!((whole.get("PIPE_CARD"), whole.get("DAEMONS_SHM")), ("", ""), "a whole card bypasses MPS");
@@ -325,6 +361,41 @@ async fn the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(
     new_agent_until(nodes, system, "held").await;
     agent_ready(system).await;
     wait_running(pods, &["waits".to_string()], Duration::from_secs(120)).await;
+}
+
+/// Waits until pod `name`'s log has a line containing `text` (what its CUDA process stand-in said).
+async fn client_says(cluster: &Cluster, name: &str, text: &str) {
+    wait_until(&format!("{name} says {text:?}"), Duration::from_secs(60), || async {
+        let out = cluster.kubectl(&["logs", "-n", NS, name]);
+        String::from_utf8_lossy(&out.stdout).lines().any(|l| l.contains(text))
+    })
+    .await;
+}
+
+/// The pipe directories of the MPS daemons of this node's cards (on the host, where the daemons'
+/// DaemonSet keeps them).
+fn node_pipes() -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("GPU-{NODE}-")))
+        .map(|e| e.path().join("pipe"))
+        .collect()
+}
+
+/// Tells the daemon of `pipe` `command` as root, through the control program (the stand-in).
+fn set_daemon_default(pipe: &std::path::Path, command: &str) {
+    use std::io::Write;
+    let program = nano_gpu_tests::workspace_binary("nvidia-cuda-mps-control");
+    let mut child = std::process::Command::new(&program)
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", pipe.with_file_name("log"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    child.stdin.take().unwrap().write_all(format!("{command}\n").as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "{command} in {}", pipe.display());
 }
 
 /// The MPS daemons' directories of this node's cards, which outlive the cluster on the host

@@ -1,11 +1,12 @@
 //! `kubectl nano-gpu`: the kubectl plugin (kubectl runs `kubectl-nano_gpu` from `PATH` for
 //! `kubectl nano-gpu ...`). It reads the cluster with the caller's kubeconfig and changes nothing:
 //! `inspect` (every card and the pods on it), `top` (granted against used, from the agents' metrics)
-//! and `why POD` (for a waiting GPU pod, each node's reason and the pods whose end would make room).
+//! `why POD` (for a waiting GPU pod, each node's reason and the pods whose end would make room) and
+//! `check` (is nano-gpu installed and working, and if not, what to do).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use nano_gpu_allocator::cli::{self, InspectArgs, Kube, TopArgs, WhyArgs};
+use nano_gpu_allocator::cli::{self, CheckArgs, InspectArgs, Kube, TopArgs, WhyArgs};
 
 #[derive(Parser)]
 #[command(name = "kubectl nano-gpu", version, about = "nano-gpu's view of a cluster's GPUs, for kubectl")]
@@ -26,6 +27,11 @@ enum Command {
     /// For a GPU pod (a Pending one, above all): each node's reason it does not fit, by the
     /// allocator's own filter, and the fewest pods whose end would make room there.
     Why(WhyArgs),
+    /// Is nano-gpu installed and working: GPU nodes labelled, agents Ready with healthy cards, the
+    /// runtime keeping a pod's env away from cards, one device plugin per card, an allocator leading,
+    /// the webhook trusting its CA, the certificate's end, kube-scheduler's version, Pod Security.
+    /// Each failing line says what to do; exits 1 when one fails.
+    Check(CheckArgs),
 }
 
 fn main() -> Result<()> {
@@ -34,5 +40,6 @@ fn main() -> Result<()> {
         Command::Inspect(args) => cli::inspect(args, &plugin.kube),
         Command::Top(args) => cli::top(args, &plugin.kube),
         Command::Why(args) => cli::why(args, &plugin.kube),
+        Command::Check(args) => cli::check(args, &plugin.kube),
     }
 }

@@ -5,7 +5,10 @@
 //! driver — here every fake NVML of the node, the agent's included — lists this process on those
 //! cards with its host PID, and forgets it when it ends, as a CUDA context is forgotten. Where an
 //! MPS control daemon answers in `CUDA_MPS_PIPE_DIRECTORY` (its PID file is there), it is an MPS
-//! client, as a CUDA process that finds one is (the driver lists it apart).
+//! client, as a CUDA process that finds one is (the driver lists it apart), held to the limits a
+//! real client gets (`nano_gpu_tests::mps_standin::client_limits`: the daemon's defaults, lowered by
+//! its own environment): its SM use is at most its active-thread percentage, and memory past its
+//! pinned limit fails as an allocation does (out of memory). It prints what it uses and its limits.
 
 use anyhow::{Context, Result, bail};
 use std::io::Write;
@@ -31,8 +34,25 @@ fn main() -> Result<()> {
     if cards.is_empty() {
         bail!("no GPU visible");
     }
-    let mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
-        .is_some_and(|d| std::path::Path::new(&d).join("nvidia-cuda-mps-control.pid").is_file());
+    let pipe = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map(std::path::PathBuf::from);
+    let pipe = pipe.filter(|d| d.join("nvidia-cuda-mps-control.pid").is_file());
+    let mps = pipe.is_some();
+    let mut limits = String::new();
+    let mut sm = sm;
+    if let Some(pipe) = &pipe {
+        let var = |name: &str| std::env::var(name).ok();
+        let (threads, memory_limit) = nano_gpu_tests::mps_standin::client_limits(
+            pipe,
+            var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(),
+            var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
+        );
+        if let Some(limit) = memory_limit.filter(|l| memory > *l) {
+            bail!("out of memory: {memory} MiB asked, this MPS client's pinned limit is {limit} MiB");
+        }
+        sm = sm.min(threads as u64);
+        let memory_limit = memory_limit.map_or("no memory limit".to_owned(), |l| format!("{l} MiB"));
+        limits = format!(" (limits: {threads} %, {memory_limit})");
+    }
     // Held open (and locked) until the process ends.
     let mut held = Vec::new();
     for uuid in cards {
@@ -45,7 +65,10 @@ fn main() -> Result<()> {
                 .to_string()
                 .as_bytes(),
         )?;
-        println!("using {memory} MiB and {sm} % of {uuid}{}", if mps { " as an MPS client" } else { "" });
+        println!(
+            "using {memory} MiB and {sm} % of {uuid}{}{limits}",
+            if mps { " as an MPS client" } else { "" }
+        );
         held.push(file);
     }
     loop {

@@ -11,7 +11,11 @@
 //! it to quit (or it is killed). Without `-f` it is the client: it reads commands from its input
 //! and passes `quit` on; `start_server`, `get_server_list` and `shutdown_server` keep one server
 //! name in the pipe directory; a caller that is not root is refused `quit`, `set_*`, `start_server`
-//! and `shutdown_server` with the real daemon's answers. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
+//! and `shutdown_server` with the real daemon's answers. `set_default_active_thread_percentage N`
+//! and `set_default_device_pinned_mem_limit DEV VALUE` keep the daemon's defaults in the pipe
+//! directory (`nano_gpu_tests::mps_standin`), which `gpu-use`, as an MPS client, takes as
+//! ceilings its own environment may only lower, as NVIDIA documents and a real card showed;
+//! `get_default_active_thread_percentage` answers it. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
 //! (default `/var/log/nvidia-mps`). No MPS server is started: nothing here runs CUDA.
 
 use std::io::{BufRead, Write};
@@ -21,6 +25,7 @@ use std::time::Duration;
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// Left in the pipe directory by a client told `quit`; the daemon ends when it sees it.
 const QUIT: &str = "quit";
+use nano_gpu_tests::mps_standin::{DEFAULT_MEMORY, DEFAULT_THREADS};
 
 fn dir(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
@@ -92,6 +97,24 @@ fn main() -> std::io::Result<()> {
             }
             "shutdown_server" => {
                 let _ = std::fs::remove_file(pipe.join("server"));
+                continue;
+            }
+            "set_default_active_thread_percentage" => {
+                let value = command.split_whitespace().nth(1).unwrap_or_default();
+                std::fs::write(pipe.join(DEFAULT_THREADS), value)?;
+                println!("{value}");
+                continue;
+            }
+            "get_default_active_thread_percentage" => {
+                let value =
+                    std::fs::read_to_string(pipe.join(DEFAULT_THREADS)).unwrap_or_else(|_| "100".into());
+                let value: f64 = value.trim().parse().unwrap_or(100.0);
+                println!("{value:.1}");
+                continue;
+            }
+            "set_default_device_pinned_mem_limit" => {
+                let rest: Vec<&str> = command.split_whitespace().skip(1).collect();
+                std::fs::write(pipe.join(DEFAULT_MEMORY), rest.join(" "))?;
                 continue;
             }
             _ => {}

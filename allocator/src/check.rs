@@ -1,0 +1,675 @@
+//! `kubectl nano-gpu check`: is nano-gpu installed and working on this cluster, and if not, what to do.
+//! It reads the cluster ([`gather`] a [`Snapshot`]) and judges it ([`evaluate`]), one [`Line`] per
+//! check and object, each failing line with the step that fixes it. It changes nothing.
+//!
+//! The checks: GPU nodes labelled; a Ready agent on each; each publishing at least one healthy card;
+//! each node's runtime keeping a pod's `NVIDIA_VISIBLE_DEVICES` away from cards (the runtime canary's
+//! `nano-gpu/device-isolation` label); no second device plugin serving the same cards
+//! (`nvidia.com/gpu` on a nano-gpu node); a Ready allocator and a leader renewing its Lease; the
+//! webhook trusting the CA the allocator serves; the webhook certificate not near its end;
+//! kube-scheduler in the allocator's pod within the supported skew of the API server; Pod Security on
+//! nano-gpu's namespace and on every namespace with GPU pods.
+
+use crate::tls::secret::NOT_AFTER_ANNOTATION;
+use anyhow::{Context, Result};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use kube::api::{Api, ListParams};
+use nano_gpu_proto::annotations::{GPUS_ANNOTATION, NodeInventory};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+/// The label that makes a node a nano-gpu node (the agents' node selector).
+pub const NODE_LABEL: &str = "nano-gpu/node";
+
+/// The runtime canary's verdict on a node (`held` or `env-honoured`).
+pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
+
+/// A certificate that ends sooner than this is reported.
+pub const CERT_WARNING: Duration = Duration::from_secs(14 * 86_400);
+
+/// What the cluster holds of nano-gpu, as read by [`gather`] (`None`: absent or not readable).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// nano-gpu's namespace.
+    pub namespace: String,
+    /// Every node.
+    pub nodes: Vec<Node>,
+    /// The agent pods.
+    pub agents: Vec<Pod>,
+    /// The allocator pods.
+    pub allocators: Vec<Pod>,
+    /// The allocator's Deployment.
+    pub deployment: Option<Deployment>,
+    /// The allocators' Lease.
+    pub lease: Option<Lease>,
+    /// The webhook configuration.
+    pub webhook: Option<MutatingWebhookConfiguration>,
+    /// The webhook certificate's Secret (`Err`: why it could not be read).
+    pub secret: Result<Option<Secret>, String>,
+    /// Namespaces by name.
+    pub namespaces: BTreeMap<String, Namespace>,
+    /// The namespaces of pods that ask a nano-gpu resource.
+    pub gpu_namespaces: BTreeSet<String>,
+    /// The API server's version (`v1.37.2`).
+    pub server_version: String,
+}
+
+/// A check's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Holds.
+    Ok,
+    /// Holds for now, or cannot be told; worth a look.
+    Warn,
+    /// Does not hold: GPU pods fail or a boundary is open.
+    Fail,
+}
+
+/// One check on one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Line {
+    /// The check's name.
+    pub check: &'static str,
+    /// What it looked at (a node, the webhook, ...).
+    pub object: String,
+    /// The verdict.
+    pub status: Status,
+    /// What was found, and for a failure, what to do.
+    pub message: String,
+}
+
+fn line(check: &'static str, object: impl Into<String>, status: Status, message: impl Into<String>) -> Line {
+    Line { check, object: object.into(), status, message: message.into() }
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// `(major, minor)` of a version such as `v1.37.2` or `registry.k8s.io/kube-scheduler:v1.35.8`.
+fn minor(version: &str) -> Option<(u32, u32)> {
+    let v = version.rsplit(':').next()?.trim_start_matches('v');
+    let mut parts = v.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok()?;
+    Some((major, minor))
+}
+
+/// Judges `s` at `now`.
+pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
+    let mut out = Vec::new();
+    let ns = &s.namespace;
+    let gpu_nodes: Vec<&Node> = s.nodes.iter().filter(|n| label(n, NODE_LABEL) == Some("true")).collect();
+    if gpu_nodes.is_empty() {
+        out.push(line(
+            "nodes-labelled",
+            "nodes",
+            Status::Fail,
+            format!("no node is labelled {NODE_LABEL}=true: label each GPU node (kubectl label node NAME {NODE_LABEL}=true)"),
+        ));
+    } else {
+        out.push(line("nodes-labelled", "nodes", Status::Ok, format!("{} GPU node(s)", gpu_nodes.len())));
+    }
+    for node in &gpu_nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let on_node =
+            |p: &&Pod| p.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(name.as_str());
+        if s.agents.iter().filter(on_node).any(ready) {
+            out.push(line("agent-ready", &name, Status::Ok, "a Ready agent"));
+        } else {
+            out.push(line(
+                "agent-ready",
+                &name,
+                Status::Fail,
+                format!(
+                    "no Ready agent, so no GPU pod is placed here: see why with kubectl -n {ns} describe pod -l \
+                     app.kubernetes.io/name=nano-gpu-agent --field-selector spec.nodeName={name} (its /readyz \
+                     gives the reason)"
+                ),
+            ));
+        }
+        let inventory = node.metadata.annotations.as_ref().and_then(|a| a.get(GPUS_ANNOTATION));
+        match inventory.map(|text| NodeInventory::decode(text.as_str())) {
+            Some(Ok(inv)) if inv.gpus.iter().any(|g| g.healthy) => {
+                let healthy = inv.gpus.iter().filter(|g| g.healthy).count();
+                out.push(line("cards", &name, Status::Ok, format!("{healthy} healthy card(s) of {}", inv.gpus.len())));
+            }
+            Some(Ok(inv)) => out.push(line(
+                "cards",
+                &name,
+                Status::Fail,
+                format!(
+                    "{} card(s), none healthy: each card's fault is in {GPUS_ANNOTATION} (kubectl get node {name} -o \
+                     jsonpath='{{.metadata.annotations.nano-gpu/gpus}}')",
+                    inv.gpus.len()
+                ),
+            )),
+            Some(Err(e)) => out.push(line("cards", &name, Status::Fail, format!("{GPUS_ANNOTATION} unreadable: {e}"))),
+            None => out.push(line(
+                "cards",
+                &name,
+                Status::Fail,
+                format!("no {GPUS_ANNOTATION}: its agent has not published the node's cards (NVML reachable? see its log)"),
+            )),
+        }
+        match label(node, ISOLATION_LABEL) {
+            Some("held") => out.push(line("device-isolation", &name, Status::Ok, "a pod's own env reaches no card")),
+            Some("env-honoured") => out.push(line(
+                "device-isolation",
+                &name,
+                Status::Fail,
+                "the NVIDIA runtime gives a pod every card its own NVIDIA_VISIBLE_DEVICES names: set \
+                 accept-nvidia-visible-devices-envvar-when-unprivileged = false and \
+                 accept-nvidia-visible-devices-as-volume-mounts = true in its config.toml, then delete the node's \
+                 agent pod",
+            )),
+            other => out.push(line(
+                "device-isolation",
+                &name,
+                Status::Warn,
+                format!(
+                    "the runtime canary has not said ({ISOLATION_LABEL}={}): is the agent's runtime-canary container running?",
+                    other.unwrap_or("absent")
+                ),
+            )),
+        }
+        let nvidia =
+            node.status.as_ref().and_then(|st| st.capacity.as_ref()).and_then(|c| c.get("nvidia.com/gpu"));
+        match nvidia.filter(|q| q.0 != "0") {
+            Some(q) => out.push(line(
+                "one-plugin",
+                &name,
+                Status::Fail,
+                format!(
+                    "another device plugin serves nvidia.com/gpu ({}) here: it and nano-gpu would hand out the same \
+                     cards; keep NVIDIA's device plugin (or the GPU Operator's) off nano-gpu nodes",
+                    q.0
+                ),
+            )),
+            None => out.push(line("one-plugin", &name, Status::Ok, "only nano-gpu serves the cards")),
+        }
+    }
+
+    let ready_allocators = s.allocators.iter().filter(|p| ready(p)).count();
+    out.push(if ready_allocators > 0 {
+        line("allocator-ready", "allocator", Status::Ok, format!("{ready_allocators} Ready replica(s)"))
+    } else {
+        line(
+            "allocator-ready",
+            "allocator",
+            Status::Fail,
+            format!("no Ready allocator: GPU pods are not created or placed; kubectl -n {ns} describe pod -l app.kubernetes.io/name=nano-gpu-allocator"),
+        )
+    });
+    out.push(leader(s, now));
+    out.extend(webhook(s, now));
+    out.push(scheduler_version(s));
+    out.extend(pod_security(s));
+    out
+}
+
+fn leader(s: &Snapshot, now: SystemTime) -> Line {
+    let Some(spec) = s.lease.as_ref().and_then(|l| l.spec.as_ref()) else {
+        return line(
+            "leader",
+            "lease",
+            Status::Fail,
+            "no Lease nano-gpu-allocator: no allocator has led yet",
+        );
+    };
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    let renewed = spec.renew_time.as_ref().map(|t| SystemTime::from(t.0));
+    let lasts = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15));
+    match renewed {
+        _ if holder.is_empty() => {
+            line("leader", "lease", Status::Fail, "the Lease has no holder: no allocator leads")
+        }
+        Some(t) if now.duration_since(t).unwrap_or_default() <= lasts * 2 => {
+            line("leader", "lease", Status::Ok, format!("{holder} leads"))
+        }
+        _ => line(
+            "leader",
+            "lease",
+            Status::Fail,
+            format!(
+                "{holder} holds the Lease but has not renewed it: no allocator is deciding; see the allocator pods' logs"
+            ),
+        ),
+    }
+}
+
+fn webhook(s: &Snapshot, now: SystemTime) -> Vec<Line> {
+    let mut out = Vec::new();
+    let secret = match &s.secret {
+        Ok(secret) => secret.as_ref(),
+        Err(why) => {
+            out.push(line(
+                "webhook-ca",
+                "webhook",
+                Status::Warn,
+                format!("the webhook certificate cannot be read ({why})"),
+            ));
+            return out;
+        }
+    };
+    let ca = secret
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("ca.crt"))
+        .map(|b| b.0.clone())
+        .filter(|b| !b.is_empty());
+    let Some(config) = &s.webhook else {
+        out.push(line(
+            "webhook-ca",
+            "webhook",
+            Status::Fail,
+            "no MutatingWebhookConfiguration nano-gpu-allocator: apply deploy/webhook.yaml",
+        ));
+        return out;
+    };
+    let bundles: Vec<Vec<u8>> = config
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()).unwrap_or_default())
+        .collect();
+    out.push(match &ca {
+        _ if bundles.iter().any(Vec::is_empty) => line(
+            "webhook-ca",
+            "webhook",
+            Status::Fail,
+            "the webhook's caBundle is empty, so the API server refuses GPU pods: the allocator writes it again \
+             within a minute; if it stays empty, see the allocator's log",
+        ),
+        Some(ca) if bundles.iter().all(|b| b == ca) => line("webhook-ca", "webhook", Status::Ok, "trusts the served CA"),
+        Some(_) => line(
+            "webhook-ca",
+            "webhook",
+            Status::Fail,
+            "the webhook's caBundle is not the CA the allocator serves: the allocator writes it again within a \
+             minute; if it stays, see the allocator's log",
+        ),
+        None => line("webhook-ca", "webhook", Status::Warn, "no webhook certificate Secret yet (the first replica makes it)"),
+    });
+    let not_after = secret
+        .and_then(|s| s.metadata.annotations.as_ref())
+        .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(SystemTime::from);
+    if let Some(end) = not_after {
+        let left = end.duration_since(now).unwrap_or_default();
+        let days = left.as_secs() / 86_400;
+        out.push(if left > CERT_WARNING {
+            line(
+                "certificate",
+                "webhook",
+                Status::Ok,
+                format!("ends in {days} days (renewed 30 days before)"),
+            )
+        } else if left > Duration::ZERO {
+            line(
+                "certificate",
+                "webhook",
+                Status::Warn,
+                format!("ends in {days} days and was not renewed: see the allocator's log"),
+            )
+        } else {
+            line(
+                "certificate",
+                "webhook",
+                Status::Fail,
+                "has ended: delete the Secret and the allocator makes a new one",
+            )
+        });
+    }
+    out
+}
+
+fn scheduler_version(s: &Snapshot) -> Line {
+    let image = s.deployment.as_ref().and_then(|d| {
+        let spec = d.spec.as_ref()?.template.spec.as_ref()?;
+        spec.containers.iter().find(|c| c.name == "kube-scheduler")?.image.clone()
+    });
+    let (Some(image), Some(server)) = (image, minor(&s.server_version)) else {
+        return line(
+            "scheduler-version",
+            "allocator",
+            Status::Warn,
+            "no kube-scheduler container in the allocator's Deployment",
+        );
+    };
+    match minor(&image) {
+        Some(own) if own > server => line(
+            "scheduler-version",
+            "allocator",
+            Status::Fail,
+            format!(
+                "{image} is newer than the API server ({}): set the kube-scheduler image to the API server's version",
+                s.server_version
+            ),
+        ),
+        Some(own) if own.0 == server.0 && own.1 + 1 < server.1 => line(
+            "scheduler-version",
+            "allocator",
+            Status::Fail,
+            format!("{image} is more than one minor older than the API server ({})", s.server_version),
+        ),
+        Some(_) => line(
+            "scheduler-version",
+            "allocator",
+            Status::Ok,
+            format!("{image} with API server {}", s.server_version),
+        ),
+        None => {
+            line("scheduler-version", "allocator", Status::Warn, format!("cannot read a version in {image}"))
+        }
+    }
+}
+
+fn pod_security(s: &Snapshot) -> Vec<Line> {
+    let enforce = |name: &str| {
+        s.namespaces
+            .get(name)
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get("pod-security.kubernetes.io/enforce"))
+            .cloned()
+    };
+    let mut out = Vec::new();
+    out.push(match enforce(&s.namespace).as_deref() {
+        Some("privileged") | None => line("pod-security", &s.namespace, Status::Ok, "nano-gpu's own pods may use host paths"),
+        Some(level) => line(
+            "pod-security",
+            &s.namespace,
+            Status::Fail,
+            format!("enforces {level}: the agents need host paths; label it pod-security.kubernetes.io/enforce=privileged"),
+        ),
+    });
+    for ns in s.gpu_namespaces.iter().filter(|n| **n != s.namespace) {
+        out.push(match enforce(ns).as_deref() {
+            Some("baseline" | "restricted") => line("pod-security", ns, Status::Ok, "GPU pods under baseline or stricter"),
+            level => line(
+                "pod-security",
+                ns,
+                Status::Warn,
+                format!(
+                    "runs GPU pods under {}: a privileged pod there is handed every card by its own env; label it \
+                     pod-security.kubernetes.io/enforce=baseline",
+                    level.unwrap_or("no Pod Security level")
+                ),
+            ),
+        });
+    }
+    out
+}
+
+/// Reads what [`evaluate`] judges, from nano-gpu's namespace `ns`.
+pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
+    let lp = ListParams::default();
+    let nodes = Api::<Node>::all(client.clone()).list(&lp).await.context("listing nodes")?.items;
+    let in_ns: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let by_label = |name: &str| ListParams::default().labels(&format!("app.kubernetes.io/name={name}"));
+    let agents = in_ns.list(&by_label("nano-gpu-agent")).await.context("listing the agent pods")?.items;
+    let allocators =
+        in_ns.list(&by_label("nano-gpu-allocator")).await.context("listing the allocator pods")?.items;
+    let deployment =
+        Api::<Deployment>::namespaced(client.clone(), ns).get_opt("nano-gpu-allocator").await.ok().flatten();
+    let lease =
+        Api::<Lease>::namespaced(client.clone(), ns).get_opt("nano-gpu-allocator").await.ok().flatten();
+    let webhook = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt("nano-gpu-allocator")
+        .await
+        .context("reading the webhook configuration")?;
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt("nano-gpu-allocator-webhook-tls")
+        .await
+        .map_err(|e| e.to_string());
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing namespaces")?
+        .items
+        .into_iter()
+        .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
+        .collect();
+    let pods = Api::<Pod>::all(client.clone()).list(&lp).await.context("listing pods")?.items;
+    let gpu_namespaces = pods
+        .iter()
+        .filter(|p| {
+            p.spec.iter().flat_map(|s| &s.containers).any(|c| {
+                let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+                limits.is_some_and(|l| l.keys().any(|k| k.starts_with("nano-gpu/")))
+            })
+        })
+        .filter_map(|p| p.metadata.namespace.clone())
+        .collect();
+    let server_version = client.apiserver_version().await.map(|v| v.git_version).unwrap_or_default();
+    Ok(Snapshot {
+        namespace: ns.to_owned(),
+        nodes,
+        agents,
+        allocators,
+        deployment,
+        lease,
+        webhook,
+        secret,
+        namespaces,
+        gpu_namespaces,
+        server_version,
+    })
+}
+
+/// The lines as a table for a person.
+pub fn table(lines: &[Line]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for l in lines {
+        let mark = match l.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        let _ = writeln!(out, "{mark} {:<18} {:<20} {}", l.check, l.object, l.message);
+    }
+    let fails = lines.iter().filter(|l| l.status == Status::Fail).count();
+    let warns = lines.iter().filter(|l| l.status == Status::Warn).count();
+    let _ = writeln!(out, "{} check(s): {fails} failed, {warns} to look at", lines.len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn at(secs: u64) -> String {
+        k8s_openapi::jiff::Timestamp::from_second(secs as i64).unwrap().to_string()
+    }
+
+    fn node(name: &str, labels: serde_json::Value, healthy: bool) -> Node {
+        let gpus = json!({"v": 1, "gpus": [{"index": 0, "uuid": format!("GPU-{name}"), "vendor": "nvidia",
+            "model": "T4", "memoryMiB": 15360, "healthy": healthy}]});
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels,
+            "annotations": {GPUS_ANNOTATION: gpus.to_string()}}}))
+        .unwrap()
+    }
+
+    fn pod(name: &str, node: &str, ready: bool) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}}))
+        .unwrap()
+    }
+
+    fn namespace(name: &str, level: &str) -> (String, Namespace) {
+        let ns = serde_json::from_value(json!({"metadata": {"name": name,
+            "labels": {"pod-security.kubernetes.io/enforce": level}}}))
+        .unwrap();
+        (name.to_owned(), ns)
+    }
+
+    /// A cluster where every check holds.
+    fn healthy() -> Snapshot {
+        let gpu = json!({NODE_LABEL: "true", ISOLATION_LABEL: "held"});
+        let webhook = serde_json::from_value(json!({"metadata": {"name": "nano-gpu-allocator"},
+            "webhooks": [{"name": "pods.nano-gpu.io", "clientConfig": {"caBundle": "UEVN"},
+                "admissionReviewVersions": ["v1"], "sideEffects": "None"}]}))
+        .unwrap();
+        let secret = serde_json::from_value(json!({"metadata": {"name": "nano-gpu-allocator-webhook-tls",
+            "annotations": {NOT_AFTER_ANNOTATION: at(NOW + 200 * 86_400)}}, "data": {"ca.crt": "UEVN"}}))
+        .unwrap();
+        let lease = serde_json::from_value(json!({"metadata": {"name": "nano-gpu-allocator"},
+            "spec": {"holderIdentity": "allocator-a", "leaseDurationSeconds": 15,
+                "renewTime": at(NOW - 3).replace('Z', ".000000Z")}}))
+        .unwrap();
+        let deployment = serde_json::from_value(json!({"metadata": {"name": "nano-gpu-allocator"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [
+                {"name": "allocator", "image": "nano-gpu/allocator:0.1.0"},
+                {"name": "kube-scheduler", "image": "registry.k8s.io/kube-scheduler:v1.37.2"}]}}}}))
+        .unwrap();
+        Snapshot {
+            namespace: "nano-gpu-system".into(),
+            nodes: vec![
+                node("node-1", gpu.clone(), true),
+                node("node-2", gpu, true),
+                node("cpu", json!({}), true),
+            ],
+            agents: vec![pod("agent-1", "node-1", true), pod("agent-2", "node-2", true)],
+            allocators: vec![pod("allocator-a", "cpu", true)],
+            deployment: Some(deployment),
+            lease: Some(lease),
+            webhook: Some(webhook),
+            secret: Ok(Some(secret)),
+            namespaces: [namespace("nano-gpu-system", "privileged"), namespace("team", "baseline")].into(),
+            gpu_namespaces: ["team".to_owned()].into(),
+            server_version: "v1.37.2".into(),
+        }
+    }
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(NOW)
+    }
+
+    fn failing(s: &Snapshot) -> Vec<(&'static str, String, Status)> {
+        evaluate(s, now())
+            .into_iter()
+            .filter(|l| l.status != Status::Ok)
+            .map(|l| (l.check, l.object, l.status))
+            .collect()
+    }
+
+    #[test]
+    fn a_healthy_cluster_passes_every_check() {
+        let lines = evaluate(&healthy(), now());
+        assert!(lines.iter().all(|l| l.status == Status::Ok), "{}", table(&lines));
+        let checks: BTreeSet<&str> = lines.iter().map(|l| l.check).collect();
+        let want = [
+            "agent-ready",
+            "allocator-ready",
+            "cards",
+            "certificate",
+            "device-isolation",
+            "leader",
+            "nodes-labelled",
+            "one-plugin",
+            "pod-security",
+            "scheduler-version",
+            "webhook-ca",
+        ];
+        assert_eq!(checks, want.into_iter().collect());
+        assert!(table(&lines).ends_with("failed, 0 to look at\n"));
+    }
+
+    #[test]
+    fn each_broken_part_is_named_with_what_to_do() {
+        let fail = |s: &Snapshot, check: &str, object: &str| {
+            let lines = evaluate(s, now());
+            let l = lines.iter().find(|l| l.check == check && l.object == object && l.status == Status::Fail);
+            assert!(l.is_some(), "{check} on {object} not failed:\n{}", table(&lines));
+            assert_eq!(failing(s).len(), 1, "only {check} fails:\n{}", table(&lines));
+            l.unwrap().message.clone()
+        };
+        let mut s = healthy();
+        s.agents[1] = pod("agent-2", "node-2", false);
+        assert!(fail(&s, "agent-ready", "node-2").contains("--field-selector spec.nodeName=node-2"));
+        let mut s = healthy();
+        s.nodes[0] = node("node-1", json!({NODE_LABEL: "true", ISOLATION_LABEL: "held"}), false);
+        assert!(fail(&s, "cards", "node-1").contains("none healthy"));
+        let mut s = healthy();
+        s.nodes[1].metadata.labels.as_mut().unwrap().insert(ISOLATION_LABEL.into(), "env-honoured".into());
+        assert!(fail(&s, "device-isolation", "node-2").contains("when-unprivileged = false"));
+        let mut s = healthy();
+        s.nodes[0].status =
+            Some(serde_json::from_value(json!({"capacity": {"nvidia.com/gpu": "4"}})).unwrap());
+        assert!(fail(&s, "one-plugin", "node-1").contains("nvidia.com/gpu (4)"));
+        let mut s = healthy();
+        s.allocators[0] = pod("allocator-a", "cpu", false);
+        fail(&s, "allocator-ready", "allocator");
+        let mut s = healthy();
+        s.lease.as_mut().unwrap().spec.as_mut().unwrap().renew_time =
+            Some(serde_json::from_value(json!(at(NOW - 120).replace('Z', ".000000Z"))).unwrap());
+        assert!(fail(&s, "leader", "lease").contains("has not renewed"));
+        let mut s = healthy();
+        s.webhook.as_mut().unwrap().webhooks.as_mut().unwrap()[0].client_config.ca_bundle = None;
+        assert!(fail(&s, "webhook-ca", "webhook").contains("caBundle is empty"));
+        let mut s = healthy();
+        s.webhook.as_mut().unwrap().webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
+            Some(k8s_openapi::ByteString(b"OTHER".to_vec()));
+        assert!(fail(&s, "webhook-ca", "webhook").contains("not the CA the allocator serves"));
+        let mut s = healthy();
+        s.server_version = "v1.35.8".into();
+        assert!(fail(&s, "scheduler-version", "allocator").contains("newer than the API server"));
+        let mut s = healthy();
+        s.namespaces.insert("nano-gpu-system".into(), namespace("nano-gpu-system", "baseline").1);
+        assert!(fail(&s, "pod-security", "nano-gpu-system").contains("enforce=privileged"));
+        let mut s = healthy();
+        s.nodes.iter_mut().for_each(|n| n.metadata.labels = None);
+        let lines = evaluate(&s, now());
+        assert_eq!(lines[0].status, Status::Fail, "{}", table(&lines));
+        assert!(lines[0].message.contains("kubectl label node NAME nano-gpu/node=true"));
+    }
+
+    #[test]
+    fn what_cannot_be_told_or_is_only_near_is_a_warning() {
+        let mut s = healthy();
+        s.secret = Err("secrets is forbidden".into());
+        s.namespaces.insert("team".into(), namespace("team", "privileged").1);
+        s.nodes[0].metadata.labels.as_mut().unwrap().remove(ISOLATION_LABEL);
+        let warned: Vec<_> = failing(&s);
+        assert_eq!(
+            warned,
+            vec![
+                ("device-isolation", "node-1".to_owned(), Status::Warn),
+                ("webhook-ca", "webhook".to_owned(), Status::Warn),
+                ("pod-security", "team".to_owned(), Status::Warn),
+            ]
+        );
+        let mut s = healthy();
+        let secret = s.secret.as_mut().unwrap().as_mut().unwrap();
+        secret
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(NOT_AFTER_ANNOTATION.into(), at(NOW + 3 * 86_400));
+        assert_eq!(failing(&s), vec![("certificate", "webhook".to_owned(), Status::Warn)]);
+        assert_eq!(
+            (minor("v1.37.2"), minor("registry.k8s.io/kube-scheduler:v1.35.8")),
+            (Some((1, 37)), Some((1, 35)))
+        );
+    }
+}
