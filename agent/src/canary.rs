@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The Node label that says what the canary saw: `held` or `env-honoured`.
-pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
+pub use nano_gpu_proto::annotations::ISOLATION_LABEL;
+use nano_gpu_proto::annotations::{ENV_HONOURED, ISOLATION_HELD};
 
 /// The largest report read (it is a few dozen bytes).
 const MAX_REPORT: u64 = 4096;
@@ -93,8 +93,8 @@ impl Verdict {
     pub fn label(&self) -> Option<&'static str> {
         match self {
             Verdict::Unknown(_) => None,
-            Verdict::Held => Some("held"),
-            Verdict::Honoured(_) => Some("env-honoured"),
+            Verdict::Held => Some(ISOLATION_HELD),
+            Verdict::Honoured(_) => Some(ENV_HONOURED),
         }
     }
 
@@ -163,17 +163,32 @@ pub async fn watch(
     let mut labelled: Option<&'static str> = None;
     let started = tokio::time::Instant::now();
     let (mut reported, mut gave_up, mut first) = (false, false, true);
+    let mut last: Option<Verdict> = None;
     loop {
         if !first {
             tokio::time::sleep(if reported { every } else { Duration::from_secs(1) }).await;
         }
         first = false;
-        let verdict = {
+        let read_now = {
             let path = path.clone();
             tokio::task::spawn_blocking(move || read(&path))
                 .await
                 .unwrap_or_else(|e| Verdict::Unknown(e.to_string()))
         };
+        // A report that cannot be read after one was: the last verdict stands (an `env-honoured`
+        // node never turns servable by a lost file).
+        let verdict = match (&read_now, &last) {
+            (Verdict::Unknown(why), Some(last)) => {
+                tracing::warn!(
+                    "the runtime canary's report cannot be read ({why}); keeping its last verdict"
+                );
+                last.clone()
+            }
+            _ => read_now,
+        };
+        if !matches!(verdict, Verdict::Unknown(_)) {
+            last = Some(verdict.clone());
+        }
         reported |= !matches!(verdict, Verdict::Unknown(_));
         let problem = match &verdict {
             Verdict::Unknown(why) if !reported && started.elapsed() < FIRST_REPORT => {

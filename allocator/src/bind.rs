@@ -69,6 +69,14 @@ pub enum BindFailed {
         /// The uid kube-scheduler asked for.
         uid: String,
     },
+    /// The pod is bound to another node already (a binding kube-scheduler gave up on landed).
+    #[error("pod {pod} is already bound to node {node}")]
+    BoundElsewhere {
+        /// `namespace/name`.
+        pod: String,
+        /// The node it is bound to.
+        node: String,
+    },
     /// No cards can be taken for it on that node.
     #[error(transparent)]
     Refused(#[from] BindError),
@@ -147,6 +155,13 @@ pub async fn bind<B: Binder>(
         .map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
     if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
         return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
+    }
+    // Bound elsewhere: what the view holds for it (its cards there) stays as it is; reserving here
+    // would replace it, and the binding would be refused anyway.
+    if let Some(other) =
+        pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()).filter(|n| *n != node.as_str())
+    {
+        return Err(BindFailed::BoundElsewhere { pod: key(), node: other.to_owned() });
     }
     let reservation = view.lock().reserve(&pod, node, SystemTime::now())?;
     let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());

@@ -27,7 +27,8 @@ pub enum ApiError {
     /// The API server answered with another error: the call took no effect.
     #[error("{0}")]
     Refused(String),
-    /// No answer came (the connection failed): the call may or may not have taken effect.
+    /// No answer came (the connection failed), or a server error (5xx) that does not say: the call
+    /// may or may not have taken effect.
     #[error("{0}")]
     Unanswered(String),
 }
@@ -56,6 +57,8 @@ impl From<kube::Error> for ApiError {
         match &e {
             kube::Error::Api(s) if s.code == 409 => ApiError::Conflict(s.message.clone()),
             kube::Error::Api(s) if s.code == 404 => ApiError::NotFound(s.message.clone()),
+            // A server error does not say the write was not made (etcd may have taken it).
+            kube::Error::Api(s) if s.code >= 500 => ApiError::Unanswered(s.message.clone()),
             kube::Error::Api(s) => ApiError::Refused(s.message.clone()),
             _ => ApiError::Unanswered(e.to_string()),
         }
@@ -193,7 +196,7 @@ mod tests {
     async fn answers_are_told_apart_from_lost_ones() {
         let (binder, mut handle) = client();
         let server = tokio::spawn(async move {
-            for code in [409, 404, 500] {
+            for code in [409, 404, 422, 500] {
                 let (_, send) = handle.next_request().await.unwrap();
                 send.send_response(respond(
                     code,
@@ -209,6 +212,8 @@ mod tests {
         assert!(matches!(e, ApiError::NotFound(_)), "{e:?}");
         let e = binder.bind("ns", "p", "u1", "n1", &none).await.unwrap_err();
         assert!(matches!(e, ApiError::Refused(_)) && e.answered(), "{e:?}");
+        let e = binder.bind("ns", "p", "u1", "n1", &none).await.unwrap_err();
+        assert!(!e.answered(), "a server error may hide a write that was made: {e:?}");
         server.await.unwrap();
         assert!(!ApiError::Timeout(CALL_TIMEOUT).answered());
         assert!(!ApiError::Unanswered("connection reset".into()).answered());

@@ -17,16 +17,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{Api, ListParams};
-use nano_gpu_proto::annotations::{GPUS_ANNOTATION, NodeInventory};
+use nano_gpu_proto::annotations::{
+    ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NodeInventory,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 /// The label that makes a node a nano-gpu node (the agents' node selector).
 pub const NODE_LABEL: &str = "nano-gpu/node";
-
-/// The runtime canary's verdict on a node (`held` or `env-honoured`).
-pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
 
 /// A certificate that ends sooner than this is reported.
 pub const CERT_WARNING: Duration = Duration::from_secs(14 * 86_400);
@@ -167,8 +166,10 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
             )),
         }
         match label(node, ISOLATION_LABEL) {
-            Some("held") => out.push(line("device-isolation", &name, Status::Ok, "a pod's own env reaches no card")),
-            Some("env-honoured") => out.push(line(
+            Some(ISOLATION_HELD) => {
+                out.push(line("device-isolation", &name, Status::Ok, "a pod's own env reaches no card"))
+            }
+            Some(ENV_HONOURED) => out.push(line(
                 "device-isolation",
                 &name,
                 Status::Fail,

@@ -867,7 +867,21 @@ mod tests {
         let (_, retried) = call(&s, "POST", "/bind", binding_to("a", "n2")).await;
         tokio::time::sleep_until(started + Duration::from_secs(60)).await;
         s.binder.land_due();
-        (retried, s.binder.node_of("a").unwrap(), s.binder.assignment("a").unwrap())
+        // Whichever landed, the view holds the 60 % on exactly the node the pod is bound to.
+        let node = s.binder.node_of("a").unwrap();
+        let cards = s
+            .state()
+            .extender()
+            .engine()
+            .cluster()
+            .nodes()
+            .iter()
+            .map(|n| (n.name.to_string(), n.cards[0].free.0))
+            .collect::<Vec<_>>();
+        let want: Vec<(String, u32)> =
+            ["n1", "n2"].iter().map(|n| (n.to_string(), if *n == node { 40 } else { 100 })).collect();
+        assert_eq!(cards, want, "bound to {node}");
+        (retried, node, s.binder.assignment("a").unwrap())
     }
 
     #[tokio::test(start_paused = true)]
@@ -877,9 +891,10 @@ mod tests {
         assert_eq!(retried, r#"{"Error":""}"#);
         assert_eq!(node, "n2");
         assert!(assignment.contains("\"node\":\"n2\"") && assignment.contains("GPU-1"), "{assignment}");
-        // The late binding lands first; the retry is refused, and the pod keeps n1's assignment.
+        // The late binding lands first; the retry is refused before any write, and the pod keeps
+        // n1's assignment, whose cards the view still holds.
         let (retried, node, assignment) = a_slow_bind_then_a_retry_elsewhere(25).await;
-        assert!(retried.contains("already assigned to node"), "{retried}");
+        assert!(retried.contains("pod ns/a is already bound to node n1"), "{retried}");
         assert_eq!(node, "n1");
         assert!(assignment.contains("\"node\":\"n1\"") && assignment.contains("GPU-0"), "{assignment}");
     }

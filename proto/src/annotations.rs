@@ -30,6 +30,14 @@ pub const MEMORY_LIMIT_LABEL: &str = "nano-gpu/memory-limit";
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.
 pub const VENDOR_LABEL: &str = "nano-gpu/gpu.vendor";
+/// Node label set by the agent from its runtime canary: whether the node's NVIDIA runtime keeps a
+/// pod's own `NVIDIA_VISIBLE_DEVICES` away from the cards ([`ISOLATION_HELD`]) or hands them over
+/// ([`ENV_HONOURED`]: the node is served to no one).
+pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
+/// [`ISOLATION_LABEL`]'s value when a pod's env reaches no card.
+pub const ISOLATION_HELD: &str = "held";
+/// [`ISOLATION_LABEL`]'s value when the runtime honours a pod's env.
+pub const ENV_HONOURED: &str = "env-honoured";
 
 /// Pod annotation (the [`OverrunMark`]) and label (`"true"`) of a pod over its memory grant.
 pub const OVERRUN: &str = "nano-gpu/overrun";

@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_engine::model::Card;
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, GPUS_ANNOTATION, NodeInventory,
+    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_LABEL,
+    NodeInventory,
 };
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, asked, pod_demand};
 use nano_gpu_proto::resources::GPUSHARE_MEMORY;
@@ -22,6 +23,10 @@ pub(super) struct NodeRecord {
     pub(super) cpu: u64,
     pub(super) mem: u64,
     pub(super) inventory: Option<Result<NodeInventory, DecodeError>>,
+    /// The agent's runtime canary found that the node's runtime hands a pod the cards its own
+    /// `NVIDIA_VISIBLE_DEVICES` names (`nano-gpu/device-isolation=env-honoured`): served to no one,
+    /// even by an older agent still Ready there during a rollout.
+    pub(super) env_honoured: bool,
 }
 
 /// What a pod holds.
@@ -95,7 +100,14 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
         .as_ref()
         .and_then(|a| a.get(GPUS_ANNOTATION))
         .map(|text| NodeInventory::decode(text));
-    NodeRecord { cpu: read("cpu", quantity::cpu_milli), mem: read("memory", quantity::mebibytes), inventory }
+    let env_honoured = node.metadata.labels.as_ref().and_then(|l| l.get(ISOLATION_LABEL)).map(String::as_str)
+        == Some(ENV_HONOURED);
+    NodeRecord {
+        cpu: read("cpu", quantity::cpu_milli),
+        mem: read("memory", quantity::mebibytes),
+        inventory,
+        env_honoured,
+    }
 }
 
 /// What a pod's assignment says it holds; an assignment that names another node than the one the pod

@@ -24,6 +24,7 @@ impl ClusterState {
         self.generation += 1;
         let serving = self.agent_ready(name);
         let Some(record) = self.nodes.get(name) else { return };
+        let serving = serving && !record.env_honoured;
         let cluster = self.extender.engine_mut().cluster_mut();
         let cards: Vec<Card> = match &record.inventory {
             Some(Ok(inv)) => inv
