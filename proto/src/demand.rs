@@ -165,6 +165,19 @@ fn container_demand(c: &Container, opts: &DemandOptions) -> Result<Option<Contai
     let gpu = match percent {
         None | Some(0) => match memory {
             None => return Ok(None),
+            // gpushare's resource is served by the agent's own device plugin; nano-gpu's memory is
+            // not (it only sizes a share), so a container asking it alone would reach no device
+            // plugin and run without a card.
+            Some(_) if gpushare.is_none() => {
+                return Err(invalid(
+                    &c.name,
+                    format!(
+                        "asks {GPU_MEMORY} without {GPU_PERCENT}: memory alone reaches no device plugin, so \
+                         the container would get no card; ask {GPU_PERCENT} too (1..=99 for a share, 100 \
+                         for a whole card)"
+                    ),
+                ));
+            }
             Some(m) => CardDemand::Share { percent: None, memory: Some(MiB(m)) },
         },
         Some(p @ 1..=99) => CardDemand::Share { percent: Some(Percent(p as u32)), memory: memory.map(MiB) },
@@ -412,6 +425,19 @@ mod tests {
             "limits": {"nano-gpu/gpu-percent": "30"}, "requests": {"nano-gpu/gpu-percent": "20"}}}]}))
         .unwrap_err();
         assert!(e.to_string().contains("differs from limit"), "{e}");
+    }
+
+    #[test]
+    fn memory_without_percent_is_refused_as_it_would_reach_no_device_plugin() {
+        for limits in [
+            json!({"nano-gpu/gpu-memory": "4096"}),
+            json!({"nano-gpu/gpu-memory": "4Gi", "nano-gpu/gpu-percent": "0"}),
+        ] {
+            let e = read(json!({"containers": [container("c", limits)]})).unwrap_err();
+            assert!(e.to_string().contains("asks nano-gpu/gpu-memory without nano-gpu/gpu-percent"), "{e}");
+        }
+        let both = json!({"nano-gpu/gpu-memory": "4096", "nano-gpu/gpu-percent": "20"});
+        assert!(read(json!({"containers": [container("c", both)]})).is_ok());
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
 //! agent's rollouts must not touch them). A daemon already answering in a card's pipe directory (an
-//! operator's, or one left by an earlier supervisor) is adopted, not replaced. The agent finds a
-//! daemon by the PID file it writes in its pipe directory and the process's name in `/proc`.
+//! operator's, or one left by an earlier supervisor) is adopted, not replaced. The supervisor records
+//! the PID of each card's daemon in `<root>/<uuid>/control-daemon.pid`, beside the pipe directory:
+//! share containers get the pipe directory and can write there (the daemon's own PID file in it is
+//! theirs to replace), never the record. The agent judges a daemon by that record and the process's
+//! name in `/proc`.
 //!
 //! With `exclusive` the supervisor also closes the way around MPS, as a real card showed it must be
 //! closed (`hack/gpu-check.sh`): each card goes to `EXCLUSIVE_PROCESS` compute mode, where only one
@@ -29,6 +32,9 @@ use tokio::sync::watch;
 pub const PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 /// The file the control daemon writes its PID to, in its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The file the supervisor records its daemon's PID in, in the card's directory (out of the
+/// containers' reach).
+pub const RECORD: &str = "control-daemon.pid";
 /// What `/proc/<pid>/comm` of a control daemon starts with (the kernel keeps 15 characters).
 const COMM: &str = "nvidia-cuda-mps";
 /// The file that says a card is in `EXCLUSIVE_PROCESS` mode with a server kept up, in its directory.
@@ -74,17 +80,57 @@ impl Layout {
         self.root.join("shm")
     }
 
-    /// The PID of card `uuid`'s control daemon, or why it is not running.
+    /// Where the supervisor records the PID of card `uuid`'s daemon.
+    pub fn record(&self, uuid: &str) -> PathBuf {
+        self.root.join(uuid).join(RECORD)
+    }
+
+    /// The PID of card `uuid`'s control daemon as the supervisor recorded it, or why it is not
+    /// running.
     pub fn daemon(&self, uuid: &str) -> Result<u32, String> {
-        let file = self.pipe(uuid).join(PID_FILE);
-        let down =
-            |why: String| format!("enforcement mps: the card's MPS control daemon is not running ({why})");
-        let text = read_small_file(&file, 64).map_err(|e| down(format!("{}: {e}", file.display())))?;
-        let pid: u32 =
-            text.trim().parse().map_err(|_| down(format!("{} holds {:?}", file.display(), text.trim())))?;
+        self.daemon_in(&self.record(uuid))
+    }
+
+    /// The PID card `uuid`'s daemon wrote in its pipe directory, or why it is not running: only to
+    /// adopt a daemon found running, as a share's container may have replaced the file.
+    pub fn daemon_in_pipe(&self, uuid: &str) -> Result<u32, String> {
+        self.daemon_in(&self.pipe(uuid).join(PID_FILE))
+    }
+
+    /// Whether process `pid` is a control daemon (by its name in `/proc`).
+    pub fn is_daemon(&self, pid: u32) -> bool {
         let comm =
             std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("comm")).unwrap_or_default();
-        if comm.trim_end().starts_with(COMM) {
+        comm.trim_end().starts_with(COMM)
+    }
+
+    /// Records `pid` as card `uuid`'s daemon (`None`: none runs), replacing the record in one rename
+    /// so the agent never reads half of one.
+    fn keep_record(&self, uuid: &str, pid: Option<u32>) -> std::io::Result<()> {
+        let record = self.record(uuid);
+        match pid {
+            None => match std::fs::remove_file(&record) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+            Some(pid) if self.daemon(uuid) == Ok(pid) => Ok(()),
+            Some(pid) => {
+                std::fs::create_dir_all(self.root.join(uuid))?;
+                let next = record.with_extension("next");
+                std::fs::write(&next, format!("{pid}\n"))?;
+                std::fs::rename(&next, &record)
+            }
+        }
+    }
+
+    /// The PID in `file`, if it names a running control daemon; else why not.
+    fn daemon_in(&self, file: &Path) -> Result<u32, String> {
+        let down =
+            |why: String| format!("enforcement mps: the card's MPS control daemon is not running ({why})");
+        let text = read_small_file(file, 64).map_err(|e| down(format!("{}: {e}", file.display())))?;
+        let pid: u32 =
+            text.trim().parse().map_err(|_| down(format!("{} holds {:?}", file.display(), text.trim())))?;
+        if self.is_daemon(pid) {
             Ok(pid)
         } else {
             Err(down(format!("PID {pid} of {} is gone", file.display())))
@@ -93,8 +139,8 @@ impl Layout {
 }
 
 /// The text of `file`, at most `limit` bytes, only if it is a regular file. The pipe directories are
-/// writable by every share's container, so a FIFO, a device or a link may stand where a PID file
-/// should: such a file is refused, never waited on or followed (opened without blocking and without
+/// writable by every share's container, so a FIFO, a device or a link may stand where a file should:
+/// such a file is refused, never waited on or followed (opened without blocking and without
 /// following a link, then checked on the open descriptor).
 pub(crate) fn read_small_file(file: &Path, limit: u64) -> std::io::Result<String> {
     use std::io::Read;
@@ -175,7 +221,7 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                         Daemon::Ours(child)
                     }
                 },
-                Some(Daemon::Adopted(pid)) if layout.daemon(uuid) == Ok(pid) => Daemon::Adopted(pid),
+                Some(Daemon::Adopted(pid)) if layout.is_daemon(pid) => Daemon::Adopted(pid),
                 Some(Daemon::Waiting { until, backoff }) if Instant::now() < until => {
                     Daemon::Waiting { until, backoff }
                 }
@@ -184,7 +230,7 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                         Some(Daemon::Waiting { backoff, .. }) => (backoff * 2).min(MAX_BACKOFF),
                         _ => Duration::from_secs(1),
                     };
-                    match layout.daemon(uuid) {
+                    match layout.daemon_in_pipe(uuid) {
                         Ok(pid) => {
                             tracing::info!(card = %uuid, pid, "adopted the MPS control daemon running there");
                             Daemon::Adopted(pid)
@@ -202,6 +248,14 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                     }
                 }
             };
+            let pid = match &next {
+                Daemon::Ours(child) => child.id(),
+                Daemon::Adopted(pid) => Some(*pid),
+                Daemon::Waiting { .. } => None,
+            };
+            if let Err(e) = layout.keep_record(uuid, pid) {
+                tracing::warn!(card = %uuid, error = %e, "cannot record the MPS control daemon's PID");
+            }
             daemons.insert(uuid.clone(), next);
         }
         if let Some(exclusive) = exclusive.as_mut() {
@@ -402,6 +456,9 @@ async fn quit(layout: &Layout, program: &Path, uuid: &str, mut child: Child) {
         tracing::warn!(card = %uuid, "MPS control daemon did not quit in 5 s; killing it");
         let _ = child.kill().await;
     }
+    if let Err(e) = layout.keep_record(uuid, None) {
+        tracing::warn!(card = %uuid, error = %e, "cannot remove the MPS control daemon's record");
+    }
     tracing::info!(card = %uuid, "MPS control daemon stopped");
 }
 
@@ -410,51 +467,67 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_daemon_is_running_only_while_its_pid_file_names_a_control_process() {
+    fn a_daemon_is_running_only_while_its_record_names_a_control_process() {
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let proc_root = root.join("proc");
         let layout = Layout { root: root.clone(), proc_root: proc_root.clone() };
         let err = layout.daemon("GPU-a").unwrap_err();
-        assert!(err.contains("not running") && err.contains("nvidia-cuda-mps-control.pid"), "{err}");
+        assert!(err.contains("not running") && err.contains(RECORD), "{err}");
         std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
-        std::fs::write(layout.pipe("GPU-a").join(PID_FILE), "garbage").unwrap();
+        std::fs::write(layout.record("GPU-a"), "garbage").unwrap();
         assert!(layout.daemon("GPU-a").unwrap_err().contains("holds \"garbage\""));
-        std::fs::write(layout.pipe("GPU-a").join(PID_FILE), "4242\n").unwrap();
+        layout.keep_record("GPU-a", Some(4242)).unwrap();
         assert!(layout.daemon("GPU-a").unwrap_err().contains("PID 4242"));
         std::fs::create_dir_all(proc_root.join("4242")).unwrap();
         std::fs::write(proc_root.join("4242/comm"), "bash\n").unwrap();
         assert!(layout.daemon("GPU-a").is_err(), "a reused PID is not the daemon");
         std::fs::write(proc_root.join("4242/comm"), "nvidia-cuda-mps\n").unwrap();
         assert_eq!(layout.daemon("GPU-a"), Ok(4242));
+        // What the pipe directory holds does not count: the daemon's own PID file there may be gone
+        // or name another process.
+        assert!(layout.daemon_in_pipe("GPU-a").is_err());
+        std::fs::write(layout.pipe("GPU-a").join(PID_FILE), "1\n").unwrap();
+        assert_eq!(layout.daemon("GPU-a"), Ok(4242));
+        layout.keep_record("GPU-a", None).unwrap();
+        assert!(layout.daemon("GPU-a").is_err());
+        layout.keep_record("GPU-a", None).unwrap();
         let _ = std::fs::remove_dir_all(&root);
     }
 
     /// A share's container can write in its card's pipe directory: what it puts in the PID file's
     /// place is refused at once, never read from (a FIFO would block the reader, `/dev/zero` never
-    /// end).
+    /// end), and the daemon the supervisor recorded still counts as running.
     #[test]
     fn a_fifo_or_a_link_in_place_of_the_pid_file_is_refused_without_waiting() {
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-fifo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
         std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
+        std::fs::create_dir_all(root.join("proc/7")).unwrap();
+        std::fs::write(root.join("proc/7/comm"), "nvidia-cuda-mps\n").unwrap();
+        layout.keep_record("GPU-a", Some(7)).unwrap();
         let file = layout.pipe("GPU-a").join(PID_FILE);
         let made = std::process::Command::new("mkfifo").arg(&file).status().unwrap();
         assert!(made.success());
         // A reader that waited on the FIFO would never answer: the test fails instead of hanging.
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = layout.clone();
-        std::thread::spawn(move || tx.send(reader.daemon("GPU-a")));
+        std::thread::spawn(move || tx.send(reader.daemon_in_pipe("GPU-a")));
         let err = rx.recv_timeout(Duration::from_secs(10)).expect("the PID file read waited").unwrap_err();
         assert!(err.contains("not a regular file"), "{err}");
+        assert_eq!(layout.daemon("GPU-a"), Ok(7));
         std::fs::remove_file(&file).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
-        let err = layout.daemon("GPU-a").unwrap_err();
+        let err = layout.daemon_in_pipe("GPU-a").unwrap_err();
         assert!(err.contains("not running"), "{err}");
         std::fs::remove_file(&file).unwrap();
         std::fs::write(&file, "1".repeat(1 << 20)).unwrap();
-        assert!(layout.daemon("GPU-a").unwrap_err().contains("holds"), "a huge file is read only in part");
+        assert!(
+            layout.daemon_in_pipe("GPU-a").unwrap_err().contains("holds"),
+            "a huge file is read only in part"
+        );
+        assert_eq!(layout.daemon("GPU-a"), Ok(7));
         let _ = std::fs::remove_dir_all(&root);
     }
 }
