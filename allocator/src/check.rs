@@ -18,14 +18,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{Api, ListParams};
 use nano_gpu_proto::annotations::{
-    ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NodeInventory,
+    ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NODE_LABEL, NodeInventory,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
-
-/// The label that makes a node a nano-gpu node (the agents' node selector).
-pub const NODE_LABEL: &str = "nano-gpu/node";
 
 /// A certificate that ends sooner than this is reported.
 pub const CERT_WARNING: Duration = Duration::from_secs(14 * 86_400);

@@ -21,6 +21,9 @@ pub const GPUS_ANNOTATION: &str = "nano-gpu/gpus";
 pub const ASSIGNMENT_ANNOTATION: &str = "nano-gpu/assignment";
 /// Node label: the card model most cards on the node have, sanitised for a label value.
 pub const MODEL_LABEL: &str = "nano-gpu/gpu.model";
+/// Node label set by an operator: `true` makes the node a nano-gpu node (the agents' DaemonSet
+/// selects it).
+pub const NODE_LABEL: &str = "nano-gpu/node";
 /// Node label set by an operator: how the node's agent enforces shares (`none`, `mps`, `hami-core`).
 pub const ENFORCEMENT_LABEL: &str = "nano-gpu/enforcement";
 /// Node label set by the agent: the driver's per-cgroup memory limit on the node (`driver`: set on

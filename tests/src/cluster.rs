@@ -643,3 +643,15 @@ fn curl_in(net: &str, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, St
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
+
+/// Removes the MPS daemons' directories of `node`'s cards, which outlive a cluster on the host
+/// (`/run/nano-gpu/mps`, a hostPath): another cluster's node of that name has cards of the same
+/// UUIDs.
+pub fn clear_mps_dirs(node: &str) {
+    let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!("GPU-{node}-")) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}

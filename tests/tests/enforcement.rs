@@ -27,7 +27,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nano_gpu_agent::canary::ISOLATION_LABEL;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
-use nano_gpu_tests::cluster::{Cluster, NS, create, percent_pod, percent_pod_then, wait_running, wait_until};
+use nano_gpu_tests::cluster::{
+    Cluster, NS, clear_mps_dirs, create, percent_pod, percent_pod_then, wait_running, wait_until,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -115,7 +117,7 @@ async fn agent_ready(system: &Api<Pod>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
-    clear_mps_dirs();
+    clear_mps_dirs(NODE);
     let cluster = Cluster::up("enforce", 1);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
@@ -279,7 +281,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
     the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(&cluster, &nodes, &system, &pods).await;
     cluster.down();
-    clear_mps_dirs();
+    clear_mps_dirs(NODE);
     // HAMi-core's lock directory, which containerd made in the host's /tmp for the share.
     let _ = std::fs::remove_dir("/tmp/vgpulock");
 }
@@ -396,15 +398,4 @@ fn set_daemon_default(pipe: &std::path::Path, command: &str) {
         .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
     child.stdin.take().unwrap().write_all(format!("{command}\n").as_bytes()).unwrap();
     assert!(child.wait().unwrap().success(), "{command} in {}", pipe.display());
-}
-
-/// The MPS daemons' directories of this node's cards, which outlive the cluster on the host
-/// (`/run/nano-gpu/mps`, a hostPath); another cluster's node-1 has cards of the same UUIDs.
-fn clear_mps_dirs() {
-    let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return };
-    for e in entries.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!("GPU-{NODE}-")) {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
 }

@@ -1,0 +1,341 @@
+//! A tenant's tries on the local cluster (`hack/cluster.sh`, two real nodes, nano-gpu installed as
+//! shipped, node-1's shares enforced with MPS). The tenant is what the README asks an operator to
+//! give one: a ServiceAccount with the `edit` ClusterRole in its own namespace, which is under Pod
+//! Security `baseline`. Every try is made with the tenant's token, as a pod or a write in its
+//! namespace; each is refused with the message the tenant sees, or is harmless. A neighbour share on
+//! each node (another user's) keeps its card, its limits and its container through all of them.
+//!
+//! The tries (the issue's list, each where it applies):
+//! - a share whose own env says `NVIDIA_VISIBLE_DEVICES=all` (and raises its MPS thread percentage)
+//!   sees its one card; a pod asking no GPU whose image says `all` sees none;
+//! - memory without a percent (which would reach no device plugin), a hostPath device list, a
+//!   privileged container, a 200 kB model list: refused at admission with the reason;
+//! - writing an assignment (on a new pod, on its running pod), the overrun label: refused; creating
+//!   a Binding, writing a pod's status, an Event in nano-gpu's namespace, a Node: not allowed;
+//! - a pod labelled as nano-gpu's agent on a node whose agent is gone: no GPU pod is placed there;
+//! - in an MPS share: replacing the daemon's PID file in the pipe directory with a FIFO (which once
+//!   hung the agent, and then made the card unhealthy for everyone): the agent answers, the card
+//!   stays healthy, no neighbour is told its daemon was lost; `quit` to the daemon as a user other
+//!   than root: refused by the daemon.
+//!
+//! Not tried here because it is not held (README, "Enforcing each share"): a root container of an MPS
+//! share can stop its card's daemon, or remove the daemon's socket from the pipe directory; `export`
+//! of MPS or HAMi-core variables in a share's own process.
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use nano_gpu_proto::annotations::{
+    ASSIGNMENT_ANNOTATION, Assignment, ENFORCEMENT_LABEL, GPUS_ANNOTATION, NODE_LABEL, NodeInventory,
+};
+use nano_gpu_tests::cluster::{
+    Cluster, NS, clear_mps_dirs, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running,
+    wait_until,
+};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const SYSTEM: &str = "nano-gpu-system";
+
+/// `pod` placed only on `node` (kube-scheduler's node selector; nano-gpu then picks the card).
+fn on(node: &str, mut pod: Pod) -> Pod {
+    let selector = [("kubernetes.io/hostname".to_owned(), node.to_owned())].into();
+    pod.spec.as_mut().unwrap().node_selector = Some(selector);
+    pod
+}
+
+/// The UUIDs of the cards pod `name`'s container `c` was assigned.
+async fn assigned(pods: &Api<Pod>, name: &str) -> BTreeSet<String> {
+    let p = pods.get(name).await.unwrap();
+    let a = Assignment::decode(&p.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION]).unwrap();
+    a.containers["c"].iter().map(|g| g.uuid.clone()).collect()
+}
+
+/// How many times pod `name`'s containers were restarted.
+async fn restarts(pods: &Api<Pod>, name: &str) -> i32 {
+    let p = pods.get(name).await.unwrap();
+    p.status.and_then(|s| s.container_statuses).unwrap_or_default().iter().map(|c| c.restart_count).sum()
+}
+
+/// The agent pod on `node` that is not going away, if any.
+async fn agent_on(system: &Api<Pod>, node: &str) -> Option<Pod> {
+    let params = ListParams::default()
+        .labels("app.kubernetes.io/name=nano-gpu-agent")
+        .fields(&format!("spec.nodeName={node}"));
+    let list = system.list(&params).await.unwrap().items;
+    list.into_iter().find(|p| p.metadata.deletion_timestamp.is_none())
+}
+
+fn is_ready(p: &Pod) -> bool {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether card `uuid` of `node` is healthy in the inventory its agent publishes.
+async fn healthy(nodes: &Api<Node>, node: &str, uuid: &str) -> bool {
+    let n = nodes.get(node).await.unwrap();
+    let text = n.metadata.annotations.unwrap_or_default().get(GPUS_ANNOTATION).cloned().unwrap_or_default();
+    NodeInventory::decode(&text).is_ok_and(|inv| inv.gpus.iter().any(|g| g.uuid == uuid && g.healthy))
+}
+
+/// The reason of a refused create or write, or a panic naming what got through.
+fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(e)) => e.message,
+        other => panic!("{what} was not refused: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_elses() {
+    clear_mps_dirs("node-1");
+    let cluster = Cluster::up("tenant", 2);
+    let admin = cluster.client().await;
+    let system: Api<Pod> = Api::namespaced(admin.clone(), SYSTEM);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let neighbours: Api<Pod> = Api::namespaced(admin.clone(), "default");
+
+    // The tenant: `edit` in its namespace, which is under Pod Security baseline.
+    cluster.ok(&["create", "namespace", NS]);
+    cluster.ok(&["label", "namespace", NS, "pod-security.kubernetes.io/enforce=baseline"]);
+    cluster.ok(&["create", "serviceaccount", "tenant", "-n", NS]);
+    let role = ["create", "rolebinding", "tenant-edit", "--clusterrole=edit", "-n", NS];
+    cluster.ok(&[&role[..], &[&format!("--serviceaccount={NS}:tenant")]].concat());
+    let token = cluster.ok(&["create", "token", "tenant", "-n", NS, "--duration=2h"]);
+    let kubeconfig = cluster.token_kubeconfig("tenant", &token);
+    let tenant = nano_gpu_runtime::connect(Some(&kubeconfig)).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), NS);
+
+    // node-1's shares under MPS (its daemons' DaemonSet comes with the label).
+    let patch = json!({"metadata": {"labels": {ENFORCEMENT_LABEL: "mps"}}});
+    nodes.patch("node-1", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_until("node-1's agent enforcing mps and Ready", Duration::from_secs(120), || async {
+        let Some(agent) = agent_on(&system, "node-1").await else { return false };
+        let name = agent.metadata.name.clone().unwrap();
+        let logs = cluster.kubectl(&["logs", "-n", SYSTEM, &name, "--tail=-1"]);
+        let logs = String::from_utf8_lossy(&logs.stdout).into_owned();
+        let mode = logs
+            .lines()
+            .rev()
+            .find(|l| l.contains("shares are enforced"))
+            .map(|l| l.contains("mode=\"mps\""));
+        mode == Some(true) && is_ready(&agent)
+    })
+    .await;
+
+    // Another user's shares, one per node, in their own namespace.
+    let mut before = Vec::new();
+    for node in ["node-1", "node-2"] {
+        let name = format!("neighbour-{node}");
+        let mut pod = on(node, percent_pod(&name, 30));
+        pod.metadata.namespace = Some("default".into());
+        create(&neighbours, &pod).await;
+        wait_running(&neighbours, std::slice::from_ref(&name), Duration::from_secs(120)).await;
+        let seen = report(&neighbours, &name, "c").await;
+        assert_eq!(seen.cards, assigned(&neighbours, &name).await, "{name}");
+        before.push((name, seen.cards, seen.env));
+    }
+
+    // A share whose own env asks every card (and every SM of MPS) sees its one card; a pod asking no
+    // GPU, whose image says `all`, sees none.
+    let mut widen = on("node-2", percent_pod("widen", 10));
+    widen.spec.as_mut().unwrap().containers[0].env = Some(vec![
+        serde_json::from_value(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})).unwrap(),
+        serde_json::from_value(json!({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"})).unwrap(),
+    ]);
+    create(&pods, &widen).await;
+    create(&pods, &gpu_pod("no-gpu", &[("c", &[])], json!({}))).await;
+    wait_running(&pods, &["widen".into(), "no-gpu".into()], Duration::from_secs(120)).await;
+    let seen = report(&pods, "widen", "c").await;
+    assert_eq!(seen.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("all"), "its own env won");
+    assert_eq!(
+        seen.cards,
+        assigned(&pods, "widen").await,
+        "a share asking all cards by its env sees its own"
+    );
+    let none = report(&pods, "no-gpu", "c").await;
+    assert!(none.cards.is_empty() && none.mounts.is_empty(), "a pod asking no GPU sees a card: {none:?}");
+
+    // Refused at admission, each with its reason.
+    let memory_only = gpu_pod("memory-only", &[("c", &[("nano-gpu/gpu-memory", "4096")])], json!({}));
+    let why = refused("memory without a percent", pods.create(&PostParams::default(), &memory_only).await);
+    assert!(why.contains("nano-gpu/gpu-memory without nano-gpu/gpu-percent"), "{why}");
+    let mut mounting = gpu_pod("mounting", &[("c", &[])], json!({}));
+    let spec = mounting.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "all", "hostPath": {"path": "/dev/null"}})).unwrap(),
+    ]);
+    spec.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(json!({"name": "all", "mountPath": "/var/run/nvidia-container-devices/all"}))
+            .unwrap(),
+    ]);
+    let why = refused("a hostPath device list", pods.create(&PostParams::default(), &mounting).await);
+    assert!(why.contains("hostPath"), "{why}");
+    let mut privileged = gpu_pod("privileged", &[("c", &[])], json!({}));
+    privileged.spec.as_mut().unwrap().containers[0].security_context =
+        Some(serde_json::from_value(json!({"privileged": true})).unwrap());
+    let why = refused("a privileged container", pods.create(&PostParams::default(), &privileged).await);
+    assert!(why.contains("privileged"), "{why}");
+    let models = json!({"nano-gpu/gpu-model": "a|".repeat(100_000)});
+    let huge = gpu_pod("huge-models", &[("c", &[("nano-gpu/gpu-percent", "10")])], models);
+    let why = refused("a 200 kB model list", pods.create(&PostParams::default(), &huge).await);
+    assert!(why.contains("at most 1024"), "{why}");
+
+    // Only nano-gpu writes assignments and the overrun mark; a tenant's own pod included.
+    let stolen =
+        pods.get("widen").await.unwrap().metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION].clone();
+    let forged = gpu_pod("forged", &[("c", &[])], json!({ ASSIGNMENT_ANNOTATION: stolen }));
+    let why = refused("a forged assignment", pods.create(&PostParams::default(), &forged).await);
+    assert!(why.contains("only nano-gpu may set nano-gpu/assignment"), "{why}");
+    let rewrite =
+        json!({"metadata": {"annotations": { ASSIGNMENT_ANNOTATION: stolen.replace("node-2", "node-1") }}});
+    let why = refused(
+        "a rewritten assignment",
+        pods.patch("widen", &PatchParams::default(), &Patch::Merge(&rewrite)).await,
+    );
+    assert!(why.contains("may not"), "{why}");
+    let overrun = json!({"metadata": {"labels": {"nano-gpu/overrun": "false"}}});
+    let why = refused(
+        "the overrun label",
+        pods.patch("widen", &PatchParams::default(), &Patch::Merge(&overrun)).await,
+    );
+    assert!(why.contains("label nano-gpu/overrun"), "{why}");
+    for (verb, resource, namespace) in [
+        ("create", "pods/binding", NS),
+        ("patch", "pods/status", NS),
+        ("create", "events", SYSTEM),
+        ("patch", "nodes", NS),
+        ("get", "secrets", SYSTEM),
+    ] {
+        let out = cluster.kubectl_as(&kubeconfig, &["auth", "can-i", verb, resource, "-n", namespace]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "the tenant may {verb} {resource} in {namespace}"
+        );
+    }
+    // (The same checks allow what a tenant does: it may create pods.)
+    let out = cluster.kubectl_as(&kubeconfig, &["auth", "can-i", "create", "pods", "-n", NS]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
+
+    // MPS on node-1: a share that runs as another user than root asks its card's daemon to quit and
+    // is refused; a share running as root replaces the daemon's PID file in the pipe directory with a
+    // FIFO. The agent answers, the card stays healthy, no neighbour is told its daemon was lost.
+    let mut quitter = on(
+        "node-1",
+        percent_pod_then("quitter", 1, "echo quit | nvidia-cuda-mps-control; echo asked; exec sleep 86400"),
+    );
+    quitter.spec.as_mut().unwrap().security_context =
+        Some(serde_json::from_value(json!({"runAsUser": 1000})).unwrap());
+    create(&pods, &quitter).await;
+    let says = |name: &'static str, text: &'static str| {
+        let cluster = &cluster;
+        async move {
+            wait_until(&format!("{name} says {text:?}"), Duration::from_secs(60), || async {
+                let out = cluster.kubectl(&["logs", "-n", NS, name]);
+                String::from_utf8_lossy(&out.stdout).contains(text)
+            })
+            .await
+        }
+    };
+    says("quitter", "Not enough privilege to execute quit command").await;
+    let tamper = "cd /tmp/nvidia-mps && rm -f nvidia-cuda-mps-control.pid && mkfifo nvidia-cuda-mps-control.pid \
+                  && echo tampered; exec sleep 86400";
+    create(&pods, &on("node-1", percent_pod_then("tamper", 1, tamper))).await;
+    says("tamper", "tampered").await;
+    let card = assigned(&pods, "tamper").await.into_iter().next().unwrap();
+    let fifo = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
+        "{fifo} is not the tenant's FIFO"
+    );
+    // Longer than the agent's daemon watch (5 s) and its health refresh.
+    for _ in 0..20 {
+        assert!(healthy(&nodes, "node-1", &card).await, "the tampered card {card} was made unhealthy");
+        let agent = agent_on(&system, "node-1").await.unwrap();
+        assert!(is_ready(&agent), "node-1's agent is not Ready after the tamper");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let ip = agent_on(&system, "node-1").await.unwrap().status.unwrap().pod_ip.unwrap();
+    let (code, body) = cluster.curl(&format!("http://{ip}:9401/readyz"), None, &[]);
+    assert_eq!(code, 200, "{body}");
+    let events: Api<Event> = Api::all(admin.clone());
+    let lost: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("MpsDaemonLost"))
+        .map(|e| format!("{:?}: {:?}", e.involved_object.name, e.message))
+        .collect();
+    assert!(lost.is_empty(), "a daemon counted as lost: {lost:?}");
+    // A new share on node-1 is given its card.
+    create(&pods, &on("node-1", percent_pod("after-tamper", 20))).await;
+    wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await;
+    assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
+
+    // A pod labelled as nano-gpu's agent (in the tenant's namespace) on node-2, whose agent is gone:
+    // a GPU pod is not placed there. Once the real agent is back, it is.
+    let unlabel = json!({"metadata": {"labels": { NODE_LABEL: null }}});
+    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap();
+    wait_until("node-2's agent gone", Duration::from_secs(90), || async {
+        let params = ListParams::default()
+            .labels("app.kubernetes.io/name=nano-gpu-agent")
+            .fields("spec.nodeName=node-2");
+        system.list(&params).await.unwrap().items.is_empty()
+    })
+    .await;
+    let mut posing = on("node-2", gpu_pod("posing", &[("c", &[])], json!({})));
+    posing.metadata.labels =
+        Some([("app.kubernetes.io/name".to_owned(), "nano-gpu-agent".to_owned())].into());
+    create(&pods, &posing).await;
+    wait_until("the posing pod Ready", Duration::from_secs(60), || async {
+        pods.get("posing").await.is_ok_and(|p| is_ready(&p))
+    })
+    .await;
+    create(&pods, &on("node-2", percent_pod("lured", 10))).await;
+    let tenant_events: Api<Event> = Api::namespaced(admin.clone(), NS);
+    wait_until("lured refused for want of an agent", Duration::from_secs(60), || async {
+        let list =
+            tenant_events.list(&ListParams::default().fields("involvedObject.name=lured")).await.unwrap();
+        list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("FailedScheduling")
+                && e.message.as_deref().is_some_and(|m| m.contains("node-2: no Ready nano-gpu agent"))
+        })
+    })
+    .await;
+    let lured = pods.get("lured").await.unwrap();
+    assert_eq!(
+        lured.spec.and_then(|s| s.node_name),
+        None,
+        "a GPU pod was placed where only a posing agent runs"
+    );
+    let label = json!({"metadata": {"labels": { NODE_LABEL: "true" }}});
+    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    wait_running(&pods, &["lured".into()], Duration::from_secs(180)).await;
+
+    // The neighbours kept their cards, their limits and their containers.
+    for (name, cards, env) in before {
+        let p = neighbours.get(&name).await.unwrap();
+        assert_eq!(phase(&p), "Running", "{name}");
+        assert_eq!(restarts(&neighbours, &name).await, 0, "{name} was restarted");
+        assert_eq!(assigned(&neighbours, &name).await, cards, "{name}'s assignment changed");
+        assert_eq!(env.get("NANO_GPU_PERCENT").map(String::as_str), Some("30"), "{name}");
+        // What its NVML shows now, asked again inside the container.
+        let listed = cluster.ok(&["exec", "-n", "default", &name, "-c", "c", "--", "nvidia-smi", "-L"]);
+        let now: BTreeSet<String> = listed
+            .lines()
+            .filter_map(|l| l.split("(UUID: ").nth(1))
+            .map(|u| u.trim_end_matches(')').to_owned())
+            .collect();
+        assert_eq!(now, cards, "{name} sees other cards");
+    }
+    assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &admin).await, 7);
+    for name in ["widen", "no-gpu", "quitter", "tamper", "after-tamper", "posing", "lured"] {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    cluster.down();
+    clear_mps_dirs("node-1");
+}
