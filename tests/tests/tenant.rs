@@ -12,7 +12,7 @@
 //!   privileged container, a 200 kB model list: refused at admission with the reason;
 //! - writing an assignment (on a new pod, on its running pod), the overrun label: refused; creating
 //!   a Binding, writing a pod's status, an Event in nano-gpu's namespace, a Node: not allowed;
-//! - a pod labelled as nano-gpu's agent on a node whose agent is gone: no GPU pod is placed there;
+//! - a pod labelled as nano-gpu's agent on a node whose agent is not Ready: no GPU pod is placed there;
 //! - in an MPS share: replacing the daemon's PID file in the pipe directory with a FIFO (which once
 //!   hung the agent, and then made the card unhealthy for everyone): the agent answers, the card
 //!   stays healthy, no neighbour is told its daemon was lost; `quit` to the daemon as a user other
@@ -25,7 +25,7 @@
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, ENFORCEMENT_LABEL, GPUS_ANNOTATION, NODE_LABEL, NodeInventory,
+    ASSIGNMENT_ANNOTATION, Assignment, ENFORCEMENT_LABEL, GPUS_ANNOTATION, NodeInventory,
 };
 use nano_gpu_tests::cluster::{
     Cluster, NS, clear_mps_dirs, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running,
@@ -129,11 +129,36 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         let name = format!("neighbour-{node}");
         let mut pod = on(node, percent_pod(&name, 30));
         pod.metadata.namespace = Some("default".into());
-        create(&neighbours, &pod).await;
-        wait_running(&neighbours, std::slice::from_ref(&name), Duration::from_secs(120)).await;
+        let created = create(&neighbours, &pod).await;
+        assert_eq!(created.spec.unwrap().scheduler_name.as_deref(), Some("nano-gpu-scheduler"), "{name}");
+        let start = std::time::Instant::now();
+        while neighbours.get(&name).await.map(|p| phase(&p) != "Running").unwrap_or(true) {
+            if start.elapsed() > Duration::from_secs(120) {
+                let pod = cluster.kubectl(&["get", "pod", "-n", "default", &name, "-o", "yaml"]);
+                let events = cluster.kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+                let logs = cluster.kubectl(&[
+                    "logs",
+                    "-n",
+                    SYSTEM,
+                    "-l",
+                    "app.kubernetes.io/name=nano-gpu-allocator",
+                    "--all-containers",
+                    "--tail=-1",
+                    "--prefix",
+                ]);
+                panic!(
+                    "{name} not Running:\n{}\n{}\n{}",
+                    String::from_utf8_lossy(&pod.stdout),
+                    String::from_utf8_lossy(&events.stdout),
+                    String::from_utf8_lossy(&logs.stdout)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         let seen = report(&neighbours, &name, "c").await;
         assert_eq!(seen.cards, assigned(&neighbours, &name).await, "{name}");
-        before.push((name, seen.cards, seen.env));
+        let devices = cluster.kubelet_devices(node).await[&format!("default/{name}/c")].clone();
+        before.push((node, name, seen.cards, seen.env, devices));
     }
 
     // A share whose own env asks every card (and every SM of MPS) sees its one card; a pod asking no
@@ -200,20 +225,26 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         pods.patch("widen", &PatchParams::default(), &Patch::Merge(&overrun)).await,
     );
     assert!(why.contains("label nano-gpu/overrun"), "{why}");
-    for (verb, resource, namespace) in [
-        ("create", "pods/binding", NS),
-        ("patch", "pods/status", NS),
-        ("create", "events", SYSTEM),
-        ("patch", "nodes", NS),
-        ("get", "secrets", SYSTEM),
+    let mut allowed = Vec::new();
+    for (verb, resource, subresource, namespace) in [
+        ("create", "pods", "binding", NS),
+        ("patch", "pods", "status", NS),
+        ("create", "events", "", SYSTEM),
+        ("patch", "nodes", "", NS),
+        ("get", "secrets", "", SYSTEM),
     ] {
-        let out = cluster.kubectl_as(&kubeconfig, &["auth", "can-i", verb, resource, "-n", namespace]);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "no",
-            "the tenant may {verb} {resource} in {namespace}"
-        );
+        let sub = format!("--subresource={subresource}");
+        let mut args = vec!["auth", "can-i", verb, resource, "-n", namespace];
+        if !subresource.is_empty() {
+            args.push(&sub);
+        }
+        let out = cluster.kubectl_as(&kubeconfig, &args);
+        if String::from_utf8_lossy(&out.stdout).trim() != "no" {
+            allowed.push(format!("{verb} {resource} {subresource} in {namespace}"));
+        }
     }
+    let list = cluster.kubectl_as(&kubeconfig, &["auth", "can-i", "--list", "-n", NS]);
+    assert!(allowed.is_empty(), "the tenant may {allowed:?}:\n{}", String::from_utf8_lossy(&list.stdout));
     // (The same checks allow what a tenant does: it may create pods.)
     let out = cluster.kubectl_as(&kubeconfig, &["auth", "can-i", "create", "pods", "-n", NS]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
@@ -273,20 +304,12 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     assert!(lost.is_empty(), "a daemon counted as lost: {lost:?}");
     // A new share on node-1 is given its card.
     create(&pods, &on("node-1", percent_pod("after-tamper", 20))).await;
-    wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await;
+    wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
 
-    // A pod labelled as nano-gpu's agent (in the tenant's namespace) on node-2, whose agent is gone:
-    // a GPU pod is not placed there. Once the real agent is back, it is.
-    let unlabel = json!({"metadata": {"labels": { NODE_LABEL: null }}});
-    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap();
-    wait_until("node-2's agent gone", Duration::from_secs(90), || async {
-        let params = ListParams::default()
-            .labels("app.kubernetes.io/name=nano-gpu-agent")
-            .fields("spec.nodeName=node-2");
-        system.list(&params).await.unwrap().items.is_empty()
-    })
-    .await;
+    // A pod labelled as nano-gpu's agent (in the tenant's namespace) on node-2, whose agent is not
+    // Ready (frozen: its kubelet's probes fail, its device plugin stays registered): a GPU pod is not
+    // placed there. Once the real agent is back (resumed, or restarted by its liveness probe), it is.
     let mut posing = on("node-2", gpu_pod("posing", &[("c", &[])], json!({})));
     posing.metadata.labels =
         Some([("app.kubernetes.io/name".to_owned(), "nano-gpu-agent".to_owned())].into());
@@ -295,42 +318,47 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         pods.get("posing").await.is_ok_and(|p| is_ready(&p))
     })
     .await;
-    create(&pods, &on("node-2", percent_pod("lured", 10))).await;
-    let tenant_events: Api<Event> = Api::namespaced(admin.clone(), NS);
-    wait_until("lured refused for want of an agent", Duration::from_secs(60), || async {
-        let list =
-            tenant_events.list(&ListParams::default().fields("involvedObject.name=lured")).await.unwrap();
-        list.items.iter().any(|e| {
-            e.reason.as_deref() == Some("FailedScheduling")
-                && e.message.as_deref().is_some_and(|m| m.contains("node-2: no Ready nano-gpu agent"))
-        })
+    let agent_2 = agent_on(&system, "node-2").await.unwrap().metadata.name.unwrap();
+    cluster.signal_container(SYSTEM, &agent_2, "agent", "SIGSTOP");
+    wait_until("node-2's agent not Ready", Duration::from_secs(60), || async {
+        system.get(&agent_2).await.is_ok_and(|p| !is_ready(&p))
     })
     .await;
+    create(&pods, &on("node-2", percent_pod("lured", 10))).await;
+    let tenant_events: Api<Event> = Api::namespaced(admin.clone(), NS);
+    let start = std::time::Instant::now();
+    loop {
+        let list =
+            tenant_events.list(&ListParams::default().fields("involvedObject.name=lured")).await.unwrap();
+        let said: Vec<String> = list.items.iter().filter_map(|e| e.message.clone()).collect();
+        if said.iter().any(|m| m.contains("no Ready nano-gpu agent")) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "lured not refused for want of an agent: {said:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let lured = pods.get("lured").await.unwrap();
     assert_eq!(
         lured.spec.and_then(|s| s.node_name),
         None,
         "a GPU pod was placed where only a posing agent runs"
     );
-    let label = json!({"metadata": {"labels": { NODE_LABEL: "true" }}});
-    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    // (Its liveness probe may have restarted it meanwhile.)
+    let _ = cluster.try_signal_container(SYSTEM, &agent_2, "agent", "SIGCONT");
     wait_running(&pods, &["lured".into()], Duration::from_secs(180)).await;
 
     // The neighbours kept their cards, their limits and their containers.
-    for (name, cards, env) in before {
+    for (node, name, cards, env, devices) in before {
         let p = neighbours.get(&name).await.unwrap();
         assert_eq!(phase(&p), "Running", "{name}");
         assert_eq!(restarts(&neighbours, &name).await, 0, "{name} was restarted");
         assert_eq!(assigned(&neighbours, &name).await, cards, "{name}'s assignment changed");
         assert_eq!(env.get("NANO_GPU_PERCENT").map(String::as_str), Some("30"), "{name}");
-        // What its NVML shows now, asked again inside the container.
-        let listed = cluster.ok(&["exec", "-n", "default", &name, "-c", "c", "--", "nvidia-smi", "-L"]);
-        let now: BTreeSet<String> = listed
-            .lines()
-            .filter_map(|l| l.split("(UUID: ").nth(1))
-            .map(|u| u.trim_end_matches(')').to_owned())
-            .collect();
-        assert_eq!(now, cards, "{name} sees other cards");
+        let now = cluster.kubelet_devices(node).await[&format!("default/{name}/c")].clone();
+        assert_eq!(now, devices, "{name}'s device IDs changed");
     }
     assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &admin).await, 7);
     for name in ["widen", "no-gpu", "quitter", "tamper", "after-tamper", "posing", "lured"] {
