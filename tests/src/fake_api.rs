@@ -23,6 +23,43 @@ pub struct Objects {
     pub pods: Vec<Value>,
 }
 
+impl Objects {
+    /// A synthetic cluster for the benchmarks: `nodes` Nodes (`node-00000`, ...) of `cards` A100-80GB
+    /// cards each, as their agents publish them, and `placed` Running pods in namespace `bench`
+    /// placed round-robin over the nodes and their cards, pod `i` holding `percent(i)` of its card.
+    pub fn synthetic(nodes: usize, cards: usize, placed: usize, percent: impl Fn(usize) -> u32) -> Objects {
+        let node_objects = (0..nodes)
+            .map(|n| {
+                let gpus: Vec<Value> = (0..cards)
+                    .map(|i| {
+                        json!({"index": i, "uuid": format!("GPU-{n:05}-{i}"), "vendor": "nvidia",
+                        "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "healthy": true})
+                    })
+                    .collect();
+                json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": format!("node-{n:05}"), "resourceVersion": "1",
+                        "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
+                    "status": {"allocatable": {"cpu": "128", "memory": "1Ti"}}})
+            })
+            .collect();
+        let pods = (0..placed)
+            .map(|i| {
+                let (n, card) = (i % nodes, (i / nodes) % cards);
+                let percent = percent(i);
+                let assignment = json!({"v": 1, "node": format!("node-{n:05}"), "at": "2026-11-21T00:00:00Z",
+                    "containers": {"main": [{"uuid": format!("GPU-{n:05}-{card}"), "index": card, "percent": percent}]}});
+                json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("placed-{i}"), "namespace": "bench", "uid": format!("placed-{i}"),
+                        "resourceVersion": "1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},
+                    "spec": {"nodeName": format!("node-{n:05}"), "containers": [{"name": "main", "resources":
+                        {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
+                    "status": {"phase": "Running"}})
+            })
+            .collect();
+        Objects { nodes: node_objects, pods }
+    }
+}
+
 struct Inner {
     nodes: Vec<Value>,
     pods: Vec<Value>,

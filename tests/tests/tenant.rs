@@ -123,6 +123,15 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     })
     .await;
 
+    // Under mps a card is unhealthy until its daemon runs.
+    wait_until("node-1's cards healthy under mps", Duration::from_secs(60), || async {
+        let n = nodes.get("node-1").await.unwrap();
+        let text =
+            n.metadata.annotations.unwrap_or_default().get(GPUS_ANNOTATION).cloned().unwrap_or_default();
+        NodeInventory::decode(&text).is_ok_and(|inv| inv.gpus.iter().all(|g| g.healthy))
+    })
+    .await;
+
     // Another user's shares, one per node, in their own namespace.
     let mut before = Vec::new();
     for node in ["node-1", "node-2"] {
@@ -146,8 +155,11 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
                     "--tail=-1",
                     "--prefix",
                 ]);
+                let node = nodes.get(node).await.unwrap().metadata.annotations.unwrap_or_default();
                 panic!(
-                    "{name} not Running:\n{}\n{}\n{}",
+                    "{name} not Running:\n{:?}\n{}\n{}\n{}\n{}",
+                    node.get(GPUS_ANNOTATION),
+                    cluster.inspect(),
                     String::from_utf8_lossy(&pod.stdout),
                     String::from_utf8_lossy(&events.stdout),
                     String::from_utf8_lossy(&logs.stdout)

@@ -67,37 +67,10 @@ fn args() -> Result<Args> {
 const SHARES: [u32; 6] = [10, 20, 25, 30, 40, 50];
 
 fn objects(a: &Args) -> Objects {
-    let nodes = (0..a.nodes)
-        .map(|n| {
-            let gpus: Vec<Value> = (0..a.cards)
-                .map(|i| {
-                    json!({"index": i, "uuid": format!("GPU-{n:05}-{i}"), "vendor": "nvidia",
-                    "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "healthy": true})
-                })
-                .collect();
-            json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": format!("node-{n:05}"), "resourceVersion": "1",
-                    "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-                "status": {"allocatable": {"cpu": "128", "memory": "1Ti"}}})
-        })
-        .collect();
-    let pods = (0..a.placed)
-        .map(|i| {
-            let (n, card) = (i % a.nodes, (i / a.nodes) % a.cards);
-            let percent = SHARES[i % SHARES.len()];
-            let assignment = json!({"v": 1, "node": format!("node-{n:05}"), "at": "2026-11-21T00:00:00Z",
-                "containers": {"main": [{"uuid": format!("GPU-{n:05}-{card}"), "index": card, "percent": percent}]}});
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("placed-{i}"), "namespace": "bench", "uid": format!("placed-{i}"),
-                    "resourceVersion": "1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},
-                "spec": {"nodeName": format!("node-{n:05}"), "containers": [{"name": "main", "resources":
-                    {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1", "memory": "4Gi"}}}]},
-                "status": {"phase": "Running"}})
-        })
-        // The pods to schedule exist before kube-scheduler asks about them (bind reads them).
-        .chain((0..a.pods).map(|i| new_pod(i, a.shapes)))
-        .collect();
-    Objects { nodes, pods }
+    let mut objects = Objects::synthetic(a.nodes, a.cards, a.placed, |i| SHARES[i % SHARES.len()]);
+    // The pods to schedule exist before kube-scheduler asks about them (bind reads them).
+    objects.pods.extend((0..a.pods).map(|i| new_pod(i, a.shapes)));
+    objects
 }
 
 fn new_pod(i: usize, shapes: Option<usize>) -> Value {

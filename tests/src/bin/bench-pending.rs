@@ -54,34 +54,7 @@ fn args() -> Result<Args> {
 
 /// The nodes, and the placed pods spread over their cards.
 fn cluster(a: &Args) -> Objects {
-    let nodes = (0..a.nodes)
-        .map(|n| {
-            let gpus: Vec<Value> = (0..a.cards)
-                .map(|i| {
-                    json!({"index": i, "uuid": format!("GPU-{n:05}-{i}"), "vendor": "nvidia",
-                    "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "healthy": true})
-                })
-                .collect();
-            json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": format!("node-{n:05}"), "resourceVersion": "1",
-                    "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-                "status": {"allocatable": {"cpu": "128", "memory": "1Ti"}}})
-        })
-        .collect();
-    let pods = (0..a.placed)
-        .map(|i| {
-            let (n, card) = (i % a.nodes, (i / a.nodes) % a.cards);
-            let assignment = json!({"v": 1, "node": format!("node-{n:05}"), "at": "2026-11-26T00:00:00Z",
-                "containers": {"main": [{"uuid": format!("GPU-{n:05}-{card}"), "index": card, "percent": 20}]}});
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("placed-{i}"), "namespace": "bench", "uid": format!("placed-{i}"),
-                    "resourceVersion": "1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},
-                "spec": {"nodeName": format!("node-{n:05}"), "containers": [{"name": "main", "resources":
-                    {"limits": {"nano-gpu/gpu-percent": "20", "cpu": "1", "memory": "4Gi"}}}]},
-                "status": {"phase": "Running"}})
-        })
-        .collect();
-    Objects { nodes, pods }
+    Objects::synthetic(a.nodes, a.cards, a.placed, |_| 20)
 }
 
 /// A `nano-gpu/gpu-model` of 32 distinct models, 1,024 bytes with the separators.
