@@ -38,6 +38,7 @@ pub mod leader;
 pub mod load;
 pub mod map;
 pub mod metrics;
+pub mod requeue;
 pub mod server;
 pub mod sim;
 pub mod state;

@@ -324,6 +324,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 std::time::Duration::from_secs(stale),
             ));
         }
+        if let Some(me) = args.pod_name.clone() {
+            let pods = kube::Api::namespaced(client.clone(), &args.lease_namespace);
+            tokio::spawn(nano_gpu_allocator::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
+        }
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

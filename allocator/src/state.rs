@@ -102,6 +102,9 @@ pub struct ClusterState {
     /// Bumped at every change of what `/inspect` or the map shows, so a reader can tell nothing
     /// changed without building them.
     generation: u64,
+    /// The generation at which the filter last found no node for a pod, until that pod and any other
+    /// refused are sent back to kube-scheduler's queue ([`crate::requeue`]).
+    refused_at: Option<u64>,
 }
 
 /// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
@@ -210,6 +213,7 @@ impl ClusterState {
             warnings: Vec::new(),
             waiting: BTreeMap::new(),
             generation: 0,
+            refused_at: None,
         }
     }
 
@@ -289,7 +293,36 @@ impl ClusterState {
     /// `POST /filter` (as [`Self::filter_names`]).
     pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
         let uid = args.pod.as_ref().and_then(decode::pod_uid).map(str::to_owned);
-        self.without_own_cards(uid.as_deref(), |s| s.extender.filter(args))
+        let result = self.without_own_cards(uid.as_deref(), |s| s.extender.filter(args));
+        let passed = result.nodes.as_ref().map_or(0, |n| n.items.len());
+        self.note_refusal(&result, passed);
+        result
+    }
+
+    /// Notes a filter's answer: a pod that no node passed waits in kube-scheduler's queue for a
+    /// cluster event, which may already be behind this view ([`crate::requeue`]).
+    fn note_refusal<N: Ord>(&mut self, result: &ExtenderFilterResult<N>, passed: usize) {
+        let refused = !result.failed_nodes.is_empty() || !result.failed_and_unresolvable_nodes.is_empty();
+        if passed == 0 && refused && result.error.is_empty() {
+            self.refused_at = Some(self.generation);
+        }
+    }
+
+    /// Whether the view changed since the filter last refused a pod on every node it was asked
+    /// about: then (once) the generation it changed to, and the refusal counts as answered.
+    pub fn requeue_due(&mut self) -> Option<u64> {
+        match self.refused_at {
+            Some(at) if self.generation > at => {
+                self.refused_at = None;
+                Some(self.generation)
+            }
+            _ => None,
+        }
+    }
+
+    /// A requeue that could not be made: due again at the next look.
+    pub fn requeue_failed(&mut self) {
+        self.refused_at = Some(0);
     }
 
     /// `POST /prioritize` (as [`Self::filter_names`]).
@@ -305,7 +338,11 @@ impl ClusterState {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.filter_names(pod, names))
+        let result =
+            self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.filter_names(pod, names));
+        let passed = result.node_names.as_ref().map_or(0, Vec::len);
+        self.note_refusal(&result, passed);
+        result
     }
 
     /// `POST /prioritize` with the node names borrowed from the request (as [`Self::filter_names`]).

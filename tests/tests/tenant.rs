@@ -361,6 +361,11 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     // (Its liveness probe may have restarted it meanwhile.)
     let _ = cluster.try_signal_container(SYSTEM, &agent_2, "agent", "SIGCONT");
     wait_running(&pods, &["lured".into()], Duration::from_secs(180)).await;
+    // The leader sent the refused pod back to kube-scheduler's queue once its view changed (see
+    // allocator/src/requeue.rs): its pod carries the view's generation.
+    let leader = cluster.allocator_leader().unwrap();
+    let labels = system.get(&leader).await.unwrap().metadata.labels.unwrap_or_default();
+    assert!(labels.contains_key("nano-gpu/view"), "{leader}: {labels:?}");
 
     // The neighbours kept their cards, their limits and their containers.
     for (node, name, cards, env, devices) in before {

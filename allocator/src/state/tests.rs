@@ -797,3 +797,30 @@ fn a_node_whose_runtime_honours_a_pods_env_is_served_to_no_one() {
     let r = s.filter(serde_json::from_value(args).unwrap());
     assert_eq!(r.node_names, Some(vec!["n1".to_owned(), "n2".to_owned()]));
 }
+
+#[test]
+fn a_pod_refused_everywhere_is_requeued_once_the_view_has_changed_since() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_pod(&pod("a", "80", Some("n1"), Some(assignment("n1", 0, 80))));
+    // Fits: nothing to requeue, even after changes.
+    assert_eq!(
+        s.filter_names(Some(&pod("small", "10", None, None)), vec!["n1"]).node_names,
+        Some(vec!["n1"])
+    );
+    s.apply_node(&node("n2", 1));
+    assert_eq!(s.requeue_due(), None);
+    // Refused on every node asked: nothing due until the view changes, then once.
+    let refused = s.filter_names(Some(&pod("big", "50", None, None)), vec!["n1"]);
+    assert_eq!(refused.node_names, Some(vec![]));
+    assert_eq!(s.requeue_due(), None, "the view has not changed since the refusal");
+    s.delete_pod(&pod("a", "80", Some("n1"), Some(assignment("n1", 0, 80))));
+    assert!(s.requeue_due().is_some(), "the card freed after the refusal");
+    assert_eq!(s.requeue_due(), None, "once per refusal");
+    // A requeue that could not be made is due again.
+    let _ = s.filter_names(Some(&pod("huge", "200", None, None)), vec!["n1", "n2"]);
+    s.apply_node(&node("n3", 1));
+    assert!(s.requeue_due().is_some());
+    s.requeue_failed();
+    assert!(s.requeue_due().is_some());
+}
