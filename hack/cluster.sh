@@ -3,7 +3,7 @@
 # Kubernetes cluster on this one machine with nano-gpu installed as shipped. The control plane
 # (hack/control-plane.sh), kube-controller-manager, the default kube-scheduler, kube-proxy and N real
 # nodes, each a containerd (Debian's, with runc and the CNI plugins) and a real kubelet, all built or
-# installed like upstream; then `kubectl apply -f deploy/`: the allocator as its Deployment, the agent
+# installed like upstream; then deploy/ through a kustomize overlay: the allocator as its Deployment, the agent
 # as its DaemonSet, on fake NVML cards. How, and why each step is needed here, is in
 # ../shared/reference/real-nodes.md; in short:
 #   - one network namespace (<dir>/netns) holds every process and pod: node IPs 10.201.0.<k>/32 and
@@ -23,7 +23,7 @@
 # Usage: hack/cluster.sh up <dir> [--nodes N] [--bare] [--apiserver-arg FLAG]...
 #                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
 #                                        flag, e.g. --watch-cache-sizes=pods#0; writes <dir>/cluster.env)
-#        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied)
+#        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with kustomize)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
 #        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
 #        hack/cluster.sh crash <dir> etcd|kube-apiserver|kube-controller-manager|kube-scheduler SECONDS
@@ -179,61 +179,74 @@ nano_gpu_images_into() {
 # version; on a cluster of another version it is set to that version, as its user would.
 scheduler_image() { echo "registry.k8s.io/kube-scheduler:$(k8s_version)"; }
 k8s_version() { sed -n 's/^k8s=\([^ ]*\).*/\1/p' "$K8S_BIN/.versions"; }
-# scheduler_version: the Deployment on stdin with that image (`kubectl set image` prints nothing
-# when the image does not change, so only when it does).
-scheduler_version() {
-  if [[ $(image_ref allocator.yaml kube-scheduler) == "$(scheduler_image)" ]]; then
-    cat
-  else
-    kubectl set image --local -f - "kube-scheduler=$(scheduler_image)" -o yaml
-  fi
-}
-
 # import_images NODE ARCHIVE...: the images into the node's containerd.
 import_images() {
   local a
   for a in "${@:2}"; do in_node "$1" ctr -n k8s.io images import "$a" >/dev/null; done
 }
 
-# The shipped install on the real nodes: `kubectl apply -f deploy/` with these swaps, each applied before
-# the pods it concerns exist (so nothing rolls over right after the install):
+# The shipped install on the real nodes, as an operator's kustomize overlay ($DIR/install, README
+# "Installing with kustomize") that names deploy/ as its base and these choices:
 #   - the local cluster runs as a cluster moving from gpushare does ("Moving from gpushare" in the
-#     README): NANO_GPU_GPUSHARE=gib in the agent and the allocator;
-#   - the allocator evicts pods over their GPU memory grant (NANO_GPU_EVICT_OVERRUNS=true, opt-in);
-#   - the allocator reads the cards' load every 2 s from a Prometheus on the control plane's address
-#     (NANO_GPU_PROMETHEUS_URL, port 19090): the end-to-end test runs one there for a while; the rest
-#     of the time none answers, and placement is the policy's alone;
-#   - kube-scheduler's image is the cluster's version (the same as deploy/ names on the newest);
-#   - the optional profile deploy/default-scheduler/ is installed beside the shipped one: the extender
-#     also over HTTPS for clients of the CA in $DIR/extender-client (made here), whose scheduler
-#     certificate the end-to-end test gives a kube-scheduler of its own.
+#     README): the component gpushare-gib;
+#   - kube-scheduler's image is the cluster's version: deploy/ names the newest tested, the component
+#     kube-scheduler-v1.35 the oldest;
+#   - the optional profile deploy/default-scheduler/ (a component): the extender also over HTTPS for
+#     clients of the CA in $DIR/extender-client (made here), whose scheduler certificate the
+#     end-to-end test gives a kube-scheduler of its own;
+#   - a patch of its own: the allocator evicts pods over their GPU memory grant
+#     (NANO_GPU_EVICT_OVERRUNS=true, opt-in) and reads the cards' load every 2 s from a Prometheus on
+#     the control plane's address (NANO_GPU_PROMETHEUS_URL, port 19090): the end-to-end test runs one
+#     there for a while; the rest of the time none answers, and placement is the policy's alone.
 install_nano_gpu() {
-  local images k f sel=app.kubernetes.io/name=nano-gpu-allocator
+  local images k f deploy version
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
   images=$(cached_images nano-gpu "$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" \
     "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
   for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
-  # Everything but the allocator Deployment; no node is labelled yet, so no agent runs either.
-  kubectl apply -f "$ROOT/deploy/" -l "app.kubernetes.io/name!=nano-gpu-allocator" >&2
-  kubectl set env daemonset/nano-gpu-agent -n nano-gpu-system -c agent NANO_GPU_GPUSHARE=gib >&2
-  # A CA that signs nothing else, and kube-scheduler's extender client certificate from it.
+  mkdir -p "$DIR/install"
+  deploy=$(realpath --relative-to="$DIR/install" "$ROOT/deploy")
+  version=$(k8s_version)
+  {
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources: [$deploy]"
+    echo "components:"
+    echo "  - $deploy/components/gpushare-gib"
+    echo "  - $deploy/default-scheduler"
+    if [[ $version == v1.35.* ]]; then echo "  - $deploy/components/kube-scheduler-v1.35"; fi
+    echo "patches:"
+    echo "  - patch: |-"
+    echo "      apiVersion: apps/v1"
+    echo "      kind: Deployment"
+    echo "      metadata: {name: nano-gpu-allocator, namespace: nano-gpu-system}"
+    echo "      spec:"
+    echo "        template:"
+    echo "          spec:"
+    echo "            containers:"
+    echo "              - name: allocator"
+    echo "                env:"
+    echo "                  - {name: NANO_GPU_EVICT_OVERRUNS, value: \"true\"}"
+    echo "                  - {name: NANO_GPU_PROMETHEUS_URL, value: \"http://$CP_IP:19090\"}"
+    echo "                  - {name: NANO_GPU_LOAD_REFRESH_SECONDS, value: \"2\"}"
+    echo "                  - {name: NANO_GPU_LOAD_STALE_SECONDS, value: \"10\"}"
+  } >"$DIR/install/kustomization.yaml"
+  kubectl kustomize "$DIR/install" >"$DIR/install/built.yaml"
+  grep -q "image: $(scheduler_image)\$" "$DIR/install/built.yaml" ||
+    die "the install does not run $(scheduler_image): $DIR/install/built.yaml"
+  # The Secret the default-scheduler profile's replicas mount, in the namespace, before the install.
+  kubectl apply -f "$ROOT/deploy/00-namespace.yaml" >&2
   bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
   kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
     --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
-  kubectl apply -f "$ROOT/deploy/default-scheduler/extender-service.yaml" >&2
-  kubectl apply -f "$ROOT/deploy/" -l "$sel" --dry-run=client -o yaml |
-    kubectl set env --local -f - -c allocator NANO_GPU_GPUSHARE=gib NANO_GPU_EVICT_OVERRUNS=true \
-      "NANO_GPU_PROMETHEUS_URL=http://$CP_IP:19090" NANO_GPU_LOAD_REFRESH_SECONDS=2 NANO_GPU_LOAD_STALE_SECONDS=10 -o yaml |
-    scheduler_version | kubectl apply -f - >&2
-  # The optional profile's step as its README gives it (a rollout of replicas just starting).
-  kubectl -n nano-gpu-system patch deployment nano-gpu-allocator \
-    --patch-file "$ROOT/deploy/default-scheduler/allocator-patch.yaml" >&2
+  # No node is labelled yet, so no agent runs before the user's step below.
+  kubectl apply -k "$DIR/install" >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
   kubectl -n nano-gpu-system rollout status deployment/nano-gpu-allocator --timeout=180s >&2
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
-  log "installed: deploy/ on $NODES real nodes"
+  log "installed: deploy/ through the overlay $DIR/install on $NODES real nodes"
 }
 
 allocator_ready() {

@@ -1,0 +1,222 @@
+//! The kustomize install, built by kubectl's own kustomize (the upstream kubectl of
+//! `hack/k8s-build.sh`): `deploy/Kustomization` gives exactly the objects of `deploy/*.yaml`, each
+//! component of `deploy/components/` (and `deploy/default-scheduler/`) changes what it says and
+//! nothing else, and the README's example overlay builds into what it promises. The local cluster
+//! installs through an overlay too (`hack/cluster.sh`), so every cluster test applies the base and
+//! the components it names.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The upstream kubectl (`hack/k8s-build.sh` prints its directory; built once, cached after).
+fn kubectl() -> PathBuf {
+    let out = Command::new("bash").arg(root().join("hack/k8s-build.sh")).output().unwrap();
+    assert!(out.status.success(), "hack/k8s-build.sh: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("kubectl")
+}
+
+/// The documents of a multi-document YAML text.
+fn documents(text: &str) -> Vec<Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// What `kubectl kustomize dir` builds, by kind, namespace and name.
+fn build(dir: &Path) -> BTreeMap<(String, String, String), Value> {
+    let out = Command::new(kubectl()).arg("kustomize").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    by_key(documents(&String::from_utf8(out.stdout).unwrap()))
+}
+
+fn by_key(docs: Vec<Value>) -> BTreeMap<(String, String, String), Value> {
+    let key = |d: &Value| {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        (text(&d["kind"]), text(&d["metadata"]["namespace"]), text(&d["metadata"]["name"]))
+    };
+    let mut out = BTreeMap::new();
+    for d in docs {
+        assert!(out.insert(key(&d), d.clone()).is_none(), "{:?} twice", key(&d));
+    }
+    out
+}
+
+/// An overlay in a fresh directory: `kustomization` with `{deploy}` standing for the path to
+/// `deploy/` from there.
+fn overlay(name: &str, kustomization: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-kustomize-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let deploy = root().join("deploy").canonicalize().unwrap();
+    // kustomize takes no absolute path: the way up to / and down again.
+    let up = "../".repeat(dir.canonicalize().unwrap().components().count() - 1);
+    let relative = format!("{up}{}", deploy.display().to_string().trim_start_matches('/'));
+    std::fs::write(dir.join("kustomization.yaml"), kustomization.replace("{deploy}", &relative)).unwrap();
+    dir
+}
+
+/// The base with `components` (paths below `deploy/`).
+fn with(name: &str, components: &[&str]) -> BTreeMap<(String, String, String), Value> {
+    let list: String = components.iter().map(|c| format!("  - {{deploy}}/{c}\n")).collect();
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {{deploy}}\ncomponents:\n{list}"
+    );
+    let dir = overlay(name, &text);
+    let built = build(&dir);
+    let _ = std::fs::remove_dir_all(dir);
+    built
+}
+
+fn key(kind: &str, name: &str) -> (String, String, String) {
+    let ns = if matches!(kind, "MutatingWebhookConfiguration" | "ValidatingAdmissionPolicy" | "Namespace") {
+        ""
+    } else {
+        "nano-gpu-system"
+    };
+    (kind.to_owned(), ns.to_owned(), name.to_owned())
+}
+
+/// Container `name` of a workload.
+fn container<'a>(workload: &'a Value, name: &str) -> &'a Value {
+    let containers = workload["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    containers.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    let list = container["env"].as_array()?;
+    list.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str())
+}
+
+/// The objects of `deploy/*.yaml`, as `kubectl apply -f deploy/` reads them.
+fn files() -> BTreeMap<(String, String, String), Value> {
+    let mut docs = Vec::new();
+    for entry in std::fs::read_dir(root().join("deploy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            docs.extend(documents(&std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+    by_key(docs)
+}
+
+/// Everything but the objects in `changed` is as the base has it.
+fn only_changed(built: &BTreeMap<(String, String, String), Value>, changed: &[(String, String, String)]) {
+    let base = files();
+    for (k, v) in &base {
+        if !changed.contains(k) {
+            assert_eq!(built.get(k), Some(v), "{k:?} changed");
+        }
+    }
+}
+
+#[test]
+fn apply_k_of_deploy_installs_what_apply_f_does() {
+    let base = files();
+    assert_eq!(build(&root().join("deploy")), base);
+    assert!(base.len() > 20, "{} objects", base.len());
+}
+
+#[test]
+fn each_component_changes_what_it_says_and_nothing_else() {
+    let allocator = key("Deployment", "nano-gpu-allocator");
+    let agent = key("DaemonSet", "nano-gpu-agent");
+    let mps = key("DaemonSet", "nano-gpu-mps");
+    for unit in ["gib", "mib"] {
+        let built = with(&format!("gpushare-{unit}"), &[&format!("components/gpushare-{unit}")]);
+        assert_eq!(env(container(&built[&allocator], "allocator"), "NANO_GPU_GPUSHARE"), Some(unit));
+        assert_eq!(env(container(&built[&agent], "agent"), "NANO_GPU_GPUSHARE"), Some(unit));
+        only_changed(&built, &[allocator.clone(), agent.clone()]);
+    }
+    for (component, tag) in [("kube-scheduler-v1.35", "v1.35.8"), ("kube-scheduler-v1.36", "v1.36.0")] {
+        let built = with(component, &[&format!("components/{component}")]);
+        let image = container(&built[&allocator], "kube-scheduler")["image"].as_str().unwrap().to_owned();
+        assert_eq!(image, format!("registry.k8s.io/kube-scheduler:{tag}"));
+        only_changed(&built, std::slice::from_ref(&allocator));
+    }
+    let built = with("default-scheduler", &["default-scheduler"]);
+    let service = key("Service", "nano-gpu-extender");
+    assert_eq!(built[&service]["spec"]["selector"]["nano-gpu/leader"], "true");
+    let a = container(&built[&allocator], "allocator");
+    assert_eq!(env(a, "NANO_GPU_EXTENDER_TLS_LISTEN"), Some("0.0.0.0:8889"));
+    let volumes = built[&allocator]["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    assert!(
+        volumes.iter().any(|v| v["secret"]["secretName"] == "nano-gpu-extender-client-ca"),
+        "{volumes:?}"
+    );
+    only_changed(&built, &[allocator.clone(), service]);
+    let built = with("mps-exclusive", &["components/mps-exclusive-process"]);
+    let control = container(&built[&mps], "mps-control");
+    assert_eq!(env(control, "NANO_GPU_MPS_EXCLUSIVE_PROCESS"), Some("true"));
+    assert_eq!(control["securityContext"]["capabilities"]["add"], serde_json::json!(["SYS_ADMIN"]));
+    assert_eq!(control["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    only_changed(&built, std::slice::from_ref(&mps));
+}
+
+/// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the
+/// alerts of `deploy/monitoring/alerts.yml`, which the end-to-end test runs on a real Prometheus.
+#[test]
+fn the_prometheus_operator_component_scrapes_the_named_ports_with_the_shipped_alerts() {
+    let built = with("prometheus-operator", &["components/prometheus-operator"]);
+    for (workload, name, port) in [
+        (key("DaemonSet", "nano-gpu-agent"), "agent", "probes"),
+        (key("Deployment", "nano-gpu-allocator"), "allocator", "http"),
+    ] {
+        let monitor = &built[&key("PodMonitor", &format!("nano-gpu-{name}"))];
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+            format!("nano-gpu-{name}")
+        );
+        assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], port);
+        let ports = container(&built[&workload], name)["ports"].as_array().unwrap();
+        assert!(ports.iter().any(|p| p["name"] == port), "{name} has no port {port}");
+    }
+    let alerts = documents(&std::fs::read_to_string(root().join("deploy/monitoring/alerts.yml")).unwrap());
+    let rule = &built[&key("PrometheusRule", "nano-gpu")];
+    assert_eq!(rule["spec"]["groups"], alerts[0]["groups"]);
+    only_changed(&built, &[key("PodMonitor", "nano-gpu-agent"), key("PodMonitor", "nano-gpu-allocator")]);
+}
+
+/// The README's example overlay, as written there (its path to `deploy/` replaced by this
+/// checkout's): the images from the registry it names, kube-scheduler of 1.35, gpushare in both,
+/// the taint tolerated by the agent and the MPS daemons.
+#[test]
+fn the_readme_overlay_builds_into_what_it_promises() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("<!-- kustomize: example overlay -->").expect("the README's overlay marker");
+    let block = readme[start..].split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
+    let built = build(&overlay("readme", &block.replace("../nano-gpu/deploy", "{deploy}")));
+    let mut images = Vec::new();
+    for object in built.values() {
+        let spec = &object["spec"]["template"]["spec"];
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            images.push(c["image"].as_str().unwrap().to_owned());
+        }
+    }
+    images.sort();
+    images.dedup();
+    assert_eq!(
+        images,
+        [
+            "registry.example.com/nano-gpu/agent:0.1.0",
+            "registry.example.com/nano-gpu/allocator:0.1.0",
+            "registry.k8s.io/kube-scheduler:v1.35.8",
+        ]
+    );
+    for name in ["nano-gpu-agent", "nano-gpu-mps"] {
+        let tolerations =
+            built[&key("DaemonSet", name)]["spec"]["template"]["spec"]["tolerations"].as_array().unwrap();
+        assert!(tolerations.iter().any(|t| t["key"] == "example.com/gpu-node"), "{name}: {tolerations:?}");
+    }
+    let allocator = &built[&key("Deployment", "nano-gpu-allocator")];
+    assert_eq!(env(container(allocator, "allocator"), "NANO_GPU_GPUSHARE"), Some("gib"));
+}
