@@ -220,3 +220,83 @@ fn the_readme_overlay_builds_into_what_it_promises() {
     let allocator = &built[&key("Deployment", "nano-gpu-allocator")];
     assert_eq!(env(container(allocator, "allocator"), "NANO_GPU_GPUSHARE"), Some("gib"));
 }
+
+/// `hack/build-images.sh` names its images after the workspace's version by default, which is the
+/// version `deploy/` names, and the `images:` stanza it ends with installs what it pushed.
+#[test]
+fn build_images_names_the_version_deploy_names_and_prints_the_overlay_that_installs_them() {
+    let run = |args: &[&str]| {
+        let out = Command::new("bash").arg(root().join("hack/build-images.sh")).args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let version = manifest
+        .split("[workspace.package]")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_owned();
+    let (ok, out, err) = run(&["--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("-t nano-gpu/agent:{version} ")), "{out}");
+    let images = files()
+        .values()
+        .flat_map(|o| o["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["image"].as_str().map(str::to_owned))
+        .filter(|i| i.starts_with("nano-gpu/"))
+        .collect::<std::collections::BTreeSet<_>>();
+    let want = std::collections::BTreeSet::from([
+        format!("nano-gpu/agent:{version}"),
+        format!("nano-gpu/allocator:{version}"),
+    ]);
+    assert_eq!(images, want);
+
+    let (ok, out, err) =
+        run(&["--dry-run", "--registry", "registry.example.com/team/", "--tag", "1.2.3-rc1", "--push"]);
+    assert!(ok, "{err}");
+    for part in ["agent", "allocator"] {
+        let image = format!("registry.example.com/team/nano-gpu/{part}:1.2.3-rc1");
+        assert!(
+            out.contains(&format!("build -f {}", root().join(format!("Dockerfile.{part}")).display())),
+            "{out}"
+        );
+        assert!(out.contains(&format!("-t {image} ")) && out.contains(&format!("push {image}")), "{out}");
+    }
+    let stanza = &out[out.find("images:").unwrap()..];
+    let dir = overlay(
+        "images",
+        &format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {{deploy}}\n{stanza}"
+        ),
+    );
+    let built = build(&dir);
+    let mut installed: Vec<String> = built
+        .values()
+        .flat_map(|o| o["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["image"].as_str().map(str::to_owned))
+        .filter(|i| i.contains("nano-gpu/"))
+        .collect();
+    installed.sort();
+    installed.dedup();
+    assert_eq!(
+        installed,
+        [
+            "registry.example.com/team/nano-gpu/agent:1.2.3-rc1",
+            "registry.example.com/team/nano-gpu/allocator:1.2.3-rc1"
+        ]
+    );
+    let bad: [&[&str]; 4] = [&["--tag", "a b"], &["0.2.0"], &["--registry", "UPPER/case"], &["--bogus"]];
+    for bad in bad {
+        let mut args = vec!["--dry-run"];
+        args.extend_from_slice(bad);
+        let (ok, _, err) = run(&args);
+        assert!(!ok && err.contains("error:"), "{bad:?}: {err}");
+    }
+}
