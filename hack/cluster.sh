@@ -245,10 +245,15 @@ install_nano_gpu() {
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
   kubectl -n nano-gpu-system rollout status deployment/nano-gpu-allocator --timeout=180s >&2
+  # The allocators write their CA into the webhook configuration, created in the same apply.
+  wait_for "the webhook's CA bundle" 60 webhook_trusted
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
   log "installed: deploy/ through the overlay $DIR/install on $NODES real nodes"
 }
 
+webhook_trusted() {
+  kubectl get mutatingwebhookconfiguration nano-gpu-allocator -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | grep -q .
+}
 allocator_ready() {
   kubectl get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'
 }

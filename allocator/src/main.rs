@@ -352,11 +352,11 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 _ => {
                     let api = kube::Api::namespaced(client_for_tls.clone(), &args.lease_namespace);
                     let m = tls::secret::ensure(&api, &args.tls_secret, &args.tls_dns_names).await?;
-                    tls::secret::publish(&client_for_tls, &args.webhook_config, &m.ca_pem).await;
+                    let published = tls::secret::publish(&client_for_tls, &args.webhook_config, &m.ca_pem).await;
                     let config = tls::server_config(m.cert_pem.as_bytes(), m.key_pem.as_bytes())?;
                     let certs = std::sync::Arc::new(tls::CertSource::Shared(std::sync::RwLock::new(config)));
                     let (name, dns, webhook) = (args.tls_secret.clone(), args.tls_dns_names.clone(), args.webhook_config.clone());
-                    tokio::spawn(tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook));
+                    tokio::spawn(tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook, published));
                     certs
                 }
             };

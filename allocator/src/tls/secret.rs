@@ -202,7 +202,11 @@ pub async fn ensure(api: &Api<Secret>, name: &str, dns_names: &[String]) -> Resu
 
 /// Keeps serving the shared certificate: every [`RECHECK`], reads (or renews) it, serves it when it
 /// changed, and writes its CA bundle into the webhook configuration `webhook` wherever it is missing
-/// or another (a re-applied manifest empties it).
+/// or another (a re-applied manifest empties it). `published`: whether the bundle is in place now;
+/// while it is not (the configuration not created yet, or a write that failed), it is tried again
+/// within seconds, not a [`RECHECK`] later: until then the API server trusts no replica, and every
+/// GPU pod's creation fails.
+#[allow(clippy::too_many_arguments)]
 pub async fn keep(
     api: Api<Secret>,
     name: String,
@@ -211,9 +215,17 @@ pub async fn keep(
     mut current: Material,
     client: kube::Client,
     webhook: String,
+    mut published: bool,
 ) {
+    let mut retry = RETRY_FIRST;
     loop {
-        tokio::time::sleep(RECHECK).await;
+        if published {
+            retry = RETRY_FIRST;
+            tokio::time::sleep(RECHECK).await;
+        } else {
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(RECHECK);
+        }
         match ensure(&api, &name, &dns_names).await {
             Ok(m) if m != current => {
                 match server_config(m.cert_pem.as_bytes(), m.key_pem.as_bytes()) {
@@ -223,11 +235,11 @@ pub async fn keep(
                         continue;
                     }
                 }
-                publish(&client, &webhook, &m.ca_pem).await;
+                published = publish(&client, &webhook, &m.ca_pem).await;
                 tracing::info!(secret = %name, "serving the renewed webhook certificate");
                 current = m;
             }
-            Ok(_) => publish(&client, &webhook, &current.ca_pem).await,
+            Ok(_) => published = publish(&client, &webhook, &current.ca_pem).await,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the webhook certificate; serving the last one")
             }
@@ -235,15 +247,30 @@ pub async fn keep(
     }
 }
 
-/// Writes `ca_pem` into the webhook configuration `webhook` (the same bundle from every replica).
-pub async fn publish(client: &kube::Client, webhook: &str, ca_pem: &str) {
+/// The first wait before a CA bundle that could not be written is tried again (doubling up to
+/// [`RECHECK`]).
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Writes `ca_pem` into the webhook configuration `webhook` (the same bundle from every replica);
+/// whether the configuration holds it now.
+pub async fn publish(client: &kube::Client, webhook: &str, ca_pem: &str) -> bool {
     match tokio::time::timeout(CALL_TIMEOUT, publish_ca_bundle(client.clone(), webhook, ca_pem)).await {
-        Ok(Ok(true)) => tracing::info!(webhook, "CA bundle written into the webhook configuration"),
-        Ok(Ok(false)) => tracing::debug!(webhook, "the webhook configuration holds the CA bundle"),
-        Ok(Err(e)) => {
-            tracing::warn!(webhook, error = %e, "could not write the CA bundle into the webhook configuration")
+        Ok(Ok(true)) => {
+            tracing::info!(webhook, "CA bundle written into the webhook configuration");
+            true
         }
-        Err(_) => tracing::warn!(webhook, "writing the CA bundle timed out"),
+        Ok(Ok(false)) => {
+            tracing::debug!(webhook, "the webhook configuration holds the CA bundle");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(webhook, error = %e, "could not write the CA bundle into the webhook configuration");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(webhook, "writing the CA bundle timed out");
+            false
+        }
     }
 }
 
