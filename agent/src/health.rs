@@ -7,7 +7,7 @@ pub mod xid;
 pub use xid::{watch_xids, watch_xids_retrying};
 
 use crate::inventory::Card;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -22,7 +22,10 @@ pub struct Health {
     /// Every XID (critical or not) per card since the start, for the metrics.
     counts: Mutex<HashMap<String, u64>>,
     quiet: Duration,
-    /// Woken on every critical XID, so the inventory is re-published at once.
+    /// Cards another device plugin serves too, with why ([`crate::coexist`]).
+    claimed: Mutex<BTreeMap<String, String>>,
+    /// Woken on every critical XID and every change of the cards another plugin serves, so the
+    /// inventory is re-published at once.
     pub changed: Notify,
 }
 
@@ -33,8 +36,23 @@ impl Health {
             last: Mutex::new(HashMap::new()),
             counts: Mutex::new(HashMap::new()),
             quiet,
+            claimed: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
         }
+    }
+
+    /// Keeps `claimed` as the cards another device plugin serves; whether that changed.
+    pub fn set_claimed(&self, claimed: BTreeMap<String, String>) -> bool {
+        let mut held = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = *held != claimed;
+        *held = claimed;
+        changed
+    }
+
+    /// Marks unhealthy, with the reason as its fault, every card another device plugin serves.
+    pub fn refuse_claimed(&self, cards: &mut [Card]) {
+        let held = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        crate::enforce::refuse(cards, |c| held.get(&c.info.uuid).cloned());
     }
 
     /// Records an XID on card `uuid` at `at`; returns whether it counts (is critical).

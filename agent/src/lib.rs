@@ -11,6 +11,7 @@
 //!   [`resource`]: what each served resource (`gpu-percent`, gpushare's `gpu-mem`) means in IDs.
 //! - [`pods`]: which container a call is for (pure), fed by its node-scoped pod watch;
 //!   [`podresources`]: the kubelet's pod-resources client.
+//!   [`coexist`]: the cards another device plugin serves, which nano-gpu serves to nobody.
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers);
 //!   [`checkpoint`]: the kubelet's device checkpoint kept free of pods that left.
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
@@ -24,6 +25,7 @@
 
 pub mod canary;
 pub mod checkpoint;
+pub mod coexist;
 pub mod daemons;
 pub mod enforce;
 pub mod health;

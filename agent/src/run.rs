@@ -115,6 +115,7 @@ fn read(
 ) -> Snapshot {
     let (mut cards, errors) = read_all(backends);
     edits.apply(&mut cards);
+    health.refuse_claimed(&mut cards);
     let mut problems = Vec::new();
     for (backend, e) in errors {
         tracing::warn!(backend, error = %e, "inventory backend unavailable; its cards are left out until it can be read");
@@ -226,7 +227,13 @@ pub struct Agent {
         Option<(watch::Receiver<crate::pods::Residents>, tokio::sync::mpsc::Sender<crate::plugin::Report>)>,
     /// The kubelet's device checkpoint kept free of pods that left (absent without a node name).
     pub sweep: Option<crate::checkpoint::Sweep>,
+    /// The kubelet's pod-resources socket, asked which cards other device plugins serve
+    /// ([`crate::coexist`]; absent: not asked).
+    pub allocatable: Option<PathBuf>,
 }
+
+/// How often the kubelet is asked which cards other device plugins serve.
+pub const COEXIST_CHECK: Duration = Duration::from_secs(10);
 
 /// Runs until `shutdown` flips to true or the kubelet refuses the registration.
 pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
@@ -244,6 +251,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         usage,
         told,
         sweep,
+        allocatable,
     } = agent;
     let backends: Backends = Arc::new(backends);
     readiness.set_guarantee(edits.guarantee());
@@ -275,6 +283,16 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))),
         _ => None,
     };
+    let _coexist = allocatable.map(|socket| {
+        let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
+        AbortOnDrop(tokio::spawn(crate::coexist::watch(
+            socket,
+            ours,
+            snapshot.clone(),
+            health.clone(),
+            COEXIST_CHECK,
+        )))
+    });
     let _refresher = {
         let cards = cards.clone();
         let backends = backends.clone();

@@ -143,6 +143,7 @@ fn agent_named(
         usage: None,
         told: None,
         sweep: None,
+        allocatable: None,
     };
     run::run(agent, stopped)
 }

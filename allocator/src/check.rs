@@ -4,8 +4,8 @@
 //!
 //! The checks: GPU nodes labelled; a Ready agent on each; each publishing at least one healthy card;
 //! each node's runtime keeping a pod's `NVIDIA_VISIBLE_DEVICES` away from cards (the runtime canary's
-//! `nano-gpu/device-isolation` label); no second device plugin serving the same cards
-//! (`nvidia.com/gpu` on a nano-gpu node); a Ready allocator and a leader renewing its Lease; the
+//! `nano-gpu/device-isolation` label); a second device plugin on the node (`nvidia.com/gpu` on a
+//! nano-gpu node: nano-gpu leaves it the cards it serves, worth a look); a Ready allocator and a leader renewing its Lease; the
 //! webhook trusting the CA the allocator serves; the webhook certificate not near its end;
 //! kube-scheduler in the allocator's pod within the supported skew of the API server; Pod Security on
 //! nano-gpu's namespace and on every namespace with GPU pods.
@@ -191,10 +191,11 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
             Some(q) => out.push(line(
                 "one-plugin",
                 &name,
-                Status::Fail,
+                Status::Warn,
                 format!(
-                    "another device plugin serves nvidia.com/gpu ({}) here: it and nano-gpu would hand out the same \
-                     cards; keep NVIDIA's device plugin (or the GPU Operator's) off nano-gpu nodes",
+                    "another device plugin serves nvidia.com/gpu ({}) here: nano-gpu serves only the cards it does \
+                     not (the others show unhealthy, with the reason in the agent's /readyz); if that split is not \
+                     yours, keep NVIDIA's device plugin (or the GPU Operator's) off nano-gpu nodes",
                     q.0
                 ),
             )),
@@ -611,10 +612,6 @@ mod tests {
         s.nodes[1].metadata.labels.as_mut().unwrap().insert(ISOLATION_LABEL.into(), "env-honoured".into());
         assert!(fail(&s, "device-isolation", "node-2").contains("when-unprivileged = false"));
         let mut s = healthy();
-        s.nodes[0].status =
-            Some(serde_json::from_value(json!({"capacity": {"nvidia.com/gpu": "4"}})).unwrap());
-        assert!(fail(&s, "one-plugin", "node-1").contains("nvidia.com/gpu (4)"));
-        let mut s = healthy();
         s.allocators[0] = pod("allocator-a", "cpu", false);
         fail(&s, "allocator-ready", "allocator");
         let mut s = healthy();
@@ -665,6 +662,11 @@ mod tests {
             .unwrap()
             .insert(NOT_AFTER_ANNOTATION.into(), at(NOW + 3 * 86_400));
         assert_eq!(failing(&s), vec![("certificate", "webhook".to_owned(), Status::Warn)]);
+        // Another device plugin on a node: nano-gpu serves only the cards it does not, worth a look.
+        let mut s = healthy();
+        s.nodes[0].status =
+            Some(serde_json::from_value(json!({"capacity": {"nvidia.com/gpu": "4"}})).unwrap());
+        assert_eq!(failing(&s), vec![("one-plugin", "node-1".to_owned(), Status::Warn)]);
         assert_eq!(
             (minor("v1.37.2"), minor("registry.k8s.io/kube-scheduler:v1.35.8")),
             (Some((1, 37)), Some((1, 35)))

@@ -3,7 +3,7 @@
 //! node-3 eight 32 GiB cards):
 //!
 //! 1. The move from gpushare. node-3 first runs "the gpushare way": a stand-in for gpushare's device
-//!    plugin serves `aliyun.com/gpu-mem` (`fake-gpushare-plugin`, registered with node-3's kubelet),
+//!    plugin serves `aliyun.com/gpu-mem` (`fake-device-plugin`, registered with node-3's kubelet),
 //!    nano-gpu's agent does not run there (the node is not labelled for it) and its admission policy
 //!    is not installed yet, and pods are bound with the annotations gpushare's extender and plugin
 //!    wrote. Then the switch: gpushare's plugin goes, the node is labelled and nano-gpu's agent comes,
@@ -13,6 +13,8 @@
 //! 2. gpushare's own tool, `kubectl-inspect-gpushare` (built from `../shared/tools`), shows per node and
 //!    per card what `nano-gpu-allocator`'s view holds; on node-2, whose cards differ, it shows the
 //!    average card, as gpushare assumes equal cards.
+//! 3. NVIDIA's device plugin beside nano-gpu (a stand-in, `fake-device-plugin --as nvidia`) on
+//!    node-2, given two of its four cards: nano-gpu serves only the other two.
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -118,9 +120,11 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     // gpushare's plugin, with node-3's paths (a unix socket is reached by its path, so it registers
     // with node-3's kubelet from here).
     let node3 = cluster.path("nodes/node-3/var/lib");
-    let plugin = nano_gpu_tests::workspace_binary("fake-gpushare-plugin");
+    let plugin = nano_gpu_tests::workspace_binary("fake-device-plugin");
     let argv: Vec<String> = vec![
         plugin.to_str().unwrap().into(),
+        "--as".into(),
+        "gpushare".into(),
         "--plugin-dir".into(),
         node3.join("kubelet/device-plugins").to_str().unwrap().into(),
         "--nvml-config".into(),
@@ -318,6 +322,56 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
             assert_eq!(*cell, expected, "{name} GPU{i} in:\n{details}");
         }
     }
+    nvidia_s_plugin_beside_nano_gpu(&cluster, &client).await;
+}
+
+/// 3. NVIDIA's device plugin beside nano-gpu on node-2, given its first two cards (the split its
+/// operator chose): nano-gpu serves those two to nobody (unhealthy in the Node's inventory, the
+/// kubelet's pod-resources naming them under `nvidia.com/gpu`), and the other two as before; a share
+/// asked on node-2 lands on one of those.
+async fn nvidia_s_plugin_beside_nano_gpu(cluster: &Cluster, client: &kube::Client) {
+    let node2 = cluster.path("nodes/node-2/var/lib");
+    let plugin = nano_gpu_tests::workspace_binary("fake-device-plugin");
+    let argv: Vec<String> = vec![
+        plugin.to_str().unwrap().into(),
+        "--as".into(),
+        "nvidia".into(),
+        "--cards".into(),
+        "2".into(),
+        "--plugin-dir".into(),
+        node2.join("kubelet/device-plugins").to_str().unwrap().into(),
+        "--nvml-config".into(),
+        node2.join("nano-gpu-fake-driver/nvml.json").to_str().unwrap().into(),
+    ];
+    cluster.launch("nvidia-plugin-node-2", &argv);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let health = || async {
+        let node = nodes.get("node-2").await.unwrap();
+        let text = node.metadata.annotations.unwrap_or_default()["nano-gpu/gpus"].clone();
+        let inventory = nano_gpu_proto::annotations::NodeInventory::decode(&text).unwrap();
+        inventory.gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect::<BTreeMap<_, _>>()
+    };
+    wait_until("node-2's first two cards left to NVIDIA's plugin", Duration::from_secs(60), || async {
+        health().await.into_values().collect::<Vec<_>>() == [false, false, true, true]
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut share = gpu_pod("beside-nvidia", &[("c", &[("nano-gpu/gpu-percent", "30")])], json!({}));
+    share.spec.as_mut().unwrap().node_selector =
+        Some([("kubernetes.io/hostname".into(), "node-2".into())].into());
+    create(&pods, &share).await;
+    wait_running(&pods, &["beside-nvidia".into()], Duration::from_secs(120)).await;
+    let p = pods.get("beside-nvidia").await.unwrap();
+    let a = nano_gpu_proto::annotations::Assignment::decode(
+        &p.metadata.annotations.unwrap()[ASSIGNMENT_ANNOTATION],
+    )
+    .unwrap();
+    let card = &a.containers["c"][0].uuid;
+    assert!(
+        card == "GPU-node-2-2" || card == "GPU-node-2-3",
+        "a share on a card NVIDIA's plugin serves: {card}"
+    );
+    cluster.kill("nvidia-plugin-node-2");
 }
 
 /// The cells of the row of `table` (kubectl-inspect-gpushare's output) whose first cell is `first`.

@@ -1,13 +1,21 @@
-//! A stand-in for gpushare's device plugin (`gpushare-device-plugin`), for the end-to-end test of the
-//! move from gpushare: what the kubelet sees of it, so a node can run pods "the gpushare way" before
-//! the nano-gpu agent replaces it. It registers `aliyun.com/gpu-mem` from the socket gpushare used
-//! (`aliyungpushare.sock`), advertises one ID per GiB of each card in gpushare's form
-//! (`<card uuid>-_-<n>`), and allocates whatever the kubelet chose (gpushare's plugin took its card from
-//! the pod's `ALIYUN_COM_GPU_MEM_IDX`; the test writes that annotation as gpushare's extender did).
-//! It does not implement GetPreferredAllocation, as gpushare's plugin did not.
+//! A stand-in for another device plugin on a simulated node, as the kubelet sees it, in one of two
+//! forms (`--as`):
 //!
-//! Usage: fake-gpushare-plugin --plugin-dir <kubelet device-plugin dir> --nvml-config <nvml.json>
-//! (the simulated node's cards: `{"cards": [{"uuid": .., "memoryMiB": ..}, ..]}`). Runs until killed.
+//! - `gpushare` (gpushare's `gpushare-device-plugin`), for the end-to-end test of the move from
+//!   gpushare: a node can run pods "the gpushare way" before the nano-gpu agent replaces it. It
+//!   registers `aliyun.com/gpu-mem` from the socket gpushare used (`aliyungpushare.sock`), advertises
+//!   one ID per GiB of each card in gpushare's form (`<card uuid>-_-<n>`), and allocates whatever the
+//!   kubelet chose (gpushare's plugin took its card from the pod's `ALIYUN_COM_GPU_MEM_IDX`; the test
+//!   writes that annotation as gpushare's extender did). It does not implement
+//!   GetPreferredAllocation, as gpushare's plugin did not.
+//! - `nvidia` (NVIDIA's device plugin with its default `deviceIDStrategy: uuid`): registers
+//!   `nvidia.com/gpu` from `nvidia-gpu.sock`, one ID per card, its UUID, for the first `--cards K`
+//!   cards (all without it: the split an operator gives NVIDIA's plugin, e.g. with its container's
+//!   `NVIDIA_VISIBLE_DEVICES`).
+//!
+//! Usage: fake-device-plugin --as gpushare|nvidia --plugin-dir <kubelet device-plugin dir>
+//! --nvml-config <nvml.json> [--cards K] (the simulated node's cards: `{"cards": [{"uuid": ..,
+//! "memoryMiB": ..}, ..]}`). Runs until killed.
 
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;
@@ -23,10 +31,9 @@ use std::pin::Pin;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-const SOCKET: &str = "aliyungpushare.sock";
-
 struct Plugin {
     ids: Vec<String>,
+    gpushare: bool,
 }
 
 type Devices = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
@@ -48,7 +55,7 @@ impl DevicePlugin for Plugin {
             .iter()
             .map(|id| Device { id: id.clone(), health: HEALTHY.into(), topology: None })
             .collect();
-        eprintln!("fake-gpushare-plugin: the kubelet watches {} device IDs", self.ids.len());
+        eprintln!("fake-device-plugin: the kubelet watches {} device IDs", self.ids.len());
         let first = tokio_stream::once(Ok(ListAndWatchResponse { devices }));
         // The stream stays open (the kubelet treats its end as the plugin gone).
         let rest = tokio_stream::pending();
@@ -59,7 +66,7 @@ impl DevicePlugin for Plugin {
         &self,
         _: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("gpushare's device plugin has no preferred allocation"))
+        Err(Status::unimplemented("this stand-in has no preferred allocation"))
     }
 
     async fn allocate(
@@ -70,9 +77,13 @@ impl DevicePlugin for Plugin {
             .into_inner()
             .container_requests
             .iter()
-            .map(|c| ContainerAllocateResponse {
-                envs: [("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), c.devices_ids.len().to_string())].into(),
-                ..Default::default()
+            .map(|c| {
+                let env = if self.gpushare {
+                    ("ALIYUN_COM_GPU_MEM_CONTAINER".to_owned(), c.devices_ids.len().to_string())
+                } else {
+                    ("NVIDIA_VISIBLE_DEVICES".to_owned(), c.devices_ids.join(","))
+                };
+                ContainerAllocateResponse { envs: [env].into(), ..Default::default() }
             })
             .collect();
         Ok(Response::new(AllocateResponse { container_responses }))
@@ -94,31 +105,46 @@ fn arg(name: &str) -> anyhow::Result<String> {
 async fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(arg("--plugin-dir")?);
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(arg("--nvml-config")?)?)?;
+    let form = arg("--as")?;
+    let (resource, socket, gpushare) = match form.as_str() {
+        "gpushare" => (GPUSHARE_MEMORY, "aliyungpushare.sock", true),
+        "nvidia" => ("nvidia.com/gpu", "nvidia-gpu.sock", false),
+        other => anyhow::bail!("--as {other}: gpushare or nvidia"),
+    };
+    let cards: Vec<&serde_json::Value> = config["cards"].as_array().into_iter().flatten().collect();
+    let count = match nano_gpu_tests::flag_value("--cards") {
+        Some(k) => k.parse()?,
+        None => cards.len(),
+    };
     let mut ids = Vec::new();
-    for card in config["cards"].as_array().into_iter().flatten() {
+    for card in cards.into_iter().take(count) {
         let uuid = card["uuid"].as_str().ok_or_else(|| anyhow::anyhow!("a card without uuid"))?;
-        let gib = card["memoryMiB"].as_u64().unwrap_or(0) / 1024;
-        ids.extend((0..gib).map(|n| format!("{uuid}-_-{n}")));
+        if gpushare {
+            let gib = card["memoryMiB"].as_u64().unwrap_or(0) / 1024;
+            ids.extend((0..gib).map(|n| format!("{uuid}-_-{n}")));
+        } else {
+            ids.push(uuid.to_owned());
+        }
     }
-    let socket = dir.join(SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let listener = tokio::net::UnixListener::bind(&socket)?;
+    let path = dir.join(socket);
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)?;
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(Plugin { ids }))
+            .add_service(DevicePluginServer::new(Plugin { ids, gpushare }))
             .serve_with_incoming(incoming),
     );
     let channel = nano_gpu_runtime::unix_channel(dir.join(KUBELET_SOCKET)).await?;
     RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: VERSION.into(),
-            endpoint: SOCKET.into(),
-            resource_name: GPUSHARE_MEMORY.into(),
+            endpoint: socket.into(),
+            resource_name: resource.into(),
             options: Some(DevicePluginOptions::default()),
         })
         .await?;
-    eprintln!("fake-gpushare-plugin: registered {GPUSHARE_MEMORY} from {}", socket.display());
+    eprintln!("fake-device-plugin: registered {resource} from {}", path.display());
     server.await??;
     Ok(())
 }
