@@ -104,8 +104,8 @@ async fn ask(socket: &std::path::Path) -> Result<AllocatableResourcesResponse, S
     let channel = nano_gpu_runtime::unix_channel(socket.to_path_buf())
         .await
         .map_err(|e| format!("pod-resources socket {}: {e}", socket.display()))?;
-    let call =
-        PodResourcesListerClient::new(channel).get_allocatable_resources(AllocatableResourcesRequest {});
+    let mut client = PodResourcesListerClient::new(channel);
+    let call = client.get_allocatable_resources(AllocatableResourcesRequest {});
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(answer)) => Ok(answer.into_inner()),
         Ok(Err(status)) => Err(format!("GetAllocatableResources: {}", status.message())),
@@ -120,7 +120,7 @@ mod tests {
     use nano_gpu_proto::units::MiB;
 
     fn cards() -> Vec<Card> {
-        (0..3).map(|i| Card::nvidia(i, &format!("GPU-{i}"), "m", MiB(1), None)).collect()
+        (0..3).map(|i| Card::nvidia(i, format!("GPU-{i}"), "m", MiB(1), None)).collect()
     }
 
     fn allocatable(devices: &[(&str, &[&str])]) -> AllocatableResourcesResponse {

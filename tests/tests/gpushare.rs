@@ -325,7 +325,7 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     nvidia_s_plugin_beside_nano_gpu(&cluster, &client).await;
 }
 
-/// 3. NVIDIA's device plugin beside nano-gpu on node-2, given its first two cards (the split its
+/// Part 3: NVIDIA's device plugin beside nano-gpu on node-2, given its first two cards (the split its
 /// operator chose): nano-gpu serves those two to nobody (unhealthy in the Node's inventory, the
 /// kubelet's pod-resources naming them under `nvidia.com/gpu`), and the other two as before; a share
 /// asked on node-2 lands on one of those.
