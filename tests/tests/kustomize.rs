@@ -263,11 +263,8 @@ fn build_images_names_the_version_deploy_names_and_prints_the_overlay_that_insta
     assert!(ok, "{err}");
     for part in ["agent", "allocator"] {
         let image = format!("registry.example.com/team/nano-gpu/{part}:1.2.3-rc1");
-        assert!(
-            out.contains(&format!("build -f {}", root().join(format!("Dockerfile.{part}")).display())),
-            "{out}"
-        );
-        assert!(out.contains(&format!("-t {image} ")) && out.contains(&format!("push {image}")), "{out}");
+        assert!(out.contains(&format!("/Dockerfile.{part} -t {image} ")), "{out}");
+        assert!(out.contains(&format!("push {image}")), "{out}");
     }
     let stanza = &out[out.find("images:").unwrap()..];
     let dir = overlay(
