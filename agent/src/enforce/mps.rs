@@ -521,6 +521,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
+    #[test]
+    fn the_daemons_shm_is_the_directory_the_supervisor_named_else_the_roots() {
+        let root = std::env::temp_dir().join(format!("nano-gpu-mps-shm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
+        assert_eq!(layout.shm(), root.join("shm"));
+        let source = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm");
+        layout.name_shm(source).unwrap();
+        assert_eq!(layout.shm(), source);
+        // Only an absolute path counts.
+        std::fs::write(root.join(SHM_SOURCE), "relative/shm\n").unwrap();
+        assert_eq!(layout.shm(), root.join("shm"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     /// A share's container can write in its card's pipe directory: what it puts in the PID file's
     /// place is refused at once, never read from (a FIFO would block the reader, `/dev/zero` never
     /// end), and the daemon the supervisor recorded still counts as running.
