@@ -168,6 +168,11 @@ pub struct Flags {
     /// given several cards of such a node is refused.
     #[arg(long, env = "NANO_GPU_MPS_EXCLUSIVE_PROCESS")]
     pub mps_exclusive_process: bool,
+    /// `mps-control`: the host directory of this container's `/dev/shm` (its pod's size-limited,
+    /// memory-backed emptyDir: `<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<name>`),
+    /// which share containers get as theirs. Unset: `<mps root>/shm`, a host directory, not bounded.
+    #[arg(long, env = "NANO_GPU_MPS_SHM_SOURCE")]
+    pub mps_shm_source: Option<PathBuf>,
     /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
     #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,

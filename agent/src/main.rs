@@ -195,6 +195,7 @@ fn mps_control(flags: &Flags) -> ExitCode {
         backends: flags.backends(),
         every: Duration::from_secs(2),
         exclusive: flags.mps_exclusive_process.then(|| flags.nvml_lib.clone()),
+        shm_source: flags.mps_shm_source.clone(),
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
 }

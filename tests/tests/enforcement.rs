@@ -39,7 +39,7 @@ const NODE: &str = "node-1";
 
 /// What container `c` of pod `name` sees: its environment, and what its mounts hold as these
 /// names: `PIPE_CARD` (the card its MPS pipe directory's daemon serves), `DAEMONS_SHM` (`yes`: its
-/// `/dev/shm` is the MPS daemons'), `VGPU` and `PRELOAD` (HAMi-core's library and
+/// `/dev/shm` is the MPS daemons'), `SHM_KB` (the size of its `/dev/shm`), `VGPU` and `PRELOAD` (HAMi-core's library and
 /// `/etc/ld.so.preload`), `VGPULOCK` (`yes`: HAMi-core's lock directory); empty when absent.
 struct Inside {
     env: BTreeMap<String, String>,
@@ -59,6 +59,7 @@ impl Inside {
 fn inside(cluster: &Cluster, name: &str) -> Inside {
     let script = "env; echo PIPE_CARD=$(cat /tmp/nvidia-mps/card 2>/dev/null); \
                   test -f /dev/shm/nano-gpu-mps-standin && echo DAEMONS_SHM=yes; \
+                  echo SHM_KB=$(df -k /dev/shm | tail -1 | awk '{print $2}'); \
                   echo VGPU=$(cat /usr/local/vgpu/libvgpu.so 2>/dev/null); \
                   echo PRELOAD=$(cat /etc/ld.so.preload 2>/dev/null); \
                   test -d /tmp/vgpulock && echo VGPULOCK=yes; true";
@@ -172,6 +173,8 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
         assert_eq!(seen.get("CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps", "{name}");
         assert_eq!(seen.get("PIPE_CARD"), card, "{name}: not its own card's daemon");
         assert_eq!(seen.get("DAEMONS_SHM"), "yes", "{name}: not the daemons' /dev/shm");
+        // Bounded: the daemons' pod's 256 MiB memory-backed emptyDir, not a directory of the host.
+        assert_eq!(seen.get("SHM_KB"), "262144", "{name}: /dev/shm of {} KiB", seen.get("SHM_KB"));
     }
     // Its use shows under its own pod: NVML lists MPS clients apart (the stand-in driver does too).
     let (card, index, _) = grant(&pods, &nodes, "mps-30").await;

@@ -1,6 +1,9 @@
 //! NVIDIA MPS: one control daemon per card, each with its own pipe directory
-//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), all sharing one `/dev/shm`
-//! (`<root>/shm`, which the daemons' pod mounts as its `/dev/shm` and each client gets too).
+//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), all sharing one `/dev/shm`: the
+//! daemons' pod's own, a size-limited memory-backed emptyDir whose host directory the supervisor
+//! names in `<root>/shm-source` (`--mps-shm-source`), and which each client gets too, so what
+//! shares write there is bounded and goes with the daemons' pod (without it: `<root>/shm`, a
+//! directory of the host's `/run`, not bounded).
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
@@ -39,6 +42,8 @@ pub const RECORD: &str = "control-daemon.pid";
 const COMM: &str = "nvidia-cuda-mps";
 /// The file that says a card is in `EXCLUSIVE_PROCESS` mode with a server kept up, in its directory.
 pub const EXCLUSIVE_MARK: &str = "exclusive-process";
+/// The file in which the supervisor names the host directory of the daemons' `/dev/shm`, in the root.
+pub const SHM_SOURCE: &str = "shm-source";
 
 /// The host directories of the node's MPS daemons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,9 +80,21 @@ impl Layout {
         self.root.join(uuid).join(EXCLUSIVE_MARK).is_file()
     }
 
-    /// The `/dev/shm` the daemons and their clients share.
+    /// The host directory of the `/dev/shm` the daemons and their clients share: the one the
+    /// supervisor named in [`SHM_SOURCE`] (its pod's size-limited emptyDir), else `<root>/shm`.
     pub fn shm(&self) -> PathBuf {
-        self.root.join("shm")
+        match read_small_file(&self.root.join(SHM_SOURCE), 4096) {
+            Ok(text) if text.trim().starts_with('/') => PathBuf::from(text.trim()),
+            _ => self.root.join("shm"),
+        }
+    }
+
+    /// Names `source` as the host directory of the daemons' `/dev/shm` (replaced in one rename).
+    fn name_shm(&self, source: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.root)?;
+        let next = self.root.join(format!("{SHM_SOURCE}.next"));
+        std::fs::write(&next, format!("{}\n", source.display()))?;
+        std::fs::rename(&next, self.root.join(SHM_SOURCE))
     }
 
     /// Where the supervisor records the PID of card `uuid`'s daemon.
@@ -167,6 +184,9 @@ pub struct Supervisor {
     pub every: Duration,
     /// NVML's library, when each card is to be held in `EXCLUSIVE_PROCESS` mode with a server up.
     pub exclusive: Option<PathBuf>,
+    /// The host directory of this process's own `/dev/shm` (its pod's emptyDir), which clients are
+    /// to get; `None`: `<root>/shm`, made here.
+    pub shm_source: Option<PathBuf>,
 }
 
 /// A daemon of ours, or the PID of one we found running.
@@ -186,8 +206,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
-    let Supervisor { layout, program, backends, every, exclusive } = supervisor;
-    std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?;
+    let Supervisor { layout, program, backends, every, exclusive, shm_source } = supervisor;
+    match &shm_source {
+        Some(source) => layout.name_shm(source).map_err(|e| format!("{}: {e}", layout.root.join(SHM_SOURCE).display()))?,
+        None => {
+            let _ = std::fs::remove_file(layout.root.join(SHM_SOURCE));
+            std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?
+        }
+    }
     let mut exclusive = exclusive.map(Exclusive::new);
     let backends = std::sync::Arc::new(backends);
     let mut daemons: HashMap<String, Daemon> = HashMap::new();
@@ -492,6 +518,21 @@ mod tests {
         layout.keep_record("GPU-a", None).unwrap();
         assert!(layout.daemon("GPU-a").is_err());
         layout.keep_record("GPU-a", None).unwrap();
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_daemons_shm_is_the_directory_the_supervisor_named_else_the_roots() {
+        let root = std::env::temp_dir().join(format!("nano-gpu-mps-shm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
+        assert_eq!(layout.shm(), root.join("shm"));
+        let source = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm");
+        layout.name_shm(source).unwrap();
+        assert_eq!(layout.shm(), source);
+        // Only an absolute path counts.
+        std::fs::write(root.join(SHM_SOURCE), "relative/shm\n").unwrap();
+        assert_eq!(layout.shm(), root.join("shm"));
         let _ = std::fs::remove_dir_all(&root);
     }
 

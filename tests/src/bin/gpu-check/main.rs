@@ -784,6 +784,7 @@ fn supervise(
         backends: vec![Box::new(NvmlInventory::new(ctx.args.nvml_lib.clone()))],
         every: Duration::from_secs(1),
         exclusive: exclusive.then(|| ctx.args.nvml_lib.clone()),
+        shm_source: None,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     (layout, stop, runtime.spawn(mps::supervise(supervisor, stopped)))
