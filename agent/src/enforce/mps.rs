@@ -208,7 +208,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
     let Supervisor { layout, program, backends, every, exclusive, shm_source } = supervisor;
     match &shm_source {
-        Some(source) => layout.name_shm(source).map_err(|e| format!("{}: {e}", layout.root.join(SHM_SOURCE).display()))?,
+        Some(source) => {
+            layout.name_shm(source).map_err(|e| format!("{}: {e}", layout.root.join(SHM_SOURCE).display()))?
+        }
         None => {
             let _ = std::fs::remove_file(layout.root.join(SHM_SOURCE));
             std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?
