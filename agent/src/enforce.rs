@@ -297,7 +297,9 @@ mod tests {
 
     #[test]
     fn an_mps_share_gets_its_own_limits_and_the_cards_pipe() {
-        let layout = mps::Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() };
+        // A root of its own: the host's /run/nano-gpu/mps may name a supervisor's /dev/shm.
+        let root = std::env::temp_dir().join(format!("nano-gpu-mps-share-{}", std::process::id()));
+        let layout = mps::Layout { root: root.clone(), proc_root: "/proc".into() };
         let mut r = ContainerAllocateResponse::default();
         Enforcement::Mps(layout).limit("GPU-a", Share { percent: 30, memory: MiB(2048) }, &mut r);
         assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
@@ -305,13 +307,9 @@ mod tests {
         assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
         let mounts: Vec<_> =
             r.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)).collect();
-        assert_eq!(
-            mounts,
-            [
-                ("/run/nano-gpu/mps/GPU-a/pipe", "/tmp/nvidia-mps", false),
-                ("/run/nano-gpu/mps/shm", "/dev/shm", false)
-            ]
-        );
+        let (pipe, shm) =
+            (root.join("GPU-a/pipe").display().to_string(), root.join("shm").display().to_string());
+        assert_eq!(mounts, [(pipe.as_str(), "/tmp/nvidia-mps", false), (shm.as_str(), "/dev/shm", false)]);
     }
 
     #[test]

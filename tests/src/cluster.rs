@@ -646,8 +646,10 @@ fn curl_in(net: &str, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, St
 
 /// Removes the MPS daemons' directories of `node`'s cards, which outlive a cluster on the host
 /// (`/run/nano-gpu/mps`, a hostPath): another cluster's node of that name has cards of the same
-/// UUIDs.
+/// UUIDs. And the supervisor's `shm-source`, which names its pod's `/dev/shm`: `/run/nano-gpu` is
+/// the machine's, not a node's, so one node at a time may run MPS on this machine.
 pub fn clear_mps_dirs(node: &str) {
+    let _ = std::fs::remove_file("/run/nano-gpu/mps/shm-source");
     let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(&format!("GPU-{node}-")) {
