@@ -18,17 +18,12 @@
 
 use crate::health::Health;
 use crate::inventory::Card;
-use nano_gpu_proto::kubelet::podresources::AllocatableResourcesRequest;
+use crate::podresources::PodResourcesSocket;
 use nano_gpu_proto::kubelet::podresources::AllocatableResourcesResponse;
-use nano_gpu_proto::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// How long one `GetAllocatableResources` may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The cards of `cards` that a resource not in `ours` names in `allocatable`: card UUID → why.
 pub fn claimed(
@@ -61,11 +56,11 @@ pub fn claimed(
     out
 }
 
-/// Asks the kubelet at `socket` what every plugin serves, every `every`, and keeps in `health` the
+/// Asks the kubelet what every plugin serves, every `every`, and keeps in `health` the
 /// cards of `cards` another plugin serves; a change re-reads the inventory at once. A kubelet that
 /// does not answer changes nothing (what was found stays until it answers again).
 pub async fn watch(
-    socket: PathBuf,
+    kubelet: Arc<PodResourcesSocket>,
     ours: Vec<&'static str>,
     cards: watch::Receiver<Arc<Vec<Card>>>,
     health: Arc<Health>,
@@ -76,9 +71,10 @@ pub async fn watch(
     let mut said = String::new();
     loop {
         tick.tick().await;
-        let allocatable = match ask(&socket).await {
+        let allocatable = match kubelet.allocatable().await {
             Ok(a) => a,
             Err(e) => {
+                let e = format!("GetAllocatableResources: {}", e.message());
                 if said != e {
                     tracing::warn!(error = %e, "cannot ask the kubelet what other device plugins serve");
                     said = e;
@@ -97,19 +93,6 @@ pub async fn watch(
             }
             health.changed.notify_one();
         }
-    }
-}
-
-async fn ask(socket: &std::path::Path) -> Result<AllocatableResourcesResponse, String> {
-    let channel = nano_gpu_runtime::unix_channel(socket.to_path_buf())
-        .await
-        .map_err(|e| format!("pod-resources socket {}: {e}", socket.display()))?;
-    let mut client = PodResourcesListerClient::new(channel);
-    let call = client.get_allocatable_resources(AllocatableResourcesRequest {});
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(status)) => Err(format!("GetAllocatableResources: {}", status.message())),
-        Err(_) => Err(format!("GetAllocatableResources took more than {CALL_TIMEOUT:?}")),
     }
 }
 

@@ -179,7 +179,7 @@ fn serve(flags: &Flags) -> ExitCode {
             usage,
             told,
             sweep,
-            allocatable: Some(flags.pod_resources_socket.clone()),
+            allocatable: Some(Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()))),
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

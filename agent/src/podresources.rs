@@ -3,13 +3,16 @@
 //! is the port; handler tests answer it in memory.
 
 use nano_gpu_proto::kubelet::podresources::pod_resources_lister_client::PodResourcesListerClient;
-use nano_gpu_proto::kubelet::podresources::{ListPodResourcesRequest, ListPodResourcesResponse};
+use nano_gpu_proto::kubelet::podresources::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 use tonic::Status;
 use tonic::transport::Channel;
 
-/// How long one `List` may take.
+/// How long one pod-resources call may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads the kubelet's pod-resources `List` (a trait so handler tests can answer in memory).
@@ -32,11 +35,23 @@ impl PodResourcesSocket {
     }
 }
 
-#[tonic::async_trait]
-impl Lister for PodResourcesSocket {
-    async fn list(&self) -> Result<ListPodResourcesResponse, Status> {
+impl PodResourcesSocket {
+    /// `GetAllocatableResources`: every device of every device plugin registered with the kubelet
+    /// (not only nano-gpu's), as [`crate::coexist`] reads it.
+    pub async fn allocatable(&self) -> Result<AllocatableResourcesResponse, Status> {
+        self.call(|mut c| async move { c.get_allocatable_resources(AllocatableResourcesRequest {}).await })
+            .await
+    }
+
+    /// One call on the (cached) connection, within [`LIST_TIMEOUT`], asked again while the kubelet's
+    /// rate limit answers; the connection is kept only after an answer.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, Status>
+    where
+        F: Fn(PodResourcesListerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let mut slot = self.client.lock().await;
-        let mut client = match slot.take() {
+        let client = match slot.take() {
             Some(c) => c,
             None => PodResourcesListerClient::new(
                 nano_gpu_runtime::unix_channel(self.path.clone()).await.map_err(|e| {
@@ -48,10 +63,10 @@ impl Lister for PodResourcesSocket {
         // reach that, and identifying by the pod watch alone is a guess: wait and ask again.
         let mut pause = Duration::from_millis(10);
         let answer = loop {
-            let call = tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
+            let answered = tokio::time::timeout(LIST_TIMEOUT, call(client.clone()))
                 .await
-                .map_err(|_| Status::deadline_exceeded("pod-resources List took too long"))?;
-            match call {
+                .map_err(|_| Status::deadline_exceeded("a pod-resources call took too long"))?;
+            match answered {
                 Err(s) if rate_limited(&s) && pause < Duration::from_secs(1) => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
@@ -61,6 +76,13 @@ impl Lister for PodResourcesSocket {
         };
         *slot = Some(client);
         Ok(answer.into_inner())
+    }
+}
+
+#[tonic::async_trait]
+impl Lister for PodResourcesSocket {
+    async fn list(&self) -> Result<ListPodResourcesResponse, Status> {
+        self.call(|mut c| async move { c.list(ListPodResourcesRequest {}).await }).await
     }
 }
 

@@ -227,9 +227,9 @@ pub struct Agent {
         Option<(watch::Receiver<crate::pods::Residents>, tokio::sync::mpsc::Sender<crate::plugin::Report>)>,
     /// The kubelet's device checkpoint kept free of pods that left (absent without a node name).
     pub sweep: Option<crate::checkpoint::Sweep>,
-    /// The kubelet's pod-resources socket, asked which cards other device plugins serve
+    /// The kubelet's pod-resources API, asked which cards other device plugins serve
     /// ([`crate::coexist`]; absent: not asked).
-    pub allocatable: Option<PathBuf>,
+    pub allocatable: Option<Arc<crate::podresources::PodResourcesSocket>>,
 }
 
 /// How often the kubelet is asked which cards other device plugins serve.
@@ -283,10 +283,10 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))),
         _ => None,
     };
-    let _coexist = allocatable.map(|socket| {
+    let _coexist = allocatable.map(|kubelet| {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
         AbortOnDrop(tokio::spawn(crate::coexist::watch(
-            socket,
+            kubelet,
             ours,
             snapshot.clone(),
             health.clone(),

@@ -119,18 +119,7 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
     .await;
     // gpushare's plugin, with node-3's paths (a unix socket is reached by its path, so it registers
     // with node-3's kubelet from here).
-    let node3 = cluster.path("nodes/node-3/var/lib");
-    let plugin = nano_gpu_tests::workspace_binary("fake-device-plugin");
-    let argv: Vec<String> = vec![
-        plugin.to_str().unwrap().into(),
-        "--as".into(),
-        "gpushare".into(),
-        "--plugin-dir".into(),
-        node3.join("kubelet/device-plugins").to_str().unwrap().into(),
-        "--nvml-config".into(),
-        node3.join("nano-gpu-fake-driver/nvml.json").to_str().unwrap().into(),
-    ];
-    cluster.launch("gpushare-plugin-node-3", &argv);
+    cluster.launch("gpushare-plugin-node-3", &device_plugin(&cluster, "node-3", &["--as", "gpushare"]));
     wait_until("gpushare's plugin serves node-3", Duration::from_secs(30), || async {
         std::fs::read_to_string(cluster.path("gpushare-plugin-node-3.log"))
             .is_ok_and(|l| l.contains("the kubelet watches 256 device IDs"))
@@ -330,20 +319,10 @@ async fn gpushare_tools_see_what_nano_gpu_placed_and_a_gpushare_cluster_moves_ov
 /// kubelet's pod-resources naming them under `nvidia.com/gpu`), and the other two as before; a share
 /// asked on node-2 lands on one of those.
 async fn nvidia_s_plugin_beside_nano_gpu(cluster: &Cluster, client: &kube::Client) {
-    let node2 = cluster.path("nodes/node-2/var/lib");
-    let plugin = nano_gpu_tests::workspace_binary("fake-device-plugin");
-    let argv: Vec<String> = vec![
-        plugin.to_str().unwrap().into(),
-        "--as".into(),
-        "nvidia".into(),
-        "--cards".into(),
-        "2".into(),
-        "--plugin-dir".into(),
-        node2.join("kubelet/device-plugins").to_str().unwrap().into(),
-        "--nvml-config".into(),
-        node2.join("nano-gpu-fake-driver/nvml.json").to_str().unwrap().into(),
-    ];
-    cluster.launch("nvidia-plugin-node-2", &argv);
+    cluster.launch(
+        "nvidia-plugin-node-2",
+        &device_plugin(cluster, "node-2", &["--as", "nvidia", "--cards", "2"]),
+    );
     let nodes: Api<Node> = Api::all(client.clone());
     let health = || async {
         let node = nodes.get("node-2").await.unwrap();
@@ -372,6 +351,17 @@ async fn nvidia_s_plugin_beside_nano_gpu(cluster: &Cluster, client: &kube::Clien
         "a share on a card NVIDIA's plugin serves: {card}"
     );
     cluster.kill("nvidia-plugin-node-2");
+}
+
+/// The command line of `fake-device-plugin` with `args`, registering with `node`'s kubelet (a unix
+/// socket is reached by its path, so it registers from here) and reading `node`'s cards.
+fn device_plugin(cluster: &Cluster, node: &str, args: &[&str]) -> Vec<String> {
+    let lib = cluster.path(&format!("nodes/{node}/var/lib"));
+    let mut argv = vec![nano_gpu_tests::workspace_binary("fake-device-plugin").display().to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    argv.extend(["--plugin-dir".into(), lib.join("kubelet/device-plugins").display().to_string()]);
+    argv.extend(["--nvml-config".into(), lib.join("nano-gpu-fake-driver/nvml.json").display().to_string()]);
+    argv
 }
 
 /// The cells of the row of `table` (kubectl-inspect-gpushare's output) whose first cell is `first`.

@@ -91,10 +91,7 @@ impl Layout {
 
     /// Names `source` as the host directory of the daemons' `/dev/shm` (replaced in one rename).
     fn name_shm(&self, source: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.root)?;
-        let next = self.root.join(format!("{SHM_SOURCE}.next"));
-        std::fs::write(&next, format!("{}\n", source.display()))?;
-        std::fs::rename(&next, self.root.join(SHM_SOURCE))
+        replace_file(&self.root.join(SHM_SOURCE), &format!("{}\n", source.display()))
     }
 
     /// Where the supervisor records the PID of card `uuid`'s daemon.
@@ -131,12 +128,7 @@ impl Layout {
                 _ => Ok(()),
             },
             Some(pid) if self.daemon(uuid) == Ok(pid) => Ok(()),
-            Some(pid) => {
-                std::fs::create_dir_all(self.root.join(uuid))?;
-                let next = record.with_extension("next");
-                std::fs::write(&next, format!("{pid}\n"))?;
-                std::fs::rename(&next, &record)
-            }
+            Some(pid) => replace_file(&record, &format!("{pid}\n")),
         }
     }
 
@@ -153,6 +145,17 @@ impl Layout {
             Err(down(format!("PID {pid} of {} is gone", file.display())))
         }
     }
+}
+
+/// Writes `text` as `file` in one rename (its directory made if missing), so a reader sees the old
+/// file or the new one, never half of one.
+fn replace_file(file: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let next = file.with_extension("next");
+    std::fs::write(&next, text)?;
+    std::fs::rename(&next, file)
 }
 
 /// The text of `file`, at most `limit` bytes, only if it is a regular file. The pipe directories are
