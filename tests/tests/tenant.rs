@@ -361,11 +361,19 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     // (Its liveness probe may have restarted it meanwhile.)
     let _ = cluster.try_signal_container(SYSTEM, &agent_2, "agent", "SIGCONT");
     wait_running(&pods, &["lured".into()], Duration::from_secs(180)).await;
-    // The leader sent the refused pod back to kube-scheduler's queue once its view changed (see
-    // allocator/src/requeue.rs): its pod carries the view's generation.
+    // The leader sends a refused pod back to kube-scheduler's queue once its view has changed (see
+    // allocator/src/requeue.rs): its pod comes to carry the view's generation. It looks once a
+    // second, so kube-scheduler, woken by the agent's return, may have placed `lured` first.
     let leader = cluster.allocator_leader().unwrap();
-    let labels = system.get(&leader).await.unwrap().metadata.labels.unwrap_or_default();
-    assert!(labels.contains_key("nano-gpu/view"), "{leader}: {labels:?}");
+    let start = std::time::Instant::now();
+    loop {
+        let labels = system.get(&leader).await.unwrap().metadata.labels.unwrap_or_default();
+        if labels.contains_key("nano-gpu/view") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{leader}: {labels:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // The neighbours kept their cards, their limits and their containers.
     for (node, name, cards, env, devices) in before {
