@@ -124,20 +124,37 @@ fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(work)
 }
 
+/// Every object `api` lists, a page of [`crate::watch::LIST_PAGE`] at a time (one snapshot): a whole
+/// cluster's pods in one response would be hundreds of megabytes at Kubernetes' scale.
+async fn list_all<K>(api: &Api<K>) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(crate::watch::LIST_PAGE);
+    let mut all = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(all),
+        }
+    }
+}
+
 /// The allocator's view of the cluster, built as the service builds it (every node and pod listed),
 /// with what it found wrong on stderr.
 async fn view(client: &kube::Client, gpushare: Option<GpushareUnitArg>) -> Result<ClusterState> {
-    let nodes =
-        Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
-    let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.context("listing pods")?;
+    let nodes = list_all(&Api::<Node>::all(client.clone())).await.context("listing nodes")?;
+    let pods = list_all(&Api::<Pod>::all(client.clone())).await.context("listing pods")?;
     let policy = policy::by_name(policy::DEFAULT, 0).context("default policy")?;
     let mut state = ClusterState::new(
         Engine::new(Cluster::new(), policy, Default::default()),
         0,
         demand_options(gpushare),
     );
-    state.reset_nodes(&nodes.items);
-    state.reset_pods(&pods.items);
+    state.reset_nodes(&nodes);
+    state.reset_pods(&pods);
     for w in state.take_warnings() {
         let namespace = if w.namespace.is_empty() { String::new() } else { format!("{}/", w.namespace) };
         eprintln!("warning: {} {namespace}{}: {}", w.kind, w.name, w.message);

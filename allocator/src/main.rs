@@ -284,10 +284,15 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 }
             };
             let follow = args.follow_scheduler_lease.clone();
-            let (pods, view) = (kube::Api::all(client.clone()), shared.view.clone());
+            // The newest pod write, from a write on our own pod (one request), else from a list.
+            let newest = std::sync::Arc::new(match &args.pod_name {
+                Some(pod) => watch::Newest::OwnPod(kube::Api::namespaced(client.clone(), &args.lease_namespace), pod.clone()),
+                None => watch::Newest::List(kube::Api::all(client.clone())),
+            });
+            let view = shared.view.clone();
             let catch_up: leader::CatchUp = Box::new(move |limit| {
-                let (pods, view) = (pods.clone(), view.clone());
-                Box::pin(async move { watch::caught_up(&pods, &view, limit).await })
+                let (newest, view) = (newest.clone(), view.clone());
+                Box::pin(async move { watch::caught_up(&newest, &view, limit).await })
             });
             let part = leader::Election {
                 api,
