@@ -7,6 +7,7 @@
 //!    holds) and check it has the uid kube-scheduler names.
 //! 3. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
 //!    back-to-back binds never double-book, and a repeated bind of a bound pod is answered at once.
+//!    The next pod's filter, which waited for this ([`crate::handoff`]), goes on.
 //! 4. POST `pods/binding` carrying the assignment: one write sets the node and the annotations together
 //!    (see [`binder`](crate::binder)), so no answer, however late, leaves a pod bound to one node with an
 //!    assignment naming another.
@@ -19,6 +20,7 @@
 
 use crate::binder::{ApiError, Binder};
 use crate::extender::BindError;
+use crate::handoff::Handoff;
 use crate::leader::Leadership;
 use crate::state::{Reservation, SharedView};
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
@@ -142,9 +144,12 @@ pub async fn bind<B: Binder>(
     binder: &B,
     leader: &Leadership,
     in_flight: &InFlight,
+    handoff: &Handoff,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailed> {
     let (ns, name, uid, node) = (&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node);
+    // Until the cards are reserved (or the bind fails), the next pod's filter waits for this one.
+    let settle = Settle(handoff, uid);
     let key = || format!("{ns}/{name}");
     // Counted in flight until it returns: a leader that stops lets it end before giving the Lease up.
     let Some(_decision) = leader.decide() else { return Err(BindFailed::NotLeader) };
@@ -164,6 +169,7 @@ pub async fn bind<B: Binder>(
         return Err(BindFailed::BoundElsewhere { pod: key(), node: other.to_owned() });
     }
     let reservation = view.lock().reserve(&pod, node, SystemTime::now())?;
+    drop(settle);
     let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());
     if !reservation.fresh && already_bound {
         return Ok(()); // kube-scheduler retried a bind that had succeeded
@@ -185,6 +191,15 @@ pub async fn bind<B: Binder>(
             }
             settle_failure(view, binder, args, &reservation, failed).await
         }
+    }
+}
+
+/// Tells the [`Handoff`] that the bind of this pod settled, when dropped.
+struct Settle<'a>(&'a Handoff, &'a str);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        self.0.settled(self.1);
     }
 }
 

@@ -33,6 +33,7 @@ pub mod check;
 pub mod cli;
 pub mod evict;
 pub mod extender;
+pub mod handoff;
 pub mod inspect;
 pub mod leader;
 pub mod load;

@@ -9,6 +9,7 @@
 use crate::admission::Admission;
 use crate::bind::{self, InFlight, NOT_LEADER};
 use crate::binder::Binder;
+use crate::handoff::Handoff;
 use crate::leader::Leadership;
 use crate::metrics::{Metrics, Scrape, Verb, ViewGauges};
 use crate::state::{ClusterState, SharedView};
@@ -43,6 +44,8 @@ pub struct Shared<B> {
     pub leader: Arc<Leadership>,
     /// The pods whose bind is running.
     binds: InFlight,
+    /// The pod the last filter passed, whose bind the next filter waits for.
+    handoff: Handoff,
     admission: Admission,
 }
 
@@ -76,6 +79,7 @@ impl<B: Binder> Shared<B> {
             metrics: Metrics::default(),
             leader: Arc::new(Leadership::always()),
             binds: InFlight::default(),
+            handoff: Handoff::default(),
         })
     }
 
@@ -160,16 +164,32 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
             ..Default::default()
         });
     }
-    let (ok, response) = match args {
+    let uid = match &args {
+        Candidates::Borrowed(pod, _) => pod.as_ref(),
+        Candidates::Owned(args) => args.pod.as_ref(),
+    }
+    .and_then(|p| p.metadata.uid.clone())
+    .unwrap_or_default();
+    s.handoff.before_filter(&uid).await;
+    let (ok, passed, response) = match args {
         Candidates::Borrowed(pod, names) => {
             let result = s.state().filter_names(pod.as_ref(), names);
-            (result.error.is_empty(), json(&result))
+            (
+                result.error.is_empty(),
+                result.node_names.as_ref().is_some_and(|n| !n.is_empty()),
+                json(&result),
+            )
         }
         Candidates::Owned(args) => {
             let result = s.state().filter(args);
-            (result.error.is_empty(), json(&result))
+            let passed = result.node_names.as_ref().is_some_and(|n| !n.is_empty())
+                || result.nodes.as_ref().is_some_and(|n| !n.items.is_empty());
+            (result.error.is_empty(), passed, json(&result))
         }
     };
+    if passed && !uid.is_empty() {
+        s.handoff.passed(&uid);
+    }
     s.metrics.observe(Verb::Filter, ok, started.elapsed());
     response
 }
@@ -202,7 +222,9 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
     // On a task of its own: a bind runs to its end (and settles) even if kube-scheduler hangs up.
     let task = {
         let (s, args) = (s.clone(), args.clone());
-        tokio::spawn(async move { bind::bind(&s.view, &s.binder, &s.leader, &s.binds, &args).await })
+        tokio::spawn(
+            async move { bind::bind(&s.view, &s.binder, &s.leader, &s.binds, &s.handoff, &args).await },
+        )
     };
     let result = task.await.unwrap_or_else(|e| Err(bind::BindFailed::Task(e.to_string())));
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
