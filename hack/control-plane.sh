@@ -11,6 +11,8 @@
 #                 plane runs in it, the apiserver on CP_IP:6443 (the address cluster.sh gives it
 #                 there) for the nodes and their pods; this machine's loopback reaches it through
 #                 NETNS_FORWARD (tests/src/bin/netns-forward.rs)
+#        LOOPBACK=1 instead of NETNS: etcd and the apiserver on this machine's loopback, on free ports
+#                 (no nodes or pods reach it: hack/bench-scale.sh's kubelet-less cluster)
 #        APISERVER_ARGS more kube-apiserver flags, one per line (hack/cluster.sh up --apiserver-arg)
 # <dir> afterwards holds admin.kubeconfig (system:masters), pki/, *.log, *.pid and control-plane.env.
 set -euo pipefail
@@ -106,13 +108,21 @@ start() {
   for f in etcd kube-apiserver kubectl; do [[ -x $BIN/$f ]] || die "$BIN/$f missing; run hack/k8s-build.sh"; done
   # Fresh state each start: only our own files, never the whole dir.
   rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.pid "$DIR/control-plane.env"
-  [[ -n ${NETNS:-} && -x ${NETNS_FORWARD:-} && -n ${CP_IP:-} ]] ||
-    die "needs NETNS, NETNS_FORWARD (the netns-forward binary) and CP_IP (hack/cluster.sh sets them)"
-  IN_NS=(nsenter "--net=$NETNS")
-  # A fresh namespace: fixed ports inside; this machine reaches the apiserver through the forwarder.
-  local bind=0.0.0.0 advertise=$CP_IP port=6443
-  ETCD_PORT=2379 ETCD_PEER_PORT=2380
-  free_port APISERVER_PORT
+  local bind advertise port
+  if [[ ${LOOPBACK:-} == 1 ]]; then
+    IN_NS=()
+    bind=127.0.0.1 advertise=127.0.0.1
+    free_port ETCD_PORT; free_port ETCD_PEER_PORT; free_port APISERVER_PORT
+    port=$APISERVER_PORT
+  else
+    [[ -n ${NETNS:-} && -x ${NETNS_FORWARD:-} && -n ${CP_IP:-} ]] ||
+      die "needs NETNS, NETNS_FORWARD (the netns-forward binary) and CP_IP (hack/cluster.sh sets them), or LOOPBACK=1"
+    IN_NS=(nsenter "--net=$NETNS")
+    # A fresh namespace: fixed ports inside; this machine reaches the apiserver through the forwarder.
+    bind=0.0.0.0 advertise=$CP_IP port=6443
+    ETCD_PORT=2379 ETCD_PEER_PORT=2380
+    free_port APISERVER_PORT
+  fi
   certs
   kubeconfig admin nano-gpu-admin
   # Any failure from here on (die or set -e) must not leave processes behind.
@@ -120,6 +130,9 @@ start() {
 
   local extra_args=()
   [[ -n ${APISERVER_ARGS:-} ]] && mapfile -t extra_args <<<"$APISERVER_ARGS"
+  # On loopback no pod reaches the `kubernetes` Service, and the apiserver will not advertise a
+  # loopback address in its endpoints.
+  [[ ${LOOPBACK:-} == 1 ]] && extra_args+=(--endpoint-reconciler-type=none)
   local etcd_url=http://127.0.0.1:$ETCD_PORT peer_url=http://127.0.0.1:$ETCD_PEER_PORT deadline
   # No fsync: throwaway test data, and fsync dominates etcd latency on CI disks.
   launch etcd "${IN_NS[@]}" "$BIN/etcd" --name=nano-gpu --data-dir="$DIR/etcd" --log-level=warn --unsafe-no-fsync \
@@ -149,7 +162,8 @@ start() {
     --kubelet-client-certificate="$DIR/pki/kubelet-client.crt" --kubelet-client-key="$DIR/pki/kubelet-client.key" \
     --allow-privileged=true --profiling=false "${extra_args[@]}"
   # Not in the namespace: it listens here and joins NETNS itself.
-  launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
+  [[ ${LOOPBACK:-} == 1 ]] ||
+    launch apiserver-forward "$NETNS_FORWARD" --netns "$NETNS" "127.0.0.1:$APISERVER_PORT=127.0.0.1:6443"
 
   log "waiting for kube-apiserver on https://127.0.0.1:$APISERVER_PORT/readyz (up to ${READY_TIMEOUT}s)"
   deadline=$((SECONDS + READY_TIMEOUT))

@@ -1,0 +1,628 @@
+//! The driver of `hack/bench-scale.sh`: nano-gpu at Kubernetes' scale, through the real kube-apiserver
+//! and kube-scheduler, without kubelets.
+//!
+//! `bench-scale fill` writes what agents and earlier placements would have written: `--nodes` nodes
+//! of `--cards` cards each (the `nano-gpu/gpus` annotation, and `nano-gpu/gpu-percent` allocatable as
+//! the device plugin advertises it) and `--pods-per-node` placed pods per node, bound with their
+//! `nano-gpu/assignment`. The placed pods follow the pod list `--trace` (openb's, read where it lies;
+//! a synthetic list without it) in order: its GPU pods until `--gpu-fill` of all cards' percent is
+//! taken, its CPU-only pods for the rest. openb asks about 0.86 of a card per GPU pod, so 30 pods a
+//! node of openb's mix would ask three times the cards a node has: what is placed is printed.
+//!
+//! `bench-scale measure` then runs bursts against the allocator and kube-scheduler started by the
+//! script: `--burst` GPU pods (the trace's next GPU pods, on cards left free) and as many CPU-only
+//! pods through the same profile (kube-scheduler does not call the extender for them), then the GPU
+//! burst again while `/metrics` and `/map/data` are read every 2 s. Each prints one JSON line:
+//! pods bound per second, creation → bound p50/p99 (as this driver sees the pod's `nodeName`), the
+//! extender calls' p50/p99 (the allocator's `nano_gpu_decision_seconds` histogram over the burst:
+//! the bucket's upper bound), the allocator's CPU and resident memory. Before the bursts: the
+//! allocator's time to ready and its memory at rest.
+//!
+//! Nothing here creates a container: no kubelet runs. Placed and burst pods stay `Pending` with a
+//! `nodeName`, which kube-scheduler and the allocator both count as placed.
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use nano_gpu_engine::trace::{TracePod, parse_pods, synthetic};
+use nano_gpu_proto::annotations::{
+    ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, GpuInfo, NODE_LABEL, NodeInventory, Vendor,
+};
+use nano_gpu_proto::{MiB, Percent};
+use nano_gpu_tests::http_client::Conn;
+use nano_gpu_tests::{cpu_ticks, peak_rss_mib, rss_mib};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The scheduler profile of `deploy/scheduler-config.yaml`.
+const SCHEDULER: &str = "nano-gpu-scheduler";
+/// Where the placed pods live.
+const PLACED_NS: &str = "bench-placed";
+/// Card memory of the synthetic cards.
+const CARD_MIB: u32 = 81_920;
+/// Clock ticks per second of `/proc/<pid>/stat` (Linux's USER_HZ).
+const TICKS_PER_S: f64 = 100.0;
+/// A burst is over when every pod is bound, or when none was bound for this long.
+const STALL: Duration = Duration::from_secs(30);
+
+struct Args {
+    command: String,
+    kubeconfig: PathBuf,
+    trace: Option<PathBuf>,
+    nodes: usize,
+    cards: usize,
+    pods_per_node: usize,
+    gpu_fill: f64,
+    concurrency: usize,
+    allocator: String,
+    allocator_pid: u32,
+    burst: usize,
+    label: String,
+}
+
+fn args() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let command = it.next().context("usage: bench-scale fill|measure --kubeconfig F [flags]")?;
+    let mut a = Args {
+        command,
+        kubeconfig: PathBuf::new(),
+        trace: None,
+        nodes: 500,
+        cards: 8,
+        pods_per_node: 30,
+        gpu_fill: 0.6,
+        concurrency: 64,
+        allocator: "127.0.0.1:8888".into(),
+        allocator_pid: 0,
+        burst: 1000,
+        label: String::new(),
+    };
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--kubeconfig" => a.kubeconfig = value.into(),
+            "--trace" => a.trace = Some(value.into()),
+            "--nodes" => a.nodes = value.parse()?,
+            "--cards" => a.cards = value.parse()?,
+            "--pods-per-node" => a.pods_per_node = value.parse()?,
+            "--gpu-fill" => a.gpu_fill = value.parse()?,
+            "--concurrency" => a.concurrency = value.parse()?,
+            "--allocator" => a.allocator = value,
+            "--allocator-pid" => a.allocator_pid = value.parse()?,
+            "--burst" => a.burst = value.parse()?,
+            "--label" => a.label = value,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    if a.kubeconfig.as_os_str().is_empty() {
+        bail!("--kubeconfig is required");
+    }
+    if !(0.0..=1.0).contains(&a.gpu_fill) || a.cards == 0 || a.nodes == 0 || a.concurrency == 0 {
+        bail!("--gpu-fill must be in 0..=1; --cards, --nodes and --concurrency above 0");
+    }
+    Ok(a)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    let kubeconfig = Kubeconfig::read_from(&a.kubeconfig).context("reading --kubeconfig")?;
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.read_timeout = Some(Duration::from_secs(60));
+    let client = Client::try_from(config)?;
+    let trace = Trace::load(a.trace.as_deref())?;
+    match a.command.as_str() {
+        "fill" => fill(&a, &client, &trace).await,
+        "measure" => measure(&a, &client, &trace).await,
+        other => bail!("unknown command {other}: fill or measure"),
+    }
+}
+
+/// The trace's pods, split by kind, each list walked in order from where the last walk stopped.
+struct Trace {
+    gpu: Vec<TracePod>,
+    cpu: Vec<TracePod>,
+    source: String,
+}
+
+impl Trace {
+    fn load(path: Option<&std::path::Path>) -> Result<Trace> {
+        let (pods, source) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+                (parse_pods(&p.display().to_string(), &text)?, p.display().to_string())
+            }
+            None => (synthetic(1).1, "synthetic".to_owned()),
+        };
+        let (gpu, mut cpu): (Vec<_>, Vec<_>) = pods.into_iter().partition(|p| p.gpu_percent() > 0);
+        if cpu.is_empty() {
+            // A list of GPU pods only: the CPU-only pods ask one core and 1 GiB.
+            cpu.push(TracePod {
+                name: "cpu".into(),
+                cpu_milli: 1000,
+                memory_mib: 1024,
+                num_gpu: 0,
+                gpu_milli: 0,
+                gpu_spec: vec![],
+            });
+        }
+        if gpu.is_empty() {
+            bail!("{source}: no GPU pod");
+        }
+        Ok(Trace { gpu, cpu, source })
+    }
+}
+
+/// Which cards of every node have how much percent free, as the placed pods left them.
+struct Cards {
+    free: Vec<Vec<u32>>,
+    /// The next node to look at (next fit: placements spread over the nodes as the trace goes on).
+    cursor: usize,
+}
+
+impl Cards {
+    fn new(nodes: usize, cards: usize) -> Cards {
+        Cards { free: vec![vec![100; cards]; nodes], cursor: 0 }
+    }
+
+    /// Places `pod` on the first node from the cursor that takes it (a share on that node's fullest
+    /// card it fits on; whole cards on free ones): the node and its grants, if any node takes it.
+    fn place(&mut self, pod: &TracePod) -> Option<(usize, Vec<(u32, u32)>)> {
+        let nodes = self.free.len();
+        for step in 0..nodes {
+            let n = (self.cursor + step) % nodes;
+            let free = &mut self.free[n];
+            let grants: Vec<(u32, u32)> = if pod.num_gpu == 1 && pod.gpu_milli < 1000 {
+                let percent = (pod.gpu_milli / 10).max(1);
+                let best = (0..free.len()).filter(|&c| free[c] >= percent).min_by_key(|&c| free[c]);
+                best.map(|c| vec![(c as u32, percent)]).unwrap_or_default()
+            } else {
+                let whole: Vec<usize> = (0..free.len()).filter(|&c| free[c] == 100).collect();
+                if whole.len() >= pod.num_gpu as usize {
+                    whole[..pod.num_gpu as usize].iter().map(|&c| (c as u32, 100)).collect()
+                } else {
+                    vec![]
+                }
+            };
+            if grants.is_empty() {
+                continue;
+            }
+            for &(c, p) in &grants {
+                free[c as usize] -= p;
+            }
+            self.cursor = (n + 1) % nodes;
+            return Some((n, grants));
+        }
+        None
+    }
+}
+
+fn node_name(n: usize) -> String {
+    format!("node-{n:05}")
+}
+
+fn card_uuid(n: usize, c: u32) -> String {
+    format!("GPU-{n:05}-{c}")
+}
+
+/// Node `n` as its agent and kubelet would have written it.
+fn node(n: usize, cards: usize) -> Result<Node> {
+    let gpus = (0..cards as u32)
+        .map(|i| GpuInfo {
+            index: i,
+            uuid: card_uuid(n, i),
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: MiB(CARD_MIB.into()),
+            healthy: true,
+            numa: None,
+        })
+        .collect();
+    // Enough CPU and memory that only cards limit placement; kube-scheduler's default of 110 pods.
+    let resources = json!({"cpu": "4000", "memory": "64Ti", "pods": "110",
+        "nano-gpu/gpu-percent": (cards * 100).to_string()});
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": node_name(n), "labels": {NODE_LABEL: "true", "kubernetes.io/hostname": node_name(n)},
+            "annotations": {GPUS_ANNOTATION: NodeInventory::new(gpus).encode()}},
+        "status": {"capacity": resources, "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "bench-scale: no kubelet", "lastHeartbeatTime": "2026-11-26T00:00:00Z",
+                "lastTransitionTime": "2026-11-26T00:00:00Z"}]}
+    }))?)
+}
+
+/// A pod of the trace's shape: its GPU as `nano-gpu/gpu-percent` (whole cards as 100 each).
+fn pod(name: &str, namespace: &str, t: &TracePod) -> Result<Pod> {
+    let mut limits =
+        json!({"cpu": format!("{}m", t.cpu_milli.max(1)), "memory": format!("{}Mi", t.memory_mib.max(1))});
+    let percent =
+        if t.num_gpu == 1 && t.gpu_milli < 1000 { (t.gpu_milli / 10).max(1) } else { 100 * t.num_gpu };
+    if t.gpu_percent() > 0 {
+        limits["nano-gpu/gpu-percent"] = json!(percent.to_string());
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"schedulerName": SCHEDULER, "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": limits, "requests": limits}}]}
+    }))?)
+}
+
+/// Runs `make(i)` for `0..count` with `concurrency` at once; fails on the first error.
+async fn each<F, Fut>(count: usize, concurrency: usize, make: F) -> Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    stream::iter(0..count).map(make).buffer_unordered(concurrency).try_collect::<Vec<()>>().await?;
+    Ok(())
+}
+
+/// Namespaces `names`, each with the ServiceAccount `default` (no controller manager makes it here,
+/// and the API server admits no pod without it).
+async fn namespaces(client: &Client, names: &[&str]) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for name in names {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        ignore_exists(api.create(&PostParams::default(), &ns).await)
+            .with_context(|| format!("namespace {name}"))?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        ignore_exists(accounts.create(&PostParams::default(), &sa).await)
+            .with_context(|| format!("{name}/default"))?;
+    }
+    Ok(())
+}
+
+fn ignore_exists<T>(r: kube::Result<T>) -> kube::Result<()> {
+    match r {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+async fn fill(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
+    let started = Instant::now();
+    namespaces(
+        client,
+        &[PLACED_NS, "nano-gpu-system", "bench-burst-gpu", "bench-burst-cpu", "bench-burst-read"],
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    each(a.nodes, a.concurrency, |n| {
+        let nodes = nodes.clone();
+        async move {
+            nodes.create(&PostParams::default(), &node(n, a.cards)?).await.with_context(|| node_name(n))?;
+            Ok(())
+        }
+    })
+    .await?;
+    let nodes_s = started.elapsed().as_secs_f64();
+
+    // What to place, decided here in trace order, then written concurrently.
+    let mut cards = Cards::new(a.nodes, a.cards);
+    let gpu_budget = (a.gpu_fill * (a.nodes * a.cards * 100) as f64) as u64;
+    let (mut gpu_used, mut gi, mut ci) = (0u64, 0usize, 0usize);
+    let mut gpu_misses = 0usize;
+    let mut placed: Vec<Pod> = Vec::with_capacity(a.nodes * a.pods_per_node);
+    let (mut shares, mut wholes, mut cpus) = (0usize, 0usize, 0usize);
+    while placed.len() < a.nodes * a.pods_per_node {
+        let name = format!("placed-{}", placed.len());
+        // GPU pods while the budget lasts and nodes take them (a few misses: fragments left).
+        if gpu_used < gpu_budget && gpu_misses < 100 {
+            let t = &trace.gpu[gi % trace.gpu.len()];
+            gi += 1;
+            let Some((n, grants)) = cards.place(t) else {
+                gpu_misses += 1;
+                continue;
+            };
+            let mut p = pod(&name, PLACED_NS, t)?;
+            let grants: Vec<CardGrant> = grants
+                .iter()
+                .map(|&(c, percent)| CardGrant {
+                    uuid: card_uuid(n, c),
+                    index: c,
+                    percent: Percent(percent),
+                    memory_mib: None,
+                })
+                .collect();
+            gpu_used += grants.iter().map(|g| u64::from(g.percent.0)).sum::<u64>();
+            if t.num_gpu == 1 && t.gpu_milli < 1000 {
+                shares += 1;
+            } else {
+                wholes += 1;
+            }
+            let assignment = Assignment::new(
+                node_name(n),
+                "2026-11-26T00:00:00Z",
+                BTreeMap::from([("main".to_owned(), grants)]),
+            );
+            let annotations =
+                BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_owned(), serde_json::to_string(&assignment)?)]);
+            p.metadata.annotations = Some(annotations);
+            p.spec.as_mut().context("pod spec")?.node_name = Some(node_name(n));
+            placed.push(p);
+        } else {
+            let t = &trace.cpu[ci % trace.cpu.len()];
+            ci += 1;
+            let mut p = pod(&name, PLACED_NS, t)?;
+            p.spec.as_mut().context("pod spec")?.node_name = Some(node_name(placed.len() % a.nodes));
+            placed.push(p);
+            cpus += 1;
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), PLACED_NS);
+    let placed = Arc::new(placed);
+    let pods_started = Instant::now();
+    each(placed.len(), a.concurrency, |i| {
+        let (pods, placed) = (pods.clone(), placed.clone());
+        async move {
+            pods.create(&PostParams::default(), &placed[i]).await.with_context(|| format!("placed-{i}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    let pods_s = pods_started.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"bench": "scale-fill", "label": a.label, "trace": trace.source, "nodes": a.nodes, "cards": a.nodes * a.cards,
+            "pods": placed.len(), "gpu_shares": shares, "gpu_whole": wholes, "cpu_only": cpus,
+            "cards_taken_pct": round((gpu_used as f64) / ((a.nodes * a.cards) as f64)),
+            "nodes_s": round(nodes_s), "pods_s": round(pods_s),
+            "pods_per_s": round(placed.len() as f64 / pods_s)})
+    );
+    Ok(())
+}
+
+/// The allocator's extender-call histograms (`nano_gpu_decision_seconds`): per verb, per upper bound
+/// (`+Inf` as infinity), the cumulative count.
+type Histograms = BTreeMap<String, Vec<(f64, u64)>>;
+
+async fn get(addr: &str, path: &str) -> Result<(u16, Vec<u8>)> {
+    let mut conn = Conn::open(addr).await?;
+    conn.call("GET", path, vec![]).await
+}
+
+async fn histograms(addr: &str) -> Result<Histograms> {
+    let (status, body) = get(addr, "/metrics").await?;
+    if status != 200 {
+        bail!("GET /metrics: {status}");
+    }
+    let mut out = Histograms::new();
+    for line in String::from_utf8_lossy(&body).lines() {
+        let Some(rest) = line.strip_prefix("nano_gpu_decision_seconds_bucket{verb=\"") else { continue };
+        let Some((verb, rest)) = rest.split_once("\",le=\"") else { continue };
+        let Some((le, count)) = rest.split_once("\"} ") else { continue };
+        let le = if le == "+Inf" { f64::INFINITY } else { le.parse()? };
+        out.entry(verb.to_owned()).or_default().push((le, count.trim().parse()?));
+    }
+    Ok(out)
+}
+
+/// Per verb, the calls between `before` and `after` and the upper bounds of the buckets that hold
+/// their p50 and p99, in milliseconds (`null`: beyond the last bound).
+fn call_quantiles(before: &Histograms, after: &Histograms) -> Value {
+    let mut out = serde_json::Map::new();
+    for (verb, buckets) in after {
+        let base: HashMap<u64, u64> = before
+            .get(verb)
+            .map(|b| b.iter().map(|&(le, c)| (le.to_bits(), c)).collect())
+            .unwrap_or_default();
+        let delta: Vec<(f64, u64)> =
+            buckets.iter().map(|&(le, c)| (le, c - base.get(&le.to_bits()).copied().unwrap_or(0))).collect();
+        let total = delta.last().map_or(0, |d| d.1);
+        if total == 0 {
+            continue;
+        }
+        let bound = |q: f64| {
+            let rank = ((total as f64) * q).ceil() as u64;
+            let le = delta.iter().find(|d| d.1 >= rank).map_or(f64::INFINITY, |d| d.0);
+            if le.is_finite() { json!(round(le * 1000.0)) } else { Value::Null }
+        };
+        out.insert(verb.clone(), json!({"calls": total, "p50_le_ms": bound(0.5), "p99_le_ms": bound(0.99)}));
+    }
+    Value::Object(out)
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64) * q).ceil() as usize;
+    round(sorted[i.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0)
+}
+
+/// The allocator's largest resident memory while a burst runs, sampled every 250 ms, in MiB.
+async fn peak_rss(pid: u32, stop: tokio::sync::watch::Receiver<bool>) -> f64 {
+    let mut peak = rss_mib(pid);
+    while !*stop.borrow() {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        peak = peak.max(rss_mib(pid));
+    }
+    round(peak)
+}
+
+/// Reads `/metrics` and `/map/data` every 2 s until stopped: the slowest read of each, and sizes.
+async fn read_pages(addr: String, stop: tokio::sync::watch::Receiver<bool>) -> Value {
+    let mut worst: BTreeMap<&str, (f64, usize, u32)> = BTreeMap::new();
+    while !*stop.borrow() {
+        for path in ["/metrics", "/map/data"] {
+            let t = Instant::now();
+            if let Ok((200, body)) = get(&addr, path).await {
+                let e = worst.entry(path).or_default();
+                e.0 = e.0.max(t.elapsed().as_secs_f64() * 1000.0);
+                e.1 = body.len();
+                e.2 += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    worst
+        .into_iter()
+        .map(|(p, (ms, bytes, reads))| {
+            (p.to_owned(), json!({"slowest_ms": round(ms), "bytes": bytes, "reads": reads}))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Creates `pods` in `namespace` and waits until kube-scheduler bound them: one JSON line.
+async fn burst(
+    a: &Args,
+    client: &Client,
+    kind: &str,
+    namespace: &str,
+    pods: Vec<Pod>,
+    read: bool,
+) -> Result<Value> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let before = histograms(&a.allocator).await?;
+    let version = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watcher = {
+        let (api, bound) = (api.clone(), bound.clone());
+        let mut version = version;
+        tokio::spawn(async move {
+            loop {
+                let Ok(stream) = api.watch(&WatchParams::default().timeout(290), &version).await else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let mut stream = std::pin::pin!(stream);
+                while let Some(Ok(event)) = stream.next().await {
+                    if let WatchEvent::Added(p) | WatchEvent::Modified(p) = event {
+                        version = p.metadata.resource_version.clone().unwrap_or(version);
+                        let on_node = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                        if on_node && let Some(name) = p.metadata.name {
+                            bound.lock().unwrap().entry(name).or_insert_with(Instant::now);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let peak = tokio::spawn(peak_rss(a.allocator_pid, stopped.clone()));
+    let reader = read.then(|| tokio::spawn(read_pages(a.allocator.clone(), stopped)));
+
+    let count = pods.len();
+    let pods = Arc::new(pods);
+    let (first, ticks) = (Instant::now(), cpu_ticks(a.allocator_pid));
+    each(count, a.concurrency, |i| {
+        let (api, pods, created) = (api.clone(), pods.clone(), created.clone());
+        async move {
+            let name = pods[i].metadata.name.clone().unwrap_or_default();
+            created.lock().unwrap().insert(name.clone(), Instant::now());
+            api.create(&PostParams::default(), &pods[i]).await.with_context(|| name)?;
+            Ok(())
+        }
+    })
+    .await?;
+    let created_s = first.elapsed().as_secs_f64();
+    // The allocator's CPU from the first creation to the last bind (not the wait for pods that fit
+    // nowhere).
+    let (mut seen, mut last_change, mut ticks_then) = (0, Instant::now(), ticks);
+    loop {
+        let now = bound.lock().unwrap().len();
+        if now != seen {
+            (seen, last_change, ticks_then) = (now, Instant::now(), cpu_ticks(a.allocator_pid));
+        }
+        if now >= count || last_change.elapsed() > STALL {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(true);
+    watcher.abort();
+    let peak_rss = peak.await?;
+    let pages = match reader {
+        Some(r) => r.await?,
+        None => Value::Null,
+    };
+    let after = histograms(&a.allocator).await?;
+
+    let (created, bound) = (created.lock().unwrap().clone(), bound.lock().unwrap().clone());
+    let mut latencies: Vec<Duration> = bound
+        .iter()
+        .filter_map(|(name, at)| created.get(name).map(|c| at.saturating_duration_since(*c)))
+        .collect();
+    latencies.sort();
+    let last = bound.values().max().copied().unwrap_or(first);
+    let span = last.saturating_duration_since(first).as_secs_f64().max(1e-3);
+    Ok(json!({"bench": "scale-burst", "label": a.label, "kind": kind, "pods": count, "bound": bound.len(),
+        "create_s": round(created_s), "span_s": round(span), "pods_per_s": round(bound.len() as f64 / span),
+        "bound_p50_ms": quantile_ms(&latencies, 0.5), "bound_p99_ms": quantile_ms(&latencies, 0.99),
+        "extender": call_quantiles(&before, &after),
+        "allocator_cpu_cores": round((ticks_then - ticks) as f64 / TICKS_PER_S / span),
+        "allocator_peak_rss_mib": peak_rss,
+        "pages": pages}))
+}
+
+async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
+    if a.allocator_pid == 0 {
+        bail!("--allocator-pid is required");
+    }
+    // Time to ready: the allocator was started just before this; its lists are most of it.
+    let started = Instant::now();
+    loop {
+        if let Ok((200, _)) = get(&a.allocator, "/readyz").await {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("the allocator was not ready within 900 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready_s = started.elapsed().as_secs_f64();
+    let listed_peak = peak_rss_mib(a.allocator_pid);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (ticks, rest_started) = (cpu_ticks(a.allocator_pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rest_cores =
+        (cpu_ticks(a.allocator_pid) - ticks) as f64 / TICKS_PER_S / rest_started.elapsed().as_secs_f64();
+    let placed = Api::<Pod>::namespaced(client.clone(), PLACED_NS)
+        .list_metadata(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .remaining_item_count
+        .map_or(0, |n| n + 1);
+    println!(
+        "{}",
+        json!({"bench": "scale-rest", "label": a.label, "placed_pods": placed, "ready_s": round(ready_s),
+            "allocator_peak_rss_mib_listing": round(listed_peak), "allocator_rss_mib": round(rss_mib(a.allocator_pid)),
+            "allocator_cpu_cores": round(rest_cores)})
+    );
+
+    // The trace's GPU pods after those the fill placed: a fresh walk from an offset that is not its
+    // start, so the burst is not the fill's first pods again.
+    let gpu_pods = |prefix: &str, ns: &str, offset: usize| -> Result<Vec<Pod>> {
+        (0..a.burst)
+            .map(|i| pod(&format!("{prefix}-{i}"), ns, &trace.gpu[(offset + i) % trace.gpu.len()]))
+            .collect()
+    };
+    let gpu = gpu_pods("gpu", "bench-burst-gpu", trace.gpu.len() / 2)?;
+    println!("{}", burst(a, client, "gpu", "bench-burst-gpu", gpu, false).await?);
+    let cpu = (0..a.burst)
+        .map(|i| pod(&format!("cpu-{i}"), "bench-burst-cpu", &trace.cpu[i % trace.cpu.len()]))
+        .collect::<Result<Vec<_>>>()?;
+    println!("{}", burst(a, client, "cpu", "bench-burst-cpu", cpu, false).await?);
+    let read = gpu_pods("read", "bench-burst-read", trace.gpu.len() / 4)?;
+    println!("{}", burst(a, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
+    Ok(())
+}
