@@ -109,7 +109,7 @@ impl Leadership {
     }
 
     /// Leads until `until`; returns whether it did not lead just before.
-    fn hold_until(&self, until: Instant) -> bool {
+    pub(crate) fn hold_until(&self, until: Instant) -> bool {
         let was = self.is_leader();
         let mut lead = self.lead();
         if *lead != Lead::Always {

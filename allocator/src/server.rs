@@ -28,7 +28,7 @@ use nano_gpu_proto::extender::{
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
 pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
@@ -149,13 +149,34 @@ fn candidates(body: &Bytes) -> Result<Candidates<'_>, String> {
     decode(body, "ExtenderArgs").map(Candidates::Owned)
 }
 
+/// How long a filter that reaches a replica which does not decide waits for it to. kube-scheduler
+/// calls the allocator of its own pod, and schedules only while it holds its own Lease: a call to a
+/// replica that does not decide comes right after its kube-scheduler took over, and the replica takes
+/// the allocator's Lease at its next attempt (within a seventh of the lease, about 2 s) and catches
+/// up. Refused at once, the pod backs off for seconds more (seen by `hack/bench-scale.sh`'s
+/// failover: bound 6.3 s after the leader was stopped, of which 2.5 s were backoff). Well below
+/// kube-scheduler's 10 s `httpTimeout`.
+pub const LEAD_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether this replica decides, now or within [`LEAD_WAIT`].
+async fn leads_soon(leader: &Leadership) -> bool {
+    let until = tokio::time::Instant::now() + LEAD_WAIT;
+    while !leader.is_leader() {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
 async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
     let started = Instant::now();
     let args = match candidates(&body) {
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Filter, started, e),
     };
-    if !s.leader.is_leader() {
+    if !leads_soon(&s.leader).await {
         s.metrics.observe(Verb::Filter, false, started.elapsed());
         let error = NOT_LEADER.to_owned();
         return json(&ExtenderFilterResult::<String> {
@@ -566,7 +587,7 @@ mod tests {
         assert_eq!(free(&s), 100);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_replica_that_is_not_the_leader_decides_nothing_but_is_ready_to_serve() {
         let s = shared();
         s.view.set_synced();
@@ -584,6 +605,25 @@ mod tests {
         assert!(body.contains("not the leader"));
         assert!(s.binder.calls().is_empty());
         assert_eq!(free(&s), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_filter_that_comes_while_the_replica_takes_over_waits_for_it_and_decides() {
+        let s = shared();
+        s.view.set_synced();
+        let leadership = Arc::new(Leadership::elected());
+        let s = s.with_leadership(leadership.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            leadership.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
+        });
+        let started = tokio::time::Instant::now();
+        let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1"]});
+        let (_, body) = call(&s, "POST", "/filter", args).await;
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((r["Error"].as_str(), r["NodeNames"].clone()), (Some(""), json!(["n1"])), "{body}");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(2) && waited < LEAD_WAIT, "{waited:?}");
     }
 
     #[tokio::test]
