@@ -4,8 +4,11 @@
 # against kubelet-less nodes written as the agents would write them (tests/src/bin/bench-scale.rs).
 # For each size: a fresh control plane on this machine's loopback, the nodes and their placed pods,
 # then the allocator and kube-scheduler, then the bursts. Prints JSON lines (scale-fill, scale-rest,
-# scale-burst per burst kind). Not in CI: at 5,000 nodes it runs for long.
+# scale-burst per burst kind), then stops the deciding replica (scale-failover, scale-probe), restarts
+# the API server (scale-probe) and checks what must hold (scale-check: fails the script when it does
+# not). Not in CI: at 5,000 nodes it runs for long.
 # Usage: hack/bench-scale.sh [--sizes 500,1000,2000] [--pods-per-node 30] [--burst N] [--gpu-fill F]
+#                            [--replicas 2]  (allocator + kube-scheduler pairs, as the Deployment runs)
 #                            [--keep]   (leave the last size's cluster running; its dir is printed)
 # Env:   NANO_GPU_TRACE  the pod list (default: openb's default list in ../shared, where it lies)
 # The shipped kube-scheduler configuration leaves its client at 50 QPS (burst 100), which caps binds at
@@ -17,13 +20,14 @@ source "$ROOT/hack/lib.sh"
 log() { echo "bench-scale: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP=
+SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) SIZES=$2; shift 2 ;;
     --pods-per-node) PER_NODE=$2; shift 2 ;;
     --burst) BURST=$2; shift 2 ;;
     --gpu-fill) FILL=$2; shift 2 ;;
+    --replicas) REPLICAS=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     *) die "unknown flag $1" ;;
   esac
@@ -37,12 +41,37 @@ cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nan
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
 
-# The shipped scheduler configuration, with this run's extender address, no leader election and a
-# faster client.
+# The shipped scheduler configuration, with this run's extender address and a faster client.
 scheduler_config() {
   sed -n '/scheduler-config.yaml: |/,$p' "$ROOT/deploy/scheduler-config.yaml" | tail -n +2 | sed 's/^    //' |
-    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#" -e 's/leaderElect: true/leaderElect: false/'
+    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#"
   printf 'clientConnection:\n  kubeconfig: %s\n  qps: 1000\n  burst: 2000\n' "$ADMIN_KUBECONFIG"
+}
+
+# replica NAME: the pod object of replica NAME (for its leader label and catch-up mark), its
+# allocator, and its kube-scheduler under the pod's name as host name (the identity the allocator
+# follows); appends its --replica flag to REPLICA_FLAGS.
+replica() {
+  local name=$1 ap sp
+  "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" apply -f - >&2 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: { name: $name, namespace: nano-gpu-system, labels: { app.kubernetes.io/name: nano-gpu-allocator } }
+spec:
+  nodeName: node-00000
+  containers: [{ name: allocator, image: registry.k8s.io/pause:3.10 }]
+EOF
+  free_port ap; free_port sp
+  scheduler_config "$ap" >"$DIR/scheduler-$name.yaml"
+  launch "allocator-$name" env POD_NAME="$name" POD_NAMESPACE=nano-gpu-system "$BIN/nano-gpu-allocator" \
+    --kubeconfig "$ADMIN_KUBECONFIG" serve --listen "127.0.0.1:$ap" --leader-elect \
+    --follow-scheduler-lease nano-gpu-scheduler
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  launch "kube-scheduler-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
+    "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-$name.yaml" \
+    --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
+    --bind-address 127.0.0.1 --secure-port "$sp"
+  REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid")")
 }
 
 DIR=
@@ -66,15 +95,18 @@ for nodes in "${sizes[@]}"; do
   "$BIN/bench-scale" fill --kubeconfig "$ADMIN_KUBECONFIG" --nodes "$nodes" --pods-per-node "$PER_NODE" \
     --gpu-fill "$FILL" --label "$nodes" "${trace_flag[@]}"
 
-  free_port AP; free_port SP
-  scheduler_config "$AP" >"$DIR/scheduler.yaml"
-  POD_NAMESPACE=nano-gpu-system launch allocator "$BIN/nano-gpu-allocator" --kubeconfig "$ADMIN_KUBECONFIG" \
-    serve --listen "127.0.0.1:$AP"
-  launch kube-scheduler "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler.yaml" \
-    --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
-    --bind-address 127.0.0.1 --secure-port "$SP"
-  "$BIN/bench-scale" measure --kubeconfig "$ADMIN_KUBECONFIG" --allocator "127.0.0.1:$AP" \
-    --allocator-pid "$(cat "$DIR/allocator.pid")" --burst "$burst" --label "$nodes" "${trace_flag[@]}"
-  running "$DIR/allocator.pid" || die "the allocator exited; log: $DIR/allocator.log"
+  REPLICA_FLAGS=()
+  for ((r = 1; r <= REPLICAS; r++)); do replica "nano-gpu-allocator-$r"; done
+  common=(--kubeconfig "$ADMIN_KUBECONFIG" --label "$nodes")
+  "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" "${trace_flag[@]}"
+  if ((REPLICAS > 1)); then "$BIN/bench-scale" failover "${common[@]}" "${REPLICA_FLAGS[@]}" --what failover; fi
+  # The API server killed and started again 2 s later: the time until a new share, created from
+  # 0.3 s after the kill on, is bound.
+  crash kube-apiserver 2 &
+  restart=$!
+  sleep 0.3
+  "$BIN/bench-scale" probe "${common[@]}" --what apiserver-restart
+  wait "$restart"
+  "$BIN/bench-scale" check "${common[@]}"
 done
 if [[ -n $KEEP ]]; then log "left running: $DIR (stop: hack/control-plane.sh stop $DIR)"; fi

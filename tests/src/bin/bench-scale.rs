@@ -23,6 +23,7 @@
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -42,6 +43,10 @@ use std::time::{Duration, Instant};
 
 /// The scheduler profile of `deploy/scheduler-config.yaml`.
 const SCHEDULER: &str = "nano-gpu-scheduler";
+/// The allocator's Lease (in `nano-gpu-system`), as the shipped Deployment names it.
+const LEASE: &str = "nano-gpu-allocator";
+/// Where the probes of `failover` and `probe` live.
+const PROBE_NS: &str = "bench-burst-gpu";
 /// Where the placed pods live.
 const PLACED_NS: &str = "bench-placed";
 /// Card memory of the synthetic cards.
@@ -51,6 +56,7 @@ const TICKS_PER_S: f64 = 100.0;
 /// A burst is over when every pod is bound, or when none was bound for this long.
 const STALL: Duration = Duration::from_secs(30);
 
+#[derive(Clone)]
 struct Args {
     command: String,
     kubeconfig: PathBuf,
@@ -60,15 +66,44 @@ struct Args {
     pods_per_node: usize,
     gpu_fill: f64,
     concurrency: usize,
-    allocator: String,
-    allocator_pid: u32,
+    replicas: Vec<Replica>,
     burst: usize,
     label: String,
+    what: String,
+}
+
+/// One allocator and the kube-scheduler that calls it (a replica of the shipped Deployment).
+#[derive(Clone)]
+struct Replica {
+    /// Its pod's name (`POD_NAME`): the identity it holds the Lease under.
+    name: String,
+    /// Its `--listen` address.
+    addr: String,
+    allocator_pid: u32,
+    scheduler_pid: u32,
+}
+
+impl std::str::FromStr for Replica {
+    type Err = anyhow::Error;
+
+    /// `NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID`.
+    fn from_str(s: &str) -> Result<Replica> {
+        let [name, addr, allocator, scheduler] = s.split(',').collect::<Vec<_>>()[..] else {
+            bail!("--replica NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID, not {s}");
+        };
+        Ok(Replica {
+            name: name.into(),
+            addr: addr.into(),
+            allocator_pid: allocator.parse()?,
+            scheduler_pid: scheduler.parse()?,
+        })
+    }
 }
 
 fn args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
-    let command = it.next().context("usage: bench-scale fill|measure --kubeconfig F [flags]")?;
+    let command =
+        it.next().context("usage: bench-scale fill|measure|failover|probe|check --kubeconfig F [flags]")?;
     let mut a = Args {
         command,
         kubeconfig: PathBuf::new(),
@@ -78,10 +113,10 @@ fn args() -> Result<Args> {
         pods_per_node: 30,
         gpu_fill: 0.6,
         concurrency: 64,
-        allocator: "127.0.0.1:8888".into(),
-        allocator_pid: 0,
+        replicas: Vec::new(),
         burst: 1000,
         label: String::new(),
+        what: "probe".into(),
     };
     while let Some(flag) = it.next() {
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -93,8 +128,8 @@ fn args() -> Result<Args> {
             "--pods-per-node" => a.pods_per_node = value.parse()?,
             "--gpu-fill" => a.gpu_fill = value.parse()?,
             "--concurrency" => a.concurrency = value.parse()?,
-            "--allocator" => a.allocator = value,
-            "--allocator-pid" => a.allocator_pid = value.parse()?,
+            "--replica" => a.replicas.push(value.parse()?),
+            "--what" => a.what = value,
             "--burst" => a.burst = value.parse()?,
             "--label" => a.label = value,
             other => bail!("unknown flag {other}"),
@@ -120,7 +155,10 @@ async fn main() -> Result<()> {
     match a.command.as_str() {
         "fill" => fill(&a, &client, &trace).await,
         "measure" => measure(&a, &client, &trace).await,
-        other => bail!("unknown command {other}: fill or measure"),
+        "failover" => failover(&a, &client).await,
+        "probe" => probe(&a, &client, Instant::now()).await,
+        "check" => check(&a, &client).await,
+        other => bail!("unknown command {other}: fill, measure, failover, probe or check"),
     }
 }
 
@@ -479,14 +517,15 @@ async fn read_pages(addr: String, stop: tokio::sync::watch::Receiver<bool>) -> V
 /// Creates `pods` in `namespace` and waits until kube-scheduler bound them: one JSON line.
 async fn burst(
     a: &Args,
+    r: &Replica,
     client: &Client,
     kind: &str,
-    namespace: &str,
+    ns: &str,
     pods: Vec<Pod>,
     read: bool,
 ) -> Result<Value> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let before = histograms(&a.allocator).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let before = histograms(&r.addr).await?;
     let version = api
         .list_metadata(&ListParams::default().limit(1))
         .await?
@@ -518,12 +557,12 @@ async fn burst(
         })
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let peak = tokio::spawn(peak_rss(a.allocator_pid, stopped.clone()));
-    let reader = read.then(|| tokio::spawn(read_pages(a.allocator.clone(), stopped)));
+    let peak = tokio::spawn(peak_rss(r.allocator_pid, stopped.clone()));
+    let reader = read.then(|| tokio::spawn(read_pages(r.addr.clone(), stopped)));
 
     let count = pods.len();
     let pods = Arc::new(pods);
-    let (first, ticks) = (Instant::now(), cpu_ticks(a.allocator_pid));
+    let (first, ticks) = (Instant::now(), cpu_ticks(r.allocator_pid));
     each(count, a.concurrency, |i| {
         let (api, pods, created) = (api.clone(), pods.clone(), created.clone());
         async move {
@@ -541,7 +580,7 @@ async fn burst(
     loop {
         let now = bound.lock().unwrap().len();
         if now != seen {
-            (seen, last_change, ticks_then) = (now, Instant::now(), cpu_ticks(a.allocator_pid));
+            (seen, last_change, ticks_then) = (now, Instant::now(), cpu_ticks(r.allocator_pid));
         }
         if now >= count || last_change.elapsed() > STALL {
             break;
@@ -555,7 +594,7 @@ async fn burst(
         Some(r) => r.await?,
         None => Value::Null,
     };
-    let after = histograms(&a.allocator).await?;
+    let after = histograms(&r.addr).await?;
 
     let (created, bound) = (created.lock().unwrap().clone(), bound.lock().unwrap().clone());
     let mut latencies: Vec<Duration> = bound
@@ -574,28 +613,40 @@ async fn burst(
         "pages": pages}))
 }
 
-async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
-    if a.allocator_pid == 0 {
-        bail!("--allocator-pid is required");
-    }
-    // Time to ready: the allocator was started just before this; its lists are most of it.
+/// The replica that decides: the only one, once it answers `/readyz`; of several, the holder of the
+/// allocator's Lease, once there is one (a replica contends only once it listed the cluster).
+async fn deciding(a: &Args, client: &Client, limit: Duration) -> Result<Replica> {
     let started = Instant::now();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "nano-gpu-system");
     loop {
-        if let Ok((200, _)) = get(&a.allocator, "/readyz").await {
-            break;
+        if let [only] = &a.replicas[..] {
+            if let Ok((200, _)) = get(&only.addr, "/readyz").await {
+                return Ok(only.clone());
+            }
+        } else if let Ok(Some(lease)) = leases.get_opt(LEASE).await {
+            let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+            if let Some(r) = a.replicas.iter().find(|r| r.name == holder) {
+                return Ok(r.clone());
+            }
         }
-        if started.elapsed() > Duration::from_secs(900) {
-            bail!("the allocator was not ready within 900 s");
+        if started.elapsed() > limit {
+            bail!("no allocator replica decides after {limit:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
+    // Time to ready: the allocators were started just before this; their lists are most of it.
+    let started = Instant::now();
+    let r = deciding(a, client, Duration::from_secs(900)).await?;
     let ready_s = started.elapsed().as_secs_f64();
-    let listed_peak = peak_rss_mib(a.allocator_pid);
+    let listed_peak = peak_rss_mib(r.allocator_pid);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (ticks, rest_started) = (cpu_ticks(a.allocator_pid), Instant::now());
+    let (ticks, rest_started) = (cpu_ticks(r.allocator_pid), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rest_cores =
-        (cpu_ticks(a.allocator_pid) - ticks) as f64 / TICKS_PER_S / rest_started.elapsed().as_secs_f64();
+        (cpu_ticks(r.allocator_pid) - ticks) as f64 / TICKS_PER_S / rest_started.elapsed().as_secs_f64();
     let placed = Api::<Pod>::namespaced(client.clone(), PLACED_NS)
         .list_metadata(&ListParams::default().limit(1))
         .await?
@@ -605,7 +656,8 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
     println!(
         "{}",
         json!({"bench": "scale-rest", "label": a.label, "placed_pods": placed, "ready_s": round(ready_s),
-            "allocator_peak_rss_mib_listing": round(listed_peak), "allocator_rss_mib": round(rss_mib(a.allocator_pid)),
+            "allocator_peak_rss_mib_listing": round(listed_peak), "allocator_rss_mib": round(rss_mib(r.allocator_pid)),
+            "replicas": a.replicas.len(), "deciding": r.name,
             "allocator_cpu_cores": round(rest_cores)})
     );
 
@@ -617,12 +669,137 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
             .collect()
     };
     let gpu = gpu_pods("gpu", "bench-burst-gpu", trace.gpu.len() / 2)?;
-    println!("{}", burst(a, client, "gpu", "bench-burst-gpu", gpu, false).await?);
+    println!("{}", burst(a, &r, client, "gpu", "bench-burst-gpu", gpu, false).await?);
     let cpu = (0..a.burst)
         .map(|i| pod(&format!("cpu-{i}"), "bench-burst-cpu", &trace.cpu[i % trace.cpu.len()]))
         .collect::<Result<Vec<_>>>()?;
-    println!("{}", burst(a, client, "cpu", "bench-burst-cpu", cpu, false).await?);
+    println!("{}", burst(a, &r, client, "cpu", "bench-burst-cpu", cpu, false).await?);
     let read = gpu_pods("read", "bench-burst-read", trace.gpu.len() / 4)?;
-    println!("{}", burst(a, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
+    println!("{}", burst(a, &r, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
+    Ok(())
+}
+
+/// Stops the deciding replica as a pod deletion does (SIGTERM to its allocator and kube-scheduler,
+/// which give their Leases up) and times a new share from then until it is bound.
+async fn failover(a: &Args, client: &Client) -> Result<()> {
+    let r = deciding(a, client, Duration::from_secs(60)).await?;
+    let started = Instant::now();
+    for pid in [r.allocator_pid, r.scheduler_pid] {
+        let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+    }
+    probe(a, client, started).await?;
+    let others =
+        Args { replicas: a.replicas.iter().filter(|o| o.name != r.name).cloned().collect(), ..a.clone() };
+    let next = deciding(&others, client, Duration::from_secs(60)).await?;
+    println!(
+        "{}",
+        json!({"bench": "scale-failover", "label": a.label, "stopped": r.name, "deciding": next.name})
+    );
+    Ok(())
+}
+
+/// Creates a 10 % share (asking again while the API server does not answer) and prints the time from
+/// `since` until kube-scheduler bound it.
+async fn probe(a: &Args, client: &Client, since: Instant) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), PROBE_NS);
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let name = format!("probe-{millis}");
+    let share = TracePod {
+        name: name.clone(),
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        num_gpu: 1,
+        gpu_milli: 100,
+        gpu_spec: vec![],
+    };
+    let p = pod(&name, PROBE_NS, &share)?;
+    let limit = Duration::from_secs(300);
+    loop {
+        match api.create(&PostParams::default(), &p).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.code == 409 => break,
+            Err(e) if since.elapsed() > limit => return Err(e).context("creating the probe"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let created_s = since.elapsed().as_secs_f64();
+    loop {
+        if let Ok(p) = api.get(&name).await
+            && p.spec.and_then(|s| s.node_name).is_some()
+        {
+            break;
+        }
+        if since.elapsed() > limit {
+            bail!("the probe {name} was not bound within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "{}",
+        json!({"bench": "scale-probe", "label": a.label, "what": a.what, "created_after_s": round(created_s),
+            "bound_after_s": round(since.elapsed().as_secs_f64())})
+    );
+    Ok(())
+}
+
+/// What must hold however the run went: every bound GPU pod carries an assignment naming its node, no
+/// GPU pod waits with one, no card holds more than 100 %. Fails when one does not.
+async fn check(a: &Args, client: &Client) -> Result<()> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let mut params = ListParams::default().limit(500);
+    let (mut bound, mut waiting, mut unassigned, mut elsewhere, mut assigned_waiting) = (0, 0, 0, 0, 0);
+    let mut cards: HashMap<String, u32> = HashMap::new();
+    loop {
+        let page = api.list(&params).await?;
+        for p in &page.items {
+            let limits = p
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .filter_map(|c| c.resources.as_ref()?.limits.as_ref());
+            if !limits.into_iter().any(|l| l.contains_key("nano-gpu/gpu-percent")) {
+                continue;
+            }
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            let assignment = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|an| an.get(ASSIGNMENT_ANNOTATION))
+                .map(|text| serde_json::from_str::<Assignment>(text))
+                .transpose()?;
+            match (&node, &assignment) {
+                (None, None) => waiting += 1,
+                (None, Some(_)) => assigned_waiting += 1,
+                (Some(_), None) => unassigned += 1,
+                (Some(n), Some(asg)) => {
+                    bound += 1;
+                    if &asg.node != n {
+                        elsewhere += 1;
+                    }
+                    for grant in asg.containers.values().flatten() {
+                        *cards.entry(grant.uuid.clone()).or_default() += grant.percent.0;
+                    }
+                }
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let over = cards.values().filter(|&&p| p > 100).count();
+    println!(
+        "{}",
+        json!({"bench": "scale-check", "label": a.label, "gpu_pods_bound": bound, "gpu_pods_waiting": waiting,
+            "bound_without_assignment": unassigned, "assignment_names_another_node": elsewhere,
+            "waiting_with_assignment": assigned_waiting, "cards_over_100_percent": over})
+    );
+    if unassigned + elsewhere + assigned_waiting + over > 0 {
+        bail!("the cluster is not consistent");
+    }
     Ok(())
 }
