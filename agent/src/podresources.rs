@@ -13,7 +13,7 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 /// How long one pod-resources call may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads the kubelet's pod-resources `List` (a trait so handler tests can answer in memory).
 #[tonic::async_trait]
@@ -43,7 +43,7 @@ impl PodResourcesSocket {
             .await
     }
 
-    /// One call on the (cached) connection, within [`LIST_TIMEOUT`], asked again while the kubelet's
+    /// One call on the (cached) connection, within [`CALL_TIMEOUT`], asked again while the kubelet's
     /// rate limit answers; the connection is kept only after an answer.
     async fn call<T, F, Fut>(&self, call: F) -> Result<T, Status>
     where
@@ -63,7 +63,7 @@ impl PodResourcesSocket {
         // reach that, and identifying by the pod watch alone is a guess: wait and ask again.
         let mut pause = Duration::from_millis(10);
         let answer = loop {
-            let answered = tokio::time::timeout(LIST_TIMEOUT, call(client.clone()))
+            let answered = tokio::time::timeout(CALL_TIMEOUT, call(client.clone()))
                 .await
                 .map_err(|_| Status::deadline_exceeded("a pod-resources call took too long"))?;
             match answered {

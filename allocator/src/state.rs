@@ -294,16 +294,15 @@ impl ClusterState {
     pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
         let uid = args.pod.as_ref().and_then(decode::pod_uid).map(str::to_owned);
         let result = self.without_own_cards(uid.as_deref(), |s| s.extender.filter(args));
-        let passed = result.nodes.as_ref().map_or(0, |n| n.items.len());
-        self.note_refusal(&result, passed);
+        self.note_refusal(&result);
         result
     }
 
     /// Notes a filter's answer: a pod that no node passed waits in kube-scheduler's queue for a
     /// cluster event, which may already be behind this view ([`crate::requeue`]).
-    fn note_refusal<N: Ord>(&mut self, result: &ExtenderFilterResult<N>, passed: usize) {
+    fn note_refusal<N: Ord>(&mut self, result: &ExtenderFilterResult<N>) {
         let refused = !result.failed_nodes.is_empty() || !result.failed_and_unresolvable_nodes.is_empty();
-        if passed == 0 && refused && result.error.is_empty() {
+        if result.passed() == 0 && refused && result.error.is_empty() {
             self.refused_at = Some(self.generation);
         }
     }
@@ -340,8 +339,7 @@ impl ClusterState {
     ) -> ExtenderFilterResult<N> {
         let result =
             self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.filter_names(pod, names));
-        let passed = result.node_names.as_ref().map_or(0, Vec::len);
-        self.note_refusal(&result, passed);
+        self.note_refusal(&result);
         result
     }
 

@@ -104,6 +104,13 @@ pub struct ExtenderFilterResult<N: Ord = String> {
     pub error: String,
 }
 
+impl<N: Ord> ExtenderFilterResult<N> {
+    /// How many nodes passed, whichever of `Nodes` and `NodeNames` holds them.
+    pub fn passed(&self) -> usize {
+        self.nodes.as_ref().map_or(0, |n| n.items.len()) + self.node_names.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// One node's score from `POST /prioritize`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]

@@ -79,12 +79,17 @@ pub fn flag_value(flag: &str) -> Option<String> {
 }
 
 /// The 99th percentile (nearest rank) of samples; 0 for none.
-pub fn p99(mut v: Vec<f64>) -> f64 {
+pub fn p99(v: Vec<f64>) -> f64 {
+    quantile(v, 0.99)
+}
+
+/// The `q` quantile (nearest rank) of samples; 0 for none.
+pub fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64) * 0.99).ceil() as usize;
+    let i = ((v.len() as f64) * q).ceil() as usize;
     v[i.clamp(1, v.len()) - 1]
 }
 

@@ -25,16 +25,16 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use kube::Client;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_engine::trace::{TracePod, parse_pods, synthetic};
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, GpuInfo, NODE_LABEL, NodeInventory, Vendor,
 };
 use nano_gpu_proto::{MiB, Percent};
 use nano_gpu_tests::http_client::Conn;
-use nano_gpu_tests::{cpu_ticks, peak_rss_mib, rss_mib};
+use nano_gpu_tests::{cpu_ticks, peak_rss_mib, quantile, rss_mib};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -147,10 +147,7 @@ fn args() -> Result<Args> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = args()?;
-    let kubeconfig = Kubeconfig::read_from(&a.kubeconfig).context("reading --kubeconfig")?;
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    config.read_timeout = Some(Duration::from_secs(60));
-    let client = Client::try_from(config)?;
+    let client = nano_gpu_runtime::connect(Some(&a.kubeconfig)).await.context("--kubeconfig")?;
     let trace = Trace::load(a.trace.as_deref())?;
     match a.command.as_str() {
         "fill" => fill(&a, &client, &trace).await,
@@ -178,7 +175,7 @@ impl Trace {
             }
             None => (synthetic(1).1, "synthetic".to_owned()),
         };
-        let (gpu, mut cpu): (Vec<_>, Vec<_>) = pods.into_iter().partition(|p| p.gpu_percent() > 0);
+        let (gpu, mut cpu): (Vec<_>, Vec<_>) = pods.into_iter().partition(|p| ask(p).is_some());
         if cpu.is_empty() {
             // A list of GPU pods only: the CPU-only pods ask one core and 1 GiB.
             cpu.push(TracePod {
@@ -216,16 +213,18 @@ impl Cards {
         for step in 0..nodes {
             let n = (self.cursor + step) % nodes;
             let free = &mut self.free[n];
-            let grants: Vec<(u32, u32)> = if pod.num_gpu == 1 && pod.gpu_milli < 1000 {
-                let percent = (pod.gpu_milli / 10).max(1);
-                let best = (0..free.len()).filter(|&c| free[c] >= percent).min_by_key(|&c| free[c]);
-                best.map(|c| vec![(c as u32, percent)]).unwrap_or_default()
-            } else {
-                let whole: Vec<usize> = (0..free.len()).filter(|&c| free[c] == 100).collect();
-                if whole.len() >= pod.num_gpu as usize {
-                    whole[..pod.num_gpu as usize].iter().map(|&c| (c as u32, 100)).collect()
-                } else {
-                    vec![]
+            let grants: Vec<(u32, u32)> = match ask(pod)? {
+                Ask::Share(percent) => {
+                    let best = (0..free.len()).filter(|&c| free[c] >= percent).min_by_key(|&c| free[c]);
+                    best.map(|c| vec![(c as u32, percent)]).unwrap_or_default()
+                }
+                Ask::Whole(cards) => {
+                    let whole: Vec<usize> = (0..free.len()).filter(|&c| free[c] == 100).collect();
+                    if whole.len() >= cards as usize {
+                        whole[..cards as usize].iter().map(|&c| (c as u32, 100)).collect()
+                    } else {
+                        vec![]
+                    }
                 }
             };
             if grants.is_empty() {
@@ -238,6 +237,23 @@ impl Cards {
             return Some((n, grants));
         }
         None
+    }
+}
+
+/// What a trace pod asks of cards, as the engine reads it ([`TracePod::slots`]).
+#[derive(Clone, Copy)]
+enum Ask {
+    /// A share of one card, in percent (at least 1).
+    Share(u32),
+    /// Whole cards.
+    Whole(u32),
+}
+
+/// What `t` asks of cards; `None` for a CPU-only pod.
+fn ask(t: &TracePod) -> Option<Ask> {
+    match t.slots().first()? {
+        SlotDemand::Share { percent, .. } => Some(Ask::Share(percent.map_or(1, |p| p.0.max(1)))),
+        SlotDemand::Whole { cards, .. } => Some(Ask::Whole(*cards)),
     }
 }
 
@@ -279,9 +295,12 @@ fn node(n: usize, cards: usize) -> Result<Node> {
 fn pod(name: &str, namespace: &str, t: &TracePod) -> Result<Pod> {
     let mut limits =
         json!({"cpu": format!("{}m", t.cpu_milli.max(1)), "memory": format!("{}Mi", t.memory_mib.max(1))});
-    let percent =
-        if t.num_gpu == 1 && t.gpu_milli < 1000 { (t.gpu_milli / 10).max(1) } else { 100 * t.num_gpu };
-    if t.gpu_percent() > 0 {
+    let percent = match ask(t) {
+        Some(Ask::Share(p)) => Some(p),
+        Some(Ask::Whole(cards)) => Some(100 * cards),
+        None => None,
+    };
+    if let Some(percent) = percent {
         limits["nano-gpu/gpu-percent"] = json!(percent.to_string());
     }
     Ok(serde_json::from_value(json!({
@@ -371,10 +390,9 @@ async fn fill(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
                 })
                 .collect();
             gpu_used += grants.iter().map(|g| u64::from(g.percent.0)).sum::<u64>();
-            if t.num_gpu == 1 && t.gpu_milli < 1000 {
-                shares += 1;
-            } else {
-                wholes += 1;
+            match ask(t) {
+                Some(Ask::Share(_)) => shares += 1,
+                _ => wholes += 1,
             }
             let assignment = Assignment::new(
                 node_name(n),
@@ -470,14 +488,6 @@ fn call_quantiles(before: &Histograms, after: &Histograms) -> Value {
 
 fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
-}
-
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64) * q).ceil() as usize;
-    round(sorted[i.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0)
 }
 
 /// The allocator's largest resident memory while a burst runs, sampled every 250 ms, in MiB.
@@ -597,16 +607,18 @@ async fn burst(
     let after = histograms(&r.addr).await?;
 
     let (created, bound) = (created.lock().unwrap().clone(), bound.lock().unwrap().clone());
-    let mut latencies: Vec<Duration> = bound
+    // Creation → bound, in milliseconds.
+    let latencies: Vec<f64> = bound
         .iter()
-        .filter_map(|(name, at)| created.get(name).map(|c| at.saturating_duration_since(*c)))
+        .filter_map(|(name, at)| {
+            created.get(name).map(|c| at.saturating_duration_since(*c).as_secs_f64() * 1e3)
+        })
         .collect();
-    latencies.sort();
     let last = bound.values().max().copied().unwrap_or(first);
     let span = last.saturating_duration_since(first).as_secs_f64().max(1e-3);
     Ok(json!({"bench": "scale-burst", "label": a.label, "kind": kind, "pods": count, "bound": bound.len(),
         "create_s": round(created_s), "span_s": round(span), "pods_per_s": round(bound.len() as f64 / span),
-        "bound_p50_ms": quantile_ms(&latencies, 0.5), "bound_p99_ms": quantile_ms(&latencies, 0.99),
+        "bound_p50_ms": round(quantile(latencies.clone(), 0.5)), "bound_p99_ms": round(quantile(latencies, 0.99)),
         "extender": call_quantiles(&before, &after),
         "allocator_cpu_cores": round((ticks_then - ticks) as f64 / TICKS_PER_S / span),
         "allocator_peak_rss_mib": peak_rss,
