@@ -17,6 +17,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # above, features other crates turn on could hide an engine that reaches for proto's k8s or gRPC parts.
 echo "== cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
 cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
+# The book: mdBook must build it (a page missing from its contents fails); its links, anchors and
+# reference pages are checked by the docs test below.
+echo "== the book (hack/book.sh)"
+bash hack/book.sh
 # The end-to-end tests run real upstream Kubernetes: build it first (once per version, cached), so
 # its build shows here rather than inside a test. The newest tested version is the default; the
 # end-to-end test runs again on the oldest still supported.

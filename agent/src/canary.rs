@@ -18,6 +18,7 @@ use crate::probe::Readiness;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use nano_gpu_proto::events::Reason;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -234,7 +235,7 @@ pub async fn watch(
             tracing::error!("{problem}");
             let event = Event {
                 type_: EventType::Warning,
-                reason: "RuntimeHonoursPodEnv".into(),
+                reason: Reason::RuntimeHonoursPodEnv.as_str().into(),
                 note: Some(problem),
                 action: "CheckRuntime".into(),
                 secondary: None,

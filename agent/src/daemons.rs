@@ -8,6 +8,7 @@ use crate::health::Health;
 use crate::plugin::{Report, Snapshot};
 use crate::pods::{Resident, Residents, pod_key};
 use nano_gpu_proto::annotations::Vendor;
+use nano_gpu_proto::events::Reason;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,7 +64,8 @@ pub async fn watch(
                     "the MPS control daemon of card {uuid} {what}: this pod's CUDA processes on that card \
                      lost their MPS server (restart them to run limited again)"
                 );
-                let report = Report::Warning { pod, reason: "MpsDaemonLost", action: "Enforce", message };
+                let report =
+                    Report::Warning { pod, reason: Reason::MpsDaemonLost, action: "Enforce", message };
                 if reports.try_send(report).is_err() {
                     tracing::warn!(card = %uuid, "report queue full; an MpsDaemonLost Event is dropped");
                 }

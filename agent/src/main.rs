@@ -291,3 +291,17 @@ fn main() -> ExitCode {
         None => serve(&flags),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// The book's flag reference is this binary's clap definition (`docs/src/reference/`).
+    #[test]
+    fn cli_reference_is_the_books_page() {
+        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-agent.md");
+        let rendered =
+            nano_gpu_runtime::cli_reference::render("nano-gpu-agent flags", &super::Flags::command());
+        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+    }
+}

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, OVERRUN, OverrunMark, rfc3339};
+use nano_gpu_proto::events::Reason;
 use nano_gpu_proto::gpushare;
 use serde_json::json;
 use std::sync::Arc;
@@ -79,10 +80,10 @@ impl Repairer {
                         Some(key) => pod_reference(key),
                         None => node_reference(&self.node),
                     };
-                    record(&self.recorder, &object, "NoUsableAssignment", "Allocate", &message).await;
+                    record(&self.recorder, &object, Reason::NoUsableAssignment, "Allocate", &message).await;
                 }
                 Report::Warning { pod, reason, action, message } => {
-                    tracing::warn!(%pod, reason, "{message}");
+                    tracing::warn!(%pod, %reason, "{message}");
                     record(&self.recorder, &pod_reference(&pod), reason, action, &message).await;
                 }
                 Report::Mark(change) => {
@@ -229,8 +230,14 @@ impl Repairer {
                          {ASSIGNMENT_ANNOTATION} now says what it got",
                         describe(&next.containers[&container])
                     );
-                    record(&self.recorder, &pod_reference(&key), "AssignmentRepaired", "Allocate", &message)
-                        .await;
+                    record(
+                        &self.recorder,
+                        &pod_reference(&key),
+                        Reason::AssignmentRepaired,
+                        "Allocate",
+                        &message,
+                    )
+                    .await;
                     return Ok(Verdict::Repaired { pod: key, container });
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -270,10 +277,10 @@ pub(crate) fn node_reference(node: &str) -> ObjectReference {
     }
 }
 
-async fn record(recorder: &Recorder, object: &ObjectReference, reason: &str, action: &str, message: &str) {
+async fn record(recorder: &Recorder, object: &ObjectReference, reason: Reason, action: &str, message: &str) {
     let event = Event {
         type_: EventType::Warning,
-        reason: reason.into(),
+        reason: reason.as_str().into(),
         note: Some(message.chars().take(1000).collect()),
         action: action.into(),
         secondary: None,

@@ -12,6 +12,7 @@ pub mod watchdog;
 
 use crate::health::Health;
 pub use crate::inventory::{CardSample, ProcessSample};
+use nano_gpu_proto::events::Reason;
 
 use crate::inventory::{Card, GpuInventory, sample_all};
 use crate::plugin::Snapshot;
@@ -246,7 +247,7 @@ pub async fn run(
             if let Some(tx) = &reports {
                 let _ = tx.try_send(crate::plugin::Report::Warning {
                     pod: pod_key(&r.namespace, &r.pod),
-                    reason: "GpuMemoryOverrun",
+                    reason: Reason::GpuMemoryOverrun,
                     action: "Sample",
                     message,
                 });

@@ -22,6 +22,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Config};
 use nano_gpu_proto::annotations::{OVERRUN, OverrunMark};
+use nano_gpu_proto::events::Reason;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,7 +134,7 @@ impl Evictor {
                 Outcome::Evicted => {
                     tracing::warn!(pod = ?pod.metadata.name, "evicted for a GPU memory overrun: {what}");
                     let message = format!("evicted: over its GPU memory grant ({what})");
-                    publish(&self.recorder, &event("GpuMemoryOverrunEvicted", message), "Evict").await;
+                    publish(&self.recorder, &event(Reason::GpuMemoryOverrunEvicted, message), "Evict").await;
                     self.tried.insert(uid, (now + BLOCKED_RETRY, true));
                 }
                 Outcome::Blocked(why) => {
@@ -143,8 +144,12 @@ impl Evictor {
                              again every {} s",
                             BLOCKED_RETRY.as_secs()
                         );
-                        publish(&self.recorder, &event("GpuMemoryOverrunEvictionBlocked", message), "Evict")
-                            .await;
+                        publish(
+                            &self.recorder,
+                            &event(Reason::GpuMemoryOverrunEvictionBlocked, message),
+                            "Evict",
+                        )
+                        .await;
                     }
                     self.tried.insert(uid, (now + BLOCKED_RETRY, true));
                 }

@@ -417,3 +417,17 @@ fn main() -> Result<()> {
         Command::Why(args) => cli::why(args, &Kube { kubeconfig: cli.kubeconfig, context: None }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// The book's flag reference is this binary's clap definition (`docs/src/reference/`).
+    #[test]
+    fn cli_reference_is_the_books_page() {
+        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-allocator.md");
+        let rendered =
+            nano_gpu_runtime::cli_reference::render("nano-gpu-allocator flags", &super::Cli::command());
+        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+    }
+}

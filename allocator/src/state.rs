@@ -45,6 +45,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::workload::Learner;
 use nano_gpu_proto::demand::DemandOptions;
+use nano_gpu_proto::events::Reason;
 use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,8 +60,8 @@ pub struct Warning {
     pub namespace: String,
     /// Object name.
     pub name: String,
-    /// Short machine-readable reason.
-    pub reason: &'static str,
+    /// Why (the Event's reason).
+    pub reason: Reason,
     /// What is wrong.
     pub message: String,
 }
@@ -272,15 +273,8 @@ impl ClusterState {
         std::mem::take(&mut self.unconfirmed)
     }
 
-    pub(super) fn warn(
-        &mut self,
-        kind: &'static str,
-        ns: &str,
-        name: &str,
-        reason: &'static str,
-        message: String,
-    ) {
-        tracing::warn!(kind, namespace = ns, name, reason, %message, "fail closed");
+    pub(super) fn warn(&mut self, kind: &'static str, ns: &str, name: &str, reason: Reason, message: String) {
+        tracing::warn!(kind, namespace = ns, name, %reason, %message, "fail closed");
         self.warnings.push(Warning {
             kind,
             namespace: ns.to_owned(),

@@ -136,7 +136,7 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 async fn post_events(recorder: Recorder, mut warnings: mpsc::Receiver<Warning>) {
     while let Some(w) = warnings.recv().await {
         if tokio::time::timeout(EVENT_TIMEOUT, publish(&recorder, &w, "Allocate")).await.is_err() {
-            tracing::warn!(object = %w.name, reason = w.reason, "posting a warning event timed out");
+            tracing::warn!(object = %w.name, reason = %w.reason, "posting a warning event timed out");
         }
     }
 }
@@ -152,7 +152,7 @@ pub async fn publish(recorder: &Recorder, w: &Warning, action: &str) {
     };
     let event = KubeEvent {
         type_: EventType::Warning,
-        reason: w.reason.into(),
+        reason: w.reason.as_str().into(),
         note: Some(w.message.chars().take(1000).collect()),
         action: action.into(),
         secondary: None,
@@ -572,7 +572,7 @@ mod tests {
             kind: "Pod",
             namespace: "ns".into(),
             name: name.into(),
-            reason: "InvalidAssignment",
+            reason: nano_gpu_proto::events::Reason::InvalidAssignment,
             message: "m".into(),
         };
         // Queued without waiting, as the watch loop does.

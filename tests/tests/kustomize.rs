@@ -1,7 +1,7 @@
 //! The kustomize install, built by kubectl's own kustomize (the upstream kubectl of
 //! `hack/k8s-build.sh`): `deploy/Kustomization` gives exactly the objects of `deploy/*.yaml`, each
 //! component of `deploy/components/` (and `deploy/default-scheduler/`) changes what it says and
-//! nothing else, and the README's example overlay builds into what it promises. The local cluster
+//! nothing else, and the install page's example overlay builds into what it promises. The local cluster
 //! installs through an overlay too (`hack/cluster.sh`), so every cluster test applies the base and
 //! the components it names.
 
@@ -186,14 +186,14 @@ fn the_prometheus_operator_component_scrapes_the_named_ports_with_the_shipped_al
     only_changed(&built, &[key("PodMonitor", "nano-gpu-agent"), key("PodMonitor", "nano-gpu-allocator")]);
 }
 
-/// The README's example overlay, as written there (its path to `deploy/` replaced by this
+/// The install page's example overlay (`docs/src/getting-started/install.md`), as written there (its path to `deploy/` replaced by this
 /// checkout's): the images from the registry it names, kube-scheduler of 1.35, gpushare in both,
 /// the taint tolerated by the agent and the MPS daemons.
 #[test]
-fn the_readme_overlay_builds_into_what_it_promises() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let start = readme.find("<!-- kustomize: example overlay -->").expect("the README's overlay marker");
-    let block = readme[start..].split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
+fn the_install_pages_overlay_builds_into_what_it_promises() {
+    let page = std::fs::read_to_string(root().join("docs/src/getting-started/install.md")).unwrap();
+    let start = page.find("<!-- kustomize: example overlay -->").expect("the install page's overlay marker");
+    let block = page[start..].split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
     let built = build(&overlay("readme", &block.replace("../nano-gpu/deploy", "{deploy}")));
     let mut images = Vec::new();
     for object in built.values() {

@@ -154,18 +154,22 @@ fn effective_rights() -> Vec<String> {
 }
 
 #[test]
-fn the_readme_states_every_accounts_effective_rights_exactly() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+fn the_security_page_states_every_accounts_effective_rights_exactly() {
+    let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/concepts/security.md");
+    let text = std::fs::read_to_string(page).unwrap();
     let (start, end) = ("<!-- rbac:begin -->", "<!-- rbac:end -->");
-    let block =
-        readme.split(start).nth(1).and_then(|r| r.split(end).next()).expect("README has the RBAC block");
+    let block = text
+        .split(start)
+        .nth(1)
+        .and_then(|r| r.split(end).next())
+        .expect("the security page has the RBAC block");
     let stated: Vec<String> =
         block.lines().filter_map(|l| l.trim().strip_prefix("- ").map(|l| l.replace('`', ""))).collect();
     let computed = effective_rights();
     assert_eq!(
         stated,
         computed,
-        "README's RBAC block differs from deploy/ (computed:\n- {})",
+        "docs/src/concepts/security.md's RBAC block differs from deploy/ (computed:\n- {})",
         computed.join("\n- ")
     );
 }

@@ -11,6 +11,7 @@ use crate::pods::watch::NodePods;
 use crate::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
 use crate::resource::Resource;
 use nano_gpu_proto::annotations::CardGrant;
+use nano_gpu_proto::events::Reason;
 use nano_gpu_proto::units::MiB;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -47,7 +48,7 @@ pub enum Report {
         /// The pod (`namespace/name`).
         pod: String,
         /// The Event's reason.
-        reason: &'static str,
+        reason: Reason,
         /// The Event's action.
         action: &'static str,
         /// What happened.

@@ -43,3 +43,17 @@ fn main() -> Result<()> {
         Command::Check(args) => cli::check(args, &plugin.kube),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// The book's flag reference is the plugin's clap definition (`docs/src/reference/`).
+    #[test]
+    fn cli_reference_is_the_books_page() {
+        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-kubectl-nano-gpu.md");
+        let rendered =
+            nano_gpu_runtime::cli_reference::render("kubectl nano-gpu flags", &super::Plugin::command());
+        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+    }
+}

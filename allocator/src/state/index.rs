@@ -8,6 +8,7 @@ use super::decode::{Holding, PodRecord, holding, host_requests, is_terminal, nod
 use super::{ClusterState, Unconfirmed, Waiting};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::demand::pod_demand;
+use nano_gpu_proto::events::Reason;
 use std::collections::HashSet;
 
 impl ClusterState {
@@ -19,7 +20,13 @@ impl ClusterState {
         }
         let record = node_record(node);
         if let Some(Err(e)) = &record.inventory {
-            self.warn("Node", "", &name, "InvalidInventory", format!("{e}; its cards are treated as full"));
+            self.warn(
+                "Node",
+                "",
+                &name,
+                Reason::InvalidInventory,
+                format!("{e}; its cards are treated as full"),
+            );
         }
         if self.nodes.get(&name) != Some(&record) {
             self.nodes.insert(name.clone(), record);
@@ -78,7 +85,7 @@ impl ClusterState {
         let holding = match holding {
             Ok(h) => h,
             Err(why) => {
-                self.warn("Pod", &ns, &name, "IgnoredAssignment", why);
+                self.warn("Pod", &ns, &name, Reason::IgnoredAssignment, why);
                 Holding::Nothing
             }
         };
@@ -101,7 +108,7 @@ impl ClusterState {
                 "Pod",
                 &ns,
                 &name,
-                "InvalidAssignment",
+                Reason::InvalidAssignment,
                 format!("{why}; every card of {node} is treated as full"),
             );
         }

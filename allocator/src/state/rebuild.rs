@@ -14,6 +14,7 @@
 use super::ClusterState;
 use super::decode::Holding;
 use nano_gpu_engine::model::{Card, Node};
+use nano_gpu_proto::events::Reason;
 
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
@@ -92,14 +93,14 @@ impl ClusterState {
         }
         cluster.upsert_node(node);
         for ((ns, pod), message) in unknown_card {
-            self.warn("Pod", &ns, &pod, "GpushareCardUnknown", message);
+            self.warn("Pod", &ns, &pod, Reason::GpushareCardUnknown, message);
         }
         for ((ns, pod), uuid) in overcommit {
             self.warn(
                 "Pod",
                 &ns,
                 &pod,
-                "Overcommitted",
+                Reason::Overcommitted,
                 format!(
                     "card {uuid} on {name} is over 100 % with this pod; no pod is placed on {name} \
                      until its assignments agree with the kubelet's again"

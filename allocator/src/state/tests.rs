@@ -89,7 +89,7 @@ fn an_undecodable_assignment_fails_closed_and_warns() {
     s.apply_pod(&pod("a", "30", Some("n1"), Some("{not json".into())));
     assert_eq!(free(&s, "n1"), vec![0, 0]);
     let w = s.take_warnings();
-    assert_eq!((w[0].kind, w[0].name.as_str(), w[0].reason), ("Pod", "a", "InvalidAssignment"));
+    assert_eq!((w[0].kind, w[0].name.as_str(), w[0].reason), ("Pod", "a", Reason::InvalidAssignment));
     // An assignment naming another node than the binding is not trusted either.
     s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n2", 0, 30))));
     assert_eq!(free(&s, "n1"), vec![0, 0]);
@@ -113,7 +113,7 @@ fn a_card_over_100_percent_closes_its_node_until_the_repairs_land() {
     s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 1, 30))));
     assert_eq!(free(&s, "n1"), vec![0, 0]);
     let w = s.take_warnings();
-    assert_eq!((w.len(), w[0].reason), (1, "Overcommitted"), "{w:?}");
+    assert_eq!((w.len(), w[0].reason), (1, Reason::Overcommitted), "{w:?}");
     assert!(w[0].message.contains("no pod is placed on n1"), "{}", w[0].message);
     s.apply_pod(&pod("c", "30", Some("n1"), Some(assignment("n1", 0, 30))));
     assert!(s.take_warnings().is_empty());
@@ -138,7 +138,7 @@ fn an_assignment_on_a_pod_that_asks_no_gpu_takes_nothing_and_warns() {
     s.apply_pod(&plain_pod("forged-1", Some("n1"), "{garbage".into()));
     assert_eq!(free(&s, "n1"), vec![100, 100]);
     let w = s.take_warnings();
-    assert_eq!((w[0].name.as_str(), w[0].reason), ("forged-1", "IgnoredAssignment"));
+    assert_eq!((w[0].name.as_str(), w[0].reason), ("forged-1", Reason::IgnoredAssignment));
     assert!(w[0].message.contains("asks no GPU"), "{}", w[0].message);
     // Well-formed and naming card 1 of n3, on a pending pod asking no GPU: it used to take the card.
     s.apply_pod(&plain_pod("forged-2", None, assignment("n3", 1, 100)));
@@ -146,7 +146,7 @@ fn an_assignment_on_a_pod_that_asks_no_gpu_takes_nothing_and_warns() {
     // An invalid GPU request is never placed by the allocator either.
     s.apply_pod(&pod("forged-3", "150", Some("n3"), Some(assignment("n3", 0, 100))));
     assert_eq!(free(&s, "n3"), vec![100, 100]);
-    assert!(s.take_warnings().iter().all(|w| w.reason == "IgnoredAssignment"));
+    assert!(s.take_warnings().iter().all(|w| w.reason == Reason::IgnoredAssignment));
     // The same assignment on a pod that asks a GPU still counts.
     s.apply_pod(&pod("real", "100", Some("n3"), Some(assignment("n3", 1, 100))));
     assert_eq!(free(&s, "n3"), vec![100, 0]);
@@ -159,7 +159,7 @@ fn an_undecodable_inventory_gives_the_node_no_usable_card() {
     n.metadata.annotations.as_mut().unwrap().insert(GPUS_ANNOTATION.into(), r#"{"v":9}"#.into());
     s.apply_node(&n);
     let w = s.take_warnings();
-    assert_eq!((w[0].kind, w[0].reason), ("Node", "InvalidInventory"));
+    assert_eq!((w[0].kind, w[0].reason), ("Node", Reason::InvalidInventory));
     let r = s.filter(
         serde_json::from_value(json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]})).unwrap(),
     );
@@ -601,7 +601,7 @@ fn a_gpushare_card_that_cannot_be_told_counts_on_every_card_and_warns() {
     assert_eq!(free(&s, "n1"), vec![60, 60]);
     assert_eq!(mem_free(&s, "n1"), vec![15360 - 6144, 15360 - 6144]);
     let w = s.take_warnings();
-    assert!(w.iter().all(|w| w.reason == "GpushareCardUnknown"), "{w:?}");
+    assert!(w.iter().all(|w| w.reason == Reason::GpushareCardUnknown), "{w:?}");
     assert!(
         w.iter().any(|w| w.name == "gone" && w.message.contains("card index 7 is not a card of n1")),
         "{w:?}"

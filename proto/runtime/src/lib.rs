@@ -3,7 +3,12 @@
 //! `~/.kube/config` or the in-cluster service account), the signal that stops them, and a gRPC channel
 //! over a unix socket, the way the kubelet and its device plugins talk.
 //!
+//! Also [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
+//! definition.
+//!
 //! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
+
+pub mod cli_reference;
 
 use std::io::IsTerminal;
 use std::path::Path;
