@@ -98,12 +98,15 @@ pub struct Flags {
     /// Log format.
     #[arg(long, env = "NANO_GPU_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,
-    /// Also hand NVIDIA cards to containers as CDI devices (`nvidia.com/gpu=<uuid>`).
+    /// Also hand NVIDIA cards to containers as CDI devices (`nvidia.com/gpu=<uuid>`): the same as
+    /// adding `cdi` to `--device-list-strategy`.
     #[arg(long, env = "NANO_GPU_CDI")]
     pub cdi: bool,
     /// How NVIDIA cards are named to the runtime: `envvar` (`NVIDIA_VISIBLE_DEVICES`, which a pod's
     /// own env overrides), `volume-mounts` (`/dev/null` at `/var/run/nvidia-container-devices/<uuid>`,
-    /// read first by a runtime set to accept them; a pod cannot change them), or both, comma-separated.
+    /// read first by a runtime set to accept them; a pod cannot change them), `cdi` (the CDI device
+    /// `nvidia.com/gpu=<uuid>`, for runtimes with CDI: containerd 2, CRI-O), comma-separated. Without
+    /// `envvar`, `NVIDIA_VISIBLE_DEVICES` is set to a value that names no card.
     #[arg(long, env = "NANO_GPU_DEVICE_LIST_STRATEGY", default_value = "envvar,volume-mounts")]
     pub device_list_strategy: plugin::DeviceList,
     /// Seconds without a critical XID before an unhealthy card is healthy again.

@@ -149,8 +149,9 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                 &name,
                 Status::Fail,
                 format!(
-                    "{} card(s), none healthy: each card's fault is in {GPUS_ANNOTATION} (kubectl get node {name} -o \
-                     jsonpath='{{.metadata.annotations.nano-gpu/gpus}}')",
+                    "{} card(s), none healthy: the agent's log gives each card's fault (kubectl -n {ns} get pod -l \
+                     app.kubernetes.io/name=nano-gpu-agent --field-selector spec.nodeName={name}, then kubectl -n \
+                     {ns} logs POD -c agent)",
                     inv.gpus.len()
                 ),
             )),

@@ -76,6 +76,11 @@ pub struct InspectArgs {
     /// cluster is run (`serve --gpushare`), or its pods show as asking no GPU.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
     pub gpushare: Option<GpushareUnitArg>,
+    /// Namespace of the agent DaemonSet: a node counts as serving only while a Ready agent pod
+    /// (`app.kubernetes.io/name=nano-gpu-agent`, controlled by a DaemonSet) runs there, as the
+    /// shipped allocator judges it (`serve --require-ready-agent`).
+    #[arg(long, default_value = "nano-gpu-system")]
+    pub agent_namespace: String,
 }
 
 /// `top`'s arguments.
@@ -106,6 +111,11 @@ pub struct WhyArgs {
     /// As `inspect --gpushare`.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
     pub gpushare: Option<GpushareUnitArg>,
+    /// Namespace of the agent DaemonSet: a node counts as serving only while a Ready agent pod
+    /// (`app.kubernetes.io/name=nano-gpu-agent`, controlled by a DaemonSet) runs there, as the
+    /// shipped allocator judges it (`serve --require-ready-agent`).
+    #[arg(long, default_value = "nano-gpu-system")]
+    pub agent_namespace: String,
 }
 
 /// `check`'s arguments.
@@ -142,9 +152,17 @@ where
     }
 }
 
-/// The allocator's view of the cluster, built as the service builds it (every node and pod listed),
-/// with what it found wrong on stderr.
-async fn view(client: &kube::Client, gpushare: Option<GpushareUnitArg>) -> Result<ClusterState> {
+/// The label of the agent pods, as the shipped install's `serve --require-ready-agent` names it.
+const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
+
+/// The allocator's view of the cluster, built as the shipped service builds it (every node and pod
+/// listed, a node serving only with a Ready agent in `agent_namespace`), with what it found wrong on
+/// stderr.
+async fn view(
+    client: &kube::Client,
+    gpushare: Option<GpushareUnitArg>,
+    agent_namespace: &str,
+) -> Result<ClusterState> {
     let nodes = list_all(&Api::<Node>::all(client.clone())).await.context("listing nodes")?;
     let pods = list_all(&Api::<Pod>::all(client.clone())).await.context("listing pods")?;
     let policy = policy::by_name(policy::DEFAULT, 0).context("default policy")?;
@@ -152,7 +170,8 @@ async fn view(client: &kube::Client, gpushare: Option<GpushareUnitArg>) -> Resul
         Engine::new(Cluster::new(), policy, Default::default()),
         0,
         demand_options(gpushare),
-    );
+    )
+    .require_ready_agents(AGENT_LABEL.0, AGENT_LABEL.1, agent_namespace);
     state.reset_nodes(&nodes);
     state.reset_pods(&pods);
     for w in state.take_warnings() {
@@ -164,7 +183,9 @@ async fn view(client: &kube::Client, gpushare: Option<GpushareUnitArg>) -> Resul
 
 /// `inspect`: every node's cards, what is used and free, and the pods on each.
 pub fn inspect(args: InspectArgs, kube: &Kube) -> Result<()> {
-    let view = block_on(async { Ok(view(&kube.client().await?, args.gpushare).await?.inspect()) })?;
+    let view = block_on(async {
+        Ok(view(&kube.client().await?, args.gpushare, &args.agent_namespace).await?.inspect())
+    })?;
     let view = inspect::only_node(view, args.node.as_deref());
     match args.format {
         Format::Table => print!("{}", inspect::table(&view)),
@@ -194,7 +215,7 @@ pub fn top(args: TopArgs, kube: &Kube) -> Result<()> {
     let rows = block_on(async {
         let client = kube.client().await?;
         let agents = Api::<Pod>::namespaced(client.clone(), &args.agent_namespace)
-            .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent"))
+            .list(&ListParams::default().labels(&format!("{}={}", AGENT_LABEL.0, AGENT_LABEL.1)))
             .await
             .context("listing the agents")?;
         if agents.items.is_empty() {
@@ -279,7 +300,7 @@ pub fn why(args: WhyArgs, kube: &Kube) -> Result<()> {
             })
             .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)))
             .and_then(|e| e.message);
-        let mut state = view(&client, args.gpushare).await?;
+        let mut state = view(&client, args.gpushare, &args.agent_namespace).await?;
         let nodes = state.why(&pod).map_err(|e| anyhow::anyhow!("pod {namespace}/{}: {e}", args.pod))?;
         let spec = pod.spec.as_ref();
         anyhow::Ok(Why {

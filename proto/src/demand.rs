@@ -147,8 +147,32 @@ pub fn asked(c: &Container, name: &str) -> Result<Option<u64>, InvalidDemand> {
     }
 }
 
+/// `nano-gpu/gpu-memory` is a count of MiB, as every extended resource is a count: a binary suffix
+/// (`8Gi`) would ask 2^30 times what its writer meant, so it is refused with the number to write. A
+/// decimal suffix is left alone: the API server writes `8000` as `8k`.
+fn memory_without_unit(c: &Container) -> Result<(), InvalidDemand> {
+    let res = c.resources.as_ref();
+    let texts = [res.and_then(|r| r.limits.as_ref()), res.and_then(|r| r.requests.as_ref())]
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get(GPU_MEMORY).map(|q| q.0.trim()));
+    for text in texts {
+        if ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"].iter().any(|unit| text.ends_with(unit)) {
+            let meant = quantity::mebibytes(text).map_or(String::new(), |mib| format!(" ({text} is {mib})"));
+            return Err(invalid(
+                &c.name,
+                format!(
+                    "{GPU_MEMORY} {text:?} has a unit: it is a number of MiB, written without one{meant}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn container_demand(c: &Container, opts: &DemandOptions) -> Result<Option<ContainerDemand>, InvalidDemand> {
     let percent = asked(c, GPU_PERCENT)?;
+    memory_without_unit(c)?;
     let mut memory = asked(c, GPU_MEMORY)?.filter(|m| *m > 0);
     let gpushare = match opts.gpushare {
         Some(unit) => asked(c, GPUSHARE_MEMORY)?.filter(|m| *m > 0).map(|m| (unit, m)),
@@ -420,6 +444,27 @@ mod tests {
     }
 
     #[test]
+    fn memory_with_a_binary_unit_is_refused_with_the_number_to_write() {
+        let asks = |memory: &str| {
+            read(
+                json!({"containers": [container("c", json!({"nano-gpu/gpu-percent": "30", "nano-gpu/gpu-memory": memory}))]}),
+            )
+        };
+        let e = asks("8Gi").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "container \"c\": nano-gpu/gpu-memory \"8Gi\" has a unit: it is a number of MiB, written without one (8Gi is 8192)"
+        );
+        assert!(asks("512Mi").unwrap_err().to_string().contains("(512Mi is 512)"));
+        // The API server writes 8000 as 8k: a decimal suffix is a number.
+        let d = asks("8k").unwrap();
+        assert_eq!(
+            d.slots[0].demand,
+            CardDemand::Share { percent: Some(Percent(30)), memory: Some(MiB(8000)) }
+        );
+    }
+
+    #[test]
     fn request_and_limit_must_agree() {
         let e = read(json!({"containers": [{"name": "c", "resources": {
             "limits": {"nano-gpu/gpu-percent": "30"}, "requests": {"nano-gpu/gpu-percent": "20"}}}]}))
@@ -431,7 +476,7 @@ mod tests {
     fn memory_without_percent_is_refused_as_it_would_reach_no_device_plugin() {
         for limits in [
             json!({"nano-gpu/gpu-memory": "4096"}),
-            json!({"nano-gpu/gpu-memory": "4Gi", "nano-gpu/gpu-percent": "0"}),
+            json!({"nano-gpu/gpu-memory": "4k", "nano-gpu/gpu-percent": "0"}),
         ] {
             let e = read(json!({"containers": [container("c", limits)]})).unwrap_err();
             assert!(e.to_string().contains("asks nano-gpu/gpu-memory without nano-gpu/gpu-percent"), "{e}");

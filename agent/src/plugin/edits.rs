@@ -31,30 +31,35 @@ pub struct DeviceList {
     pub envvar: bool,
     /// `volume-mounts`: `/dev/null` at `/var/run/nvidia-container-devices/<uuid>` per card.
     pub volume_mounts: bool,
+    /// `cdi`: the CDI device `nvidia.com/gpu=<uuid>` per card, which a runtime with CDI (containerd
+    /// 2, CRI-O) resolves from the node's CDI specs (`nvidia-ctk cdi generate` writes NVIDIA's); a
+    /// pod cannot name CDI devices itself.
+    pub cdi: bool,
 }
 
 impl Default for DeviceList {
     /// Both: the env for nodes whose runtime reads only it, the mounts (which win there) for nodes set
     /// up as the README says.
     fn default() -> Self {
-        DeviceList { envvar: true, volume_mounts: true }
+        DeviceList { envvar: true, volume_mounts: true, cdi: false }
     }
 }
 
 impl std::str::FromStr for DeviceList {
     type Err = String;
 
-    /// A comma list of `envvar` and `volume-mounts` (CDI names are `--cdi`).
+    /// A comma list of `envvar`, `volume-mounts` and `cdi`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut list = DeviceList { envvar: false, volume_mounts: false };
+        let mut list = DeviceList { envvar: false, volume_mounts: false, cdi: false };
         for word in s.split(',').map(str::trim) {
             match word {
                 "envvar" => list.envvar = true,
                 "volume-mounts" => list.volume_mounts = true,
+                "cdi" => list.cdi = true,
                 other => {
                     return Err(format!(
-                        "device list strategy {other:?}: the strategies are envvar and volume-mounts, \
-                         comma-separated (CDI names: --cdi)"
+                        "device list strategy {other:?}: the strategies are envvar, volume-mounts and cdi, \
+                         comma-separated"
                     ));
                 }
             }
@@ -138,7 +143,7 @@ pub fn allocate(
         }
     }
     if !nvidia.is_empty() {
-        if edits.cdi {
+        if edits.cdi || edits.devices.cdi {
             response.cdi_devices =
                 nvidia.iter().map(|u| CdiDevice { name: format!("nvidia.com/gpu={u}") }).collect();
         }

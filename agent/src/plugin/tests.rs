@@ -181,8 +181,18 @@ fn nvidia_cards_are_named_by_env_and_by_volume_mounts_as_asked() {
     let intel =
         allocate(&cards, &ids("0000:03:00.0", 0..100), None, Resource::Percent, &Edits::default()).unwrap();
     assert!(intel.mounts.is_empty() && !intel.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
-    let err = "envvar,cdi".parse::<DeviceList>().unwrap_err();
-    assert!(err.contains("\"cdi\"") && err.contains("--cdi"), "{err}");
+    // CDI names alone: the runtime's CDI specs give the card; the env names none.
+    let only_cdi = Edits { devices: "cdi".parse().unwrap(), ..Edits::default() };
+    let r = allocate(&cards, &two, None, Resource::Percent, &only_cdi).unwrap();
+    let names: Vec<&str> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]);
+    assert_eq!(
+        (r.envs["NVIDIA_VISIBLE_DEVICES"].as_str(), r.mounts.len()),
+        ("/var/run/nvidia-container-devices", 0)
+    );
+    assert!(both.cdi_devices.is_empty(), "CDI names only when asked");
+    let err = "envvar,nvml".parse::<DeviceList>().unwrap_err();
+    assert!(err.contains("\"nvml\"") && err.contains("envvar, volume-mounts and cdi"), "{err}");
 }
 
 #[test]
