@@ -25,3 +25,27 @@ nvml_config() {
   printf ']}\n'
 }
 
+
+# cdi_spec NODE K: node K's cards as a CDI spec (kind nvidia.com/gpu, one device per card named by its
+# UUID and by its index), as `nvidia-ctk cdi generate` writes NVIDIA's for a runtime with CDI. Where
+# NVIDIA's spec adds the card's device nodes and the driver's libraries, this one adds what the
+# runtime stand-in reads as the card's name (/dev/null at /var/run/nvidia-container-devices/<uuid>,
+# the device list a runtime set as the README asks takes from mounts), so the stand-in gives the
+# container that card through the fake driver.
+cdi_spec() {
+  local node=$1 i=0 model mem count n first=1 uuid name
+  printf '{"cdiVersion":"0.6.0","kind":"nvidia.com/gpu","devices":['
+  while IFS='|' read -r model mem count; do
+    for ((n = 0; n < count; n++)); do
+      uuid=GPU-$node-$i
+      for name in "$uuid" "$i"; do
+        ((first)) || printf ','
+        first=0
+        printf '{"name":"%s","containerEdits":{"mounts":[{"hostPath":"/dev/null","containerPath":"/var/run/nvidia-container-devices/%s","options":["ro","nosuid","nodev","bind"]}]}}' \
+          "$name" "$uuid"
+      done
+      i=$((i + 1))
+    done
+  done < <(node_cards "$2")
+  printf ']}\n'
+}

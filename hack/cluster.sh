@@ -20,9 +20,12 @@
 #     NVIDIA_VISIBLE_DEVICES the fake NVML and only its visible cards, as nvidia-container-runtime
 #     gives the driver's.
 #
-# Usage: hack/cluster.sh up <dir> [--nodes N] [--bare] [--apiserver-arg FLAG]...
+# Usage: hack/cluster.sh up <dir> [--nodes N] [--containerd2 M] [--bare] [--apiserver-arg FLAG]...
 #                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
-#                                        flag, e.g. --watch-cache-sizes=pods#0; writes <dir>/cluster.env)
+#                                        flag, e.g. --watch-cache-sizes=pods#0; --containerd2 M: the
+#                                        last M nodes run containerd 2 (hack/containerd-build.sh) with
+#                                        CDI, their cards in a CDI spec as nvidia-ctk writes one;
+#                                        writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with kustomize)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
 #        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
@@ -182,7 +185,7 @@ k8s_version() { sed -n 's/^k8s=\([^ ]*\).*/\1/p' "$K8S_BIN/.versions"; }
 # import_images NODE ARCHIVE...: the images into the node's containerd.
 import_images() {
   local a
-  for a in "${@:2}"; do in_node "$1" ctr -n k8s.io images import "$a" >/dev/null; done
+  for a in "${@:2}"; do node_ctr "$1" -n k8s.io images import "$a" >/dev/null; done
 }
 
 # The shipped install on the real nodes, as an operator's kustomize overlay ($DIR/install, README
@@ -272,7 +275,7 @@ cgroup_root() { echo "$CGROUP_PREFIX-$1"; }
 # node_mounts NODE: the node's mount namespace, its paths bound over the hard-coded ones.
 node_mounts() {
   local node=$1 root=$DIR/nodes/$1 d
-  mkdir -p "$root"/{var/lib,var/log,run/containerd,run/netns,usr/local,cni/net.d,cni/ipam,sysctl}
+  mkdir -p "$root"/{var/lib,var/log,run/containerd,run/netns,run/cdi,usr/local,cni/net.d,cni/ipam,sysctl}
   touch "$root/mntns"
   unshare "--mount=$root/mntns" --propagation private true
   # protectKernelDefaults: the kubelet checks these sysctls and would write them machine-wide if
@@ -283,7 +286,8 @@ node_mounts() {
   nsenter "--mount=$root/mntns" bash -s -- "$root" <<'EOF'
     set -e
     # /usr/local too: what an operator installs there (HAMi-core's /usr/local/vgpu) is the node's.
-    for d in var/lib var/log run/containerd run/netns usr/local; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
+    # /run/cdi: the CDI specs a containerd 2 node's runtime reads (/var/run/cdi).
+    for d in var/lib var/log run/containerd run/netns run/cdi usr/local; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
     mount --bind "$1/sysctl/overcommit_memory" /proc/sys/vm/overcommit_memory
     mount --bind "$1/sysctl/panic" /proc/sys/kernel/panic
     mount --bind "$1/sysctl/panic_on_oops" /proc/sys/kernel/panic_on_oops
@@ -296,8 +300,47 @@ EOF
   fi
 }
 
+# containerd2 K: whether node K runs containerd 2 (the last CONTAINERD2 nodes do).
+containerd2() { (($1 > NODES - CONTAINERD2)); }
+
+# node_ctr NODE ARGS...: the ctr of the node's containerd, in its namespaces.
+node_ctr() {
+  local k=${1#node-}
+  if containerd2 "$k"; then in_node "$1" "$CONTAINERD2_BIN/ctr" "${@:2}"; else in_node "$1" ctr "${@:2}"; fi
+}
+
+# start_containerd2 NODE K: containerd 2 (config version 3), its runc shim found on PATH, CDI on with
+# the node's /var/run/cdi, NRI off (its socket would be this machine's /var/run/nri).
+start_containerd2() {
+  local node=$1 k=$2 root=$DIR/nodes/$1
+  cat >"$root/containerd.toml" <<EOF
+version = 3
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "nano-gpu.local/pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
+  # Nothing here may lower oom_score_adj (real-nodes.md).
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      SystemdCgroup = false
+      BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$root/cni/net.d"
+EOF
+  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" env "PATH=$CONTAINERD2_BIN:$PATH" \
+    "$CONTAINERD2_BIN/containerd" --config "$root/containerd.toml"
+}
+
 start_containerd() {
   local node=$1 k=$2 root=$DIR/nodes/$1
+  cni_config "$node" "$k"
+  if containerd2 "$k"; then start_containerd2 "$node" "$k"; return; fi
   cat >"$root/containerd.toml" <<EOF
 version = 2
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
@@ -317,6 +360,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "/usr/lib/cni"
     conf_dir = "$root/cni/net.d"
 EOF
+  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
+}
+
+# cni_config NODE K: the node's pod network, a bridge of its own.
+cni_config() {
+  local node=$1 k=$2 root=$DIR/nodes/$1
   cat >"$root/cni/net.d/10-bridge.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "nano-gpu-$node", "plugins": [
   {"type": "bridge", "bridge": "ngbr$k", "isGateway": true, "isDefaultGateway": true,
@@ -324,7 +373,6 @@ EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "dataDir": "$root/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
-  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
 }
 
 start_kubelet() {
@@ -378,6 +426,11 @@ up() {
   images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" "$NANO_GPU_BIN/gpu-use" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
     sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
+  CONTAINERD2_BIN=
+  if ((CONTAINERD2 > 0)); then
+    ((CONTAINERD2 <= n)) || die "--containerd2 $CONTAINERD2: more than the $n nodes"
+    CONTAINERD2_BIN=$(bash "$ROOT/hack/containerd-build.sh")
+  fi
   mkdir -p "$DIR"
   [[ -e $DIR/netns ]] && die "$DIR/netns exists: run $0 down $DIR first"
   trap 'log "up failed; logs in $DIR"; down' EXIT
@@ -441,11 +494,12 @@ EOF
     runtime_config >"$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/config.toml"
     install -m 755 "$FAKE_NVML" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/libnvidia-ml.so.1"
     install -m 755 "$NANO_GPU_BIN/nvidia-cuda-mps-control" "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/"
+    if containerd2 "$k"; then cdi_spec "$node" "$k" >"$DIR/nodes/$node/run/cdi/nvidia.json"; fi
     start_containerd "$node" "$k"
   done
   for ((k = 1; k <= n; k++)); do
     node=node-$k
-    wait_for "containerd on $node" 30 in_node "$node" ctr version
+    wait_for "containerd on $node" 30 node_ctr "$node" version
     import_images "$node" "$images"/{pause,busybox,cuda}.tar
     start_kubelet "$node" "$k"
   done
@@ -457,6 +511,8 @@ EOF
 NETNS=$NETNS
 CP_IP=$CP_IP
 NODES=$n
+CONTAINERD2=$CONTAINERD2
+CONTAINERD2_BIN=$CONTAINERD2_BIN
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
 K8S_VERSION=$(k8s_version)
@@ -478,7 +534,7 @@ restart() {
   while alive "$pid"; do sleep 0.05; done
   case $what in
     kubelet) start_kubelet "$node" "$k" ;;
-    containerd) start_containerd "$node" "$k"; wait_for "containerd on $node" 30 in_node "$node" ctr version ;;
+    containerd) start_containerd "$node" "$k"; wait_for "containerd on $node" 30 node_ctr "$node" version ;;
     *) die "restart: kubelet or containerd, not $what" ;;
   esac
   log "restarted $what on $node"
@@ -562,11 +618,13 @@ CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
   up)
     NODES=3
+    CONTAINERD2=0
     bare=0
     APISERVER_ARGS=
     while [[ $# -gt 0 ]]; do
       case $1 in
         --nodes) NODES=$2; shift 2 ;;
+        --containerd2) CONTAINERD2=$2; shift 2 ;;
         --bare) bare=1; shift ;;
         --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;
@@ -579,9 +637,9 @@ case $CMD in
   crash | freeze)
     [[ $# -eq 2 && $2 =~ ^[0-9.]+$ ]] || die "usage: $0 $CMD <dir> etcd|kube-apiserver|kube-controller-manager|... SECONDS"
     cluster_env; "$CMD" "$1" "$2" ;;
-  ctr) [[ $# -ge 2 ]] || die "usage: $0 ctr <dir> <node> ARGS..."; in_node "$1" ctr -n k8s.io "${@:2}" ;;
+  ctr) [[ $# -ge 2 ]] || die "usage: $0 ctr <dir> <node> ARGS..."; cluster_env; node_ctr "$1" -n k8s.io "${@:2}" ;;
   load)
     [[ $# -eq 1 && -f $1 ]] || die "usage: $0 load <dir> IMAGE.tar"
-    for node in "$DIR"/nodes/*/; do import_images "$(basename "$node")" "$1"; done ;;
+    cluster_env; for node in "$DIR"/nodes/*/; do import_images "$(basename "$node")" "$1"; done ;;
   *) die "unknown command $CMD" ;;
 esac

@@ -28,6 +28,8 @@ OLDEST=v1.35.8
 echo "== upstream Kubernetes binaries (hack/k8s-build.sh): the newest, and $OLDEST"
 bash hack/k8s-build.sh >/dev/null
 NANO_GPU_K8S_VERSION=$OLDEST bash hack/k8s-build.sh >/dev/null
+echo "== containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
+bash hack/containerd-build.sh >/dev/null
 echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
 # README command 1 as a newcomer runs it, stopping by itself once the examples are placed. CI keeps

@@ -58,6 +58,13 @@ impl Cluster {
         Cluster::start(name, nodes, &flags)
     }
 
+    /// [`Cluster::up`] whose last `containerd2` nodes run containerd 2 with CDI
+    /// (`hack/cluster.sh up --containerd2`).
+    pub fn up_with_containerd2(name: &str, nodes: u32, containerd2: u32) -> Cluster {
+        let m = containerd2.to_string();
+        Cluster::start(name, nodes, &["--containerd2", &m])
+    }
+
     /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
     pub fn bare(name: &str, nodes: u32) -> Cluster {
         Cluster::start(name, nodes, &["--bare"])
