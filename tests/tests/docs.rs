@@ -386,3 +386,44 @@ fn the_readme_stays_a_front_page() {
         assert!(readme.contains(command), "README.md lost one of its two commands: {command}");
     }
 }
+
+/// The `{{#include FILE}}` directives of `text`.
+fn includes(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("{{#include ") {
+        let after = &rest[at + "{{#include ".len()..];
+        let Some(end) = after.find("}}") else { break };
+        out.push(after[..end].trim().to_owned());
+        rest = &after[end..];
+    }
+    out
+}
+
+#[test]
+fn every_capture_is_shown_and_every_include_is_there() {
+    let mut used = BTreeSet::new();
+    let mut missing = Vec::new();
+    for page in pages() {
+        let text = read(&page);
+        let targets = includes(&text).into_iter().chain(links(&text));
+        for target in targets.filter(|t| t.contains("captures/")) {
+            match resolve(page.parent().unwrap(), &target) {
+                Some(file) if file.exists() => {
+                    used.insert(file);
+                }
+                _ => missing.push(format!("{}: {target}", page.display())),
+            }
+        }
+    }
+    let mut captures = Vec::new();
+    for ext in ["txt", "png"] {
+        files(&book().join("captures"), ext, &mut captures);
+    }
+    let unused: Vec<_> = captures.iter().filter(|c| !used.contains(*c)).collect();
+    assert!(
+        missing.is_empty() && unused.is_empty(),
+        "captures missing: {missing:?}; captures no page shows: {unused:?}"
+    );
+    assert!(used.len() >= 5, "the captures of the end-to-end test: {used:?}");
+}

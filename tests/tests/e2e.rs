@@ -71,7 +71,8 @@ async fn no_restarts(pods: &Api<Pod>) {
 /// `kubectl port-forward` to the leading allocator's loopback listener. Every card of the cluster is
 /// drawn, every running pod on each card its assignment names, the waiting pod with its reasons; a
 /// pod created while the page is open shows on its card without a reload. A screenshot is saved
-/// (`NANO_GPU_MAP_SCREENSHOT`, default `nano-gpu-map.png` in the temporary directory).
+/// (`NANO_GPU_MAP_SCREENSHOT`; else `gpu-map.png` in `NANO_GPU_DOCS_CAPTURES`, the book's captures;
+/// else `nano-gpu-map.png` in the temporary directory).
 async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>, hot: &Hog) {
     let leader = cluster.allocator_leader().expect("a leading allocator");
     let forward = cluster.port_forward(SYSTEM, &leader, 8888);
@@ -141,7 +142,11 @@ async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>, hot: &Hog) {
     assert_eq!(shown, json!(hot.node), "nodes with a hot card");
     browser.eval(&filter("all")).await;
     let shot = std::env::var_os("NANO_GPU_MAP_SCREENSHOT")
-        .map_or_else(|| std::env::temp_dir().join("nano-gpu-map.png"), std::path::PathBuf::from);
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("NANO_GPU_DOCS_CAPTURES").map(|d| std::path::Path::new(&d).join("gpu-map.png"))
+        })
+        .unwrap_or_else(|| std::env::temp_dir().join("nano-gpu-map.png"));
     browser.screenshot(&shot).await;
     eprintln!("the GPU map: {}", shot.display());
     // Live: a pod created now shows on its card, the page never reloaded.
@@ -351,6 +356,29 @@ fn kubectl_nano_gpu(cluster: &Cluster, args: &[&str]) -> Value {
     out
 }
 
+/// `kubectl nano-gpu ARGS` as a person reads it (the table), kept for the book: with
+/// `NANO_GPU_DOCS_CAPTURES=DIR` it is also written to `DIR/NAME` (the book includes
+/// `docs/src/captures/`, refreshed with `NANO_GPU_DOCS_CAPTURES=$PWD/docs/src/captures cargo test -p
+/// nano-gpu-tests --test e2e`).
+fn kubectl_nano_gpu_capture(cluster: &Cluster, name: &str, args: &[&str]) -> String {
+    let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
+    let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
+    let out = std::process::Command::new(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
+        .arg("nano-gpu")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", &cluster.env["ADMIN_KUBECONFIG"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && !text.trim().is_empty(), "kubectl nano-gpu {args:?}: {out:?}");
+    if let Some(dir) = std::env::var_os("NANO_GPU_DOCS_CAPTURES") {
+        let shown = format!("$ kubectl nano-gpu {}\n{text}", args.join(" "));
+        std::fs::write(std::path::Path::new(&dir).join(name), shown).unwrap();
+    }
+    text
+}
+
 /// `kubectl nano-gpu ARGS` whatever its exit: whether it succeeded, its JSON output, its stderr.
 fn kubectl_nano_gpu_run(cluster: &Cluster, args: &[&str]) -> (bool, Value, String) {
     let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
@@ -511,6 +539,8 @@ async fn the_system_works_on_real_nodes() {
     // `kubectl nano-gpu top` shows the same, read through the API server's pod proxy.
     let rows: Vec<Value> =
         serde_json::from_value(kubectl_nano_gpu(&cluster, &["top", "-n", NS, "-o", "json"])).unwrap();
+    let table = kubectl_nano_gpu_capture(&cluster, "top.txt", &["top", "-n", NS]);
+    assert!(users.iter().all(|(name, ..)| table.contains(name)), "{table}");
     for (name, percent, mib, sm) in users {
         let row =
             rows.iter().find(|r| r["pod"] == name).unwrap_or_else(|| panic!("{name} not in top: {rows:?}"));
@@ -666,6 +696,8 @@ async fn the_system_works_on_real_nodes() {
     // runtime honours a pod's env is named too.
     let (ok, failed, lines) = failed_checks(&cluster);
     assert!(ok && failed.is_empty(), "{failed:?}\n{lines:#}");
+    let table = kubectl_nano_gpu_capture(&cluster, "check.txt", &["check"]);
+    assert!(table.contains("agent-ready") && !table.contains("FAIL"), "{table}");
     let checks: BTreeSet<&str> =
         lines.as_array().unwrap().iter().filter_map(|l| l["check"].as_str()).collect();
     assert!(checks.len() >= 11, "{checks:?}");
@@ -755,6 +787,12 @@ async fn the_system_works_on_real_nodes() {
     for other in ["node-1", "node-3"] {
         assert_eq!(nodes[other]["unresolvable"], json!(true), "{two}");
     }
+    // The same as a person reads them, for the book.
+    let table =
+        kubectl_nano_gpu_capture(&cluster, "why.txt", &["why", "two-t4", "-n", NS, "--gpushare", "gib"]);
+    assert!(table.contains("node-2") && table.contains("e2e/t4"), "{table}");
+    let table = kubectl_nano_gpu_capture(&cluster, "inspect.txt", &["inspect", "--gpushare", "gib"]);
+    assert!(["node-1", "node-2", "node-3", "Tesla T4"].iter().all(|w| table.contains(w)), "{table}");
     gpu_map_in_a_browser(&cluster, &pods, &hog).await;
     drop(hog);
     the_default_scheduler_profile_over_tls(&cluster, &client, &pods).await;
