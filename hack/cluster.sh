@@ -25,6 +25,9 @@
 #                                        flag, e.g. --watch-cache-sizes=pods#0; --containerd2 M: the
 #                                        last M nodes run containerd 2 (hack/containerd-build.sh) with
 #                                        CDI, their cards in a CDI spec as nvidia-ctk writes one;
+#                                        --runtime-class: the NVIDIA runtime (its stand-in) is the
+#                                        RuntimeClass nvidia, each node's default runtime plain runc,
+#                                        and the install adds the component runtime-class-nvidia;
 #                                        writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with kustomize)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
@@ -218,6 +221,7 @@ install_nano_gpu() {
     echo "  - $deploy/components/gpushare-gib"
     echo "  - $deploy/default-scheduler"
     if [[ $version == v1.35.* ]]; then echo "  - $deploy/components/kube-scheduler-v1.35"; fi
+    if ((RUNTIME_CLASS)); then echo "  - $deploy/components/runtime-class-nvidia"; fi
     echo "patches:"
     echo "  - patch: |-"
     echo "      apiVersion: apps/v1"
@@ -239,6 +243,13 @@ install_nano_gpu() {
     die "the install does not run $(scheduler_image): $DIR/install/built.yaml"
   # The Secret the default-scheduler profile's replicas mount, in the namespace, before the install.
   kubectl apply -f "$ROOT/deploy/00-namespace.yaml" >&2
+  # The cluster's RuntimeClasses, as the GPU Operator or the operator makes them: the NVIDIA runtime's,
+  # and plain runc's for pods that choose it.
+  if ((RUNTIME_CLASS)); then
+    printf '%s\n' "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: nvidia}" "handler: nvidia" \
+      "---" "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: runc}" "handler: runc" |
+      kubectl apply -f - >&2
+  fi
   bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
   kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
     --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
@@ -300,6 +311,11 @@ EOF
   fi
 }
 
+# default_runtime_binary: what containerd's default runtime (handler runc) runs: the NVIDIA runtime's
+# stand-in, as on nodes whose default runtime is NVIDIA's; with --runtime-class runc itself, the
+# stand-in being the handler nvidia only (both configurations NVIDIA's toolkit sets up).
+default_runtime_binary() { if ((RUNTIME_CLASS)); then command -v runc; else echo "$NANO_GPU_BIN/nvidia-runtime-standin"; fi; }
+
 # containerd2 K: whether node K runs containerd 2 (the last CONTAINERD2 nodes do).
 containerd2() { (($1 > NODES - CONTAINERD2)); }
 
@@ -328,6 +344,11 @@ version = 3
     runtime_type = "io.containerd.runc.v2"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       SystemdCgroup = false
+      BinaryName = "$(default_runtime_binary)"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+      SystemdCgroup = false
       BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
@@ -354,7 +375,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
       # In place of nvidia-container-runtime as the default runtime (nvidia-docker's setup): the
-      # fake driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc.
+      # fake driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc. With --runtime-class
+      # the default is runc itself and the stand-in the handler nvidia.
+      BinaryName = "$(default_runtime_binary)"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+      SystemdCgroup = false
       BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -513,6 +540,7 @@ CP_IP=$CP_IP
 NODES=$n
 CONTAINERD2=$CONTAINERD2
 CONTAINERD2_BIN=$CONTAINERD2_BIN
+RUNTIME_CLASS=$RUNTIME_CLASS
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
 K8S_VERSION=$(k8s_version)
@@ -613,18 +641,22 @@ DIR=$(realpath -m "$2")
 shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
+# The node kinds `up` chose (cluster.env says them for the other commands).
+CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
   up)
     NODES=3
     CONTAINERD2=0
+    RUNTIME_CLASS=0
     bare=0
     APISERVER_ARGS=
     while [[ $# -gt 0 ]]; do
       case $1 in
         --nodes) NODES=$2; shift 2 ;;
         --containerd2) CONTAINERD2=$2; shift 2 ;;
+        --runtime-class) RUNTIME_CLASS=1; shift ;;
         --bare) bare=1; shift ;;
         --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;

@@ -1,6 +1,7 @@
 //! The mutating admission webhook's decision, pure: a pod that asks for nano-gpu resources (or
-//! gpushare's, when compatibility is on) is sent to the nano-gpu scheduler profile, and an invalid
-//! request is refused at admission with the same message the engine would give.
+//! gpushare's, when compatibility is on) is sent to the nano-gpu scheduler profile (and, on clusters
+//! whose GPU runtime is a RuntimeClass rather than the nodes' default, given that class), and an
+//! invalid request is refused at admission with the same message the engine would give.
 
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::admission::{AdmissionResponse, AdmissionReview, AdmissionStatus, base64};
@@ -17,6 +18,9 @@ pub struct Admission {
     pub scheduler_name: String,
     /// How pods are read (gpushare compatibility).
     pub demand: DemandOptions,
+    /// The RuntimeClass that gives containers their cards (the NVIDIA runtime's, where it is not the
+    /// nodes' default runtime): GPU pods that name none get it.
+    pub runtime_class: Option<String>,
 }
 
 /// Whether any container of the pod names one of our resources.
@@ -49,15 +53,34 @@ impl Admission {
         if let Err(e) = pod_demand(&pod, &self.demand) {
             return AdmissionReview::reply(deny(uid, format!("nano-gpu: {e}")));
         }
-        let current = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
-        let op = match current {
-            None => "add",
-            Some(DEFAULT_SCHEDULER) | Some("") => "replace",
+        let spec = pod.spec.as_ref();
+        let mut ops = Vec::new();
+        let op = match spec.and_then(|s| s.scheduler_name.as_deref()) {
+            None => Some("add"),
+            Some(DEFAULT_SCHEDULER) | Some("") => Some("replace"),
             // The pod names another scheduler on purpose: leave it.
-            Some(_) => return AdmissionReview::reply(allow),
+            Some(_) => None,
         };
-        let patch =
-            serde_json::json!([{"op": op, "path": "/spec/schedulerName", "value": self.scheduler_name}]);
+        if let Some(op) = op {
+            ops.push(
+                serde_json::json!({"op": op, "path": "/spec/schedulerName", "value": self.scheduler_name}),
+            );
+        }
+        // A pod that names a runtime class chose it (e.g. a sandboxed GPU runtime): leave it.
+        if let Some(class) = &self.runtime_class {
+            let op = match spec.and_then(|s| s.runtime_class_name.as_deref()) {
+                None => Some("add"),
+                Some("") => Some("replace"),
+                Some(_) => None,
+            };
+            if let Some(op) = op {
+                ops.push(serde_json::json!({"op": op, "path": "/spec/runtimeClassName", "value": class}));
+            }
+        }
+        if ops.is_empty() {
+            return AdmissionReview::reply(allow);
+        }
+        let patch = serde_json::Value::Array(ops);
         AdmissionReview::reply(AdmissionResponse {
             patch_type: Some("JSONPatch".into()),
             patch: Some(base64(patch.to_string().as_bytes())),
@@ -81,7 +104,11 @@ mod tests {
     use serde_json::{Value, json};
 
     fn admission() -> Admission {
-        Admission { scheduler_name: "nano-gpu-scheduler".into(), demand: DemandOptions::default() }
+        Admission {
+            scheduler_name: "nano-gpu-scheduler".into(),
+            demand: DemandOptions::default(),
+            runtime_class: None,
+        }
     }
 
     fn review(spec: Value) -> AdmissionReview {
@@ -161,6 +188,33 @@ mod tests {
             ..admission()
         };
         assert!(compat.review(&review(share)).response.unwrap().patch.is_some());
+    }
+
+    #[test]
+    fn with_a_runtime_class_a_gpu_pod_that_names_none_gets_it() {
+        let nvidia = Admission { runtime_class: Some("nvidia".into()), ..admission() };
+        let r = nvidia.review(&review(gpu("30"))).response.unwrap();
+        assert_eq!(
+            decoded_patch(&r),
+            json!([{"op": "add", "path": "/spec/schedulerName", "value": "nano-gpu-scheduler"},
+                   {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}])
+        );
+        // Its own class and its own scheduler are its choice; a pod asking no GPU is left alone.
+        let mut spec = gpu("30");
+        spec["runtimeClassName"] = "kata-nvidia".into();
+        spec["schedulerName"] = "volcano".into();
+        let r = nvidia.review(&review(spec)).response.unwrap();
+        assert!(r.allowed && r.patch.is_none());
+        let cpu = json!({"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]});
+        assert!(nvidia.review(&review(cpu)).response.unwrap().patch.is_none());
+        // Another scheduler named on purpose still gets the class.
+        let mut spec = gpu("30");
+        spec["schedulerName"] = "volcano".into();
+        let r = nvidia.review(&review(spec)).response.unwrap();
+        assert_eq!(
+            decoded_patch(&r),
+            json!([{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}])
+        );
     }
 
     #[test]

@@ -130,6 +130,11 @@ struct ServeArgs {
     /// kube-scheduler in this pod that calls this extender.
     #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
     scheduler_name: String,
+    /// The RuntimeClass the webhook gives GPU pods that name none: the NVIDIA runtime's, on clusters
+    /// where it is not the nodes' default runtime (as `nvidia-ctk runtime configure` without
+    /// `--set-as-default` leaves it). Unset: GPU pods run under the nodes' default runtime.
+    #[arg(long, env = "NANO_GPU_RUNTIME_CLASS")]
+    runtime_class: Option<String>,
     /// Secret (in the `--lease-namespace` namespace) that holds the webhook certificate all replicas
     /// serve.
     #[arg(long, env = "NANO_GPU_TLS_SECRET", default_value = "nano-gpu-allocator-webhook-tls")]
@@ -262,7 +267,9 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             view = view.require_ready_agents(key, value, &args.lease_namespace);
         }
         let mut shared =
-            server::Shared::new(view, KubeBinder::new(client.clone())).with_scheduler_name(&args.scheduler_name);
+            server::Shared::new(view, KubeBinder::new(client.clone()))
+            .with_scheduler_name(&args.scheduler_name)
+            .with_runtime_class(args.runtime_class.as_deref());
         // The election, and what gives its Lease up at shutdown.
         let mut election = None;
         if args.leader_elect {

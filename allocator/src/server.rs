@@ -58,6 +58,14 @@ impl<B: Binder> Shared<B> {
         self
     }
 
+    /// GPU pods that name no RuntimeClass get `class` at admission (call before sharing).
+    pub fn with_runtime_class(mut self: Arc<Self>, class: Option<&str>) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.admission.runtime_class = class.map(str::to_owned);
+        }
+        self
+    }
+
     /// The same handlers, deciding only while `leadership` says so (call before sharing).
     pub fn with_leadership(mut self: Arc<Self>, leadership: Arc<Leadership>) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
@@ -71,6 +79,7 @@ impl<B: Binder> Shared<B> {
         let admission = Admission {
             scheduler_name: SCHEDULER_NAME.to_owned(),
             demand: *state.extender().demand_options(),
+            runtime_class: None,
         };
         Arc::new(Shared {
             admission,

@@ -65,6 +65,12 @@ impl Cluster {
         Cluster::start(name, nodes, &["--containerd2", &m])
     }
 
+    /// [`Cluster::up`] whose GPU runtime is the RuntimeClass `nvidia`, each node's default runtime
+    /// plain runc (`hack/cluster.sh up --runtime-class`).
+    pub fn up_with_runtime_class(name: &str, nodes: u32) -> Cluster {
+        Cluster::start(name, nodes, &["--runtime-class"])
+    }
+
     /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
     pub fn bare(name: &str, nodes: u32) -> Cluster {
         Cluster::start(name, nodes, &["--bare"])

@@ -160,6 +160,12 @@ fn each_component_changes_what_it_says_and_nothing_else() {
     assert_eq!(control["securityContext"]["capabilities"]["add"], serde_json::json!(["SYS_ADMIN"]));
     assert_eq!(control["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
     only_changed(&built, std::slice::from_ref(&mps));
+    let built = with("runtime-class", &["components/runtime-class-nvidia"]);
+    assert_eq!(env(container(&built[&allocator], "allocator"), "NANO_GPU_RUNTIME_CLASS"), Some("nvidia"));
+    for daemons in [&agent, &mps] {
+        assert_eq!(built[daemons]["spec"]["template"]["spec"]["runtimeClassName"], "nvidia");
+    }
+    only_changed(&built, &[allocator.clone(), agent.clone(), mps.clone()]);
 }
 
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the
