@@ -7,8 +7,9 @@
 //! `nano-gpu/device-isolation` label); a second device plugin on the node (`nvidia.com/gpu` on a
 //! nano-gpu node: nano-gpu leaves it the cards it serves, worth a look); a Ready allocator and a leader renewing its Lease; the
 //! webhook trusting the CA the allocator serves; the webhook certificate not near its end;
-//! kube-scheduler in the allocator's pod within the supported skew of the API server; Pod Security on
-//! nano-gpu's namespace and on every namespace with GPU pods.
+//! kube-scheduler in the allocator's pod within the supported skew of the API server; the RuntimeClass
+//! the webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS`), where one is set, existing and usable; Pod
+//! Security on nano-gpu's namespace and on every namespace with GPU pods.
 
 use crate::tls::secret::NOT_AFTER_ANNOTATION;
 use anyhow::{Context, Result};
@@ -16,6 +17,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams};
 use nano_gpu_proto::annotations::{
     ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NODE_LABEL, NodeInventory,
@@ -52,6 +54,8 @@ pub struct Snapshot {
     pub gpu_namespaces: BTreeSet<String>,
     /// The API server's version (`v1.37.2`).
     pub server_version: String,
+    /// The cluster's RuntimeClasses by name (`Err`: why they could not be listed).
+    pub runtime_classes: Result<BTreeMap<String, RuntimeClass>, String>,
 }
 
 /// A check's verdict.
@@ -218,8 +222,57 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     out.push(leader(s, now));
     out.extend(webhook(s, now));
     out.push(scheduler_version(s));
+    out.extend(runtime_class(s));
     out.extend(pod_security(s));
     out
+}
+
+/// The RuntimeClass the allocator's webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS` of its container),
+/// if it gives one: it must exist (the API server refuses a pod naming a missing class); one with an
+/// `overhead` or `scheduling` is worth a look (the API server applies those in its own admission
+/// plugin, and a class given by a webhook after it was not tried).
+fn runtime_class(s: &Snapshot) -> Option<Line> {
+    let class = s.deployment.as_ref().and_then(|d| {
+        let spec = d.spec.as_ref()?.template.spec.as_ref()?;
+        let env = spec.containers.iter().find(|c| c.name == "allocator")?.env.as_ref()?;
+        env.iter().find(|e| e.name == "NANO_GPU_RUNTIME_CLASS")?.value.clone()
+    })?;
+    let object = format!("runtimeclass/{class}");
+    let classes = match &s.runtime_classes {
+        Ok(classes) => classes,
+        Err(why) => {
+            return Some(line(
+                "runtime-class",
+                object,
+                Status::Warn,
+                format!("the RuntimeClasses cannot be read ({why})"),
+            ));
+        }
+    };
+    Some(match classes.get(&class) {
+        None => line(
+            "runtime-class",
+            object,
+            Status::Fail,
+            format!(
+                "GPU pods are given the RuntimeClass {class}, which does not exist: the API server refuses them; \
+                 create it (handler: the NVIDIA runtime's, e.g. nvidia) or unset NANO_GPU_RUNTIME_CLASS"
+            ),
+        ),
+        Some(rc) if rc.overhead.is_some() || rc.scheduling.is_some() => line(
+            "runtime-class",
+            object,
+            Status::Warn,
+            format!(
+                "the RuntimeClass {class} has an overhead or scheduling constraints, which the API server applies \
+                 in its own admission step; nano-gpu gives GPU pods the class in its webhook, after that step, \
+                 and was not tried with such a class: create one GPU pod and check it is admitted and placed"
+            ),
+        ),
+        Some(rc) => {
+            line("runtime-class", object, Status::Ok, format!("GPU pods run under handler {}", rc.handler))
+        }
+    })
 }
 
 fn leader(s: &Snapshot, now: SystemTime) -> Line {
@@ -456,6 +509,11 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .filter_map(|p| p.metadata.namespace.clone())
         .collect();
     let server_version = client.apiserver_version().await.map(|v| v.git_version).unwrap_or_default();
+    let runtime_classes = Api::<RuntimeClass>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items.into_iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect())
+        .map_err(|e| e.to_string());
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -468,6 +526,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         namespaces,
         gpu_namespaces,
         server_version,
+        runtime_classes,
     })
 }
 
@@ -557,6 +616,7 @@ mod tests {
             namespaces: [namespace("nano-gpu-system", "privileged"), namespace("team", "baseline")].into(),
             gpu_namespaces: ["team".to_owned()].into(),
             server_version: "v1.37.2".into(),
+            runtime_classes: Ok(BTreeMap::new()),
         }
     }
 
@@ -672,5 +732,37 @@ mod tests {
             (minor("v1.37.2"), minor("registry.k8s.io/kube-scheduler:v1.35.8")),
             (Some((1, 37)), Some((1, 35)))
         );
+    }
+
+    #[test]
+    fn the_runtime_class_gpu_pods_are_given_must_exist() {
+        let with_class = |classes: Result<BTreeMap<String, RuntimeClass>, String>| {
+            let mut s = healthy();
+            let spec = s.deployment.as_mut().unwrap().spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+            let env = json!([{"name": "NANO_GPU_RUNTIME_CLASS", "value": "nvidia"}]);
+            spec.containers[0].env = Some(serde_json::from_value(env).unwrap());
+            s.runtime_classes = classes;
+            s
+        };
+        let class = |extra: serde_json::Value| {
+            let mut rc = json!({"metadata": {"name": "nvidia"}, "handler": "nvidia"});
+            rc.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            Ok([("nvidia".to_owned(), serde_json::from_value::<RuntimeClass>(rc).unwrap())].into())
+        };
+        // No class set: no line; the class there: ok.
+        assert!(!evaluate(&healthy(), now()).iter().any(|l| l.check == "runtime-class"));
+        let lines = evaluate(&with_class(class(json!({}))), now());
+        let ok = lines.iter().find(|l| l.check == "runtime-class").unwrap();
+        assert_eq!((ok.status, ok.message.as_str()), (Status::Ok, "GPU pods run under handler nvidia"));
+        let object = "runtimeclass/nvidia".to_owned();
+        let missing = with_class(Ok(BTreeMap::new()));
+        assert_eq!(failing(&missing), vec![("runtime-class", object.clone(), Status::Fail)]);
+        assert!(evaluate(&missing, now()).iter().any(|l| l.message.contains("does not exist")));
+        let overhead = with_class(class(json!({"overhead": {"podFixed": {"memory": "64Mi"}}})));
+        assert_eq!(failing(&overhead), vec![("runtime-class", object.clone(), Status::Warn)]);
+        let scheduling = with_class(class(json!({"scheduling": {"nodeSelector": {"gpu": "true"}}})));
+        assert_eq!(failing(&scheduling), vec![("runtime-class", object.clone(), Status::Warn)]);
+        let unreadable = with_class(Err("runtimeclasses is forbidden".into()));
+        assert_eq!(failing(&unreadable), vec![("runtime-class", object, Status::Warn)]);
     }
 }

@@ -90,6 +90,20 @@ impl Cluster {
         cluster
     }
 
+    /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`, built
+    /// beside this test) on PATH, the kubeconfig comes from KUBECONFIG.
+    pub fn kubectl_plugin(&self, args: &[&str]) -> Output {
+        let plugin = crate::workspace_binary("kubectl-nano_gpu");
+        let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
+        Command::new(Path::new(&self.env["K8S_BIN"]).join("kubectl"))
+            .arg("nano-gpu")
+            .args(args)
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.env["ADMIN_KUBECONFIG"])
+            .output()
+            .unwrap()
+    }
+
     /// A file of the cluster's directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)

@@ -361,15 +361,7 @@ fn kubectl_nano_gpu(cluster: &Cluster, args: &[&str]) -> Value {
 /// `docs/src/captures/`, refreshed with `NANO_GPU_DOCS_CAPTURES=$PWD/docs/src/captures cargo test -p
 /// nano-gpu-tests --test e2e`).
 fn kubectl_nano_gpu_capture(cluster: &Cluster, name: &str, args: &[&str]) -> String {
-    let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
-    let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
-    let out = std::process::Command::new(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
-        .arg("nano-gpu")
-        .args(args)
-        .env("PATH", path)
-        .env("KUBECONFIG", &cluster.env["ADMIN_KUBECONFIG"])
-        .output()
-        .unwrap();
+    let out = cluster.kubectl_plugin(args);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success() && !text.trim().is_empty(), "kubectl nano-gpu {args:?}: {out:?}");
     if let Some(dir) = std::env::var_os("NANO_GPU_DOCS_CAPTURES") {
@@ -381,15 +373,7 @@ fn kubectl_nano_gpu_capture(cluster: &Cluster, name: &str, args: &[&str]) -> Str
 
 /// `kubectl nano-gpu ARGS` whatever its exit: whether it succeeded, its JSON output, its stderr.
 fn kubectl_nano_gpu_run(cluster: &Cluster, args: &[&str]) -> (bool, Value, String) {
-    let plugin = nano_gpu_tests::workspace_binary("kubectl-nano_gpu");
-    let path = format!("{}:{}", plugin.parent().unwrap().display(), std::env::var("PATH").unwrap());
-    let out = std::process::Command::new(std::path::Path::new(&cluster.env["K8S_BIN"]).join("kubectl"))
-        .arg("nano-gpu")
-        .args(args)
-        .env("PATH", path)
-        .env("KUBECONFIG", &cluster.env["ADMIN_KUBECONFIG"])
-        .output()
-        .unwrap();
+    let out = cluster.kubectl_plugin(args);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let json = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("kubectl nano-gpu {args:?}: {e}: {err}"));

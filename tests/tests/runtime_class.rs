@@ -5,7 +5,8 @@
 //! runtime holding; a GPU pod that names no class is given `nvidia` by the webhook and sees exactly its
 //! card; a GPU pod that names plain runc itself keeps it and sees none, though the agent handed it its
 //! card (so the class is what gives containers their cards); a pod asking no GPU whose image says
-//! `NVIDIA_VISIBLE_DEVICES=all` sees none; then the card and accounting checks.
+//! `NVIDIA_VISIBLE_DEVICES=all` sees none; `kubectl nano-gpu check` finds the class; then the card and
+//! accounting checks.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -73,6 +74,12 @@ async fn a_runtime_class_gives_gpu_pods_their_cards_and_nothing_else_gets_any() 
     assert!(seen.cards.is_empty(), "plain runc gave a card: {seen:?}");
     let seen = report(&pods, "no-gpu", "c").await;
     assert!(seen.cards.is_empty() && seen.mounts.is_empty(), "a pod asking no GPU got a card: {seen:?}");
+
+    // `kubectl nano-gpu check` finds the class the webhook gives.
+    let out = cluster.kubectl_plugin(&["check", "-o", "json"]);
+    let lines: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let class = lines.as_array().unwrap().iter().find(|l| l["check"] == "runtime-class").cloned();
+    assert_eq!(class.map(|l| l["status"].clone()), Some(json!("ok")), "{lines:#}");
 
     // The card and accounting checks, over the pods a runtime gave their cards.
     cluster.ok(&["-n", NS, "delete", "pod", "plain-runc", "no-gpu", "--wait=true"]);
