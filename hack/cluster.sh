@@ -311,10 +311,20 @@ EOF
   fi
 }
 
-# default_runtime_binary: what containerd's default runtime (handler runc) runs: the NVIDIA runtime's
-# stand-in, as on nodes whose default runtime is NVIDIA's; with --runtime-class runc itself, the
-# stand-in being the handler nvidia only (both configurations NVIDIA's toolkit sets up).
-default_runtime_binary() { if ((RUNTIME_CLASS)); then command -v runc; else echo "$NANO_GPU_BIN/nvidia-runtime-standin"; fi; }
+# runtimes_toml TABLE: containerd's runtimes under TABLE (the CRI plugin's runtimes table, as the
+# node's containerd version names it). The handler nvidia is the NVIDIA runtime's stand-in: the fake
+# driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc. The default (handler runc) is
+# the stand-in too, as on nodes whose default runtime is NVIDIA's (nvidia-docker's setup); with
+# --runtime-class it is runc itself (both configurations NVIDIA's toolkit sets up).
+runtimes_toml() {
+  local handler binary standin=$NANO_GPU_BIN/nvidia-runtime-standin
+  for handler in runc nvidia; do
+    binary=$standin
+    if [[ $handler == runc ]] && ((RUNTIME_CLASS)); then binary=$(command -v runc); fi
+    printf '  [%s.%s]\n    runtime_type = "io.containerd.runc.v2"\n' "$1" "$handler"
+    printf '    [%s.%s.options]\n      SystemdCgroup = false\n      BinaryName = "%s"\n' "$1" "$handler" "$binary"
+  done
+}
 
 # containerd2 K: whether node K runs containerd 2 (the last CONTAINERD2 nodes do).
 containerd2() { (($1 > NODES - CONTAINERD2)); }
@@ -340,16 +350,7 @@ version = 3
   restrict_oom_score_adj = true
   enable_cdi = true
   cdi_spec_dirs = ["/var/run/cdi"]
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      BinaryName = "$(default_runtime_binary)"
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
-      SystemdCgroup = false
-      BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
+$(runtimes_toml "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes")
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$root/cni/net.d"
@@ -370,19 +371,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "nano-gpu.local/pause:1"
   # Nothing here may lower oom_score_adj (real-nodes.md).
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      # In place of nvidia-container-runtime as the default runtime (nvidia-docker's setup): the
-      # fake driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc. With --runtime-class
-      # the default is runc itself and the stand-in the handler nvidia.
-      BinaryName = "$(default_runtime_binary)"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-      SystemdCgroup = false
-      BinaryName = "$NANO_GPU_BIN/nvidia-runtime-standin"
+$(runtimes_toml 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes')
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$root/cni/net.d"
@@ -648,8 +637,6 @@ CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
   up)
     NODES=3
-    CONTAINERD2=0
-    RUNTIME_CLASS=0
     bare=0
     APISERVER_ARGS=
     while [[ $# -gt 0 ]]; do

@@ -64,13 +64,14 @@ fi
 total=$SECONDS
 mkdir -p "$BIN"
 rm -f "$STAMP"
-# Static, as containerd's release builds are, without the snapshotters the nodes disable.
+# Static, as containerd's release builds are: without the btrfs, devmapper and zfs snapshotters,
+# which need cgo and which the nodes do not use.
 ld="-s -w -X $MODULE/version.Version=$VERSION -X $MODULE/version.Package=$MODULE"
 for c in "${CMDS[@]}"; do
   start=$SECONDS
   log "building $c ..."
   (cd "$UPSTREAM" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false \
-    -tags=no_btrfs,no_devmapper,no_zfs,no_aufs -ldflags="$ld" -o "$BIN/$c.tmp" "$MODULE/cmd/$c") ||
+    -tags=no_btrfs,no_devmapper,no_zfs -ldflags="$ld" -o "$BIN/$c.tmp" "$MODULE/cmd/$c") ||
     die "building $c failed"
   mv -f "$BIN/$c.tmp" "$BIN/$c"
   log "built $c in $((SECONDS - start))s"

@@ -234,6 +234,12 @@ pub enum Command {
 }
 
 impl Flags {
+    /// How NVIDIA cards are named to the runtime: `--device-list-strategy`, with `cdi` added by
+    /// `--cdi`.
+    pub fn device_list(&self) -> plugin::DeviceList {
+        plugin::DeviceList { cdi: self.device_list_strategy.cdi || self.cdi, ..self.device_list_strategy }
+    }
+
     /// What mode `label` (the Node's `nano-gpu/enforcement`, if any) and `--enforcement` choose,
     /// with its host paths; a label that names no mode serves no card, with the reason.
     pub fn enforcement(&self, label: Option<&str>) -> enforce::Enforcement {

@@ -129,12 +129,7 @@ fn serve(flags: &Flags) -> ExitCode {
             }
             e => tracing::info!(mode = e.name(), "shares are enforced"),
         }
-        let edits = nano_gpu_agent::plugin::Edits {
-            cdi: flags.cdi,
-            devices: flags.device_list_strategy,
-            enforcement,
-            memory,
-        };
+        let edits = nano_gpu_agent::plugin::Edits { devices: flags.device_list(), enforcement, memory };
         let latest = usage::Latest::default();
         if !flags.probe_listen.is_empty() {
             let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
@@ -299,9 +294,12 @@ mod tests {
     /// The book's flag reference is this binary's clap definition (`docs/src/reference/`).
     #[test]
     fn cli_reference_is_the_books_page() {
-        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-agent.md");
-        let rendered =
-            nano_gpu_runtime::cli_reference::render("nano-gpu-agent flags", &super::Flags::command());
-        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+        let command = super::Flags::command();
+        nano_gpu_runtime::cli_reference::check_book_page(
+            env!("CARGO_MANIFEST_DIR"),
+            "cli-agent.md",
+            "nano-gpu-agent flags",
+            &command,
+        );
     }
 }

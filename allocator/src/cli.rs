@@ -63,6 +63,17 @@ pub fn demand_options(gpushare: Option<GpushareUnitArg>) -> DemandOptions {
     }
 }
 
+/// Where the agents run (`inspect`, `top`, `why`).
+#[derive(Args)]
+pub struct Agents {
+    /// Namespace of the agent DaemonSet, whose pods are `app.kubernetes.io/name=nano-gpu-agent`: `top`
+    /// reads their metrics; `inspect` and `why` count a node as serving only while a Ready one,
+    /// controlled by a DaemonSet, runs there, as the shipped allocator judges it (`serve
+    /// --require-ready-agent`).
+    #[arg(long = "agent-namespace", default_value = "nano-gpu-system")]
+    pub namespace: String,
+}
+
 /// `inspect`'s arguments.
 #[derive(Args)]
 pub struct InspectArgs {
@@ -76,11 +87,9 @@ pub struct InspectArgs {
     /// cluster is run (`serve --gpushare`), or its pods show as asking no GPU.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
     pub gpushare: Option<GpushareUnitArg>,
-    /// Namespace of the agent DaemonSet: a node counts as serving only while a Ready agent pod
-    /// (`app.kubernetes.io/name=nano-gpu-agent`, controlled by a DaemonSet) runs there, as the
-    /// shipped allocator judges it (`serve --require-ready-agent`).
-    #[arg(long, default_value = "nano-gpu-system")]
-    pub agent_namespace: String,
+    /// Where the agents run.
+    #[command(flatten)]
+    pub agents: Agents,
 }
 
 /// `top`'s arguments.
@@ -89,9 +98,9 @@ pub struct TopArgs {
     /// Only pods of this namespace.
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
-    /// Namespace of the agent DaemonSet.
-    #[arg(long, default_value = "nano-gpu-system")]
-    pub agent_namespace: String,
+    /// Where the agents run.
+    #[command(flatten)]
+    pub agents: Agents,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table")]
     pub format: Format,
@@ -111,11 +120,9 @@ pub struct WhyArgs {
     /// As `inspect --gpushare`.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
     pub gpushare: Option<GpushareUnitArg>,
-    /// Namespace of the agent DaemonSet: a node counts as serving only while a Ready agent pod
-    /// (`app.kubernetes.io/name=nano-gpu-agent`, controlled by a DaemonSet) runs there, as the
-    /// shipped allocator judges it (`serve --require-ready-agent`).
-    #[arg(long, default_value = "nano-gpu-system")]
-    pub agent_namespace: String,
+    /// Where the agents run.
+    #[command(flatten)]
+    pub agents: Agents,
 }
 
 /// `check`'s arguments.
@@ -184,7 +191,7 @@ async fn view(
 /// `inspect`: every node's cards, what is used and free, and the pods on each.
 pub fn inspect(args: InspectArgs, kube: &Kube) -> Result<()> {
     let view = block_on(async {
-        Ok(view(&kube.client().await?, args.gpushare, &args.agent_namespace).await?.inspect())
+        Ok(view(&kube.client().await?, args.gpushare, &args.agents.namespace).await?.inspect())
     })?;
     let view = inspect::only_node(view, args.node.as_deref());
     match args.format {
@@ -214,16 +221,16 @@ pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
 pub fn top(args: TopArgs, kube: &Kube) -> Result<()> {
     let rows = block_on(async {
         let client = kube.client().await?;
-        let agents = Api::<Pod>::namespaced(client.clone(), &args.agent_namespace)
+        let agents = Api::<Pod>::namespaced(client.clone(), &args.agents.namespace)
             .list(&ListParams::default().labels(&format!("{}={}", AGENT_LABEL.0, AGENT_LABEL.1)))
             .await
             .context("listing the agents")?;
         if agents.items.is_empty() {
-            bail!("no nano-gpu agent pod in namespace {}", args.agent_namespace);
+            bail!("no nano-gpu agent pod in namespace {}", args.agents.namespace);
         }
         // Every agent asked at once (16 in flight), each given 10 s.
         let scrape = |agent: &Pod| {
-            let (client, namespace) = (client.clone(), args.agent_namespace.clone());
+            let (client, namespace) = (client.clone(), args.agents.namespace.clone());
             let name = agent.metadata.name.clone().unwrap_or_default();
             let node = agent.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
             async move {
@@ -300,7 +307,7 @@ pub fn why(args: WhyArgs, kube: &Kube) -> Result<()> {
             })
             .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)))
             .and_then(|e| e.message);
-        let mut state = view(&client, args.gpushare, &args.agent_namespace).await?;
+        let mut state = view(&client, args.gpushare, &args.agents.namespace).await?;
         let nodes = state.why(&pod).map_err(|e| anyhow::anyhow!("pod {namespace}/{}: {e}", args.pod))?;
         let spec = pod.spec.as_ref();
         anyhow::Ok(Why {

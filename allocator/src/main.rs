@@ -432,9 +432,12 @@ mod tests {
     /// The book's flag reference is this binary's clap definition (`docs/src/reference/`).
     #[test]
     fn cli_reference_is_the_books_page() {
-        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-allocator.md");
-        let rendered =
-            nano_gpu_runtime::cli_reference::render("nano-gpu-allocator flags", &super::Cli::command());
-        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+        let command = super::Cli::command();
+        nano_gpu_runtime::cli_reference::check_book_page(
+            env!("CARGO_MANIFEST_DIR"),
+            "cli-allocator.md",
+            "nano-gpu-allocator flags",
+            &command,
+        );
     }
 }

@@ -71,9 +71,7 @@ impl std::str::FromStr for DeviceList {
 /// How containers are given their cards beyond the environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edits {
-    /// Also name NVIDIA cards as CDI devices (`nvidia.com/gpu=<uuid>`), for runtimes set up with CDI.
-    pub cdi: bool,
-    /// How NVIDIA cards are named to the runtime.
+    /// How NVIDIA cards are named to the runtime (`--cdi` is its `cdi`).
     pub devices: DeviceList,
     /// How a share of an NVIDIA card is limited.
     pub enforcement: Enforcement,
@@ -143,7 +141,7 @@ pub fn allocate(
         }
     }
     if !nvidia.is_empty() {
-        if edits.cdi || edits.devices.cdi {
+        if edits.devices.cdi {
             response.cdi_devices =
                 nvidia.iter().map(|u| CdiDevice { name: format!("nvidia.com/gpu={u}") }).collect();
         }

@@ -53,7 +53,7 @@ fn allocate_derives_the_cards_from_the_ids() {
         &ids("intel-0000:03:00.0", 0..50),
         None,
         Resource::Percent,
-        &Edits { cdi: true, ..Default::default() },
+        &Edits { devices: "envvar,volume-mounts,cdi".parse().unwrap(), ..Default::default() },
     )
     .unwrap();
     assert!(!r.envs.contains_key("NVIDIA_VISIBLE_DEVICES") && r.cdi_devices.is_empty());
@@ -66,7 +66,7 @@ fn allocate_derives_the_cards_from_the_ids() {
         &ids("GPU-a", 0..100),
         None,
         Resource::Percent,
-        &Edits { cdi: true, ..Default::default() },
+        &Edits { devices: "envvar,volume-mounts,cdi".parse().unwrap(), ..Default::default() },
     )
     .unwrap();
     assert_eq!(r.cdi_devices[0].name, "nvidia.com/gpu=GPU-a");

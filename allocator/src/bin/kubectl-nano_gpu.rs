@@ -51,9 +51,12 @@ mod tests {
     /// The book's flag reference is the plugin's clap definition (`docs/src/reference/`).
     #[test]
     fn cli_reference_is_the_books_page() {
-        let page = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli-kubectl-nano-gpu.md");
-        let rendered =
-            nano_gpu_runtime::cli_reference::render("kubectl nano-gpu flags", &super::Plugin::command());
-        nano_gpu_runtime::cli_reference::check_page(std::path::Path::new(page), &rendered);
+        let command = super::Plugin::command();
+        nano_gpu_runtime::cli_reference::check_book_page(
+            env!("CARGO_MANIFEST_DIR"),
+            "cli-kubectl-nano-gpu.md",
+            "kubectl nano-gpu flags",
+            &command,
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The flag reference of a binary, rendered from its clap definition as a page of the book
 //! (`docs/src/reference/cli-*.md`), so the page cannot drift from the code: each binary's tests render
-//! it and compare ([`check_page`]); `NANO_GPU_BLESS=1` writes it anew.
+//! it and compare ([`check_book_page`]); `NANO_GPU_BLESS=1` writes it anew.
 
 use clap::Command;
 use std::fmt::Write as _;
@@ -73,9 +73,15 @@ fn cell(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|")
 }
 
-/// Compares `rendered` with the page at `page` and panics with what to run when they differ; with
-/// `NANO_GPU_BLESS=1` in the environment it writes the page instead.
-pub fn check_page(page: &Path, rendered: &str) {
+/// A binary's test: the book's page `file` (under `docs/src/reference/`, found from the crate's
+/// `manifest_dir`, a directory below the repository's root) is `command` rendered under `title`.
+/// Panics with what to run when it is not; with `NANO_GPU_BLESS=1` it writes the page instead.
+pub fn check_book_page(manifest_dir: &str, file: &str, title: &str, command: &Command) {
+    let page = Path::new(manifest_dir).join("../docs/src/reference").join(file);
+    check_page(&page, &render(title, command));
+}
+
+fn check_page(page: &Path, rendered: &str) {
     if std::env::var_os("NANO_GPU_BLESS").is_some_and(|v| v == "1") {
         std::fs::write(page, rendered).unwrap_or_else(|e| panic!("writing {}: {e}", page.display()));
         return;
