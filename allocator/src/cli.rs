@@ -70,8 +70,8 @@ pub struct Agents {
     /// reads their metrics; `inspect` and `why` count a node as serving only while a Ready one,
     /// controlled by a DaemonSet, runs there, as the shipped allocator judges it (`serve
     /// --require-ready-agent`).
-    #[arg(long = "agent-namespace", default_value = "nano-gpu-system")]
-    pub namespace: String,
+    #[arg(long, value_name = "NAMESPACE", default_value = "nano-gpu-system")]
+    pub agent_namespace: String,
 }
 
 /// `inspect`'s arguments.
@@ -191,7 +191,7 @@ async fn view(
 /// `inspect`: every node's cards, what is used and free, and the pods on each.
 pub fn inspect(args: InspectArgs, kube: &Kube) -> Result<()> {
     let view = block_on(async {
-        Ok(view(&kube.client().await?, args.gpushare, &args.agents.namespace).await?.inspect())
+        Ok(view(&kube.client().await?, args.gpushare, &args.agents.agent_namespace).await?.inspect())
     })?;
     let view = inspect::only_node(view, args.node.as_deref());
     match args.format {
@@ -221,16 +221,16 @@ pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
 pub fn top(args: TopArgs, kube: &Kube) -> Result<()> {
     let rows = block_on(async {
         let client = kube.client().await?;
-        let agents = Api::<Pod>::namespaced(client.clone(), &args.agents.namespace)
+        let agents = Api::<Pod>::namespaced(client.clone(), &args.agents.agent_namespace)
             .list(&ListParams::default().labels(&format!("{}={}", AGENT_LABEL.0, AGENT_LABEL.1)))
             .await
             .context("listing the agents")?;
         if agents.items.is_empty() {
-            bail!("no nano-gpu agent pod in namespace {}", args.agents.namespace);
+            bail!("no nano-gpu agent pod in namespace {}", args.agents.agent_namespace);
         }
         // Every agent asked at once (16 in flight), each given 10 s.
         let scrape = |agent: &Pod| {
-            let (client, namespace) = (client.clone(), args.agents.namespace.clone());
+            let (client, namespace) = (client.clone(), args.agents.agent_namespace.clone());
             let name = agent.metadata.name.clone().unwrap_or_default();
             let node = agent.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
             async move {
@@ -307,7 +307,7 @@ pub fn why(args: WhyArgs, kube: &Kube) -> Result<()> {
             })
             .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)))
             .and_then(|e| e.message);
-        let mut state = view(&client, args.gpushare, &args.agents.namespace).await?;
+        let mut state = view(&client, args.gpushare, &args.agents.agent_namespace).await?;
         let nodes = state.why(&pod).map_err(|e| anyhow::anyhow!("pod {namespace}/{}: {e}", args.pod))?;
         let spec = pod.spec.as_ref();
         anyhow::Ok(Why {

@@ -75,8 +75,11 @@ fn cell(text: &str) -> String {
 
 /// A binary's test: the book's page `file` (under `docs/src/reference/`, found from the crate's
 /// `manifest_dir`, a directory below the repository's root) is `command` rendered under `title`.
-/// Panics with what to run when it is not; with `NANO_GPU_BLESS=1` it writes the page instead.
+/// Panics with what to run when it is not; with `NANO_GPU_BLESS=1` it writes the page instead. First
+/// clap's own checks of the definition (unique names and the like), which it runs only at parse
+/// otherwise.
 pub fn check_book_page(manifest_dir: &str, file: &str, title: &str, command: &Command) {
+    command.clone().debug_assert();
     let page = Path::new(manifest_dir).join("../docs/src/reference").join(file);
     check_page(&page, &render(title, command));
 }
