@@ -421,7 +421,10 @@ clusterDomain: cluster.local
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: { memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
+# The nodes share the machine's disk: a percentage of a big shared disk (1 % of 250 GB) would set
+# DiskPressure, taint every node and stop scheduling while gigabytes are free. What stops the node
+# instead is what stops a real one: too little left to write its own state.
+evictionHard: { memory.available: "50Mi", nodefs.available: "256Mi", imagefs.available: "256Mi", nodefs.inodesFree: "1%" }
 EOF
   # client.go at 2: the device manager's line for each device list a plugin sends ("State pushed
   # for device plugin"), which the tests read to tell when a restarted kubelet had our devices.
@@ -611,8 +614,12 @@ down() {
   while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done \
     < <(awk -v d="$DIR/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
   rm -f "$DIR/netns" "$DIR"/nodes/*/mntns
-  awk -v d="$DIR/" 'index($5, d) == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo &&
-    log "mounts left under $DIR" || true
+  if awk -v d="$DIR/" 'index($5, d) == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
+    log "mounts left under $DIR"
+  else
+    # What only a running cluster needs (images, snapshots, the etcd data) goes; the logs stay.
+    rm -rf "$DIR"/nodes/*/var/lib/containerd "$DIR/etcd"
+  fi
 }
 
 # cluster_env: what `up` wrote (NANO_GPU_BIN given in the environment wins).

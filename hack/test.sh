@@ -9,6 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The test clusters' nodes and the build share the disk; a node with too little of it left stops
+# scheduling (DiskPressure), which reads as a cluster that never came up.
+for dir in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
+  mkdir -p "$dir"
+  free_gb=$(( $(df -Pk "$dir" | awk 'NR == 2 { print $4 }') / 1024 / 1024 ))
+  echo "== disk: ${free_gb} GB free for $dir"
+  if (( free_gb < 10 )); then echo "warning: under 10 GB free for $dir; the cluster tests need several" >&2; fi
+done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"
