@@ -4,7 +4,12 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     #[cfg(feature = "grpc")]
     {
-        let files = ["api/deviceplugin_v1beta1.proto", "api/podresources_v1.proto"];
+        let files = [
+            "api/deviceplugin_v1beta1.proto",
+            "api/podresources_v1.proto",
+            "api/dra_v1.proto",
+            "api/pluginregistration_v1.proto",
+        ];
         let descriptors = protox::compile(files, ["api"])?;
         tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
     }

@@ -20,6 +20,8 @@
 //!   outlives an agent crash.
 //! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
 //!   [`daemons`]: the agent's watch on them.
+//! - [`dra`]: the DRA kubelet plugin beside the device plugin, over the same cards and container
+//!   edits (`--dra`): ResourceSlices, prepare and unprepare, CDI specs.
 //! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
 //!   memory-overrun watchdog.
 
@@ -27,6 +29,7 @@ pub mod canary;
 pub mod checkpoint;
 pub mod coexist;
 pub mod daemons;
+pub mod dra;
 pub mod enforce;
 pub mod health;
 pub mod inventory;
@@ -187,6 +190,21 @@ pub struct Flags {
     /// labelled `nano-gpu/device-isolation=env-honoured` and warned about; unset: no canary.
     #[arg(long, env = "NANO_GPU_RUNTIME_CANARY")]
     pub runtime_canary: Option<PathBuf>,
+    /// Also serve the cards as a DRA driver (`gpu.nano-gpu.io`): publish the node's ResourceSlice,
+    /// register with the kubelet's plugin registry and prepare the claims it names as CDI devices
+    /// (needs a runtime with CDI, and a node name). The allocator does not yet place claims or count
+    /// them beside the device plugin's shares: serve a node's cards through one of the two.
+    #[arg(long, env = "NANO_GPU_DRA")]
+    pub dra: bool,
+    /// The kubelet's plugin registry, where the DRA plugin's registration socket goes.
+    #[arg(long, env = "NANO_GPU_DRA_REGISTRY_DIR", default_value = "/var/lib/kubelet/plugins_registry")]
+    pub dra_registry_dir: PathBuf,
+    /// The DRA plugin's own directory, where its service socket goes.
+    #[arg(long, env = "NANO_GPU_DRA_PLUGIN_DIR", default_value = "/var/lib/kubelet/plugins/gpu.nano-gpu.io")]
+    pub dra_plugin_dir: PathBuf,
+    /// The node's CDI spec directory, read by the container runtime: one spec per prepared claim.
+    #[arg(long, env = "NANO_GPU_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
     /// What to do (default: run the agent).
     #[command(subcommand)]
     pub command: Option<Command>,

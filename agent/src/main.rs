@@ -49,11 +49,13 @@ fn serve(flags: &Flags) -> ExitCode {
         }
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
         let (mut residents, mut reports_tx, mut sweep, mut node_client) = (None, None, None, None);
+        let mut dra_client: Option<(kube::Client, String)> = None;
         let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
                     node_client = Some((client.clone(), node.clone()));
+                    dra_client = node_client.clone();
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
                         return Ok(());
@@ -160,6 +162,19 @@ fn serve(flags: &Flags) -> ExitCode {
             };
             (sampling, latest)
         });
+        let dra = match (&dra_client, flags.dra) {
+            (Some((client, node)), true) => Some(nano_gpu_agent::dra::FrontEnd {
+                paths: nano_gpu_agent::dra::Paths {
+                    registry_dir: flags.dra_registry_dir.clone(),
+                    plugin_dir: flags.dra_plugin_dir.clone(),
+                    cdi_dir: flags.cdi_dir.clone(),
+                },
+                node: node.clone(),
+                client: client.clone(),
+            }),
+            (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
+            _ => None,
+        };
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
             backend_dir: flags.backend_dir.clone(),
@@ -175,6 +190,7 @@ fn serve(flags: &Flags) -> ExitCode {
             told,
             sweep,
             allocatable: Some(Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()))),
+            dra,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

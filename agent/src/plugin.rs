@@ -19,7 +19,7 @@ pub mod socket;
 mod tests;
 
 pub use devices::{derive, devices, prefer};
-pub use edits::{Claimed, DEVICE_LIST_MOUNTS, DeviceList, Edits, allocate};
+pub use edits::{Claimed, DEVICE_LIST_MOUNTS, DeviceList, Edits, allocate, container_edits};
 pub use identity::{Identity, Report};
 pub use socket::{bind, options, register, serve, serve_on};
 

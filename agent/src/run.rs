@@ -230,6 +230,8 @@ pub struct Agent {
     /// The kubelet's pod-resources API, asked which cards other device plugins serve
     /// ([`crate::coexist`]; absent: not asked).
     pub allocatable: Option<Arc<crate::podresources::PodResourcesSocket>>,
+    /// The DRA front end over the same cards (absent: the device plugin only).
+    pub dra: Option<crate::dra::FrontEnd>,
 }
 
 /// How often the kubelet is asked which cards other device plugins serve.
@@ -252,6 +254,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         told,
         sweep,
         allocatable,
+        dra,
     } = agent;
     let backends: Backends = Arc::new(backends);
     readiness.set_guarantee(edits.guarantee());
@@ -283,6 +286,8 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))),
         _ => None,
     };
+    let _dra = dra
+        .map(|front| AbortOnDrop(tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone()))));
     let _coexist = allocatable.map(|kubelet| {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
         AbortOnDrop(tokio::spawn(crate::coexist::watch(

@@ -144,6 +144,7 @@ fn agent_named(
         told: None,
         sweep: None,
         allocatable: None,
+        dra: None,
     };
     run::run(agent, stopped)
 }

@@ -128,9 +128,21 @@ pub fn allocate(
     edits: &Edits,
 ) -> Result<ContainerAllocateResponse, Status> {
     let got = derive(cards, ids)?;
+    container_edits(&got, claimed, resource, edits)
+}
+
+/// What one container gets for `got`: each card with how many units of `resource` it holds there
+/// (the core both front ends share: the device plugin derives `got` from the kubelet's IDs, the DRA
+/// plugin from a claim's allocation, which is in percent).
+pub fn container_edits(
+    got: &[(&Card, u32)],
+    claimed: Option<&Claimed>,
+    resource: Resource,
+    edits: &Edits,
+) -> Result<ContainerAllocateResponse, Status> {
     let mut response = ContainerAllocateResponse::default();
     let mut nvidia = Vec::new();
-    for (card, _) in &got {
+    for (card, _) in got {
         match card.info.vendor {
             Vendor::Nvidia => nvidia.push(card.info.uuid.clone()),
             Vendor::Intel => response.devices.extend(card.device_nodes.iter().map(|p| DeviceSpec {
@@ -184,7 +196,7 @@ pub fn allocate(
     }
     env.insert("NANO_GPU_MEMORY_MIB".into(), memory.to_string());
     env.insert("NANO_GPU_CARDS".into(), uuids.join(","));
-    if let [(card, n)] = got.as_slice()
+    if let [(card, n)] = got
         && card.info.vendor == Vendor::Nvidia
     {
         let (n, units) = (u64::from(*n), resource.card_units(card));

@@ -1,0 +1,353 @@
+//! The DRA front end: the agent as a Dynamic Resource Allocation kubelet plugin for the driver
+//! [`DRIVER`], beside the device plugin and over the same model of the node's cards (the inventory
+//! loop's snapshot) and the same container edits ([`crate::plugin::container_edits`]).
+//!
+//! - [`slice`]: the cards as the node's ResourceSlice (each card one device, shared by capacity).
+//! - [`prepare`]: a claim's allocation read against the cards (pure).
+//! - [`cdi`]: prepared claims as CDI spec files, the front end's only state.
+//! - here: the kubelet's plugin registration and the DRA gRPC service, on unix sockets.
+//!
+//! Not yet: the allocator does not write claims' allocations (kube-scheduler's own DRA allocator
+//! picks the card, first fit) and does not count DRA claims beside the device plugin's shares, so a
+//! node's cards must be served by one of the two front ends only; the driver's per-pod memory limit
+//! (set at the device plugin's PreStartContainer) is not set for claims.
+
+pub mod cdi;
+pub mod prepare;
+pub mod slice;
+
+use crate::plugin::{Edits, Snapshot};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use nano_gpu_proto::kubelet::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
+use nano_gpu_proto::kubelet::dra::{
+    Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
+};
+use nano_gpu_proto::kubelet::pluginregistration::registration_server::{Registration, RegistrationServer};
+use nano_gpu_proto::kubelet::pluginregistration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use nano_gpu_proto::kubelet::{DRA_PLUGIN_TYPE, DRA_SERVICE};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+/// The DRA driver's name: the ResourceSlices', the DeviceClass's and the claims' `driver`.
+pub const DRIVER: &str = "gpu.nano-gpu.io";
+
+/// Where the front end serves and writes.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// The kubelet's plugin registry (`/var/lib/kubelet/plugins_registry`): the registration socket.
+    pub registry_dir: PathBuf,
+    /// The driver's own directory (`/var/lib/kubelet/plugins/gpu.nano-gpu.io`): the DRA socket.
+    pub plugin_dir: PathBuf,
+    /// The node's CDI spec directory, which the container runtime reads (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+}
+
+impl Paths {
+    /// The registration socket, `<registry>/gpu.nano-gpu.io-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{DRIVER}-reg.sock"))
+    }
+
+    /// The DRA service socket, `<plugin dir>/dra.sock`.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join("dra.sock")
+    }
+}
+
+/// How the front end reads a claim the kubelet names.
+pub trait Claims: Send + Sync + 'static {
+    /// The claim `namespace/name`, or why it cannot be read.
+    fn get(&self, namespace: &str, name: &str) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+}
+
+/// Claims read from the API server.
+pub struct ApiClaims(pub kube::Client);
+
+impl Claims for ApiClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
+        api.get(name).await.map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+    }
+}
+
+/// The DRA gRPC service.
+pub struct Driver<C> {
+    /// Where claims come from.
+    pub claims: C,
+    /// This node (the pool of its devices).
+    pub node: String,
+    /// The node's cards, as the inventory loop has them.
+    pub cards: watch::Receiver<Snapshot>,
+    /// What containers get beyond their cards (the device plugin's settings).
+    pub edits: Edits,
+    /// Where the CDI specs go.
+    pub cdi_dir: PathBuf,
+}
+
+impl<C: Claims> Driver<C> {
+    /// Prepares one claim: reads it, checks its allocation against the cards, writes its CDI spec.
+    async fn prepare(&self, claim: &Claim) -> Result<Vec<Device>, String> {
+        let read = self.claims.get(&claim.namespace, &claim.name).await?;
+        let uid = read.metadata.uid.as_deref().unwrap_or("");
+        if uid != claim.uid {
+            return Err(format!(
+                "claim {}/{} has UID {uid}, not {} (deleted and made again?)",
+                claim.namespace, claim.name, claim.uid
+            ));
+        }
+        let cards = self.cards.borrow().clone();
+        let grants = prepare::grants(&read, &self.node, &cards)?;
+        let prepared = prepare::prepare(&grants, &cards, &self.edits)?;
+        cdi::write(&self.cdi_dir, uid, &cdi::spec(uid, &prepared))
+            .map_err(|e| format!("writing the CDI spec in {}: {e}", self.cdi_dir.display()))?;
+        let mut devices = Vec::new();
+        for (n, p) in prepared.iter().enumerate() {
+            for (i, g) in p.grants.iter().enumerate() {
+                // The request's edits once (on its first device), and each card's own CDI device
+                // where the runtime names cards by CDI.
+                let mut ids: Vec<String> = Vec::new();
+                if i == 0 {
+                    ids.push(cdi::device_id(uid, n));
+                }
+                let own = format!("={}", g.uuid);
+                ids.extend(
+                    p.edits.cdi_devices.iter().filter(|d| d.name.ends_with(&own)).map(|d| d.name.clone()),
+                );
+                devices.push(Device {
+                    request_names: vec![g.request.clone()],
+                    pool_name: self.node.clone(),
+                    device_name: g.device.clone(),
+                    cdi_device_ids: ids,
+                    share_id: g.share_id.clone(),
+                });
+            }
+        }
+        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid, devices = devices.len(), "claim prepared");
+        Ok(devices)
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Claims> DraPlugin for Driver<C> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut response = NodePrepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let answer = match self.prepare(&claim).await {
+                Ok(devices) => NodePrepareResourceResponse { devices, error: String::new() },
+                Err(error) => {
+                    tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error, "claim not prepared");
+                    NodePrepareResourceResponse { devices: Vec::new(), error }
+                }
+            };
+            response.claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let mut response = NodeUnprepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let error = match cdi::remove(&self.cdi_dir, &claim.uid) {
+                Ok(()) => {
+                    tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = claim.uid, "claim unprepared");
+                    String::new()
+                }
+                Err(e) => format!("removing the CDI spec of claim {}: {e}", claim.uid),
+            };
+            response.claims.insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(response))
+    }
+}
+
+/// The registration service the kubelet's plugin watcher finds in its registry.
+pub struct Registrar {
+    /// What the kubelet is told.
+    pub info: PluginInfo,
+    /// The kubelet's last answer: `None` before one, else whether it took the plugin (or why not).
+    pub status: watch::Sender<Option<Result<(), String>>>,
+}
+
+impl Registrar {
+    /// The registration of [`DRIVER`] serving [`DRA_SERVICE`] on `dra_socket`.
+    pub fn new(dra_socket: &Path) -> Registrar {
+        Registrar {
+            info: PluginInfo {
+                r#type: DRA_PLUGIN_TYPE.into(),
+                name: DRIVER.into(),
+                endpoint: dra_socket.display().to_string(),
+                supported_versions: vec![DRA_SERVICE.into()],
+            },
+            status: watch::channel(None).0,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(driver = DRIVER, "the kubelet registered the DRA plugin");
+            self.status.send_replace(Some(Ok(())));
+        } else {
+            tracing::error!(driver = DRIVER, error = status.error, "the kubelet refused the DRA plugin");
+            self.status.send_replace(Some(Err(status.error)));
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// Serves `routes` on the unix socket `socket` (a stale file is removed first) until `stop`.
+async fn serve_unix(
+    socket: &Path,
+    routes: Routes,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let listener = crate::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    Server::builder()
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await
+        .map_err(|e| format!("serving {}: {e}", socket.display()))
+}
+
+/// How often the slice is written again after the API server refused it.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// How often the slice is compared with the cards though they did not change (someone edited or
+/// deleted it).
+const RECHECK: Duration = Duration::from_secs(60);
+
+/// Runs the front end until `shutdown`: the DRA service first, then the registration (so the
+/// kubelet never finds a registration whose service does not answer), and the node's ResourceSlice
+/// whenever the cards change. The registration socket goes when it stops: the kubelet then
+/// unregisters the driver.
+pub async fn run<C: Claims>(
+    paths: Paths,
+    driver: Driver<C>,
+    publisher: Option<slice::Publisher>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let mut cards = driver.cards.clone();
+    let stop = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let dra_socket = paths.dra_socket();
+    let registration = paths.registration_socket();
+    let registrar = Registrar::new(&dra_socket);
+    let dra = {
+        let (socket, stopped) = (dra_socket.clone(), stop(shutdown.clone()));
+        tokio::spawn(
+            async move { serve_unix(&socket, Routes::new(DraPluginServer::new(driver)), stopped).await },
+        )
+    };
+    // The DRA socket exists once bound: wait for it before the kubelet can be told about it.
+    while !dra_socket.exists() {
+        if dra.is_finished() {
+            return dra.await.map_err(|e| e.to_string())?;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let register = {
+        let (socket, stopped) = (registration.clone(), stop(shutdown.clone()));
+        tokio::spawn(async move {
+            serve_unix(&socket, Routes::new(RegistrationServer::new(registrar)), stopped).await
+        })
+    };
+    tracing::info!(driver = DRIVER, socket = %registration.display(), "DRA plugin serving");
+    let publish = async {
+        let Some(publisher) = publisher else { return std::future::pending().await };
+        loop {
+            let fresh = cards.borrow_and_update().clone();
+            match publisher.publish(&fresh).await {
+                Ok(true) => tracing::info!(devices = fresh.len(), "ResourceSlice published"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "publishing the ResourceSlice failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+            if let Ok(Err(_)) = tokio::time::timeout(RECHECK, cards.changed()).await {
+                return std::future::pending().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = publish => {}
+        _ = shutdown.wait_for(|s| *s) => {}
+    }
+    let _ = std::fs::remove_file(&registration);
+    let (a, b) = (dra.await, register.await);
+    a.map_err(|e| e.to_string())??;
+    b.map_err(|e| e.to_string())?
+}
+
+/// The front end as the agent runs it on a node: claims and the slice through the API server.
+pub struct FrontEnd {
+    /// Where it serves and writes.
+    pub paths: Paths,
+    /// This node.
+    pub node: String,
+    /// The agent's client.
+    pub client: kube::Client,
+}
+
+impl FrontEnd {
+    /// Serves the node's cards `cards` with the container edits `edits` until `shutdown`; an error
+    /// it ends with is logged (the device plugin goes on serving).
+    pub async fn run(self, cards: watch::Receiver<Snapshot>, edits: Edits, shutdown: watch::Receiver<bool>) {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
+        // The slice is owned by the Node: its UID first.
+        let node_uid = loop {
+            match nodes.get(&self.node).await {
+                Ok(n) => break n.metadata.uid.unwrap_or_default(),
+                Err(e) => {
+                    tracing::warn!(error = %e, node = self.node, "reading the Node for its ResourceSlice; retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        let publisher = slice::Publisher {
+            slices: kube::Api::all(self.client.clone()),
+            node: self.node.clone(),
+            node_uid,
+        };
+        let driver = Driver {
+            claims: ApiClaims(self.client),
+            node: self.node,
+            cards,
+            edits,
+            cdi_dir: self.paths.cdi_dir.clone(),
+        };
+        if let Err(e) = run(self.paths, driver, Some(publisher), shutdown).await {
+            tracing::error!(error = %e, "the DRA plugin stopped");
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The DRA front end as the kubelet meets it, over real unix sockets in a temp dir: the registration
+//! the plugin watcher reads, then NodePrepareResources and NodeUnprepareResources on the driver's
+//! socket, with claims as the API server has them and the CDI specs a runtime would read.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use nano_gpu_agent::dra::{self, Claims, Driver, Paths, cdi};
+use nano_gpu_agent::inventory::Card;
+use nano_gpu_agent::plugin::{DeviceList, Edits, Snapshot};
+use nano_gpu_proto::kubelet::dra::dra_plugin_client::DraPluginClient;
+use nano_gpu_proto::kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use nano_gpu_proto::kubelet::pluginregistration::registration_client::RegistrationClient;
+use nano_gpu_proto::kubelet::pluginregistration::{InfoRequest, RegistrationStatus};
+use nano_gpu_proto::units::MiB;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+const NODE: &str = "node-1";
+
+/// Claims as the API server has them, by namespace and name.
+#[derive(Clone, Default)]
+struct Store(Arc<Mutex<HashMap<(String, String), ResourceClaim>>>);
+
+impl Claims for Store {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let claims = self.0.lock().unwrap();
+        claims
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| format!("claim {name} not found"))
+    }
+}
+
+impl Store {
+    /// Adds the claim `name` (UID `uid-<name>`) allocated `results`; returns the kubelet's `Claim`.
+    fn add(&self, name: &str, results: Value) -> Claim {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": "team-a", "uid": format!("uid-{name}") },
+            "spec": {},
+            "status": { "allocation": { "devices": { "results": results } } },
+        }))
+        .unwrap();
+        self.0.lock().unwrap().insert(("team-a".into(), name.into()), claim);
+        Claim { namespace: "team-a".into(), uid: format!("uid-{name}"), name: name.into() }
+    }
+}
+
+/// One allocation result of this driver on this node.
+fn result(request: &str, device: &str, capacity: Value) -> Value {
+    json!({ "request": request, "driver": dra::DRIVER, "pool": NODE, "device": device,
+            "consumedCapacity": capacity, "shareID": format!("share-{request}-{device}") })
+}
+
+fn cards() -> Vec<Card> {
+    vec![
+        Card::nvidia(0, "GPU-aaaa", "NVIDIA A100-SXM4-80GB", MiB(81920), None),
+        Card::nvidia(1, "GPU-bbbb", "NVIDIA A100-SXM4-80GB", MiB(81920), None),
+        Card::nvidia(2, "GPU-cccc", "Tesla T4", MiB(15360), None),
+    ]
+}
+
+struct Running {
+    dir: PathBuf,
+    paths: Paths,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Running {
+    async fn start(name: &str, store: Store, edits: Edits) -> Running {
+        let dir = std::env::temp_dir().join(format!("nano-gpu-dra-{name}-{}", std::process::id()));
+        Running::start_in(dir, store, edits).await
+    }
+
+    async fn start_in(dir: PathBuf, store: Store, edits: Edits) -> Running {
+        let paths = Paths {
+            registry_dir: dir.join("plugins_registry"),
+            plugin_dir: dir.join("plugins").join(dra::DRIVER),
+            cdi_dir: dir.join("cdi"),
+        };
+        let (_cards, rx) = watch::channel::<Snapshot>(Arc::new(cards()));
+        let driver = Driver {
+            claims: store.clone(),
+            node: NODE.into(),
+            cards: rx,
+            edits,
+            cdi_dir: paths.cdi_dir.clone(),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(dra::run(paths.clone(), driver, None, stopped));
+        std::mem::forget(_cards);
+        Running { dir, paths, stop, task }
+    }
+
+    async fn stop(self) -> PathBuf {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap().unwrap();
+        self.dir
+    }
+
+    async fn client(&self) -> DraPluginClient<Channel> {
+        DraPluginClient::new(channel(&self.paths.dra_socket()).await)
+    }
+
+    fn spec(&self, uid: &str) -> Option<Value> {
+        let text = std::fs::read(cdi::path(&self.paths.cdi_dir, uid)).ok()?;
+        Some(serde_json::from_slice(&text).unwrap())
+    }
+}
+
+/// A connection to `socket` once it answers (never by testing that the file exists).
+async fn channel(socket: &Path) -> Channel {
+    for _ in 0..500 {
+        if let Ok(channel) = nano_gpu_runtime::unix_channel(socket.to_owned()).await {
+            return channel;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{} never answered", socket.display())
+}
+
+fn env(device: &Value) -> HashMap<String, String> {
+    device["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let (k, v) = e.as_str().unwrap().split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+fn mounts(device: &Value) -> Vec<String> {
+    device["containerEdits"]["mounts"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["containerPath"].as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_kubelet_finds_the_driver_its_socket_and_the_v1_service_in_the_registry() {
+    let running = Running::start("registry", Store::default(), Edits::default()).await;
+    let mut registration = RegistrationClient::new(channel(&running.paths.registration_socket()).await);
+    let info = registration.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.nano-gpu.io");
+    assert_eq!(PathBuf::from(&info.endpoint), running.paths.dra_socket());
+    assert_eq!(info.supported_versions, vec!["v1.DRAPlugin".to_owned()]);
+    // The service it names answers by then.
+    let mut client = running.client().await;
+    client.node_unprepare_resources(NodeUnprepareResourcesRequest { claims: vec![] }).await.unwrap();
+    registration
+        .notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
+        .await
+        .unwrap();
+    drop((registration, client));
+    let registry = running.paths.registration_socket();
+    let dir = running.stop().await;
+    // Stopped: the registration is gone, so the kubelet unregisters the driver.
+    assert!(!registry.exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_share_is_prepared_as_a_cdi_device_with_its_card_its_limits_and_its_share_id() {
+    let store = Store::default();
+    let running = Running::start("share", store.clone(), Edits::default()).await;
+    let claim = store.add("share", json!([result("gpu", "gpu-1", json!({"percent": "30"}))]));
+    let mut client = running.client().await;
+    let answer = client
+        .node_prepare_resources(NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+        .await
+        .unwrap()
+        .into_inner();
+    let got = &answer.claims["uid-share"];
+    assert_eq!(got.error, "");
+    assert_eq!(got.devices.len(), 1);
+    let device = &got.devices[0];
+    assert_eq!((device.pool_name.as_str(), device.device_name.as_str()), (NODE, "gpu-1"));
+    assert_eq!(device.request_names, vec!["gpu".to_owned()]);
+    assert_eq!(device.cdi_device_ids, vec!["nano-gpu.io/claim=uid-share-0".to_owned()]);
+    assert_eq!(device.share_id.as_deref(), Some("share-gpu-gpu-1"));
+
+    let spec = running.spec("uid-share").expect("the claim's CDI spec");
+    assert_eq!(spec["kind"], "nano-gpu.io/claim");
+    assert_eq!(spec["devices"][0]["name"], "uid-share-0");
+    let env = env(&spec["devices"][0]);
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-bbbb");
+    assert_eq!(env["NANO_GPU_PERCENT"], "30");
+    assert_eq!(env["NANO_GPU_CARDS"], "GPU-bbbb");
+    // The one memory rule: 30 % of the card's 80 GiB.
+    assert_eq!(env["NANO_GPU_MEMORY_MIB"], "24576");
+    assert_eq!(mounts(&spec["devices"][0]), vec!["/var/run/nvidia-container-devices/GPU-bbbb".to_owned()]);
+
+    // Prepared again (the kubelet retries, or restarted): the same answer, the same spec.
+    let again =
+        client.node_prepare_resources(NodePrepareResourcesRequest { claims: vec![claim] }).await.unwrap();
+    assert_eq!(&again.into_inner().claims["uid-share"], got);
+    assert_eq!(running.spec("uid-share").unwrap(), spec);
+    drop(client);
+    let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
+#[tokio::test]
+async fn a_request_of_two_cards_is_one_cdi_device_and_asked_memory_is_held() {
+    let store = Store::default();
+    let edits =
+        Edits { devices: DeviceList { envvar: true, volume_mounts: true, cdi: true }, ..Default::default() };
+    let running = Running::start("two", store.clone(), edits).await;
+    let claim = store.add(
+        "two",
+        json!([
+            result("pair", "gpu-0", json!({})),
+            result("pair", "gpu-1", json!({})),
+            result("small", "gpu-2", json!({"percent": "10", "memory": "4Gi"})),
+        ]),
+    );
+    let mut client = running.client().await;
+    let answer =
+        client.node_prepare_resources(NodePrepareResourcesRequest { claims: vec![claim] }).await.unwrap();
+    let got = &answer.into_inner().claims["uid-two"];
+    assert_eq!(got.error, "");
+    let ids: Vec<Vec<String>> = got.devices.iter().map(|d| d.cdi_device_ids.clone()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            vec!["nano-gpu.io/claim=uid-two-0".to_owned(), "nvidia.com/gpu=GPU-aaaa".to_owned()],
+            vec!["nvidia.com/gpu=GPU-bbbb".to_owned()],
+            vec!["nano-gpu.io/claim=uid-two-1".to_owned(), "nvidia.com/gpu=GPU-cccc".to_owned()],
+        ]
+    );
+    let spec = running.spec("uid-two").unwrap();
+    let pair = env(&spec["devices"][0]);
+    assert_eq!(pair["NVIDIA_VISIBLE_DEVICES"], "GPU-aaaa,GPU-bbbb");
+    assert_eq!(pair["NANO_GPU_PERCENT"], "200");
+    assert_eq!(
+        mounts(&spec["devices"][0]),
+        vec!["/var/run/nvidia-container-devices/GPU-aaaa", "/var/run/nvidia-container-devices/GPU-bbbb"]
+    );
+    let small = env(&spec["devices"][1]);
+    assert_eq!(small["NVIDIA_VISIBLE_DEVICES"], "GPU-cccc");
+    assert_eq!(small["NANO_GPU_MEMORY_MIB"], "4096");
+    drop(client);
+    let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
+#[tokio::test]
+async fn bad_claims_are_refused_with_their_reason_and_nothing_is_written() {
+    let store = Store::default();
+    let running = Running::start("bad", store.clone(), Edits::default()).await;
+    let other_node =
+        json!([{ "request": "gpu", "driver": dra::DRIVER, "pool": "node-2", "device": "gpu-0" }]);
+    let other_driver =
+        json!([{ "request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0" }]);
+    let cases = [
+        ("unallocated", Value::Null, "is not allocated"),
+        ("other-driver", other_driver, "has no device of driver gpu.nano-gpu.io"),
+        ("other-node", other_node, "not this node's"),
+        ("unknown", json!([result("gpu", "gpu-9", json!({}))]), "has no card 9"),
+        ("renamed", json!([result("gpu", "card-0", json!({}))]), "not one of this driver's names"),
+        ("too-much", json!([result("gpu", "gpu-0", json!({"percent": "150"}))]), "percent 150"),
+        ("fraction", json!([result("gpu", "gpu-0", json!({"percent": "500m"}))]), "not a whole number"),
+        ("garbage", json!([result("gpu", "gpu-0", json!({"percent": "lots"}))]), "percent of gpu-0"),
+        ("memory", json!([result("gpu", "gpu-2", json!({"memory": "16Gi"}))]), "16384 MiB of gpu-2"),
+        (
+            "twice",
+            json!([
+                result("a", "gpu-0", json!({"percent": "60"})),
+                result("b", "gpu-0", json!({"percent": "60"}))
+            ]),
+            "120 % of gpu-0",
+        ),
+    ];
+    let mut claims = Vec::new();
+    for (name, results, _) in &cases {
+        let mut claim = store.add(name, results.clone());
+        if results.is_null() {
+            let mut all = store.0.lock().unwrap();
+            all.get_mut(&("team-a".into(), (*name).into())).unwrap().status = None;
+        }
+        claim.namespace = "team-a".into();
+        claims.push(claim);
+    }
+    // A claim made again under the same name has another UID than the one the kubelet names.
+    let mut stale = store.add("stale", json!([result("gpu", "gpu-0", json!({}))]));
+    stale.uid = "uid-before".into();
+    claims.push(stale);
+    claims.push(Claim { namespace: "team-a".into(), uid: "uid-gone".into(), name: "gone".into() });
+    let mut client = running.client().await;
+    let answer =
+        client.node_prepare_resources(NodePrepareResourcesRequest { claims }).await.unwrap().into_inner();
+    for (name, _, why) in &cases {
+        let error = &answer.claims[&format!("uid-{name}")].error;
+        assert!(error.contains(why), "{name}: {error:?} does not say {why:?}");
+    }
+    assert!(answer.claims["uid-before"].error.contains("has UID uid-stale, not uid-before"));
+    assert!(answer.claims["uid-gone"].error.contains("not found"));
+    assert!(answer.claims.values().all(|c| c.devices.is_empty()));
+    assert_eq!(cdi::prepared(&running.paths.cdi_dir).unwrap(), Vec::<String>::new());
+    drop(client);
+    let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
+#[tokio::test]
+async fn prepared_claims_outlive_a_restart_and_unprepare_removes_them_once() {
+    let store = Store::default();
+    let running = Running::start("restart", store.clone(), Edits::default()).await;
+    let a = store.add("a", json!([result("gpu", "gpu-0", json!({"percent": "50"}))]));
+    let b = store.add("b", json!([result("gpu", "gpu-0", json!({"percent": "50"}))]));
+    let mut client = running.client().await;
+    let answer = client
+        .node_prepare_resources(NodePrepareResourcesRequest { claims: vec![a.clone(), b.clone()] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.claims.values().all(|c| c.error.is_empty()), "{answer:?}");
+    drop(client);
+    let dir = running.stop().await;
+
+    // A new agent on the same node: the specs are its state.
+    let running = Running::start_in(dir, store.clone(), Edits::default()).await;
+    assert_eq!(cdi::prepared(&running.paths.cdi_dir).unwrap(), vec!["uid-a".to_owned(), "uid-b".to_owned()]);
+    let mut client = running.client().await;
+    for _ in 0..2 {
+        let answer = client
+            .node_unprepare_resources(NodeUnprepareResourcesRequest { claims: vec![a.clone()] })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.claims["uid-a"].error, "");
+    }
+    assert_eq!(cdi::prepared(&running.paths.cdi_dir).unwrap(), vec!["uid-b".to_owned()]);
+    assert!(running.spec("uid-b").is_some());
+    drop(client);
+    let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
+#[test]
+fn each_card_is_one_device_shared_by_percent_and_memory() {
+    let mut cards = cards();
+    cards[2].info.healthy = false;
+    cards[2].info.numa = Some(1);
+    cards[1].pci_address = Some("0000:3b:00.0".into());
+    let slice = dra::slice::slice(NODE, "uid-node", 4, &cards);
+    let slice = serde_json::to_value(&slice).unwrap();
+    assert_eq!(slice["metadata"]["name"], "node-1-gpu.nano-gpu.io");
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(slice["spec"]["driver"], "gpu.nano-gpu.io");
+    assert_eq!(slice["spec"]["nodeName"], NODE);
+    assert_eq!(slice["spec"]["pool"], json!({"name": NODE, "generation": 4, "resourceSliceCount": 1}));
+    let devices = slice["spec"]["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2"]);
+    let a100 = &devices[1];
+    assert_eq!(a100["allowMultipleAllocations"], true);
+    assert_eq!(
+        a100["capacity"]["percent"],
+        json!({"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}}})
+    );
+    // As the API server writes 81920Mi back.
+    assert_eq!(
+        a100["capacity"]["memory"],
+        json!({"value": "80Gi", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "80Gi", "step": "1Mi"}}})
+    );
+    assert_eq!(a100["attributes"]["uuid"], json!({"string": "GPU-bbbb"}));
+    assert_eq!(a100["attributes"]["model"], json!({"string": "NVIDIA A100-SXM4-80GB"}));
+    assert_eq!(a100["attributes"]["index"], json!({"int": 1}));
+    assert_eq!(a100["attributes"]["memoryMiB"], json!({"int": 81920}));
+    assert_eq!(a100["attributes"]["pciBusID"], json!({"string": "0000:3b:00.0"}));
+    assert!(a100.get("taints").is_none());
+    let t4 = &devices[2];
+    assert_eq!(t4["capacity"]["memory"]["value"], "15Gi");
+    assert_eq!(t4["attributes"]["numaNode"], json!({"int": 1}));
+    assert_eq!(t4["taints"], json!([{"key": "gpu.nano-gpu.io/unhealthy", "effect": "NoSchedule"}]));
+}
