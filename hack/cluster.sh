@@ -20,7 +20,8 @@
 #     NVIDIA_VISIBLE_DEVICES the fake NVML and only its visible cards, as nvidia-container-runtime
 #     gives the driver's.
 #
-# Usage: hack/cluster.sh up <dir> [--nodes N] [--containerd2 M] [--bare] [--apiserver-arg FLAG]...
+# Usage: hack/cluster.sh up <dir> [--nodes N] [--containerd2 M] [--runtime-class] [--dra] [--bare]
+#                                [--apiserver-arg FLAG]...
 #                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
 #                                        flag, e.g. --watch-cache-sizes=pods#0; --containerd2 M: the
 #                                        last M nodes run containerd 2 (hack/containerd-build.sh) with
@@ -28,6 +29,8 @@
 #                                        --runtime-class: the NVIDIA runtime (its stand-in) is the
 #                                        RuntimeClass nvidia, each node's default runtime plain runc,
 #                                        and the install adds the component runtime-class-nvidia;
+#                                        --dra: the install adds the component dra, the agents
+#                                        serve DRA where the runtime has CDI (containerd 2 nodes);
 #                                        writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with kustomize)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
@@ -222,6 +225,7 @@ install_nano_gpu() {
     echo "  - $deploy/default-scheduler"
     if [[ $version == v1.35.* ]]; then echo "  - $deploy/components/kube-scheduler-v1.35"; fi
     if ((RUNTIME_CLASS)); then echo "  - $deploy/components/runtime-class-nvidia"; fi
+    if ((DRA)); then echo "  - $deploy/components/dra"; fi
     echo "patches:"
     echo "  - patch: |-"
     echo "      apiVersion: apps/v1"
@@ -533,6 +537,7 @@ NODES=$n
 CONTAINERD2=$CONTAINERD2
 CONTAINERD2_BIN=$CONTAINERD2_BIN
 RUNTIME_CLASS=$RUNTIME_CLASS
+DRA=$DRA
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
 K8S_VERSION=$(k8s_version)
@@ -638,7 +643,7 @@ shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
 # The node kinds `up` chose (cluster.env says them for the other commands).
-CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0
+CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
@@ -651,6 +656,7 @@ case $CMD in
         --nodes) NODES=$2; shift 2 ;;
         --containerd2) CONTAINERD2=$2; shift 2 ;;
         --runtime-class) RUNTIME_CLASS=1; shift ;;
+        --dra) DRA=1; shift ;;
         --bare) bare=1; shift ;;
         --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;

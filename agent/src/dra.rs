@@ -324,16 +324,23 @@ impl FrontEnd {
     /// it ends with is logged (the device plugin goes on serving).
     pub async fn run(self, cards: watch::Receiver<Snapshot>, edits: Edits, shutdown: watch::Receiver<bool>) {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
-        // The slice is owned by the Node: its UID first.
-        let node_uid = loop {
+        // The slice is owned by the Node: its UID first, and the runtime its kubelet reports.
+        let (node_uid, runtime) = loop {
             match nodes.get(&self.node).await {
-                Ok(n) => break n.metadata.uid.unwrap_or_default(),
+                Ok(n) => {
+                    let runtime = n.status.and_then(|s| s.node_info).map(|i| i.container_runtime_version);
+                    break (n.metadata.uid.unwrap_or_default(), runtime.unwrap_or_default());
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, node = self.node, "reading the Node for its ResourceSlice; retrying");
                     tokio::time::sleep(RETRY).await;
                 }
             }
         };
+        if let Err(why) = runtime_has_cdi(&runtime) {
+            tracing::error!(node = self.node, "{why}: DRA is not served on this node (the device plugin is)");
+            return;
+        }
         let publisher = slice::Publisher {
             slices: kube::Api::all(self.client.clone()),
             node: self.node.clone(),
@@ -349,5 +356,36 @@ impl FrontEnd {
         if let Err(e) = run(self.paths, driver, Some(publisher), shutdown).await {
             tracing::error!(error = %e, "the DRA plugin stopped");
         }
+    }
+}
+
+/// Whether the node's runtime, as its kubelet reports it (`containerd://2.2.9`), applies the CDI
+/// devices a prepared claim is handed over as: containerd has CDI from 1.7 (on by default from 2.0);
+/// other runtimes (CRI-O has it from 1.23) are taken as having it.
+pub fn runtime_has_cdi(runtime: &str) -> Result<(), String> {
+    let Some(version) = runtime.strip_prefix("containerd://") else { return Ok(()) };
+    let mut parts = version.trim_start_matches('v').split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (1, 7) {
+        return Err(format!(
+            "the node's runtime {runtime} has no CDI (containerd 1.7 with enable_cdi, or 2.x)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_has_cdi;
+
+    #[test]
+    fn containerd_before_1_7_has_no_cdi() {
+        assert!(
+            runtime_has_cdi("containerd://1.6.20").unwrap_err().contains("containerd://1.6.20 has no CDI")
+        );
+        assert!(runtime_has_cdi("containerd://v1.5.0").is_err());
+        assert!(runtime_has_cdi("containerd://1.7.0").is_ok());
+        assert!(runtime_has_cdi("containerd://2.2.9").is_ok());
+        assert!(runtime_has_cdi("cri-o://1.30.0").is_ok());
     }
 }

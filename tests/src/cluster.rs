@@ -71,6 +71,13 @@ impl Cluster {
         Cluster::start(name, nodes, &["--runtime-class"])
     }
 
+    /// [`Cluster::up_with_containerd2`] with the component `dra`: the agents serve DRA where the
+    /// runtime has CDI (`hack/cluster.sh up --containerd2 M --dra`).
+    pub fn up_with_dra(name: &str, nodes: u32, containerd2: u32) -> Cluster {
+        let m = containerd2.to_string();
+        Cluster::start(name, nodes, &["--containerd2", &m, "--dra"])
+    }
+
     /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
     pub fn bare(name: &str, nodes: u32) -> Cluster {
         Cluster::start(name, nodes, &["--bare"])

@@ -166,6 +166,23 @@ fn each_component_changes_what_it_says_and_nothing_else() {
         assert_eq!(built[daemons]["spec"]["template"]["spec"]["runtimeClassName"], "nvidia");
     }
     only_changed(&built, &[allocator.clone(), agent.clone(), mps.clone()]);
+    let built = with("dra", &["components/dra"]);
+    let a = container(&built[&agent], "agent");
+    assert_eq!(env(a, "NANO_GPU_DRA"), Some("true"));
+    let mounts: Vec<&str> =
+        a["volumeMounts"].as_array().unwrap().iter().map(|m| m["mountPath"].as_str().unwrap()).collect();
+    let volumes = built[&agent]["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    // The agent's defaults (--dra-registry-dir, --dra-plugin-dir, --cdi-dir), each the host's own path:
+    // the kubelet dials the socket path the registration names, the runtime reads the specs there.
+    for path in
+        ["/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.nano-gpu.io", "/var/run/cdi"]
+    {
+        assert!(mounts.contains(&path), "{path} is not mounted: {mounts:?}");
+        assert!(volumes.iter().any(|v| v["hostPath"]["path"] == path), "no hostPath {path}");
+    }
+    let class = &built[&("DeviceClass".to_owned(), String::new(), "gpu.nano-gpu.io".to_owned())];
+    assert_eq!(class["spec"]["selectors"][0]["cel"]["expression"], "device.driver == \"gpu.nano-gpu.io\"");
+    only_changed(&built, std::slice::from_ref(&agent));
 }
 
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the

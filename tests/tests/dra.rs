@@ -1,0 +1,194 @@
+//! nano-gpu as a DRA driver on real kubelets (`hack/cluster.sh up --containerd2 1 --dra`): node-1
+//! runs containerd 1.6, which has no CDI, node-2 containerd 2 with CDI; the install adds the
+//! component `deploy/components/dra` (the DeviceClass `gpu.nano-gpu.io`, the agents' DRA rights and
+//! `NANO_GPU_DRA`). Claims are allocated by the control plane's kube-scheduler (its DRA allocator,
+//! first fit, by consumable capacity: Kubernetes 1.36+); the agent prepares them as CDI devices.
+//!
+//! Checked: only node-2 publishes a ResourceSlice (node-1's agent refuses DRA on its runtime), with
+//! one device per card, the cards the device plugin serves; a 30 % share, an 80 % share and a claim of
+//! two whole cards run, each container seeing exactly the cards its claim's allocation names, with its
+//! percent; no card is allocated over 100 %; after the agent of node-2 restarts the running pods keep
+//! running and a new claim is prepared; a deleted pod's claim is unprepared (its CDI spec goes).
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use nano_gpu_tests::cluster::{Cluster, NS, create, gpu_pod, report, wait_running, wait_until};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const SYSTEM: &str = "nano-gpu-system";
+const CLASS: &str = "gpu.nano-gpu.io";
+
+/// A claim of one request `gpu`: `count` devices of nano-gpu's class, each consuming `percent`
+/// (none: the default, the whole card).
+fn claim(name: &str, count: u32, percent: Option<u32>) -> ResourceClaim {
+    let mut exactly = json!({"deviceClassName": CLASS, "allocationMode": "ExactCount", "count": count});
+    if let Some(p) = percent {
+        exactly["capacity"] = json!({"requests": {"percent": p.to_string()}});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }))
+    .unwrap()
+}
+
+/// A reporting pod whose container `c` uses the claim `name` (the pod and claim share the name).
+fn claim_pod(name: &str) -> Pod {
+    let mut pod = serde_json::to_value(gpu_pod(name, &[("c", &[])], json!({}))).unwrap();
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": name}]);
+    pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    serde_json::from_value(pod).unwrap()
+}
+
+/// The devices of nano-gpu's driver a claim's allocation names, each with the percent it consumes.
+fn allocated(claim: &ResourceClaim) -> Vec<(String, String, u32)> {
+    let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+    results
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.driver == CLASS)
+        .map(|r| {
+            let percent = r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get("percent"))
+                .map_or(100, |q| q.0.parse().unwrap());
+            (r.pool, r.device, percent)
+        })
+        .collect()
+}
+
+/// Each device's UUID by `(pool, device)`, from the published slices.
+async fn uuids(slices: &Api<ResourceSlice>) -> BTreeMap<(String, String), String> {
+    let mut uuids = BTreeMap::new();
+    for slice in slices.list(&ListParams::default()).await.unwrap().items {
+        for d in slice.spec.devices.unwrap_or_default() {
+            let uuid =
+                d.attributes.as_ref().and_then(|a| a.get("uuid")).and_then(|a| a.string.clone()).unwrap();
+            uuids.insert((slice.spec.pool.name.clone(), d.name), uuid);
+        }
+    }
+    uuids
+}
+
+/// Runs the claim's pod, then checks its container sees exactly the allocated cards and its percent.
+async fn run_and_check(
+    pods: &Api<Pod>,
+    claims: &Api<ResourceClaim>,
+    slices: &Api<ResourceSlice>,
+    name: &str,
+) -> (ResourceClaim, BTreeSet<String>) {
+    wait_running(pods, &[name.to_owned()], Duration::from_secs(120)).await;
+    let claim = claims.get(name).await.unwrap();
+    let devices = allocated(&claim);
+    let uuids = uuids(slices).await;
+    let cards: BTreeSet<String> =
+        devices.iter().map(|(pool, d, _)| uuids[&(pool.clone(), d.clone())].clone()).collect();
+    let seen = report(pods, name, "c").await;
+    println!("{name}: allocated {devices:?} = {cards:?}; NVML shows {:?}, env {:?}", seen.cards, seen.env);
+    assert!(devices.iter().all(|(pool, _, _)| pool == "node-2"), "{name}: {devices:?}");
+    assert_eq!(seen.cards, cards, "{name}: NVML shows other cards than its claim's");
+    let percent: u32 = devices.iter().map(|(_, _, p)| p).sum();
+    assert_eq!(seen.env.get("NANO_GPU_PERCENT"), Some(&percent.to_string()), "{name}");
+    (claim, cards)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_cards() {
+    let cluster = Cluster::up_with_dra("dra", 2, 1);
+    let client = cluster.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    cluster.ok(&["create", "namespace", NS]);
+    cluster.ok(&["label", "namespace", NS, "pod-security.kubernetes.io/enforce=baseline"]);
+
+    // node-2's slice: its four cards, as the agent reads them for the device plugin too.
+    wait_until("node-2's ResourceSlice", Duration::from_secs(60), || async {
+        !slices.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    let uuids = uuids(&slices).await;
+    let devices: Vec<(String, String)> = uuids.keys().cloned().collect();
+    println!("published devices: {uuids:?}");
+    let want: Vec<(String, String)> = (0..4).map(|i| ("node-2".to_owned(), format!("gpu-{i}"))).collect();
+    assert_eq!(devices, want, "node-1's runtime has no CDI: only node-2 serves DRA");
+    assert_eq!(uuids[&("node-2".to_owned(), "gpu-3".to_owned())], "GPU-node-2-3");
+    let log = cluster.ok(&[
+        "-n",
+        SYSTEM,
+        "logs",
+        "-l",
+        "app.kubernetes.io/name=nano-gpu-agent",
+        "-c",
+        "agent",
+        "--tail=-1",
+    ]);
+    assert!(
+        log.contains("containerd://1.6.20 has no CDI"),
+        "node-1's agent did not say why it serves no DRA"
+    );
+
+    // A 30 % share, an 80 % share (first fit puts it on another card: 70 % is left on the first),
+    // two whole cards.
+    let post = PostParams::default();
+    let mut cards = BTreeMap::new();
+    for (name, count, percent) in [("share-30", 1, Some(30)), ("share-80", 1, Some(80)), ("two", 2, None)] {
+        claims.create(&post, &claim(name, count, percent)).await.unwrap();
+        create(&pods, &claim_pod(name)).await;
+        let (_, seen) = run_and_check(&pods, &claims, &slices, name).await;
+        cards.insert(name, seen);
+    }
+    assert_eq!(cards["two"].len(), 2);
+    assert_ne!(cards["share-30"], cards["share-80"]);
+    let over_capacity = || async {
+        let mut per_device: BTreeMap<String, u32> = BTreeMap::new();
+        for c in claims.list(&ListParams::default()).await.unwrap().items {
+            for (_, device, percent) in allocated(&c) {
+                *per_device.entry(device).or_default() += percent;
+            }
+        }
+        per_device.into_iter().filter(|(_, p)| *p > 100).collect::<Vec<_>>()
+    };
+    assert_eq!(over_capacity().await, vec![]);
+
+    // The agent of node-2 restarts: what runs keeps running, a new claim is prepared.
+    let agent = |node: &'static str| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=nano-gpu-agent"))
+                .await
+                .unwrap();
+            list.items
+                .into_iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+                .and_then(|p| p.metadata.name)
+                .unwrap()
+        }
+    };
+    let before = agent("node-2").await;
+    cluster.ok(&["-n", SYSTEM, "delete", "pod", &before, "--wait=true"]);
+    cluster.ok(&["-n", SYSTEM, "rollout", "status", "daemonset/nano-gpu-agent", "--timeout=120s"]);
+    assert_ne!(agent("node-2").await, before);
+    claims.create(&post, &claim("share-20", 1, Some(20))).await.unwrap();
+    create(&pods, &claim_pod("share-20")).await;
+    run_and_check(&pods, &claims, &slices, "share-20").await;
+    wait_running(&pods, &["share-30".into(), "share-80".into(), "two".into()], Duration::from_secs(10)).await;
+    assert_eq!(over_capacity().await, vec![]);
+
+    // A pod that goes: the kubelet unprepares its claim, and its CDI spec is gone from node-2.
+    let uid = claims.get("share-30").await.unwrap().metadata.uid.unwrap();
+    let spec = cluster.path(&format!("nodes/node-2/run/cdi/nano-gpu.io-claim_{uid}.json"));
+    assert!(spec.exists(), "{} missing while its pod runs", spec.display());
+    let text: Value = serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap();
+    assert_eq!(text["kind"], "nano-gpu.io/claim");
+    cluster.ok(&["-n", NS, "delete", "pod", "share-30", "--wait=true"]);
+    wait_until("share-30's claim unprepared", Duration::from_secs(60), || async { !spec.exists() }).await;
+}
