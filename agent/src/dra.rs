@@ -17,7 +17,9 @@ pub mod prepare;
 pub mod slice;
 
 use crate::plugin::{Edits, Snapshot};
+use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::kubelet::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
 use nano_gpu_proto::kubelet::dra::{
     Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -282,7 +284,14 @@ pub async fn run<C: Claims>(
     };
     tracing::info!(driver = DRIVER, socket = %registration.display(), "DRA plugin serving");
     let publish = async {
-        let Some(publisher) = publisher else { return std::future::pending().await };
+        let Some(mut publisher) = publisher else { return std::future::pending().await };
+        // Every change of the slice by anyone else (the kubelet wipes a node's slices when it
+        // starts, and a driver's when it stays unregistered for 30 s) is looked at at once.
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", slice::name(&publisher.node)));
+        let mut changes = watcher::watcher(publisher.slices.clone(), config)
+            .backoff(nano_gpu_runtime::watch_backoff())
+            .boxed();
         loop {
             let fresh = cards.borrow_and_update().clone();
             match publisher.publish(&fresh).await {
@@ -294,8 +303,14 @@ pub async fn run<C: Claims>(
                     continue;
                 }
             }
-            if let Ok(Err(_)) = tokio::time::timeout(RECHECK, cards.changed()).await {
-                return std::future::pending().await;
+            tokio::select! {
+                changed = cards.changed() => if changed.is_err() { return std::future::pending().await },
+                event = changes.next() => match event {
+                    Some(Err(e)) => tracing::warn!(error = %e, "ResourceSlice watch failed; retrying with backoff"),
+                    Some(Ok(_)) => {}
+                    None => return std::future::pending().await,
+                },
+                _ = tokio::time::sleep(RECHECK) => {}
             }
         }
     };
@@ -341,11 +356,8 @@ impl FrontEnd {
             tracing::error!(node = self.node, "{why}: DRA is not served on this node (the device plugin is)");
             return;
         }
-        let publisher = slice::Publisher {
-            slices: kube::Api::all(self.client.clone()),
-            node: self.node.clone(),
-            node_uid,
-        };
+        let publisher =
+            slice::Publisher::new(kube::Api::all(self.client.clone()), self.node.clone(), node_uid);
         let driver = Driver {
             claims: ApiClaims(self.client),
             node: self.node,

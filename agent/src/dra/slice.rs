@@ -154,21 +154,38 @@ pub struct Publisher {
     pub node: String,
     /// Its UID (the slice's owner).
     pub node_uid: String,
+    /// The devices last written and the resourceVersion the API server gave them: a slice still at
+    /// that version is ours as written, whatever the server normalised or dropped (an API server
+    /// without consumable capacity drops the sharing fields, and the comparison would never hold).
+    pub last: Option<(Vec<Device>, String)>,
 }
 
 impl Publisher {
+    /// A publisher that has written nothing yet.
+    pub fn new(slices: Api<ResourceSlice>, node: String, node_uid: String) -> Publisher {
+        Publisher { slices, node, node_uid, last: None }
+    }
+
     /// Publishes `cards`; `Ok(true)` when something was written.
-    pub async fn publish(&self, cards: &[Card]) -> Result<bool, kube::Error> {
+    pub async fn publish(&mut self, cards: &[Card]) -> Result<bool, kube::Error> {
         let current = self.slices.get_opt(&name(&self.node)).await?;
         let wanted = devices(cards);
         let generation = match &current {
-            Some(s) if same(s, &self.node, &wanted) => return Ok(false),
+            Some(s) if self.unchanged(s, &wanted) || same(s, &self.node, &wanted) => return Ok(false),
             Some(s) => s.spec.pool.generation + 1,
             None => 1,
         };
         let slice = slice(&self.node, &self.node_uid, generation, cards);
         let params = PatchParams::apply("nano-gpu-agent").force();
-        self.slices.patch(&name(&self.node), &params, &Patch::Apply(&slice)).await?;
+        let written = self.slices.patch(&name(&self.node), &params, &Patch::Apply(&slice)).await?;
+        self.last = written.metadata.resource_version.map(|v| (wanted, v));
         Ok(true)
+    }
+
+    /// Whether `current` is the slice this publisher last wrote, for the same devices.
+    fn unchanged(&self, current: &ResourceSlice, wanted: &[Device]) -> bool {
+        self.last.as_ref().is_some_and(|(devices, version)| {
+            devices == wanted && current.metadata.resource_version.as_ref() == Some(version)
+        })
     }
 }
