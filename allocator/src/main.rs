@@ -254,6 +254,15 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     }
     use nano_gpu_allocator::{binder::KubeBinder, server, state, watch};
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
+    if args.policy.ends_with(policy::first_fit::SUFFIX) {
+        bail!(
+            "policy {:?}: the {} variants model kube-scheduler's DRA card choice for `simulate`; \
+             serve one of {}",
+            args.policy,
+            policy::first_fit::SUFFIX,
+            policy::NAMES.join(", ")
+        );
+    }
     let policy = policy::by_name(&args.policy, 0)
         .with_context(|| format!("unknown policy {:?}; known: {}", args.policy, policy::NAMES.join(", ")))?;
     let demand = demand_options(args.gpushare);

@@ -50,7 +50,12 @@ pub const LEARN_EVERY: u64 = 100;
 #[derive(Debug, Error)]
 pub enum SimError {
     /// Unknown policy name.
-    #[error("unknown policy {0:?}; known: {known}, default, all", known = policy::NAMES.join(", "))]
+    #[error(
+        "unknown policy {0:?}; known: {known}, default, all (each also as <name>{suffix}: its node \
+         choice with kube-scheduler's first-fit card choice)",
+        known = policy::NAMES.join(", "),
+        suffix = policy::first_fit::SUFFIX
+    )]
     UnknownPolicy(String),
     /// The node list is unusable.
     #[error("node list: {0}")]

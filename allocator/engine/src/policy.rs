@@ -6,9 +6,11 @@
 //! equal (by node order, or uniformly at random for `random`).
 
 mod fgd;
+pub mod first_fit;
 mod simple;
 
 pub use fgd::{Fgd, FgdBalance};
+pub use first_fit::FirstFitCards;
 pub use simple::{BestFit, Binpack, Random, Spread};
 
 use crate::model::Grant;
@@ -109,8 +111,15 @@ pub const NAMES: [&str; 6] = ["random", "spread", "binpack", "bestfit", "fgd", "
 /// The policy a cluster gets unless told otherwise: the best one on the openb benchmark.
 pub const DEFAULT: &str = "fgd-balance";
 
-/// A policy by name (`default` names [`DEFAULT`]); `seed` drives `random`'s card choice.
+/// A policy by name (`default` names [`DEFAULT`]); `seed` drives `random`'s card choice. A name with
+/// [`first_fit::SUFFIX`] is that policy's node choice with kube-scheduler's DRA card choice
+/// ([`FirstFitCards`]).
 pub fn by_name(name: &str, seed: u64) -> Option<Box<dyn Policy>> {
+    if let Some(base) = name.strip_suffix(first_fit::SUFFIX) {
+        let base = if base == "default" { DEFAULT } else { base };
+        let at = NAMES.iter().position(|n| *n == base)?;
+        return Some(Box::new(FirstFitCards { inner: by_name(base, seed)?, name: first_fit::NAMES[at] }));
+    }
     Some(match name {
         "default" => return by_name(DEFAULT, seed),
         "random" => Box::new(Random { seed }),
