@@ -12,6 +12,7 @@
 //! node's cards must be served by one of the two front ends only; the driver's per-pod memory limit
 //! (set at the device plugin's PreStartContainer) is not set for claims.
 
+pub mod authority;
 pub mod cdi;
 pub mod prepare;
 pub mod slice;
@@ -221,22 +222,26 @@ impl Registration for Registrar {
     }
 }
 
-/// Serves `routes` on the unix socket `socket` (a stale file is removed first) until `stop`.
+/// Serves `routes` on the unix socket `socket` (a stale file is removed first) until `stop`; with
+/// `fix_authority`, through [`authority`]'s front (for the kubelet's plugin watcher).
 async fn serve_unix(
     socket: &Path,
     routes: Routes,
+    fix_authority: bool,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let listener = crate::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    Server::builder()
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await
-        .map_err(|e| format!("serving {}: {e}", socket.display()))
+    let served = if fix_authority {
+        let incoming = authority::incoming(listener);
+        Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await
+    } else {
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await
+    };
+    served.map_err(|e| format!("serving {}: {e}", socket.display()))
 }
 
 /// How often the slice is written again after the API server refused it.
@@ -265,9 +270,9 @@ pub async fn run<C: Claims>(
     let registrar = Registrar::new(&dra_socket);
     let dra = {
         let (socket, stopped) = (dra_socket.clone(), stop(shutdown.clone()));
-        tokio::spawn(
-            async move { serve_unix(&socket, Routes::new(DraPluginServer::new(driver)), stopped).await },
-        )
+        tokio::spawn(async move {
+            serve_unix(&socket, Routes::new(DraPluginServer::new(driver)), false, stopped).await
+        })
     };
     // The DRA socket exists once bound: wait for it before the kubelet can be told about it.
     while !dra_socket.exists() {
@@ -279,7 +284,7 @@ pub async fn run<C: Claims>(
     let register = {
         let (socket, stopped) = (registration.clone(), stop(shutdown.clone()));
         tokio::spawn(async move {
-            serve_unix(&socket, Routes::new(RegistrationServer::new(registrar)), stopped).await
+            serve_unix(&socket, Routes::new(RegistrationServer::new(registrar)), true, stopped).await
         })
     };
     tracing::info!(driver = DRIVER, socket = %registration.display(), "DRA plugin serving");

@@ -165,6 +165,100 @@ async fn the_kubelet_finds_the_driver_its_socket_and_the_v1_service_in_the_regis
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// gRPC calls over one HTTP/2 connection to `socket`, written frame by frame as grpc-go writes them
+/// when given a bare socket path, that path as every request's `:authority` (the kubelet's plugin
+/// watcher does so). Each call's answer: the response message, or the RST_STREAM error code.
+async fn calls_with_path_authority(socket: &Path, calls: &[(&str, Vec<u8>)]) -> Vec<Result<Vec<u8>, u32>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let n = payload.len();
+        let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut conn = tokio::net::UnixStream::connect(socket).await.unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    conn.write_all(&frame(0x4, 0, 0, &[])).await.unwrap();
+    let mut encoder = loona_hpack::Encoder::new();
+    let mut decoder = loona_hpack::Decoder::new();
+    let authority = socket.display().to_string();
+    let mut answers = Vec::new();
+    for (n, (path, body)) in calls.iter().enumerate() {
+        let stream = 2 * n as u32 + 1;
+        let headers: Vec<(&[u8], &[u8])> = vec![
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", authority.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ];
+        conn.write_all(&frame(0x1, 0x4, stream, &encoder.encode(headers))).await.unwrap();
+        let mut message = vec![0, 0, 0, 0, body.len() as u8];
+        message.extend_from_slice(body);
+        conn.write_all(&frame(0x0, 0x1, stream, &message)).await.unwrap();
+        let mut data = Vec::new();
+        let answer = loop {
+            let mut head = [0u8; 9];
+            conn.read_exact(&mut head).await.unwrap();
+            let length = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; length];
+            conn.read_exact(&mut payload).await.unwrap();
+            let (kind, flags) = (head[3], head[4]);
+            let on = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+            match kind {
+                0x4 if flags & 1 == 0 => conn.write_all(&frame(0x4, 1, 0, &[])).await.unwrap(),
+                0x3 if on == stream => break Err(u32::from_be_bytes(payload[..4].try_into().unwrap())),
+                0x0 if on == stream => data.extend_from_slice(&payload),
+                0x1 if on == stream => {
+                    let headers = decoder.decode(&payload).unwrap();
+                    let status = headers.iter().find(|(k, _)| k.as_slice() == b"grpc-status");
+                    if flags & 1 != 0 {
+                        assert_eq!(status.map(|(_, v)| v.as_slice()), Some(&b"0"[..]), "{headers:?}");
+                        break Ok(data[5..].to_vec());
+                    }
+                }
+                _ => {}
+            }
+        };
+        answers.push(answer);
+    }
+    answers
+}
+
+#[tokio::test]
+async fn the_kubelets_plugin_watcher_is_answered_though_it_sends_the_socket_path_as_authority() {
+    use nano_gpu_proto::kubelet::pluginregistration::PluginInfo;
+    use nano_gpu_proto::kubelet::pluginregistration::registration_server::RegistrationServer;
+    use prost::Message;
+    let running = Running::start("authority", Store::default(), Edits::default()).await;
+    let socket = running.paths.registration_socket();
+    channel(&socket).await;
+    let status = RegistrationStatus { plugin_registered: true, error: String::new() }.encode_to_vec();
+    let calls = [
+        ("/pluginregistration.Registration/GetInfo", Vec::new()),
+        ("/pluginregistration.Registration/NotifyRegistrationStatus", status),
+    ];
+    let answers = calls_with_path_authority(&socket, &calls).await;
+    let info = PluginInfo::decode(answers[0].as_deref().unwrap()).unwrap();
+    assert_eq!(info.name, "gpu.nano-gpu.io");
+    assert!(answers[1].is_ok(), "{answers:?}");
+
+    // The control: tonic on its own refuses the same request (RST_STREAM, PROTOCOL_ERROR).
+    let plain = running.dir.join("plain.sock");
+    let listener = tokio::net::UnixListener::bind(&plain).unwrap();
+    let registrar = dra::Registrar::new(Path::new("/nowhere"));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registrar))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let refused = calls_with_path_authority(&plain, &calls[..1]).await;
+    assert_eq!(refused, vec![Err(0x1)]);
+    let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
 #[tokio::test]
 async fn a_share_is_prepared_as_a_cdi_device_with_its_card_its_limits_and_its_share_id() {
     let store = Store::default();
