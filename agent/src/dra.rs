@@ -359,8 +359,11 @@ impl FrontEnd {
         };
         if let Err(why) = runtime_has_cdi(&runtime) {
             tracing::error!(node = self.node, "{why}: DRA is not served on this node (the device plugin is)");
+            label_front_end(&nodes, &self.node, false).await;
             return;
         }
+        // Before the first slice: from here on the allocator places no share on this node's cards.
+        label_front_end(&nodes, &self.node, true).await;
         let publisher =
             slice::Publisher::new(kube::Api::all(self.client.clone()), self.node.clone(), node_uid);
         let driver = Driver {
@@ -372,6 +375,39 @@ impl FrontEnd {
         };
         if let Err(e) = run(self.paths, driver, Some(publisher), shutdown).await {
             tracing::error!(error = %e, "the DRA plugin stopped");
+        }
+    }
+}
+
+/// Says on the Node which front end serves its cards (`nano-gpu/front-end: dra`, or no label: the
+/// device plugin), when it says otherwise; retried until written (the allocator must not place
+/// shares on cards the DRA driver serves).
+pub async fn label_front_end(nodes: &kube::Api<k8s_openapi::api::core::v1::Node>, node: &str, dra: bool) {
+    use nano_gpu_proto::annotations::{FRONT_END_DRA, FRONT_END_LABEL};
+    let wanted = dra.then_some(FRONT_END_DRA);
+    loop {
+        let current = match nodes.get(node).await {
+            Ok(n) => n.metadata.labels.and_then(|mut l| l.remove(FRONT_END_LABEL)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the Node for its front-end label; retrying");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        if current.as_deref() == wanted {
+            return;
+        }
+        let patch = serde_json::json!({"metadata": {"labels": {FRONT_END_LABEL: wanted}}});
+        let params = kube::api::PatchParams::default();
+        match nodes.patch(node, &params, &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::info!(label = FRONT_END_LABEL, value = ?wanted, "front-end label written");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "writing the front-end label; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
         }
     }
 }

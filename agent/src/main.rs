@@ -173,7 +173,13 @@ fn serve(flags: &Flags) -> ExitCode {
                 client: client.clone(),
             }),
             (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
-            _ => None,
+            (Some((client, node)), false) => {
+                // An agent without DRA serves the cards through its device plugin: the Node says so.
+                let (nodes, node) = (kube::Api::all(client.clone()), node.clone());
+                tokio::spawn(async move { nano_gpu_agent::dra::label_front_end(&nodes, &node, false).await });
+                None
+            }
+            (None, false) => None,
         };
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),

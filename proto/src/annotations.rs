@@ -42,6 +42,13 @@ pub const ISOLATION_HELD: &str = "held";
 /// [`ISOLATION_LABEL`]'s value when the runtime honours a pod's env.
 pub const ENV_HONOURED: &str = "env-honoured";
 
+/// Node label set by the agent: which of its front ends serves the node's cards. [`FRONT_END_DRA`]:
+/// the DRA driver does (claims of the DeviceClass `gpu.nano-gpu.io`), and the allocator places no
+/// `nano-gpu/gpu-percent` share there, so the two never book the same card; absent: the device plugin.
+pub const FRONT_END_LABEL: &str = "nano-gpu/front-end";
+/// [`FRONT_END_LABEL`]'s value on a node whose cards the DRA driver serves.
+pub const FRONT_END_DRA: &str = "dra";
+
 /// Pod annotation (the [`OverrunMark`]) and label (`"true"`) of a pod over its memory grant.
 pub const OVERRUN: &str = "nano-gpu/overrun";
 

@@ -5,7 +5,8 @@
 //! first fit, by consumable capacity: Kubernetes 1.36+); the agent prepares them as CDI devices.
 //!
 //! Checked: only node-2 publishes a ResourceSlice (node-1's agent refuses DRA on its runtime), with
-//! one device per card, the cards the device plugin serves; a 30 % share, an 80 % share and a claim of
+//! one device per card, the cards the device plugin serves; node-2 is labelled as DRA's and a
+//! `nano-gpu/gpu-percent` share goes to node-1; a 30 % share, an 80 % share and a claim of
 //! two whole cards run, each container seeing exactly the cards its claim's allocation names, with its
 //! percent; no card is allocated over 100 %; after the agent of node-2 restarts the running pods keep
 //! running and a new claim is prepared; a deleted pod's claim is unprepared (its CDI spec goes).
@@ -14,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
-use nano_gpu_tests::cluster::{Cluster, NS, create, gpu_pod, report, wait_running, wait_until};
+use nano_gpu_tests::cluster::{Cluster, NS, create, gpu_pod, percent_pod, report, wait_running, wait_until};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -134,6 +135,19 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
         log.contains("containerd://1.6.20 has no CDI"),
         "node-1's agent did not say why it serves no DRA"
     );
+
+    // node-2 says its cards are DRA's: a share of nano-gpu/gpu-percent goes to node-1 only.
+    let labels = |n: k8s_openapi::api::core::v1::Node| n.metadata.labels.unwrap_or_default();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    wait_until("node-2 labelled nano-gpu/front-end=dra", Duration::from_secs(30), || async {
+        labels(nodes.get("node-2").await.unwrap()).get("nano-gpu/front-end").map(String::as_str) == Some("dra")
+    })
+    .await;
+    assert_eq!(labels(nodes.get("node-1").await.unwrap()).get("nano-gpu/front-end"), None);
+    create(&pods, &percent_pod("device-plugin-share", 30)).await;
+    wait_running(&pods, &["device-plugin-share".into()], Duration::from_secs(120)).await;
+    let placed = pods.get("device-plugin-share").await.unwrap().spec.unwrap().node_name;
+    assert_eq!(placed.as_deref(), Some("node-1"), "a share went to the node whose cards DRA serves");
 
     // A 30 % share, an 80 % share (first fit puts it on another card: 70 % is left on the first),
     // two whole cards.

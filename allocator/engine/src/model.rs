@@ -145,6 +145,9 @@ pub struct Node {
     /// Whether the node's cards are served to its kubelet now (false while its agent is not Ready: the
     /// kubelet would fail the pods it admits). A node that does not serve takes no new pod.
     pub serving: bool,
+    /// Whether the node's cards are served through DRA instead (its agent's `nano-gpu/front-end`
+    /// label): it takes no GPU share, and pods asking no GPU as any node.
+    pub dra: bool,
     /// Changes whenever anything above changes; unique across the cluster's life.
     pub version: u64,
 }
@@ -161,6 +164,7 @@ impl Node {
             cards,
             schedulable: true,
             serving: true,
+            dra: false,
             version: 0,
         }
     }

@@ -111,6 +111,8 @@ impl Request {
 
 /// What [`Reason::NotServing`] says.
 const NOT_SERVING: &str = "no Ready nano-gpu agent: its device plugin may not serve";
+/// What [`Reason::ServedByDra`] says.
+const SERVED_BY_DRA: &str = "its cards are served through DRA (claims of gpu.nano-gpu.io), not to shares";
 
 /// Why a node cannot take a request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -119,6 +121,8 @@ pub enum Reason {
     Gone,
     /// The node's cards are not served to its kubelet now (its agent is not Ready).
     NotServing,
+    /// The node's cards are served through DRA (its agent's `nano-gpu/front-end` label).
+    ServedByDra,
     /// The request wants GPUs and the node has none.
     NoGpu,
     /// No card of an allowed model on the node.
@@ -144,6 +148,7 @@ impl Reason {
             self,
             Reason::Gone
                 | Reason::NotServing
+                | Reason::ServedByDra
                 | Reason::NoGpu
                 | Reason::ModelMismatch
                 | Reason::NeverFits(_)
@@ -159,6 +164,7 @@ impl Reason {
         match self {
             Reason::Gone => "node is gone",
             Reason::NotServing => NOT_SERVING,
+            Reason::ServedByDra => SERVED_BY_DRA,
             Reason::NoGpu => "node has no GPU",
             Reason::ModelMismatch => "no card of an allowed model",
             Reason::NeverFits(_) => "larger than any card",
@@ -176,6 +182,7 @@ impl fmt::Display for Reason {
         match self {
             Reason::Gone => f.write_str("node is gone"),
             Reason::NotServing => f.write_str(NOT_SERVING),
+            Reason::ServedByDra => f.write_str(SERVED_BY_DRA),
             Reason::NoGpu => f.write_str("node has no GPU"),
             Reason::ModelMismatch => f.write_str("no card of an allowed model"),
             Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
@@ -264,6 +271,9 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
         return Err(Reason::NotServing);
     }
     if !req.slots.is_empty() {
+        if node.dra {
+            return Err(Reason::ServedByDra);
+        }
         if node.cards.is_empty() {
             return Err(Reason::NoGpu);
         }
@@ -407,6 +417,17 @@ mod tests {
         assert_eq!(grants, vec![Grant { slot: 0, card: 1, percent: Percent(30), mem: MiB(4915) }]);
         assert_eq!(hyp.free, [100, 10, 20].map(Percent));
         assert_eq!(hyp.cpu_free, 31_000);
+    }
+
+    #[test]
+    fn a_node_whose_cards_dra_serves_takes_pods_asking_no_gpu_only() {
+        let mut n = node(&[100]);
+        n.dra = true;
+        let err = check_node(&n, &Request::new(1000, 0, vec![share(30)])).unwrap_err();
+        assert_eq!(err, Reason::ServedByDra);
+        assert!(err.unresolvable());
+        assert!(err.to_string().contains("served through DRA"), "{err}");
+        assert_eq!(check_node(&n, &Request::new(1000, 0, vec![])), Ok(()));
     }
 
     #[test]

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_engine::model::Card;
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_LABEL,
-    NodeInventory,
+    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, FRONT_END_DRA, FRONT_END_LABEL,
+    GPUS_ANNOTATION, ISOLATION_LABEL, NodeInventory,
 };
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, asked, pod_demand};
 use nano_gpu_proto::resources::GPUSHARE_MEMORY;
@@ -27,6 +27,8 @@ pub(super) struct NodeRecord {
     /// `NVIDIA_VISIBLE_DEVICES` names (`nano-gpu/device-isolation=env-honoured`): served to no one,
     /// even by an older agent still Ready there during a rollout.
     pub(super) env_honoured: bool,
+    /// Its agent serves the cards through DRA (`nano-gpu/front-end: dra`): no share goes there.
+    pub(super) dra: bool,
 }
 
 /// What a pod holds.
@@ -102,11 +104,14 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
         .map(|text| NodeInventory::decode(text));
     let env_honoured = node.metadata.labels.as_ref().and_then(|l| l.get(ISOLATION_LABEL)).map(String::as_str)
         == Some(ENV_HONOURED);
+    let dra = node.metadata.labels.as_ref().and_then(|l| l.get(FRONT_END_LABEL)).map(String::as_str)
+        == Some(FRONT_END_DRA);
     NodeRecord {
         cpu: read("cpu", quantity::cpu_milli),
         mem: read("memory", quantity::mebibytes),
         inventory,
         env_honoured,
+        dra,
     }
 }
 

@@ -42,6 +42,7 @@ impl ClusterState {
         };
         let mut node = Node::new(name, record.cpu, record.mem, cards);
         node.serving = serving;
+        node.dra = record.dra;
         let mut poisoned = false;
         let mut overcommit = Vec::new();
         let mut unknown_card = Vec::new();

@@ -799,6 +799,26 @@ fn a_node_whose_runtime_honours_a_pods_env_is_served_to_no_one() {
 }
 
 #[test]
+fn a_node_whose_cards_dra_serves_takes_no_share() {
+    // Its agent serves the cards as the DRA driver: claims book them, so no share may.
+    let mut s = state();
+    let mut dra = node("n1", 1);
+    dra.metadata.labels = Some([("nano-gpu/front-end".to_owned(), "dra".to_owned())].into());
+    s.apply_node(&dra);
+    s.apply_node(&node("n2", 1));
+    let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1", "n2"]});
+    let r = s.filter(serde_json::from_value(args.clone()).unwrap());
+    assert_eq!(r.node_names, Some(vec!["n2".to_owned()]));
+    let why = &r.failed_and_unresolvable_nodes["n1"];
+    assert!(why.contains("served through DRA"), "{why}");
+    assert!(s.reserve(&pod("p", "10", None, None), "n1", SystemTime::UNIX_EPOCH).is_err());
+    // Back to the device plugin (the label gone): shares again.
+    s.apply_node(&node("n1", 1));
+    let r = s.filter(serde_json::from_value(args).unwrap());
+    assert_eq!(r.node_names, Some(vec!["n1".to_owned(), "n2".to_owned()]));
+}
+
+#[test]
 fn a_pod_refused_everywhere_is_requeued_once_the_view_has_changed_since() {
     let mut s = state();
     s.apply_node(&node("n1", 1));
