@@ -51,17 +51,49 @@ pub struct Paths {
     pub plugin_dir: PathBuf,
     /// The node's CDI spec directory, which the container runtime reads (`/var/run/cdi`).
     pub cdi_dir: PathBuf,
+    /// This agent among the node's agents (its pod's name; empty when it is the only one): its
+    /// sockets are its own, so in a rollout the new agent registers beside the old one, and the old
+    /// one, going, removes only its own (the kubelet uses the newest registration of a driver).
+    pub instance: String,
 }
 
 impl Paths {
-    /// The registration socket, `<registry>/gpu.nano-gpu.io-reg.sock`.
+    /// The registration socket, `<registry>/gpu.nano-gpu.io-<instance>-reg.sock`
+    /// (`gpu.nano-gpu.io-reg.sock` without an instance).
     pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir.join(format!("{DRIVER}-reg.sock"))
+        self.registry_dir.join(format!("{DRIVER}{}-reg.sock", self.suffix()))
     }
 
-    /// The DRA service socket, `<plugin dir>/dra.sock`.
+    /// The DRA service socket, `<plugin dir>/dra-<instance>.sock` (`dra.sock` without an instance).
     pub fn dra_socket(&self) -> PathBuf {
-        self.plugin_dir.join("dra.sock")
+        self.plugin_dir.join(format!("dra{}.sock", self.suffix()))
+    }
+
+    fn suffix(&self) -> String {
+        if self.instance.is_empty() { String::new() } else { format!("-{}", self.instance) }
+    }
+
+    /// Removes the sockets other agents of this driver left behind (those no one answers on: a
+    /// crashed agent's), so the kubelet does not keep a registration whose service is gone.
+    pub async fn sweep(&self) {
+        for (dir, prefix, suffix) in [
+            (&self.registry_dir, DRIVER.to_owned(), "-reg.sock"),
+            (&self.plugin_dir, "dra".to_owned(), ".sock"),
+        ] {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let ours = path == self.registration_socket() || path == self.dra_socket();
+                if ours || !name.starts_with(&prefix) || !name.ends_with(suffix) {
+                    continue;
+                }
+                if tokio::net::UnixStream::connect(&path).await.is_err() {
+                    tracing::info!(socket = %path.display(), "removing a socket no agent serves");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
     }
 }
 
@@ -265,6 +297,7 @@ pub async fn run<C: Claims>(
     let stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    paths.sweep().await;
     let dra_socket = paths.dra_socket();
     let registration = paths.registration_socket();
     let registrar = Registrar::new(&dra_socket);
@@ -325,6 +358,7 @@ pub async fn run<C: Claims>(
     }
     let _ = std::fs::remove_file(&registration);
     let (a, b) = (dra.await, register.await);
+    let _ = std::fs::remove_file(&dra_socket);
     a.map_err(|e| e.to_string())??;
     b.map_err(|e| e.to_string())?
 }

@@ -168,6 +168,7 @@ fn serve(flags: &Flags) -> ExitCode {
                     registry_dir: flags.dra_registry_dir.clone(),
                     plugin_dir: flags.dra_plugin_dir.clone(),
                     cdi_dir: flags.cdi_dir.clone(),
+                    instance: flags.instance.clone(),
                 },
                 node: node.clone(),
                 client: client.clone(),

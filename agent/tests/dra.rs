@@ -76,10 +76,16 @@ impl Running {
     }
 
     async fn start_in(dir: PathBuf, store: Store, edits: Edits) -> Running {
+        Running::start_as(dir, "", store, edits).await
+    }
+
+    /// The front end of the agent `instance` (its pod's name) in `dir`.
+    async fn start_as(dir: PathBuf, instance: &str, store: Store, edits: Edits) -> Running {
         let paths = Paths {
             registry_dir: dir.join("plugins_registry"),
             plugin_dir: dir.join("plugins").join(dra::DRIVER),
             cdi_dir: dir.join("cdi"),
+            instance: instance.to_owned(),
         };
         let (_cards, rx) = watch::channel::<Snapshot>(Arc::new(cards()));
         let driver = Driver {
@@ -257,6 +263,39 @@ async fn the_kubelets_plugin_watcher_is_answered_though_it_sends_the_socket_path
     let refused = calls_with_path_authority(&plain, &calls[..1]).await;
     assert_eq!(refused, vec![Err(0x1)]);
     let _ = std::fs::remove_dir_all(running.stop().await);
+}
+
+#[tokio::test]
+async fn in_a_rollout_the_new_agent_registers_beside_the_old_and_a_dead_ones_sockets_go() {
+    let dir = std::env::temp_dir().join(format!("nano-gpu-dra-rollout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // A crashed agent's sockets: the files are there, no one answers.
+    let registry = dir.join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let dead = registry.join("gpu.nano-gpu.io-agent-dead-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let unrelated = registry.join("other.example.com-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&unrelated).unwrap());
+
+    let old = Running::start_as(dir.clone(), "agent-old", Store::default(), Edits::default()).await;
+    let new = Running::start_as(dir.clone(), "agent-new", Store::default(), Edits::default()).await;
+    for running in [&old, &new] {
+        let mut registration = RegistrationClient::new(channel(&running.paths.registration_socket()).await);
+        let info = registration.get_info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(PathBuf::from(info.endpoint), running.paths.dra_socket());
+    }
+    assert_ne!(old.paths.dra_socket(), new.paths.dra_socket());
+    assert!(!dead.exists(), "the dead agent's registration is still there");
+    assert!(unrelated.exists(), "another driver's socket was removed");
+    // The old agent goes: only its own sockets with it.
+    let (old_registration, old_dra) = (old.paths.registration_socket(), old.paths.dra_socket());
+    old.stop().await;
+    assert!(!old_registration.exists() && !old_dra.exists());
+    let mut client = new.client().await;
+    client.node_unprepare_resources(NodeUnprepareResourcesRequest { claims: vec![] }).await.unwrap();
+    assert!(new.paths.registration_socket().exists());
+    drop(client);
+    let _ = std::fs::remove_dir_all(new.stop().await);
 }
 
 #[tokio::test]

@@ -140,7 +140,8 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     let labels = |n: k8s_openapi::api::core::v1::Node| n.metadata.labels.unwrap_or_default();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     wait_until("node-2 labelled nano-gpu/front-end=dra", Duration::from_secs(30), || async {
-        labels(nodes.get("node-2").await.unwrap()).get("nano-gpu/front-end").map(String::as_str) == Some("dra")
+        labels(nodes.get("node-2").await.unwrap()).get("nano-gpu/front-end").map(String::as_str)
+            == Some("dra")
     })
     .await;
     assert_eq!(labels(nodes.get("node-1").await.unwrap()).get("nano-gpu/front-end"), None);
