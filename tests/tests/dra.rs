@@ -206,4 +206,16 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     assert_eq!(text["kind"], "nano-gpu.io/claim");
     cluster.ok(&["-n", NS, "delete", "pod", "share-30", "--wait=true"]);
     wait_until("share-30's claim unprepared", Duration::from_secs(60), || async { !spec.exists() }).await;
+
+    // The rest go while the agents run; the kubelet unprepares each claim once its pod is gone.
+    cluster.ok(&["-n", NS, "delete", "pods", "--all", "--wait=true", "--timeout=60s"]);
+    let cdi = cluster.path("nodes/node-2/run/cdi");
+    let left = || {
+        std::fs::read_dir(&cdi)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("nano-gpu.io-claim_"))
+            .collect::<Vec<String>>()
+    };
+    wait_until("every claim unprepared", Duration::from_secs(60), || async { left().is_empty() }).await;
 }
