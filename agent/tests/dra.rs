@@ -418,6 +418,19 @@ async fn bad_claims_are_refused_with_their_reason_and_nothing_is_written() {
         claim.namespace = "team-a".into();
         claims.push(claim);
     }
+    // The driver takes no opaque configuration: one is refused, not ignored.
+    let configured = store.add("configured", json!([result("gpu", "gpu-0", json!({}))]));
+    {
+        let mut all = store.0.lock().unwrap();
+        let claim = all.get_mut(&("team-a".into(), "configured".into())).unwrap();
+        let allocation = claim.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        allocation.devices.as_mut().unwrap().config = Some(vec![
+            serde_json::from_value(json!({"source": "FromClaim", "requests": ["gpu"],
+                "opaque": {"driver": dra::DRIVER, "parameters": {"sharing": "time-slicing"}}}))
+            .unwrap(),
+        ]);
+    }
+    claims.push(configured);
     // A claim made again under the same name has another UID than the one the kubelet names.
     let mut stale = store.add("stale", json!([result("gpu", "gpu-0", json!({}))]));
     stale.uid = "uid-before".into();
@@ -431,6 +444,8 @@ async fn bad_claims_are_refused_with_their_reason_and_nothing_is_written() {
         assert!(error.contains(why), "{name}: {error:?} does not say {why:?}");
     }
     assert!(answer.claims["uid-before"].error.contains("has UID uid-stale, not uid-before"));
+    let error = &answer.claims["uid-configured"].error;
+    assert!(error.contains("takes no opaque configuration (one from the claim is set)"), "{error}");
     assert!(answer.claims["uid-gone"].error.contains("not found"));
     assert!(answer.claims.values().all(|c| c.devices.is_empty()));
     assert_eq!(cdi::prepared(&running.paths.cdi_dir).unwrap(), Vec::<String>::new());

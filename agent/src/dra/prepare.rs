@@ -59,6 +59,18 @@ pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<G
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .ok_or_else(|| format!("claim {name} is not allocated"))?;
+    // The driver takes no parameters: a configuration for it (from the claim or its DeviceClass)
+    // would be silently ignored, so it is refused.
+    let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
+    if let Some(c) =
+        configs.into_iter().flatten().find(|c| c.opaque.as_ref().is_some_and(|o| o.driver == DRIVER))
+    {
+        return Err(format!(
+            "claim {name}: {DRIVER} takes no opaque configuration (one from the {} is set); ask capacity \
+             (percent, memory) in the request and select cards by their attributes instead",
+            if c.source == "FromClass" { "DeviceClass" } else { "claim" }
+        ));
+    }
     let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
     let ours: Vec<&DeviceRequestAllocationResult> =
         results.into_iter().flatten().filter(|r| r.driver == DRIVER).collect();
