@@ -73,27 +73,13 @@ impl Paths {
         if self.instance.is_empty() { String::new() } else { format!("-{}", self.instance) }
     }
 
-    /// Removes the sockets other agents of this driver left behind (those no one answers on: a
-    /// crashed agent's), so the kubelet does not keep a registration whose service is gone.
+    /// Removes the sockets of this driver no one answers on (a crashed agent's), so the kubelet
+    /// does not keep a registration whose service is gone; run before this agent binds its own.
     pub async fn sweep(&self) {
-        for (dir, prefix, suffix) in [
-            (&self.registry_dir, DRIVER.to_owned(), "-reg.sock"),
-            (&self.plugin_dir, "dra".to_owned(), ".sock"),
-        ] {
-            let Ok(entries) = std::fs::read_dir(dir) else { continue };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let ours = path == self.registration_socket() || path == self.dra_socket();
-                if ours || !name.starts_with(&prefix) || !name.ends_with(suffix) {
-                    continue;
-                }
-                if tokio::net::UnixStream::connect(&path).await.is_err() {
-                    tracing::info!(socket = %path.display(), "removing a socket no agent serves");
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
-        }
+        let registration = |n: &str| n.starts_with(DRIVER) && n.ends_with("-reg.sock");
+        crate::run::remove_unserved(&self.registry_dir, registration).await;
+        let service = |n: &str| n.starts_with("dra") && n.ends_with(".sock");
+        crate::run::remove_unserved(&self.plugin_dir, service).await;
     }
 }
 
@@ -213,8 +199,6 @@ impl<C: Claims> DraPlugin for Driver<C> {
 pub struct Registrar {
     /// What the kubelet is told.
     pub info: PluginInfo,
-    /// The kubelet's last answer: `None` before one, else whether it took the plugin (or why not).
-    pub status: watch::Sender<Option<Result<(), String>>>,
 }
 
 impl Registrar {
@@ -227,7 +211,6 @@ impl Registrar {
                 endpoint: dra_socket.display().to_string(),
                 supported_versions: vec![DRA_SERVICE.into()],
             },
-            status: watch::channel(None).0,
         }
     }
 }
@@ -245,27 +228,29 @@ impl Registration for Registrar {
         let status = request.into_inner();
         if status.plugin_registered {
             tracing::info!(driver = DRIVER, "the kubelet registered the DRA plugin");
-            self.status.send_replace(Some(Ok(())));
         } else {
             tracing::error!(driver = DRIVER, error = status.error, "the kubelet refused the DRA plugin");
-            self.status.send_replace(Some(Err(status.error)));
         }
         Ok(Response::new(RegistrationStatusResponse {}))
     }
 }
 
-/// Serves `routes` on the unix socket `socket` (a stale file is removed first) until `stop`; with
-/// `fix_authority`, through [`authority`]'s front (for the kubelet's plugin watcher).
-async fn serve_unix(
-    socket: &Path,
+/// Binds the unix socket `socket` (its directory made, a stale file removed first).
+fn bind(socket: &Path) -> Result<tokio::net::UnixListener, String> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    crate::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))
+}
+
+/// Serves `routes` on `listener` until `stop`; with `fix_authority`, through [`authority`]'s front
+/// (for the kubelet's plugin watcher).
+async fn serve(
+    listener: tokio::net::UnixListener,
     routes: Routes,
     fix_authority: bool,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
-    let listener = crate::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let served = if fix_authority {
         let incoming = authority::incoming(listener);
         Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await
@@ -273,15 +258,11 @@ async fn serve_unix(
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stop).await
     };
-    served.map_err(|e| format!("serving {}: {e}", socket.display()))
+    served.map_err(|e| format!("serving: {e}"))
 }
 
 /// How often the slice is written again after the API server refused it.
 const RETRY: Duration = Duration::from_secs(5);
-
-/// How often the slice is compared with the cards though they did not change (someone edited or
-/// deleted it).
-const RECHECK: Duration = Duration::from_secs(60);
 
 /// Runs the front end until `shutdown`: the DRA service first, then the registration (so the
 /// kubelet never finds a registration whose service does not answer), and the node's ResourceSlice
@@ -301,25 +282,22 @@ pub async fn run<C: Claims>(
     let dra_socket = paths.dra_socket();
     let registration = paths.registration_socket();
     let registrar = Registrar::new(&dra_socket);
-    let dra = {
-        let (socket, stopped) = (dra_socket.clone(), stop(shutdown.clone()));
-        tokio::spawn(async move {
-            serve_unix(&socket, Routes::new(DraPluginServer::new(driver)), false, stopped).await
-        })
-    };
-    // The DRA socket exists once bound: wait for it before the kubelet can be told about it.
-    while !dra_socket.exists() {
-        if dra.is_finished() {
-            return dra.await.map_err(|e| e.to_string())?;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let register = {
-        let (socket, stopped) = (registration.clone(), stop(shutdown.clone()));
-        tokio::spawn(async move {
-            serve_unix(&socket, Routes::new(RegistrationServer::new(registrar)), true, stopped).await
-        })
-    };
+    // The DRA socket is bound before the registration's: the kubelet never finds a registration
+    // whose service does not answer.
+    let dra_listener = bind(&dra_socket)?;
+    let registration_listener = bind(&registration)?;
+    let dra = tokio::spawn(serve(
+        dra_listener,
+        Routes::new(DraPluginServer::new(driver)),
+        false,
+        stop(shutdown.clone()),
+    ));
+    let register = tokio::spawn(serve(
+        registration_listener,
+        Routes::new(RegistrationServer::new(registrar)),
+        true,
+        stop(shutdown.clone()),
+    ));
     tracing::info!(driver = DRIVER, socket = %registration.display(), "DRA plugin serving");
     let publish = async {
         let Some(mut publisher) = publisher else { return std::future::pending().await };
@@ -348,7 +326,6 @@ pub async fn run<C: Claims>(
                     Some(Ok(_)) => {}
                     None => return std::future::pending().await,
                 },
-                _ = tokio::time::sleep(RECHECK) => {}
             }
         }
     };
@@ -414,35 +391,16 @@ impl FrontEnd {
 }
 
 /// Says on the Node which front end serves its cards (`nano-gpu/front-end: dra`, or no label: the
-/// device plugin), when it says otherwise; retried until written (the allocator must not place
-/// shares on cards the DRA driver serves).
+/// device plugin): a merge patch, which changes nothing when the Node already says so; retried until
+/// written (the allocator must not place shares on cards the DRA driver serves).
 pub async fn label_front_end(nodes: &kube::Api<k8s_openapi::api::core::v1::Node>, node: &str, dra: bool) {
     use nano_gpu_proto::annotations::{FRONT_END_DRA, FRONT_END_LABEL};
     let wanted = dra.then_some(FRONT_END_DRA);
-    loop {
-        let current = match nodes.get(node).await {
-            Ok(n) => n.metadata.labels.and_then(|mut l| l.remove(FRONT_END_LABEL)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the Node for its front-end label; retrying");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
-        };
-        if current.as_deref() == wanted {
-            return;
-        }
-        let patch = serde_json::json!({"metadata": {"labels": {FRONT_END_LABEL: wanted}}});
-        let params = kube::api::PatchParams::default();
-        match nodes.patch(node, &params, &kube::api::Patch::Merge(&patch)).await {
-            Ok(_) => {
-                tracing::info!(label = FRONT_END_LABEL, value = ?wanted, "front-end label written");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "writing the front-end label; retrying");
-                tokio::time::sleep(RETRY).await;
-            }
-        }
+    let patch = serde_json::json!({"metadata": {"labels": {FRONT_END_LABEL: wanted}}});
+    let params = kube::api::PatchParams::default();
+    while let Err(e) = nodes.patch(node, &params, &kube::api::Patch::Merge(&patch)).await {
+        tracing::warn!(error = %e, "writing the front-end label; retrying");
+        tokio::time::sleep(RETRY).await;
     }
 }
 

@@ -49,13 +49,11 @@ fn serve(flags: &Flags) -> ExitCode {
         }
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
         let (mut residents, mut reports_tx, mut sweep, mut node_client) = (None, None, None, None);
-        let mut dra_client: Option<(kube::Client, String)> = None;
         let mut enforcement = flags.enforcement(None);
         let (publisher, plugins) = match &flags.node_name {
             Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
                 Ok(client) => {
                     node_client = Some((client.clone(), node.clone()));
-                    dra_client = node_client.clone();
                     let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
                     let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
                         return Ok(());
@@ -115,6 +113,26 @@ fn serve(flags: &Flags) -> ExitCode {
                 (None, resources.iter().map(|r| (*r, None)).collect())
             }
         };
+        let dra = match (&node_client, flags.dra) {
+            (Some((client, node)), true) => Some(nano_gpu_agent::dra::FrontEnd {
+                paths: nano_gpu_agent::dra::Paths {
+                    registry_dir: flags.dra_registry_dir.clone(),
+                    plugin_dir: flags.dra_plugin_dir.clone(),
+                    cdi_dir: flags.cdi_dir.clone(),
+                    instance: flags.instance.clone(),
+                },
+                node: node.clone(),
+                client: client.clone(),
+            }),
+            (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
+            (Some((client, node)), false) => {
+                // An agent without DRA serves the cards through its device plugin: the Node says so.
+                let (nodes, node) = (kube::Api::all(client.clone()), node.clone());
+                tokio::spawn(async move { nano_gpu_agent::dra::label_front_end(&nodes, &node, false).await });
+                None
+            }
+            (None, false) => None,
+        };
         let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
         let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(quiet));
         let stop_xids = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -162,26 +180,6 @@ fn serve(flags: &Flags) -> ExitCode {
             };
             (sampling, latest)
         });
-        let dra = match (&dra_client, flags.dra) {
-            (Some((client, node)), true) => Some(nano_gpu_agent::dra::FrontEnd {
-                paths: nano_gpu_agent::dra::Paths {
-                    registry_dir: flags.dra_registry_dir.clone(),
-                    plugin_dir: flags.dra_plugin_dir.clone(),
-                    cdi_dir: flags.cdi_dir.clone(),
-                    instance: flags.instance.clone(),
-                },
-                node: node.clone(),
-                client: client.clone(),
-            }),
-            (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
-            (Some((client, node)), false) => {
-                // An agent without DRA serves the cards through its device plugin: the Node says so.
-                let (nodes, node) = (kube::Api::all(client.clone()), node.clone());
-                tokio::spawn(async move { nano_gpu_agent::dra::label_front_end(&nodes, &node, false).await });
-                None
-            }
-            (None, false) => None,
-        };
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
             backend_dir: flags.backend_dir.clone(),

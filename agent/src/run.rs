@@ -286,8 +286,9 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         )))),
         _ => None,
     };
-    let _dra = dra
-        .map(|front| AbortOnDrop(tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone()))));
+    // Not aborted with the loop: at a shutdown it removes its own sockets, so the kubelet
+    // unregisters it (see `stop_front_end`).
+    let dra = dra.map(|front| tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone())));
     let _coexist = allocatable.map(|kubelet| {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
         AbortOnDrop(tokio::spawn(crate::coexist::watch(
@@ -350,7 +351,9 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
     if let Some(dir) = &backend_dir {
         // The keeper registers, and relays the kubelet's calls to these sockets.
-        return serve_backend(dir, &resources, &served, &readiness, &mut shutdown).await;
+        let result = serve_backend(dir, &resources, &served, &readiness, &mut shutdown).await;
+        stop_front_end(dra).await;
+        return result;
     }
     remove_dead_sockets(&plugin_dir, &resources).await;
     let serving = Serving {
@@ -363,7 +366,18 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     };
     let result = serve_and_register(serving, &mut shutdown).await;
     remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    stop_front_end(dra).await;
     result
+}
+
+/// Waits a moment for the DRA front end to end by itself (it does at a shutdown, after removing its
+/// sockets), then stops it.
+async fn stop_front_end(front: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(mut task) = front
+        && tokio::time::timeout(Duration::from_secs(2), &mut task).await.is_err()
+    {
+        task.abort();
+    }
 }
 
 /// Removes the socket files of `instance` in `dir`, each once it accepts no connection: no file
@@ -809,7 +823,14 @@ fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
 /// Removes the sockets of `resources` in `dir` nobody serves (an agent that was killed leaves its
 /// files); an agent that serves (the old one of a rollout) keeps its own.
 pub(crate) async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
-    for name in sockets_of(dir, resources) {
+    remove_unserved(dir, |n| resources.iter().any(|r| r.is_socket(n))).await;
+}
+
+/// Removes the socket files in `dir` whose names `ours` takes and that nobody serves.
+pub(crate) async fn remove_unserved(dir: &Path, ours: impl Fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    for name in names.into_iter().filter(|n| ours(n)) {
         let path = dir.join(&name);
         if !is_served(&path).await {
             tracing::info!(socket = %name, "removing a plugin socket nobody serves");
