@@ -77,9 +77,9 @@ impl Paths {
     /// does not keep a registration whose service is gone; run before this agent binds its own.
     pub async fn sweep(&self) {
         let registration = |n: &str| n.starts_with(DRIVER) && n.ends_with("-reg.sock");
-        crate::run::remove_unserved(&self.registry_dir, registration).await;
+        crate::plugin::socket::remove_unserved(&self.registry_dir, registration).await;
         let service = |n: &str| n.starts_with("dra") && n.ends_with(".sock");
-        crate::run::remove_unserved(&self.plugin_dir, service).await;
+        crate::plugin::socket::remove_unserved(&self.plugin_dir, service).await;
     }
 }
 

@@ -171,7 +171,7 @@ async fn relay(
     let mut said = false;
     for resource in resources {
         let socket = backend.join(resource.socket(""));
-        while !run::is_served(&socket).await {
+        while !crate::plugin::socket::is_served(&socket).await {
             if !said {
                 tracing::info!(dir = %backend.display(), "waiting for the agent to serve");
                 said = true;

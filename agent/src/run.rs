@@ -11,6 +11,7 @@
 use crate::enforce::Enforcement;
 use crate::health::Health;
 use crate::inventory::{GpuInventory, read_all};
+use crate::plugin::socket::{is_served, remove_unserved};
 use crate::plugin::{self, Edits, Identity, Plugin, Snapshot};
 use crate::probe::Readiness;
 use crate::publish::Publisher;
@@ -794,11 +795,6 @@ async fn served_by_others(dir: &Path, resources: &[Resource], instance: &str) ->
     served
 }
 
-/// Whether something accepts connections on the socket at `path`.
-pub(crate) async fn is_served(path: &Path) -> bool {
-    tokio::net::UnixStream::connect(path).await.is_ok()
-}
-
 /// The name agent `instance` serves its `generation`-th sockets under (the first: its own name;
 /// then `<instance>.<generation>`, or the bare number for the unnamed agent).
 fn generation_name(instance: &str, generation: u32) -> String {
@@ -824,19 +820,6 @@ fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
 /// files); an agent that serves (the old one of a rollout) keeps its own.
 pub(crate) async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
     remove_unserved(dir, |n| resources.iter().any(|r| r.is_socket(n))).await;
-}
-
-/// Removes the socket files in `dir` whose names `ours` takes and that nobody serves.
-pub(crate) async fn remove_unserved(dir: &Path, ours: impl Fn(&str) -> bool) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
-    for name in names.into_iter().filter(|n| ours(n)) {
-        let path = dir.join(&name);
-        if !is_served(&path).await {
-            tracing::info!(socket = %name, "removing a plugin socket nobody serves");
-            let _ = std::fs::remove_file(&path);
-        }
-    }
 }
 
 /// A task stopped when this is dropped.

@@ -69,3 +69,21 @@ pub async fn register(kubelet_socket: PathBuf, resource: Resource, endpoint: &st
         .map_err(|_| Status::unavailable("the kubelet did not answer the registration in time"))??;
     Ok(())
 }
+
+/// Whether something accepts connections on the socket at `path`.
+pub async fn is_served(path: &Path) -> bool {
+    tokio::net::UnixStream::connect(path).await.is_ok()
+}
+
+/// Removes the socket files in `dir` whose names `ours` takes and that nobody serves.
+pub async fn remove_unserved(dir: &Path, ours: impl Fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    for name in names.into_iter().filter(|n| ours(n)) {
+        let path = dir.join(&name);
+        if !is_served(&path).await {
+            tracing::info!(socket = %name, "removing a plugin socket nobody serves");
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
