@@ -39,8 +39,7 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-/// The DRA driver's name: the ResourceSlices', the DeviceClass's and the claims' `driver`.
-pub const DRIVER: &str = "gpu.nano-gpu.io";
+pub use nano_gpu_proto::dra::DRIVER;
 
 /// Where the front end serves and writes.
 #[derive(Clone, Debug)]

@@ -12,7 +12,7 @@
 //! `simulate --through-extender` drives these decisions as kube-scheduler would (`sim/extender.rs`).
 
 use k8s_openapi::api::core::v1::Pod;
-use nano_gpu_engine::engine::{Engine, NodeOrder};
+use nano_gpu_engine::engine::{Decision, Engine, NodeOrder, Unschedulable};
 use nano_gpu_engine::model::Grant;
 use nano_gpu_engine::model::{ModelId, Models, NodeId};
 use nano_gpu_engine::request::{Reason, Request, SlotDemand};
@@ -226,6 +226,20 @@ impl Extender {
             .collect()
     }
 
+    /// The policy's choice among `candidates` for `req` (the claims of a pod, which nano-gpu places
+    /// itself before kube-scheduler sees the pod): the node and its grants; nothing is taken.
+    pub fn place(&mut self, req: &Request, candidates: &[NodeId]) -> Result<Decision, Unschedulable> {
+        self.refresh_order();
+        // Ties go to the node order (the salted hash): the uniform tie rule's randomness would make
+        // two replicas choose differently for nothing.
+        let mut rng = nano_gpu_engine::rng::Rng::new(self.salt);
+        let mut decision = self.engine.decide(req, Some(candidates), &self.order, &mut rng)?;
+        if let Some(load) = self.engine.load() {
+            load.prefer_idle(self.engine.cluster().node(decision.node), &mut decision.eval.grants);
+        }
+        Ok(decision)
+    }
+
     /// The card choice of `POST /bind`: takes the cards on `node` and returns what was taken and the
     /// assignment to write. The caller writes it and binds; on failure it releases what `Bound` took.
     pub fn bind(&mut self, pod: &Pod, node: &str, at: &str) -> Result<Bound, BindError> {
@@ -290,7 +304,7 @@ pub fn engine_request(d: &PodDemand, models: &Models) -> Request {
         ids.dedup();
         ids
     });
-    Request { cpu: d.cpu.0, mem: d.memory.0, slots, models: allowed }
+    Request { models: allowed, ..Request::new(d.cpu.0, d.memory.0, slots) }
 }
 
 /// What a bind took.

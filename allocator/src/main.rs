@@ -144,6 +144,12 @@ struct ServeArgs {
     /// does. Off: overruns get Events, metrics and the mark, nothing more.
     #[arg(long, env = "NANO_GPU_EVICT_OVERRUNS")]
     evict_overruns: bool,
+    /// Allocate the ResourceClaims of nano-gpu's DeviceClass (`gpu.nano-gpu.io`; component
+    /// `deploy/components/dra`): the leader picks node and cards for each pending pod that uses them
+    /// and writes the claims' allocations before kube-scheduler binds it. Needs Kubernetes 1.34+
+    /// (`resource.k8s.io/v1`; shares need DRAConsumableCapacity, on by default from 1.36).
+    #[arg(long, env = "NANO_GPU_DRA")]
+    dra: bool,
     /// Prometheus (`http://host:port`) scraping the agents: each card's recent utilisation breaks
     /// the policy's ties (equal nodes, identical cards) toward the less busy. Absent, slow or
     /// stale: placement is exactly the policy's.
@@ -335,6 +341,13 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let evictor = nano_gpu_allocator::evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);
             tracing::info!("evicting pods marked as over their GPU memory grant");
             tokio::spawn(evictor.run());
+        }
+        if args.dra {
+            use kube::runtime::events::{Recorder, Reporter};
+            let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
+            let recorder = Recorder::new(client.clone(), reporter);
+            tracing::info!("allocating the claims of nano-gpu's DeviceClass");
+            tokio::spawn(nano_gpu_allocator::dra::run(client.clone(), shared.view.clone(), shared.leader.clone(), recorder));
         }
         if let Some(url) = args.prometheus_url.clone() {
             let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));

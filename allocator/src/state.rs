@@ -23,6 +23,7 @@
 //! bind writes), `preempt`, `inspect` (the `/inspect` document), `map` (the GPU map's data: `/inspect` and the
 //! waiting pods), `why` (a waiting pod's verdict per node).
 
+mod claims;
 mod decode;
 mod index;
 mod inspect;
@@ -34,6 +35,7 @@ mod reserve;
 mod tests;
 mod why;
 
+pub use claims::ClaimWrite;
 pub use inspect::InspectDoc;
 pub use map::MapDoc;
 pub use reserve::Reservation;
@@ -106,6 +108,20 @@ pub struct ClusterState {
     /// The generation at which the filter last found no node for a pod, until that pod and any other
     /// refused are sent back to kube-scheduler's queue ([`crate::requeue`]).
     refused_at: Option<u64>,
+    /// Every ResourceClaim by uid, and the uid of each (namespace, name).
+    claims: HashMap<String, crate::claim::ClaimRecord>,
+    claim_keys: HashMap<(String, String), String>,
+    /// During a re-list of claims: the uids seen so far.
+    relisting_claims: Option<HashSet<String>>,
+    /// Allocations being written, by claim uid: they hold their cards until written or failed.
+    in_flight: HashMap<String, crate::claim::Held>,
+    /// Node name → uids of the claims holding cards on it.
+    claims_on: HashMap<String, HashSet<String>>,
+    /// Pending pods that use claims, by uid; per pod, the nodes kube-scheduler refused after
+    /// nano-gpu allocated its claims there, and the last warning it got.
+    claim_pods: BTreeMap<String, claims::ClaimPod>,
+    refused_nodes: HashMap<String, std::collections::BTreeSet<String>>,
+    claim_notes: HashMap<String, String>,
 }
 
 /// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
@@ -215,6 +231,14 @@ impl ClusterState {
             waiting: BTreeMap::new(),
             generation: 0,
             refused_at: None,
+            claims: HashMap::new(),
+            claim_keys: HashMap::new(),
+            relisting_claims: None,
+            in_flight: HashMap::new(),
+            claims_on: HashMap::new(),
+            claim_pods: BTreeMap::new(),
+            refused_nodes: HashMap::new(),
+            claim_notes: HashMap::new(),
         }
     }
 

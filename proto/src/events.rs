@@ -36,6 +36,13 @@ pub enum Reason {
     GpuMemoryOverrun,
     /// Agent, on a pod: the MPS control daemon of a card it has a share of stopped or was replaced.
     MpsDaemonLost,
+    /// Allocator's leader, on a pod that uses claims of nano-gpu's DeviceClass: its claims cannot be
+    /// allocated (none of the nodes whose agent serves DRA takes them, or a claim asks what nano-gpu
+    /// does not allocate); the message says why.
+    ClaimNotAllocated,
+    /// Allocator, on a ResourceClaim: its allocation names a device of nano-gpu's driver that is no
+    /// card of its node, or devices of several nodes; that node's cards count as full.
+    InvalidAllocation,
     /// Agent, on its Node: the container runtime gave an unprivileged container cards it did not ask
     /// for through its env; the node serves no GPU pod until the runtime is fixed.
     RuntimeHonoursPodEnv,
@@ -43,7 +50,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 14] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
         Reason::InvalidInventory,
@@ -55,6 +62,8 @@ impl Reason {
         Reason::AssignmentRepaired,
         Reason::GpuMemoryOverrun,
         Reason::MpsDaemonLost,
+        Reason::ClaimNotAllocated,
+        Reason::InvalidAllocation,
         Reason::RuntimeHonoursPodEnv,
     ];
 
@@ -72,6 +81,8 @@ impl Reason {
             Reason::AssignmentRepaired => "AssignmentRepaired",
             Reason::GpuMemoryOverrun => "GpuMemoryOverrun",
             Reason::MpsDaemonLost => "MpsDaemonLost",
+            Reason::ClaimNotAllocated => "ClaimNotAllocated",
+            Reason::InvalidAllocation => "InvalidAllocation",
             Reason::RuntimeHonoursPodEnv => "RuntimeHonoursPodEnv",
         }
     }

@@ -6,6 +6,7 @@
 //! - [`annotations`]: the node inventory (`nano-gpu/gpus`) the agent publishes and the assignment
 //!   (`nano-gpu/assignment`) the allocator writes at bind, versioned JSON that fails closed.
 //! - [`device_id`]: the virtual device IDs a card advertises to the kubelet.
+//! - [`dra`]: the names the DRA driver and the allocator agree on (driver, capacities, devices).
 //! - [`events`]: the reasons of the Events the agent and the allocator record.
 //! - [`extender`]: the kube-scheduler extender v1 wire types, with Go's exact field names.
 //! - [`kubelet`]: the kubelet's gRPC APIs (device plugin v1beta1, pod-resources v1), generated from
@@ -23,6 +24,7 @@ pub mod annotations;
 #[cfg(feature = "k8s")]
 pub mod demand;
 pub mod device_id;
+pub mod dra;
 pub mod events;
 #[cfg(feature = "k8s")]
 pub mod extender;

@@ -1,15 +1,21 @@
 //! nano-gpu as a DRA driver on real kubelets (`hack/cluster.sh up --containerd2 1 --dra`): node-1
 //! runs containerd 1.6, which has no CDI, node-2 containerd 2 with CDI; the install adds the
-//! component `deploy/components/dra` (the DeviceClass `gpu.nano-gpu.io`, the agents' DRA rights and
-//! `NANO_GPU_DRA`). Claims are allocated by the control plane's kube-scheduler (its DRA allocator,
-//! first fit, by consumable capacity: Kubernetes 1.36+); the agent prepares them as CDI devices.
+//! component `deploy/components/dra` (the DeviceClass `gpu.nano-gpu.io`, whose selector kube-scheduler's
+//! own allocator can match no device with; the agents' DRA rights and `NANO_GPU_DRA`; the allocator's
+//! claim rights and `NANO_GPU_DRA`). The allocator's leader allocates each claim with its policy (FGD)
+//! and kube-scheduler binds the pod to the allocation's node; the agent prepares the claims as CDI
+//! devices. Kubernetes 1.37.
 //!
 //! Checked: only node-2 publishes a ResourceSlice (node-1's agent refuses DRA on its runtime), with
 //! one device per card, the cards the device plugin serves; node-2 is labelled as DRA's and a
 //! `nano-gpu/gpu-percent` share goes to node-1; a 30 % share, an 80 % share and a claim of
 //! two whole cards run, each container seeing exactly the cards its claim's allocation names, with its
-//! percent; no card is allocated over 100 %; after the agent of node-2 restarts the running pods keep
-//! running and a new claim is prepared; a deleted pod's claim is unprepared (its CDI spec goes).
+//! percent, each allocation written by the allocator (its log names the claim and the node); a 20 %
+//! share goes where the policy packs it, on the 80 % share's card, where kube-scheduler's first fit
+//! would take the 30 % share's; no card is allocated over 100 %; a claim with a CEL selector is
+//! refused with the reason in an Event and stays unallocated (kube-scheduler does not allocate it
+//! either); after the agent of node-2 restarts the running pods keep running and a new claim is
+//! prepared; a deleted pod's claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -150,11 +156,14 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     let placed = pods.get("device-plugin-share").await.unwrap().spec.unwrap().node_name;
     assert_eq!(placed.as_deref(), Some("node-1"), "a share went to the node whose cards DRA serves");
 
-    // A 30 % share, an 80 % share (first fit puts it on another card: 70 % is left on the first),
-    // two whole cards.
+    // A 30 % share, an 80 % share (they cannot share a card), two whole cards, then a 20 % share: the
+    // policy packs it onto the 80 % share's card, which it fills; kube-scheduler's first fit would
+    // put it on the first card with room, the 30 % share's.
     let post = PostParams::default();
     let mut cards = BTreeMap::new();
-    for (name, count, percent) in [("share-30", 1, Some(30)), ("share-80", 1, Some(80)), ("two", 2, None)] {
+    for (name, count, percent) in
+        [("share-30", 1, Some(30)), ("share-80", 1, Some(80)), ("two", 2, None), ("share-20", 1, Some(20))]
+    {
         claims.create(&post, &claim(name, count, percent)).await.unwrap();
         create(&pods, &claim_pod(name)).await;
         let (_, seen) = run_and_check(&pods, &claims, &slices, name).await;
@@ -162,6 +171,46 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     }
     assert_eq!(cards["two"].len(), 2);
     assert_ne!(cards["share-30"], cards["share-80"]);
+    assert_eq!(cards["share-20"], cards["share-80"], "the 20 % share did not go where the policy packs it");
+    let log = cluster.ok(&[
+        "-n",
+        SYSTEM,
+        "logs",
+        "-l",
+        "app.kubernetes.io/name=nano-gpu-allocator",
+        "-c",
+        "allocator",
+        "--tail=-1",
+    ]);
+    for name in ["share-30", "share-80", "two", "share-20"] {
+        assert!(
+            log.lines().any(|l| l.contains("claim allocated")
+                && l.contains(&format!("claim={name}"))
+                && l.contains("node=node-2")),
+            "the allocator did not allocate {name}"
+        );
+    }
+
+    // A claim nano-gpu does not allocate (a CEL selector): the reason in an Event on its pod, and no
+    // one allocates it.
+    let mut cel = claim("cel", 1, Some(10));
+    let request = &mut cel.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0];
+    request.exactly.as_mut().unwrap().selectors =
+        Some(vec![serde_json::from_value(json!({"cel": {"expression": "true"}})).unwrap()]);
+    claims.create(&post, &cel).await.unwrap();
+    create(&pods, &claim_pod("cel")).await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NS);
+    wait_until("a ClaimNotAllocated Event on pod cel", Duration::from_secs(60), || async {
+        events.list(&ListParams::default()).await.unwrap().items.iter().any(|e| {
+            e.reason.as_deref() == Some("ClaimNotAllocated")
+                && e.involved_object.name.as_deref() == Some("cel")
+                && e.message.as_deref().is_some_and(|m| m.contains("CEL selectors"))
+        })
+    })
+    .await;
+    assert!(claims.get("cel").await.unwrap().status.and_then(|s| s.allocation).is_none());
+    let phase = pods.get("cel").await.unwrap().status.and_then(|s| s.phase);
+    assert_eq!(phase.as_deref(), Some("Pending"));
     let over_capacity = || async {
         let mut per_device: BTreeMap<String, u32> = BTreeMap::new();
         for c in claims.list(&ListParams::default()).await.unwrap().items {
@@ -192,10 +241,11 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     cluster.ok(&["-n", SYSTEM, "delete", "pod", &before, "--wait=true"]);
     cluster.ok(&["-n", SYSTEM, "rollout", "status", "daemonset/nano-gpu-agent", "--timeout=120s"]);
     assert_ne!(agent("node-2").await, before);
-    claims.create(&post, &claim("share-20", 1, Some(20))).await.unwrap();
-    create(&pods, &claim_pod("share-20")).await;
-    run_and_check(&pods, &claims, &slices, "share-20").await;
-    wait_running(&pods, &["share-30".into(), "share-80".into(), "two".into()], Duration::from_secs(10)).await;
+    claims.create(&post, &claim("share-10", 1, Some(10))).await.unwrap();
+    create(&pods, &claim_pod("share-10")).await;
+    run_and_check(&pods, &claims, &slices, "share-10").await;
+    let running = ["share-30", "share-80", "two", "share-20"].map(String::from);
+    wait_running(&pods, &running, Duration::from_secs(10)).await;
     assert_eq!(over_capacity().await, vec![]);
 
     // A pod that goes: the kubelet unprepares its claim, and its CDI spec is gone from node-2.

@@ -180,9 +180,15 @@ fn each_component_changes_what_it_says_and_nothing_else() {
         assert!(mounts.contains(&path), "{path} is not mounted: {mounts:?}");
         assert!(volumes.iter().any(|v| v["hostPath"]["path"] == path), "no hostPath {path}");
     }
+    // The allocator allocates the class's claims; kube-scheduler's own allocator finds no device in it.
+    assert_eq!(env(container(&built[&allocator], "allocator"), "NANO_GPU_DRA"), Some("true"));
     let class = &built[&("DeviceClass".to_owned(), String::new(), "gpu.nano-gpu.io".to_owned())];
-    assert_eq!(class["spec"]["selectors"][0]["cel"]["expression"], "device.driver == \"gpu.nano-gpu.io\"");
-    only_changed(&built, std::slice::from_ref(&agent));
+    let expression = class["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
+    assert!(expression.starts_with("device.driver == \"gpu.nano-gpu.io\" && has("), "{expression}");
+    let rules =
+        &built[&("ClusterRole".to_owned(), String::new(), "nano-gpu-allocator-dra".to_owned())]["rules"];
+    assert_eq!(rules[1]["resources"], serde_json::json!(["resourceclaims/status", "resourceclaims/binding"]));
+    only_changed(&built, &[allocator.clone(), agent.clone()]);
 }
 
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the

@@ -14,12 +14,7 @@ use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;
 use nano_gpu_proto::quantity;
 use nano_gpu_proto::units::{MiB, Percent};
 
-/// The capacity of a card that shares consume, in percent of its compute (1 to 100).
-pub const PERCENT: &str = "percent";
-/// The capacity of a card that shares consume, in card memory.
-pub const MEMORY: &str = "memory";
-/// A device's name in the node's ResourceSlice: `gpu-<index>`.
-pub const DEVICE_PREFIX: &str = "gpu-";
+pub use nano_gpu_proto::dra::{DEVICE_PREFIX, MEMORY, PERCENT};
 
 /// One device of the claim on this node, as the allocation gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,7 +122,7 @@ pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<G
 
 /// The card a device name (`gpu-<index>`) stands for, if it may take work.
 fn card_of<'a>(cards: &'a [Card], device: &str) -> Result<&'a Card, String> {
-    let index: u32 = device.strip_prefix(DEVICE_PREFIX).and_then(|i| i.parse().ok()).ok_or_else(|| {
+    let index = nano_gpu_proto::dra::card_index(device).ok_or_else(|| {
         format!("device {device:?} is not one of this driver's names ({DEVICE_PREFIX}<index>)")
     })?;
     let card = cards

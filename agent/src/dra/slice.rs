@@ -7,7 +7,7 @@
 //! rule, which the agent applies when it prepares the claim.
 
 use super::DRIVER;
-use super::prepare::{DEVICE_PREFIX, MEMORY, PERCENT};
+use super::prepare::{MEMORY, PERCENT};
 use crate::inventory::Card;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity, DeviceTaint,
@@ -91,7 +91,7 @@ fn device(card: &Card) -> Device {
         vec![DeviceTaint { key: UNHEALTHY.to_owned(), effect: "NoSchedule".to_owned(), ..Default::default() }]
     });
     Device {
-        name: format!("{DEVICE_PREFIX}{}", info.index),
+        name: nano_gpu_proto::dra::device_name(info.index),
         attributes: Some(attributes),
         capacity: Some(capacity),
         allow_multiple_allocations: Some(true),

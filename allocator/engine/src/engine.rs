@@ -11,7 +11,7 @@
 use crate::load::Load;
 use crate::model::{Cluster, Grant, ModelError, ModelId, NodeId};
 use crate::policy::{Context, Eval, Policy, Ties};
-use crate::request::{Reason, Request, SlotDemand, host_check};
+use crate::request::{FrontEnd, Reason, Request, SlotDemand, host_check};
 use crate::rng::Rng;
 use crate::workload::Workload;
 use std::collections::{BTreeMap, HashMap};
@@ -116,11 +116,12 @@ struct Cached {
 struct Shape {
     slots: Vec<SlotDemand>,
     models: Option<Vec<ModelId>>,
+    front_end: FrontEnd,
 }
 
 impl Shape {
     fn of(req: &Request) -> Self {
-        Shape { slots: req.slots.clone(), models: req.models.clone() }
+        Shape { slots: req.slots.clone(), models: req.models.clone(), front_end: req.front_end }
     }
 }
 

@@ -79,6 +79,16 @@ impl SlotDemand {
     }
 }
 
+/// Which of the node agents' front ends hands a request its cards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrontEnd {
+    /// The device plugin (`nano-gpu/gpu-percent` and friends): nodes whose agent does not serve DRA.
+    #[default]
+    DevicePlugin,
+    /// DRA (claims of nano-gpu's DeviceClass): only nodes whose agent serves DRA.
+    Dra,
+}
+
 /// What one pod asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Request {
@@ -90,12 +100,19 @@ pub struct Request {
     pub slots: Vec<SlotDemand>,
     /// Allowed card models, sorted; `None` allows any; `Some(empty)` matches no card in this cluster.
     pub models: Option<Vec<ModelId>>,
+    /// The front end its cards come through.
+    pub front_end: FrontEnd,
 }
 
 impl Request {
-    /// A request with no model restriction.
+    /// A device-plugin request with no model restriction.
     pub fn new(cpu: u64, mem: u64, slots: Vec<SlotDemand>) -> Self {
-        Request { cpu, mem, slots, models: None }
+        Request { cpu, mem, slots, models: None, front_end: FrontEnd::DevicePlugin }
+    }
+
+    /// The same request through `front_end`.
+    pub fn through(self, front_end: FrontEnd) -> Self {
+        Request { front_end, ..self }
     }
 
     /// Whether a card of model `m` may serve this request.
@@ -113,6 +130,8 @@ impl Request {
 const NOT_SERVING: &str = "no Ready nano-gpu agent: its device plugin may not serve";
 /// What [`Reason::ServedByDra`] says.
 const SERVED_BY_DRA: &str = "its cards are served through DRA (claims of gpu.nano-gpu.io), not to shares";
+/// What [`Reason::NotDra`] says.
+const NOT_DRA: &str = "its agent serves no DRA: claims of gpu.nano-gpu.io cannot get its cards";
 
 /// Why a node cannot take a request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,6 +142,8 @@ pub enum Reason {
     NotServing,
     /// The node's cards are served through DRA (its agent's `nano-gpu/front-end` label).
     ServedByDra,
+    /// A claim's request and the node's agent serves no DRA.
+    NotDra,
     /// The request wants GPUs and the node has none.
     NoGpu,
     /// No card of an allowed model on the node.
@@ -149,6 +170,7 @@ impl Reason {
             Reason::Gone
                 | Reason::NotServing
                 | Reason::ServedByDra
+                | Reason::NotDra
                 | Reason::NoGpu
                 | Reason::ModelMismatch
                 | Reason::NeverFits(_)
@@ -165,6 +187,7 @@ impl Reason {
             Reason::Gone => "node is gone",
             Reason::NotServing => NOT_SERVING,
             Reason::ServedByDra => SERVED_BY_DRA,
+            Reason::NotDra => NOT_DRA,
             Reason::NoGpu => "node has no GPU",
             Reason::ModelMismatch => "no card of an allowed model",
             Reason::NeverFits(_) => "larger than any card",
@@ -183,6 +206,7 @@ impl fmt::Display for Reason {
             Reason::Gone => f.write_str("node is gone"),
             Reason::NotServing => f.write_str(NOT_SERVING),
             Reason::ServedByDra => f.write_str(SERVED_BY_DRA),
+            Reason::NotDra => f.write_str(NOT_DRA),
             Reason::NoGpu => f.write_str("node has no GPU"),
             Reason::ModelMismatch => f.write_str("no card of an allowed model"),
             Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
@@ -271,8 +295,10 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
         return Err(Reason::NotServing);
     }
     if !req.slots.is_empty() {
-        if node.dra {
-            return Err(Reason::ServedByDra);
+        match (node.dra, req.front_end) {
+            (true, FrontEnd::DevicePlugin) => return Err(Reason::ServedByDra),
+            (false, FrontEnd::Dra) => return Err(Reason::NotDra),
+            _ => {}
         }
         if node.cards.is_empty() {
             return Err(Reason::NoGpu);
@@ -427,7 +453,19 @@ mod tests {
         assert_eq!(err, Reason::ServedByDra);
         assert!(err.unresolvable());
         assert!(err.to_string().contains("served through DRA"), "{err}");
+        assert_eq!(
+            check_node(&n, &Request::new(1000, 0, vec![share(30)]).through(FrontEnd::DevicePlugin)),
+            Err(Reason::ServedByDra)
+        );
         assert_eq!(check_node(&n, &Request::new(1000, 0, vec![])), Ok(()));
+        // A claim's share goes to such a node only.
+        let claim = Request::new(1000, 0, vec![share(30)]).through(FrontEnd::Dra);
+        assert_eq!(check_node(&n, &claim), Ok(()));
+        n.dra = false;
+        let err = check_node(&n, &claim).unwrap_err();
+        assert_eq!(err, Reason::NotDra);
+        assert!(err.unresolvable());
+        assert!(err.to_string().contains("serves no DRA"), "{err}");
     }
 
     #[test]

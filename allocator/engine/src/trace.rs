@@ -89,7 +89,7 @@ impl TracePod {
             ids.dedup();
             ids
         });
-        Request { cpu: self.cpu_milli, mem: self.memory_mib, slots: self.slots(), models }
+        Request { models, ..Request::new(self.cpu_milli, self.memory_mib, self.slots()) }
     }
 }
 

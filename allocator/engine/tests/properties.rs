@@ -47,6 +47,7 @@ fn request() -> impl Strategy<Value = Request> {
                 ids.dedup();
                 ids
             }),
+            front_end: Default::default(),
         })
 }
 

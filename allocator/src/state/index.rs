@@ -74,6 +74,10 @@ impl ClusterState {
         }
         self.note_agent(&uid, pod);
         self.stop_waiting(&uid);
+        let pending = !is_terminal(pod)
+            && pod.metadata.deletion_timestamp.is_none()
+            && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
+        self.note_claim_pod(&uid, pod, pending);
         if is_terminal(pod) {
             self.forget_pod(&uid);
             return;
@@ -129,6 +133,7 @@ impl ClusterState {
         if let Some(uid) = pod_uid(pod) {
             self.set_agent(uid, None);
             self.stop_waiting(uid);
+            self.forget_claim_pod(uid);
             self.forget_pod(uid);
         }
     }

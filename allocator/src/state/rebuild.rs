@@ -26,6 +26,7 @@ impl ClusterState {
         let serving = self.agent_ready(name);
         let Some(record) = self.nodes.get(name) else { return };
         let serving = serving && !record.env_honoured;
+        let claims = self.claims_held_on(name);
         let cluster = self.extender.engine_mut().cluster_mut();
         let cards: Vec<Card> = match &record.inventory {
             Some(Ok(inv)) => inv
@@ -46,6 +47,8 @@ impl ClusterState {
         let mut poisoned = false;
         let mut overcommit = Vec::new();
         let mut unknown_card = Vec::new();
+        let mut unknown_claim: Vec<((String, String), String)> = Vec::new();
+        let mut overcommit_claims = Vec::new();
         let on_node = self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid));
         for p in on_node {
             node.cpu_free = node.cpu_free.saturating_sub(p.cpu);
@@ -87,7 +90,39 @@ impl ClusterState {
                 }
             }
         }
-        if poisoned || !overcommit.is_empty() || matches!(record.inventory, Some(Err(_))) {
+        // Claims allocated here (a node whose agent serves DRA holds only claims).
+        for (key, held) in claims {
+            let Some(held) = held else {
+                poisoned = true;
+                unknown_claim
+                    .push((key, format!("its allocation names devices of {name} and of other nodes")));
+                continue;
+            };
+            for d in &held.devices {
+                let card = d.card.as_ref().ok().and_then(|i| node.cards.iter_mut().find(|c| c.index == *i));
+                let Some(c) = card else {
+                    poisoned = true;
+                    let device = match &d.card {
+                        Ok(i) => nano_gpu_proto::dra::device_name(*i),
+                        Err(name) => name.clone(),
+                    };
+                    unknown_claim.push((
+                        key.clone(),
+                        format!("its allocation names device {device}, no card of {name}"),
+                    ));
+                    continue;
+                };
+                let memory = d.memory.unwrap_or_else(|| d.percent.of(c.mem_total));
+                if !take(c, d.percent, memory) {
+                    overcommit_claims.push((key.clone(), c.uuid.clone()));
+                }
+            }
+        }
+        if poisoned
+            || !overcommit.is_empty()
+            || !overcommit_claims.is_empty()
+            || matches!(record.inventory, Some(Err(_)))
+        {
             for c in &mut node.cards {
                 c.free = Percent::ZERO;
             }
@@ -95,6 +130,24 @@ impl ClusterState {
         cluster.upsert_node(node);
         for ((ns, pod), message) in unknown_card {
             self.warn("Pod", &ns, &pod, Reason::GpushareCardUnknown, message);
+        }
+        for ((ns, claim), why) in unknown_claim {
+            self.warn(
+                "ResourceClaim",
+                &ns,
+                &claim,
+                Reason::InvalidAllocation,
+                format!("{why}; every card of {name} is treated as full"),
+            );
+        }
+        for ((ns, claim), uuid) in overcommit_claims {
+            self.warn(
+                "ResourceClaim",
+                &ns,
+                &claim,
+                Reason::Overcommitted,
+                format!("card {uuid} on {name} is over 100 % with this claim; no claim is placed on {name} until it is not"),
+            );
         }
         for ((ns, pod), uuid) in overcommit {
             self.warn(

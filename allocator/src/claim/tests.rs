@@ -1,0 +1,212 @@
+use super::*;
+use serde_json::json;
+
+fn claim(requests: Value) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "t", "uid": "u-1", "resourceVersion": "7"},
+        "spec": {"devices": {"requests": requests}},
+    }))
+    .unwrap()
+}
+
+fn exactly(extra: Value) -> Value {
+    let mut e = json!({"deviceClassName": CLASS});
+    for (k, v) in extra.as_object().unwrap() {
+        e[k] = v.clone();
+    }
+    json!([{"name": "gpu", "exactly": e}])
+}
+
+fn slots(c: &ResourceClaim) -> Result<Vec<SlotDemand>, String> {
+    match ClaimRecord::of(c).class {
+        Class::Ours(s) => s.map(|s| s.into_iter().map(|s| s.demand).collect()),
+        Class::Other => panic!("not ours"),
+    }
+}
+
+#[test]
+fn requests_become_shares_or_whole_cards() {
+    let share = |p: u32| SlotDemand::Share { percent: Some(Percent(p)), mem: None };
+    let c = claim(exactly(json!({"capacity": {"requests": {"percent": "30"}}})));
+    assert_eq!(slots(&c), Ok(vec![share(30)]));
+    let c = claim(exactly(json!({"count": 2})));
+    assert_eq!(slots(&c), Ok(vec![SlotDemand::Whole { cards: 2, mem: None }]));
+    let c = claim(exactly(json!({"count": 3, "capacity": {"requests": {"percent": "100"}}})));
+    assert_eq!(slots(&c), Ok(vec![SlotDemand::Whole { cards: 3, mem: None }]));
+    let c = claim(exactly(json!({"capacity": {"requests": {"memory": "4Gi"}}})));
+    assert_eq!(slots(&c), Ok(vec![SlotDemand::Share { percent: None, mem: Some(MiB(4096)) }]));
+    let c = claim(exactly(json!({"capacity": {"requests": {"percent": "20", "memory": "1Gi"}}})));
+    assert_eq!(slots(&c), Ok(vec![SlotDemand::Share { percent: Some(Percent(20)), mem: Some(MiB(1024)) }]));
+    let record = ClaimRecord::of(&c);
+    assert_eq!(record.key, ("t".to_owned(), "c".to_owned()));
+    assert_eq!((record.version, record.allocated), (7, false));
+}
+
+#[test]
+fn what_nano_gpu_does_not_allocate_is_refused_with_the_reason() {
+    let cases = [
+        (exactly(json!({"selectors": [{"cel": {"expression": "true"}}]})), "nano-gpu/gpu-model"),
+        (exactly(json!({"allocationMode": "All"})), "allocation mode All"),
+        (exactly(json!({"count": 2, "capacity": {"requests": {"percent": "50"}}})), "count 1"),
+        (exactly(json!({"count": 0})), "count 0"),
+        (exactly(json!({"capacity": {"requests": {"percent": "0"}}})), "percent 0: 1 to 100"),
+        (exactly(json!({"capacity": {"requests": {"percent": "101"}}})), "percent 101"),
+        (exactly(json!({"capacity": {"requests": {"percent": "0.5"}}})), "percent \"0.5\""),
+        (exactly(json!({"capacity": {"requests": {"cores": "1"}}})), "capacity \"cores\""),
+        (exactly(json!({"adminAccess": true})), "admin access"),
+        (
+            json!([{"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": CLASS}]}]),
+            "firstAvailable",
+        ),
+        (
+            json!([{"name": "a", "exactly": {"deviceClassName": CLASS}},
+                   {"name": "b", "exactly": {"deviceClassName": "other.example.com"}}]),
+            "mixes",
+        ),
+    ];
+    for (requests, want) in cases {
+        let err = slots(&claim(requests.clone())).unwrap_err();
+        assert!(err.contains(want), "{requests}: {err}");
+    }
+    let mut c = claim(exactly(json!({})));
+    c.spec.devices.as_mut().unwrap().config =
+        Some(vec![serde_json::from_value(json!({"opaque": {"driver": DRIVER, "parameters": {}}})).unwrap()]);
+    assert!(slots(&c).unwrap_err().contains("opaque"));
+    let other = claim(json!([{"name": "x", "exactly": {"deviceClassName": "other.example.com"}}]));
+    assert_eq!(ClaimRecord::of(&other).class, Class::Other);
+}
+
+#[test]
+fn an_allocation_is_read_back_as_what_it_holds() {
+    let given = [
+        Given { request: "gpu".into(), card: 1, percent: Percent(30), memory: None },
+        Given { request: "gpu".into(), card: 2, percent: Percent(100), memory: Some(MiB(2048)) },
+    ];
+    let mut c = claim(exactly(json!({})));
+    let status = json!({"allocation": allocation("u-1", "node-2", &given)});
+    c.status = Some(serde_json::from_value(status.clone()).unwrap());
+    let record = ClaimRecord::of(&c);
+    assert!(record.allocated);
+    let held = record.held.unwrap();
+    assert_eq!(held.node, "node-2");
+    assert!(held.other_pools.is_empty());
+    assert_eq!(
+        held.devices,
+        vec![
+            HeldDevice { card: Ok(1), percent: Percent(30), memory: None },
+            HeldDevice { card: Ok(2), percent: Percent(100), memory: Some(MiB(2048)) },
+        ]
+    );
+    let results = &status["allocation"]["devices"]["results"];
+    assert_eq!(results[0]["device"], "gpu-1");
+    assert_eq!(results[0]["consumedCapacity"], json!({"percent": "30"}));
+    assert_eq!(results[1]["consumedCapacity"], json!({"percent": "100", "memory": "2048Mi"}));
+    // Share IDs: UUIDs, distinct per result, the same for a retried write.
+    let (a, b) = (results[0]["shareID"].as_str().unwrap(), results[1]["shareID"].as_str().unwrap());
+    assert_ne!(a, b);
+    assert_eq!(a, share_id("u-1", 0));
+    assert_eq!(a.len(), 36);
+    assert_eq!(&a[14..15], "4");
+    assert!(a.split('-').map(str::len).eq([8, 4, 4, 4, 12]));
+    assert_eq!(
+        status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"],
+        json!(["node-2"])
+    );
+}
+
+#[test]
+fn an_allocation_on_unknown_devices_or_several_pools_says_so() {
+    let mut c = claim(exactly(json!({})));
+    let result = |pool: &str, device: &str| json!({"request": "gpu", "driver": DRIVER, "pool": pool, "device": device});
+    let other = json!({"request": "gpu", "driver": "other.example.com", "pool": "node-9", "device": "x"});
+    c.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            result("node-1", "gpu-0"), result("node-1", "card-7"), result("node-3", "gpu-1"), other
+        ]}}}))
+        .unwrap(),
+    );
+    let held = ClaimRecord::of(&c).held.unwrap();
+    assert_eq!(held.node, "node-1");
+    assert_eq!(held.devices[0], HeldDevice { card: Ok(0), percent: Percent::FULL, memory: None });
+    assert_eq!(held.devices[1].card, Err("card-7".into()));
+    assert_eq!(held.other_pools, vec!["node-3".to_owned()]);
+}
+
+#[test]
+fn pods_name_their_claims_directly_or_through_their_status() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "t"},
+        "spec": {"containers": [], "resourceClaims": [
+            {"name": "a", "resourceClaimName": "mine"},
+            {"name": "b", "resourceClaimTemplateName": "tpl"},
+            {"name": "c", "resourceClaimTemplateName": "tpl"},
+        ]},
+        "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]},
+    }))
+    .unwrap();
+    assert_eq!(pod_claims(&pod), vec![Some("mine".into()), Some("p-b-x1".into()), None]);
+}
+
+#[test]
+fn placement_checks_selector_affinity_taints_and_cordon() {
+    let pod = |spec: Value| -> Pod {
+        let mut s = json!({"containers": []});
+        for (k, v) in spec.as_object().unwrap() {
+            s[k] = v.clone();
+        }
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": s})).unwrap()
+    };
+    let node = |labels: Value, taints: Value, cordoned: bool| NodeFacts {
+        labels: serde_json::from_value(labels).unwrap(),
+        taints: serde_json::from_value(taints).unwrap(),
+        cordoned,
+    };
+    let plain = node(json!({"zone": "a", "rank": "5"}), json!([]), false);
+    let tainted = node(json!({}), json!([{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]), false);
+    let soft = node(json!({}), json!([{"key": "gpu", "effect": "PreferNoSchedule"}]), false);
+    let cordoned = node(json!({}), json!([]), true);
+
+    let free = Placement::of(&pod(json!({})));
+    assert_eq!(free.allows("n", &plain), Ok(()));
+    assert_eq!(free.allows("n", &soft), Ok(()));
+    assert!(free.allows("n", &tainted).unwrap_err().contains("taint gpu"));
+    assert_eq!(free.allows("n", &cordoned), Err("cordoned".into()));
+
+    let tolerant =
+        Placement::of(&pod(json!({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]})));
+    assert_eq!(tolerant.allows("n", &tainted), Ok(()));
+    let wrong_value = Placement::of(&pod(json!({"tolerations": [{"key": "gpu", "value": "no"}]})));
+    assert!(wrong_value.allows("n", &tainted).is_err());
+    let everything = Placement::of(&pod(json!({"tolerations": [{"operator": "Exists"}]})));
+    assert_eq!(everything.allows("n", &tainted), Ok(()));
+    assert_eq!(everything.allows("n", &cordoned), Ok(()));
+
+    let selector = Placement::of(&pod(json!({"nodeSelector": {"zone": "b"}})));
+    assert!(selector.allows("n", &plain).unwrap_err().contains("zone=b"));
+    let affinity = |exprs: Value| {
+        let required = json!({"nodeSelectorTerms": [{"matchExpressions": exprs}]});
+        Placement::of(&pod(
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}),
+        ))
+    };
+    let zone_in = affinity(json!([{"key": "zone", "operator": "In", "values": ["a", "c"]}]));
+    assert_eq!(zone_in.allows("n", &plain), Ok(()));
+    assert!(
+        affinity(json!([{"key": "zone", "operator": "NotIn", "values": ["a"]}])).allows("n", &plain).is_err()
+    );
+    assert_eq!(
+        affinity(json!([{"key": "rank", "operator": "Gt", "values": ["4"]}])).allows("n", &plain),
+        Ok(())
+    );
+    assert!(
+        affinity(json!([{"key": "rank", "operator": "Lt", "values": ["4"]}])).allows("n", &plain).is_err()
+    );
+    assert!(affinity(json!([{"key": "gpu", "operator": "Exists"}])).allows("n", &plain).is_err());
+    assert_eq!(affinity(json!([{"key": "gpu", "operator": "DoesNotExist"}])).allows("n", &plain), Ok(()));
+    let required = json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]});
+    let by_name = Placement::of(&pod(
+        json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}),
+    ));
+    assert!(by_name.allows("n", &plain).is_err());
+    assert_eq!(by_name.allows("n2", &plain), Ok(()));
+}

@@ -1,0 +1,204 @@
+//! DRA (`serve --dra`): nano-gpu allocates the ResourceClaims of its DeviceClass itself, so the
+//! policy (FGD by default) chooses the node and the card of every claim, where kube-scheduler's own
+//! DRA allocator would take the first device that fits.
+//!
+//! How: the DeviceClass `gpu.nano-gpu.io` selects no device for kube-scheduler
+//! (`deploy/components/dra`), so kube-scheduler never allocates a claim of it and cannot race this.
+//! The leader watches every ResourceClaim ([`watch`]) beside the pod and node watches; for each
+//! pending pod whose claims are all of the class and unallocated it picks node and cards
+//! ([`crate::state::ClusterState::plan_claims`]) and writes each claim's allocation ([`write`]):
+//! Kubernetes' allocation finalizer first, then `status.allocation` (device, consumed capacity,
+//! share ID, node selector), each conditional on the resourceVersion the choice was made on.
+//! kube-scheduler then sees allocated claims, keeps the pod to that node, reserves the claims and
+//! binds; the kubelet has the node's agent prepare them. A claim held by the allocation counts on its
+//! card from the moment it is chosen, so back-to-back choices never double-book.
+//!
+//! A new leader re-lists every claim (a consistent read) before its first choice: the replica that
+//! led before may have written allocations this replica's watch has not shown yet.
+
+use crate::leader::Leadership;
+use crate::state::{ClaimWrite, SharedView};
+use crate::watch::{LIST_PAGE, publish};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use kube::api::{ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::Recorder;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use nano_gpu_proto::dra::ALLOCATED_FINALIZER;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How often waiting pods are looked at when nothing wakes the planner earlier.
+const EVERY: Duration = Duration::from_millis(500);
+/// How long one API call of a write may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs the claim watch and, while this replica leads, the allocation of waiting pods' claims.
+pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>, recorder: Recorder) {
+    let listed = Arc::new(AtomicBool::new(false));
+    let wake = Arc::new(Notify::new());
+    let api: Api<ResourceClaim> = Api::all(client);
+    tokio::spawn(watch(api.clone(), view.clone(), listed.clone(), wake.clone()));
+    let mut led = false;
+    loop {
+        let _ = tokio::time::timeout(EVERY, wake.notified()).await;
+        if !view.synced() || !listed.load(Ordering::SeqCst) {
+            continue;
+        }
+        if !leader.is_leader() {
+            led = false;
+            continue;
+        }
+        if !led {
+            match relist(&api, &view).await {
+                Ok(n) => {
+                    tracing::info!(
+                        claims = n,
+                        "leading: claims re-listed; allocating claims of nano-gpu's class"
+                    );
+                    led = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "re-listing claims failed; no claim is allocated until it succeeds");
+                    continue;
+                }
+            }
+        }
+        let Some(_deciding) = leader.decide() else { continue };
+        let (writes, warnings) = {
+            let mut state = view.lock();
+            let writes = state.plan_claims();
+            (writes, state.take_warnings())
+        };
+        for w in &warnings {
+            publish(&recorder, w, "Allocate").await;
+        }
+        for w in writes {
+            let outcome = if leader.is_leader() { write(&api, &w).await } else { Err(Failure::NotLeader) };
+            match outcome {
+                Ok(claim) => {
+                    tracing::info!(pod = %format!("{}/{}", w.pod.0, w.pod.1), claim = %w.claim.1, node = %w.node,
+                        "claim allocated");
+                    view.lock().written(&w, &claim);
+                }
+                Err(f) => {
+                    match &f {
+                        Failure::Changed => tracing::info!(claim = %format!("{}/{}", w.claim.0, w.claim.1),
+                            "the claim changed since the choice; choosing again"),
+                        other => {
+                            tracing::warn!(claim = %format!("{}/{}", w.claim.0, w.claim.1), error = %other,
+                            "writing a claim's allocation failed; choosing again")
+                        }
+                    }
+                    view.lock().not_written(&w);
+                }
+            }
+        }
+    }
+}
+
+/// Feeds every ResourceClaim into the view, re-listing after a broken watch (with backoff).
+async fn watch(api: Api<ResourceClaim>, view: Arc<SharedView>, listed: Arc<AtomicBool>, wake: Arc<Notify>) {
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
+    loop {
+        match stream.try_next().await {
+            Ok(Some(event)) => {
+                {
+                    let mut state = view.lock();
+                    match event {
+                        Event::Init => state.begin_claim_relist(),
+                        Event::InitApply(c) | Event::Apply(c) => state.apply_claim(&c),
+                        Event::InitDone => {
+                            state.end_claim_relist();
+                            if !listed.swap(true, Ordering::SeqCst) {
+                                tracing::info!("claims listed");
+                            }
+                        }
+                        Event::Delete(c) => state.delete_claim(&c),
+                    }
+                }
+                wake.notify_one();
+            }
+            Ok(None) => break,
+            Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying with backoff"),
+        }
+    }
+}
+
+/// A consistent list of every claim, applied to the view as a re-list; returns how many.
+async fn relist(api: &Api<ResourceClaim>, view: &SharedView) -> anyhow::Result<usize> {
+    let mut params = ListParams::default().limit(LIST_PAGE);
+    let mut claims = Vec::new();
+    loop {
+        let page = tokio::time::timeout(CALL_TIMEOUT, api.list(&params))
+            .await
+            .map_err(|_| anyhow::anyhow!("listing claims took over {CALL_TIMEOUT:?}"))??;
+        claims.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let mut state = view.lock();
+    state.begin_claim_relist();
+    for c in &claims {
+        state.apply_claim(c);
+    }
+    state.end_claim_relist();
+    Ok(claims.len())
+}
+
+/// Why a write did not happen.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// The claim is not the one the choice was made on any more (changed, deleted or replaced).
+    #[error("the claim changed")]
+    Changed,
+    /// This replica no longer leads.
+    #[error("no longer the leader")]
+    NotLeader,
+    /// Anything else.
+    #[error("{0}")]
+    Api(String),
+}
+
+impl From<kube::Error> for Failure {
+    fn from(e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(s) if s.code == 409 || s.code == 404 => Failure::Changed,
+            _ => Failure::Api(e.to_string()),
+        }
+    }
+}
+
+/// Writes `w`: the allocation finalizer, then the allocation, each conditional on the claim being
+/// the one the choice was made on. Returns the claim as the API server has it after.
+async fn write(api: &Api<ResourceClaim>, w: &ClaimWrite) -> Result<ResourceClaim, Failure> {
+    let timed = |what: &'static str| move |_| Failure::Api(format!("{what} took over {CALL_TIMEOUT:?}"));
+    let api = Api::<ResourceClaim>::namespaced(api.clone().into_client(), &w.claim.0);
+    let post = PostParams::default();
+    let mut claim = tokio::time::timeout(CALL_TIMEOUT, api.get(&w.claim.1))
+        .await
+        .map_err(timed("reading the claim"))??;
+    let same = claim.metadata.uid.as_deref() == Some(w.claim_uid.as_str())
+        && claim.metadata.resource_version.as_deref() == Some(w.resource_version.as_str());
+    if !same {
+        return Err(Failure::Changed);
+    }
+    let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == ALLOCATED_FINALIZER) {
+        finalizers.push(ALLOCATED_FINALIZER.to_owned());
+        let call = api.replace(&w.claim.1, &post, &claim);
+        claim = tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(timed("adding the finalizer"))??;
+    }
+    let allocation: AllocationResult = serde_json::from_value(w.allocation.clone())
+        .map_err(|e| Failure::Api(format!("the allocation does not decode: {e}")))?;
+    claim.status.get_or_insert_with(Default::default).allocation = Some(allocation);
+    let call = api.replace_status(&w.claim.1, &post, &claim);
+    Ok(tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(timed("writing the allocation"))??)
+}

@@ -1,0 +1,423 @@
+//! ResourceClaims in the view, and the pods waiting for nano-gpu to allocate theirs.
+//!
+//! Every claim is kept ([`ClaimRecord`]): what an allocation of nano-gpu's driver holds counts on
+//! its node's cards, as an assignment does (a node whose agent serves DRA holds only claims). A
+//! pending pod that uses claims is kept too; once all its claims exist, are nano-gpu's and are not
+//! allocated, [`ClusterState::plan_claims`] picks the node and cards with the policy, over the nodes
+//! whose agent serves DRA and that the pod may go to, and holds them in flight
+//! ([`ClusterState::in_flight`]) until the allocation is written ([`ClusterState::written`]) or fails
+//! ([`ClusterState::not_written`]).
+//!
+//! A newer resourceVersion of a claim always wins over an older one: a re-list and the watch may
+//! deliver one claim out of order, and an older copy must not free what a newer allocation took.
+//! When kube-scheduler clears an allocation nano-gpu wrote while the pod still waits (the node
+//! failed one of its own checks, e.g. a host port), that node is not picked for the pod again.
+
+use super::ClusterState;
+use super::decode::host_requests;
+use crate::claim::{ClaimRecord, ClaimSlot, Given, Held, NodeFacts, Placement, allocation, pod_claims};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use nano_gpu_engine::model::NodeId;
+use nano_gpu_engine::request::{FrontEnd, Request};
+use nano_gpu_proto::demand::pod_demand;
+use nano_gpu_proto::events::Reason;
+use serde_json::Value;
+use std::collections::{BTreeSet, HashSet};
+
+/// A pending pod that uses claims.
+#[derive(Clone, Debug)]
+pub(super) struct ClaimPod {
+    key: (String, String),
+    claims: Vec<Option<String>>,
+    /// Host CPU (milli) and memory (MiB), and the card models it allows (its `nano-gpu/gpu-model`).
+    host: Result<(u64, u64, Vec<String>), String>,
+    placement: Placement,
+}
+
+/// An allocation to write: the claim, the pod it is for, and what to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimWrite {
+    /// The pod (namespace, name).
+    pub pod: (String, String),
+    /// The pod's uid.
+    pub pod_uid: String,
+    /// The claim (namespace, name).
+    pub claim: (String, String),
+    /// The claim's uid.
+    pub claim_uid: String,
+    /// The claim's resourceVersion the choice was made on (the writes are conditional on it).
+    pub resource_version: String,
+    /// The node chosen.
+    pub node: String,
+    /// `status.allocation`.
+    pub allocation: Value,
+}
+
+impl ClusterState {
+    /// A ResourceClaim was added or changed (an older copy than the one held is ignored).
+    pub fn apply_claim(&mut self, claim: &ResourceClaim) {
+        let Some(uid) = claim.metadata.uid.clone() else { return };
+        if let Some(seen) = self.relisting_claims.as_mut() {
+            seen.insert(uid.clone());
+        }
+        let record = ClaimRecord::of(claim);
+        let before = self.claims.get(&uid);
+        if before.is_some_and(|b| b.version > record.version && record.version != 0) {
+            return;
+        }
+        if before == Some(&record) {
+            return;
+        }
+        // An allocation nano-gpu wrote, cleared while the pod still waits: kube-scheduler refused the
+        // node (its PostFilter clears allocations that made a pod unschedulable).
+        if let Some(node) = before.and_then(|b| b.held.as_ref()).map(|h| h.node.clone())
+            && !record.allocated
+        {
+            let users: Vec<String> = self
+                .claim_pods
+                .iter()
+                .filter(|(_, p)| {
+                    p.key.0 == record.key.0 && p.claims.iter().flatten().any(|c| *c == record.key.1)
+                })
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            for pod in users {
+                tracing::info!(claim = %format!("{}/{}", record.key.0, record.key.1), %node,
+                    "an allocation of a waiting pod's claim was cleared; its node is not picked for the pod again");
+                self.refused_nodes.entry(pod).or_default().insert(node.clone());
+            }
+        }
+        self.claim_keys.insert(record.key.clone(), uid.clone());
+        let old = self.claims.insert(uid.clone(), record);
+        self.reindex_claim(&uid, old.as_ref());
+    }
+
+    /// A ResourceClaim was deleted.
+    pub fn delete_claim(&mut self, claim: &ResourceClaim) {
+        if let Some(uid) = claim.metadata.uid.as_deref() {
+            self.forget_claim(uid);
+        }
+    }
+
+    fn forget_claim(&mut self, uid: &str) {
+        if let Some(old) = self.claims.remove(uid) {
+            if self.claim_keys.get(&old.key).is_some_and(|u| u == uid) {
+                self.claim_keys.remove(&old.key);
+            }
+            self.reindex_claim(uid, Some(&old));
+        }
+    }
+
+    /// A re-list of claims starts: claims not applied before [`ClusterState::end_claim_relist`] are
+    /// gone.
+    pub fn begin_claim_relist(&mut self) {
+        self.relisting_claims = Some(HashSet::new());
+    }
+
+    /// The re-list of claims is complete.
+    pub fn end_claim_relist(&mut self) {
+        let Some(seen) = self.relisting_claims.take() else { return };
+        let gone: Vec<String> = self.claims.keys().filter(|u| !seen.contains(*u)).cloned().collect();
+        for uid in gone {
+            self.forget_claim(&uid);
+        }
+    }
+
+    /// The node a claim holds cards on now: what is being written for it, else its allocation.
+    fn claim_node(&self, uid: &str) -> Option<String> {
+        self.claim_held(uid).map(|h| h.node.clone())
+    }
+
+    /// What claim `uid` holds now: what is being written for it, else its allocation.
+    fn claim_held(&self, uid: &str) -> Option<&Held> {
+        match self.in_flight.get(uid) {
+            Some(h) => Some(h),
+            None => self.claims.get(uid).and_then(|c| c.held.as_ref()),
+        }
+    }
+
+    /// Moves claim `uid` in the node index after a change (`old`: its record before) and rebuilds the
+    /// nodes it left and went to. An allocation naming devices in several pools is indexed on each of
+    /// them (each of those nodes is then full: see [`ClusterState::claims_held_on`]).
+    fn reindex_claim(&mut self, uid: &str, old: Option<&ClaimRecord>) {
+        let nodes = |h: Option<&Held>| -> BTreeSet<String> {
+            h.map(|h| std::iter::once(h.node.clone()).chain(h.other_pools.iter().cloned()).collect())
+                .unwrap_or_default()
+        };
+        let before = nodes(self.in_flight.get(uid).or(old.and_then(|c| c.held.as_ref())));
+        let now = nodes(self.claim_held(uid));
+        for n in before.difference(&now) {
+            if let Some(set) = self.claims_on.get_mut(n) {
+                set.remove(uid);
+                if set.is_empty() {
+                    self.claims_on.remove(n);
+                }
+            }
+        }
+        for n in &now {
+            self.claims_on.entry(n.clone()).or_default().insert(uid.to_owned());
+        }
+        for n in before.union(&now) {
+            self.rebuild(n);
+        }
+    }
+
+    /// What the claims on `node` hold, for [`ClusterState::rebuild`]: (claim, what it holds there);
+    /// `None` for a claim whose allocation names devices of `node` beside another node's (it cannot
+    /// be trusted: the node counts as full).
+    pub(super) fn claims_held_on(&self, node: &str) -> Vec<((String, String), Option<Held>)> {
+        let mut out = Vec::new();
+        for uid in self.claims_on.get(node).into_iter().flatten() {
+            let key = self.claims.get(uid).map(|c| c.key.clone()).unwrap_or_default();
+            let Some(held) = self.claim_held(uid) else { continue };
+            let trusted = held.node == node && held.other_pools.is_empty();
+            out.push((key, trusted.then(|| held.clone())));
+        }
+        out
+    }
+
+    /// Notes `pod` if it is pending and uses claims; forgets it otherwise.
+    pub(super) fn note_claim_pod(&mut self, uid: &str, pod: &Pod, pending: bool) {
+        let claims = pod_claims(pod);
+        if !pending || claims.is_empty() {
+            self.claim_pods.remove(uid);
+            self.refused_nodes.remove(uid);
+            self.claim_notes.remove(uid);
+            return;
+        }
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let host = match pod_demand(pod, self.extender.demand_options()) {
+            Ok(d) if d.wants_gpu() => Err(format!(
+                "pod {}/{} asks both claims and nano-gpu's extended resources; use one or the other",
+                key.0, key.1
+            )),
+            Ok(d) => {
+                let (cpu, mem) = host_requests(pod, Some(&d));
+                Ok((cpu, mem, d.models))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        self.claim_pods.insert(uid.to_owned(), ClaimPod { key, claims, host, placement: Placement::of(pod) });
+    }
+
+    /// Forgets pod `uid` as one waiting for claims.
+    pub(super) fn forget_claim_pod(&mut self, uid: &str) {
+        self.claim_pods.remove(uid);
+        self.refused_nodes.remove(uid);
+        self.claim_notes.remove(uid);
+    }
+
+    /// Picks node and cards for every waiting pod whose claims are all nano-gpu's, exist and are not
+    /// allocated (or allocated in part, by an earlier write that failed half-way: the rest then goes
+    /// to the same node), holds them in flight and returns the writes. A pod that cannot be placed,
+    /// or whose claims nano-gpu cannot allocate, gets a warning (once per distinct message).
+    pub fn plan_claims(&mut self) -> Vec<ClaimWrite> {
+        let mut writes = Vec::new();
+        let uids: Vec<String> = self.claim_pods.keys().cloned().collect();
+        for pod_uid in uids {
+            match self.plan_pod(&pod_uid) {
+                Ok(mut w) => writes.append(&mut w),
+                Err(Some(message)) => {
+                    let Some(pod) = self.claim_pods.get(&pod_uid) else { continue };
+                    let key = pod.key.clone();
+                    if self.claim_notes.get(&pod_uid) != Some(&message) {
+                        self.claim_notes.insert(pod_uid.clone(), message.clone());
+                        self.warn("Pod", &key.0, &key.1, Reason::ClaimNotAllocated, message);
+                    }
+                }
+                Err(None) => {}
+            }
+        }
+        writes
+    }
+
+    /// The writes for one pod; `Err(None)`: nothing to do now; `Err(Some(why))`: it cannot be done.
+    fn plan_pod(&mut self, pod_uid: &str) -> Result<Vec<ClaimWrite>, Option<String>> {
+        let pod = self.claim_pods.get(pod_uid).ok_or(None)?.clone();
+        let mut claims: Vec<(String, ClaimRecord)> = Vec::new();
+        for name in &pod.claims {
+            // A claim from a template not made yet, or not seen yet: later.
+            let name = name.as_ref().ok_or(None)?;
+            let uid = self.claim_keys.get(&(pod.key.0.clone(), name.clone())).ok_or(None)?;
+            let record = self.claims.get(uid).ok_or(None)?;
+            claims.push((uid.clone(), record.clone()));
+        }
+        let ours = claims.iter().filter(|(_, c)| c.slots().is_some()).count();
+        if ours == 0 {
+            return Err(None);
+        }
+        if ours < claims.len() {
+            return Err(Some(format!(
+                "pod {}/{} uses claims of {} and of other classes; nano-gpu allocates pods whose claims \
+                 are all its own",
+                pod.key.0,
+                pod.key.1,
+                nano_gpu_proto::dra::CLASS
+            )));
+        }
+        let (cpu, mem, models) = pod.host.clone().map_err(Some)?;
+        // Claims already held (allocated, or being written) fix the node; the rest are placed.
+        let mut fixed: Option<String> = None;
+        let mut todo: Vec<(String, ClaimRecord, Vec<ClaimSlot>)> = Vec::new();
+        for (uid, c) in claims {
+            if let Some(node) = self.claim_node(&uid) {
+                if fixed.as_ref().is_some_and(|f| *f != node) {
+                    return Err(Some(format!(
+                        "the claims of pod {}/{} are allocated on different nodes ({} and {node})",
+                        pod.key.0,
+                        pod.key.1,
+                        fixed.unwrap_or_default()
+                    )));
+                }
+                fixed = Some(node);
+                continue;
+            }
+            if c.allocated {
+                // Allocated, but not to a device of nano-gpu's driver: not ours to touch.
+                return Err(None);
+            }
+            match c.slots() {
+                Some(Ok(slots)) => todo.push((uid, c.clone(), slots.clone())),
+                Some(Err(why)) => return Err(Some(why.clone())),
+                None => return Err(None),
+            }
+        }
+        if todo.is_empty() {
+            return Err(None);
+        }
+        let cluster = self.extender.engine().cluster();
+        let allowed = (!models.is_empty()).then(|| {
+            let mut ids: Vec<_> = models.iter().filter_map(|m| cluster.models.get(m)).collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        });
+        let slots = todo.iter().flat_map(|(_, _, s)| s.iter().map(|s| s.demand)).collect();
+        let req = Request { models: allowed, ..Request::new(cpu, mem, slots).through(FrontEnd::Dra) };
+        let refused = self.refused_nodes.get(pod_uid);
+        let mut excluded = Vec::new();
+        let mut candidates: Vec<NodeId> = Vec::new();
+        for (name, record) in &self.nodes {
+            if !record.dra || fixed.as_ref().is_some_and(|f| f != name) {
+                continue;
+            }
+            let Some(id) = cluster.id(name) else { continue };
+            let facts = record.facts.as_ref().cloned().unwrap_or_default();
+            if let Err(why) = pod.placement.allows(name, &facts) {
+                excluded.push(format!("{name}: {why}"));
+                continue;
+            }
+            if refused.is_some_and(|r| r.contains(name)) {
+                excluded.push(format!("{name}: kube-scheduler refused the pod there"));
+                continue;
+            }
+            candidates.push(id);
+        }
+        if candidates.is_empty() && refused.is_some_and(|r| !r.is_empty()) {
+            // Every node was refused once: what refused may have changed; try them all again.
+            self.refused_nodes.remove(pod_uid);
+            return Err(None);
+        }
+        let decision = self.extender.place(&req, &candidates).map_err(|no| {
+            let mut why = format!(
+                "no node takes the claims of pod {}/{}: {no} (nodes whose nano-gpu agent serves DRA)",
+                pod.key.0, pod.key.1
+            );
+            if !excluded.is_empty() {
+                why.push_str(&format!("; not considered: {}", excluded.join(", ")));
+            }
+            Some(why)
+        })?;
+        let node = self.extender.engine().cluster().node(decision.node);
+        let name = node.name.clone();
+        let indexes: Vec<u32> = node.cards.iter().map(|c| c.index).collect();
+        let mut writes = Vec::new();
+        let mut slot = 0;
+        for (uid, c, slots) in todo {
+            let mut given = Vec::new();
+            for s in &slots {
+                for g in decision.eval.grants.iter().filter(|g| g.slot == slot) {
+                    given.push(Given {
+                        request: s.request.clone(),
+                        card: indexes[g.card],
+                        percent: g.percent,
+                        memory: s.memory_asked.then_some(g.mem),
+                    });
+                }
+                slot += 1;
+            }
+            let held = Held {
+                node: name.clone(),
+                devices: given
+                    .iter()
+                    .map(|g| crate::claim::HeldDevice {
+                        card: Ok(g.card),
+                        percent: g.percent,
+                        memory: g.memory,
+                    })
+                    .collect(),
+                other_pools: Vec::new(),
+            };
+            writes.push(ClaimWrite {
+                pod: pod.key.clone(),
+                pod_uid: pod_uid.to_owned(),
+                claim: c.key.clone(),
+                claim_uid: uid.clone(),
+                resource_version: c.resource_version.clone(),
+                node: name.clone(),
+                allocation: allocation(&uid, &name, &given),
+            });
+            self.in_flight.insert(uid.clone(), held);
+            self.reindex_claim(&uid, Some(&c));
+        }
+        self.claim_notes.remove(pod_uid);
+        Ok(writes)
+    }
+
+    /// The claims being written now, by uid.
+    pub fn in_flight(&self) -> impl Iterator<Item = &String> {
+        self.in_flight.keys()
+    }
+
+    /// The allocation of `w` is written: the claim as the API server now has it replaces what was in
+    /// flight.
+    pub fn written(&mut self, w: &ClaimWrite, claim: &ResourceClaim) {
+        self.apply_claim(claim);
+        self.not_written(w);
+    }
+
+    /// Writing `w` ended without an allocation (or with, then [`ClusterState::written`] applied it):
+    /// what was held in flight for it is given back.
+    pub fn not_written(&mut self, w: &ClaimWrite) {
+        if let Some(h) = self.in_flight.remove(&w.claim_uid) {
+            // Indexed as if its record held it before: the index moves to what the record holds.
+            let record = self.claims.get(&w.claim_uid).cloned();
+            let was = ClaimRecord { held: Some(h), ..record.unwrap_or_else(empty_record) };
+            self.reindex_claim(&w.claim_uid, Some(&was));
+        }
+    }
+
+    /// The facts of node `name` the claims' placement reads (for tests and `/inspect`).
+    pub fn node_facts(&self, name: &str) -> Option<&NodeFacts> {
+        self.nodes.get(name).and_then(|n| n.facts.as_ref())
+    }
+}
+
+/// A record of nothing, for a claim gone while its allocation was in flight.
+fn empty_record() -> ClaimRecord {
+    ClaimRecord {
+        key: Default::default(),
+        version: 0,
+        resource_version: String::new(),
+        class: crate::claim::Class::Other,
+        allocated: false,
+        held: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

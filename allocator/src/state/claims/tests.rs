@@ -1,0 +1,244 @@
+//! The view's claims: what allocations hold, and the choices for pods waiting on claims.
+
+use super::*;
+use crate::claim::{Given, allocation};
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use nano_gpu_engine::engine::Engine;
+use nano_gpu_engine::policy;
+use nano_gpu_engine::workload::Workload;
+use nano_gpu_proto::demand::DemandOptions;
+use nano_gpu_proto::dra::CLASS;
+use nano_gpu_proto::units::Percent;
+use serde_json::json;
+
+fn state() -> ClusterState {
+    let engine = Engine::new(
+        nano_gpu_engine::model::Cluster::new(),
+        policy::by_name("fgd-balance", 0).unwrap(),
+        Workload::default(),
+    );
+    ClusterState::new(engine, 1, DemandOptions::default())
+}
+
+/// A node of `cards` T4s; `dra`: its agent serves DRA.
+fn node(name: &str, cards: usize, dra: bool) -> KubeNode {
+    let gpus: Vec<_> = (0..cards)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 15360, "healthy": true}))
+        .collect();
+    let labels = if dra { json!({"nano-gpu/front-end": "dra", "zone": name}) } else { json!({"zone": name}) };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels,
+            "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+    }))
+    .unwrap()
+}
+
+/// Claim `name` (uid `u-<name>`, resourceVersion `version`) with one request `gpu`.
+fn claim(name: &str, version: u32, exactly: serde_json::Value) -> ResourceClaim {
+    let mut e = json!({"deviceClassName": CLASS});
+    for (k, v) in exactly.as_object().unwrap() {
+        e[k] = v.clone();
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "t", "uid": format!("u-{name}"), "resourceVersion": version.to_string()},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": e}]}},
+    }))
+    .unwrap()
+}
+
+fn share(name: &str, version: u32, percent: u32) -> ResourceClaim {
+    claim(name, version, json!({"capacity": {"requests": {"percent": percent.to_string()}}}))
+}
+
+/// A pending pod `name` using claims `claims`, with `extra` merged into its spec.
+fn claim_pod(name: &str, claims: &[&str], extra: serde_json::Value) -> Pod {
+    let entries: Vec<_> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"name": format!("c{i}"), "resourceClaimName": c}))
+        .collect();
+    let mut spec = json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}], "resourceClaims": entries});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "t", "uid": format!("p-{name}")}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn free(s: &ClusterState, node: &str) -> Vec<u32> {
+    let c = s.extender().engine().cluster();
+    c.node(c.id(node).unwrap()).cards.iter().map(|c| c.free.0).collect()
+}
+
+/// The claim as the API server has it once `w` is written (version bumped).
+fn written(c: &ResourceClaim, w: &ClaimWrite) -> ResourceClaim {
+    let mut c = c.clone();
+    let v: u64 = c.metadata.resource_version.as_deref().unwrap().parse().unwrap();
+    c.metadata.resource_version = Some((v + 2).to_string());
+    c.status = Some(serde_json::from_value(json!({"allocation": w.allocation})).unwrap());
+    c
+}
+
+fn warnings(s: &mut ClusterState) -> Vec<String> {
+    s.take_warnings()
+        .into_iter()
+        .map(|w| format!("{} {}/{}: {}", w.reason, w.namespace, w.name, w.message))
+        .collect()
+}
+
+#[test]
+fn a_waiting_pods_claim_is_placed_on_a_dra_node_and_holds_its_card_from_the_choice_on() {
+    let mut s = state();
+    s.apply_node(&node("plugin", 2, false));
+    s.apply_node(&node("dra", 2, true));
+    let c = share("a", 5, 30);
+    s.apply_claim(&c);
+    s.apply_pod(&claim_pod("a", &["a"], json!({})));
+    let writes = s.plan_claims();
+    assert_eq!(writes.len(), 1, "{:?}", warnings(&mut s));
+    let w = &writes[0];
+    assert_eq!((w.node.as_str(), w.claim.1.as_str(), w.resource_version.as_str()), ("dra", "a", "5"));
+    let result = &w.allocation["devices"]["results"][0];
+    assert_eq!(result["pool"], "dra");
+    assert_eq!(result["consumedCapacity"]["percent"], "30");
+    let card: usize = result["device"].as_str().unwrap()["gpu-".len()..].parse().unwrap();
+    // Held while in flight: a second look plans nothing more, and the card shows it taken.
+    assert_eq!(free(&s, "dra")[card], 70);
+    assert_eq!(free(&s, "plugin"), vec![100, 100]);
+    assert!(s.plan_claims().is_empty());
+    // A failed write gives it back, and the pod is planned again.
+    s.not_written(w);
+    assert_eq!(free(&s, "dra"), vec![100, 100]);
+    let w = s.plan_claims().pop().unwrap();
+    // Written: the allocation holds it; the pod waits for kube-scheduler, nothing more to plan.
+    s.written(&w, &written(&c, &w));
+    assert_eq!(free(&s, "dra")[card], 70);
+    assert_eq!(s.in_flight().count(), 0);
+    assert!(s.plan_claims().is_empty());
+    // An older copy of the claim (a late watch event) frees nothing.
+    s.apply_claim(&c);
+    assert_eq!(free(&s, "dra")[card], 70);
+    // The claim goes (its pod ended): the card is free.
+    s.delete_claim(&c);
+    assert_eq!(free(&s, "dra"), vec![100, 100]);
+}
+
+#[test]
+fn claims_pack_cards_with_the_policy_and_whole_cards_take_free_ones() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    // Card 0 already holds a 60 % claim.
+    let held = share("held", 1, 60);
+    s.apply_claim(&held);
+    let given = [Given { request: "gpu".into(), card: 0, percent: Percent(60), memory: None }];
+    let mut allocated = held.clone();
+    allocated.metadata.resource_version = Some("2".into());
+    allocated.status =
+        Some(serde_json::from_value(json!({"allocation": allocation("u-held", "dra", &given)})).unwrap());
+    s.apply_claim(&allocated);
+    assert_eq!(free(&s, "dra"), vec![40, 100]);
+    // A 40 % share fills card 0 rather than opening card 1.
+    s.apply_claim(&share("b", 3, 40));
+    s.apply_pod(&claim_pod("b", &["b"], json!({})));
+    let w = s.plan_claims().pop().unwrap();
+    assert_eq!(w.allocation["devices"]["results"][0]["device"], "gpu-0");
+    assert_eq!(free(&s, "dra"), vec![0, 100]);
+    // A whole card takes the free one; a second finds none.
+    s.apply_claim(&claim("w1", 4, json!({})));
+    s.apply_pod(&claim_pod("w1", &["w1"], json!({})));
+    let w = s.plan_claims().pop().unwrap();
+    assert_eq!(w.allocation["devices"]["results"][0]["device"], "gpu-1");
+    assert_eq!(w.allocation["devices"]["results"][0]["consumedCapacity"]["percent"], "100");
+    s.apply_claim(&claim("w2", 5, json!({})));
+    s.apply_pod(&claim_pod("w2", &["w2"], json!({})));
+    assert!(s.plan_claims().is_empty());
+    let said = warnings(&mut s);
+    assert!(
+        said.iter().any(|w| w.starts_with("ClaimNotAllocated t/w2: no node takes the claims")),
+        "{said:?}"
+    );
+    // Said once, not at every look.
+    assert!(s.plan_claims().is_empty());
+    assert!(warnings(&mut s).is_empty());
+}
+
+#[test]
+fn claims_nano_gpu_does_not_allocate_get_the_reason_and_others_are_left_alone() {
+    let mut s = state();
+    s.apply_node(&node("dra", 1, true));
+    let other: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "other", "namespace": "t", "uid": "u-other", "resourceVersion": "1"},
+        "spec": {"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "other.example.com"}}]}},
+    }))
+    .unwrap();
+    s.apply_claim(&other);
+    s.apply_pod(&claim_pod("foreign", &["other"], json!({})));
+    s.apply_claim(&claim("cel", 2, json!({"selectors": [{"cel": {"expression": "true"}}]})));
+    s.apply_pod(&claim_pod("cel", &["cel"], json!({})));
+    s.apply_claim(&share("mine", 3, 10));
+    s.apply_pod(&claim_pod("mixed", &["mine", "other"], json!({})));
+    s.apply_pod(&claim_pod("missing", &["not-yet"], json!({})));
+    let mut both = claim_pod("both", &["mine"], json!({}));
+    both.spec.as_mut().unwrap().containers[0].resources =
+        Some(serde_json::from_value(json!({"limits": {"nano-gpu/gpu-percent": "10"}})).unwrap());
+    s.apply_pod(&both);
+    assert!(s.plan_claims().is_empty());
+    let said = warnings(&mut s);
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(said.iter().any(|w| w.contains("t/cel") && w.contains("nano-gpu/gpu-model")), "{said:?}");
+    assert!(said.iter().any(|w| w.contains("t/mixed") && w.contains("other classes")), "{said:?}");
+    assert!(said.iter().any(|w| w.contains("t/both") && w.contains("one or the other")), "{said:?}");
+    assert_eq!(free(&s, "dra"), vec![100]);
+}
+
+#[test]
+fn the_pods_node_rules_are_kept_and_a_node_kube_scheduler_refused_is_not_picked_again() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1, true));
+    s.apply_node(&node("n2", 1, true));
+    let c = share("a", 1, 50);
+    s.apply_claim(&c);
+    s.apply_pod(&claim_pod("a", &["a"], json!({"nodeSelector": {"zone": "n2"}})));
+    let w = s.plan_claims().pop().unwrap();
+    assert_eq!(w.node, "n2");
+    let allocated = written(&c, &w);
+    s.written(&w, &allocated);
+    // kube-scheduler refused n2 for the pod and cleared the allocation: n2 is left out for it now.
+    let mut cleared = allocated.clone();
+    cleared.metadata.resource_version = Some("9".into());
+    cleared.status = None;
+    s.apply_claim(&cleared);
+    assert_eq!(free(&s, "n2"), vec![100]);
+    assert!(s.plan_claims().is_empty());
+    // With every node it may go to refused once, they are all tried again.
+    let w = s.plan_claims().pop().unwrap();
+    assert_eq!(w.node, "n2");
+    // A pod that ran ends its wait: bound pods are not planned.
+    s.not_written(&w);
+    let mut bound = claim_pod("a", &["a"], json!({}));
+    bound.spec.as_mut().unwrap().node_name = Some("n2".into());
+    s.apply_pod(&bound);
+    assert!(s.plan_claims().is_empty());
+}
+
+#[test]
+fn an_allocation_nano_gpu_could_not_have_written_fills_its_node() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    let mut c = claim("odd", 1, json!({}));
+    c.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": CLASS, "pool": "dra", "device": "gpu-7"}
+        ]}}}))
+        .unwrap(),
+    );
+    s.apply_claim(&c);
+    assert_eq!(free(&s, "dra"), vec![0, 0]);
+    let said = warnings(&mut s);
+    assert!(said.iter().any(|w| w.starts_with("InvalidAllocation t/odd") && w.contains("gpu-7")), "{said:?}");
+    s.delete_claim(&c);
+    assert_eq!(free(&s, "dra"), vec![100, 100]);
+}
