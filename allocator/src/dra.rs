@@ -196,8 +196,13 @@ async fn write(api: &Api<ResourceClaim>, w: &ClaimWrite) -> Result<ResourceClaim
         let call = api.replace(&w.claim.1, &post, &claim);
         claim = tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(timed("adding the finalizer"))??;
     }
-    let allocation: AllocationResult = serde_json::from_value(w.allocation.clone())
+    let mut allocation: AllocationResult = serde_json::from_value(w.allocation.clone())
         .map_err(|e| Failure::Api(format!("the allocation does not decode: {e}")))?;
+    // kube-scheduler stamps an allocation without a timestamp when it reserves the claim for the pod
+    // (with DRADeviceBindingConditions, on by default), and the API server refuses that as a change
+    // of an allocation: the pod would never bind. Stamped here, the allocation is never changed.
+    allocation.allocation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
     claim.status.get_or_insert_with(Default::default).allocation = Some(allocation);
     let call = api.replace_status(&w.claim.1, &post, &claim);
     Ok(tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(timed("writing the allocation"))??)
