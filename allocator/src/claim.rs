@@ -6,8 +6,10 @@
 //!
 //! What a request may ask: `exactly` of class `gpu.nano-gpu.io`, `count` cards (default 1), with
 //! capacity `percent` (1 to 100; default the whole card) and/or `memory`. A share (less than a whole
-//! card, or memory only) is one card (`count` 1). Refused with the reason, never silently changed:
-//! CEL selectors (models are chosen with the pod's `nano-gpu/gpu-model` annotation), `All` mode,
+//! card, or memory only) is one card (`count` 1). Card models are chosen with CEL selectors of one
+//! form only, `device.attributes["gpu.nano-gpu.io"].model == "<model>"`, several joined by `||`
+//! ([`selected_models`]), or with the pod's `nano-gpu/gpu-model` annotation. Refused with the reason,
+//! never silently changed: any other CEL selector, `All` mode,
 //! `firstAvailable`, constraints, admin access, an opaque configuration for the driver, a claim that
 //! mixes this class with others.
 
@@ -29,6 +31,8 @@ pub struct ClaimSlot {
     pub demand: SlotDemand,
     /// Whether it asked memory (the allocation then says how much each card gives).
     pub memory_asked: bool,
+    /// The card models its selectors allow (`None`: any).
+    pub models: Option<Vec<String>>,
 }
 
 /// One device of the driver an allocation holds.
@@ -150,11 +154,21 @@ fn slot(claim: &str, request: &str, exactly: Option<&ExactDeviceRequest>) -> Res
     let Some(e) = exactly else {
         return Err(format!("{at}: firstAvailable is not supported for {CLASS}; use exactly"));
     };
-    if e.selectors.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(format!(
-            "{at}: CEL selectors are not supported for {CLASS} (nano-gpu chooses the card); choose card \
-             models with the pod's annotation nano-gpu/gpu-model"
-        ));
+    let mut models: Option<Vec<String>> = None;
+    for selector in e.selectors.iter().flatten() {
+        let expression = selector.cel.as_ref().map(|c| c.expression.as_str()).unwrap_or_default();
+        let allowed = selected_models(expression).ok_or_else(|| {
+            format!(
+                "{at}: the CEL selector {expression:?} is not one nano-gpu allocates (it chooses the card); \
+                 select models as device.attributes[\"{DRIVER}\"].model == \"<model>\" (several joined by ||) \
+                 or with the pod's annotation nano-gpu/gpu-model"
+            )
+        })?;
+        // Selectors all hold: the models each allows, together.
+        models = Some(match models {
+            None => allowed,
+            Some(before) => before.into_iter().filter(|m| allowed.contains(m)).collect(),
+        });
     }
     if e.admin_access == Some(true) {
         return Err(format!("{at}: admin access is not supported for {CLASS}"));
@@ -198,7 +212,33 @@ fn slot(claim: &str, request: &str, exactly: Option<&ExactDeviceRequest>) -> Res
         }
         _ => SlotDemand::Share { percent, mem: memory },
     };
-    Ok(ClaimSlot { request: request.to_owned(), demand, memory_asked })
+    Ok(ClaimSlot { request: request.to_owned(), demand, memory_asked, models })
+}
+
+/// The card models a CEL selector of the one form nano-gpu reads allows:
+/// `device.attributes["gpu.nano-gpu.io"].model == "<model>"`, several joined by `||` (either quote);
+/// `None` for any other expression.
+pub fn selected_models(expression: &str) -> Option<Vec<String>> {
+    let mut models = Vec::new();
+    for part in expression.split("||") {
+        let (lhs, rhs) = part.split_once("==")?;
+        let lhs: String = lhs.chars().filter(|c| !c.is_whitespace()).collect();
+        let attribute = [
+            format!("device.attributes[\"{DRIVER}\"].model"),
+            format!("device.attributes['{DRIVER}'].model"),
+        ];
+        if !attribute.contains(&lhs) {
+            return None;
+        }
+        let rhs = rhs.trim();
+        let quoted = |q: char| rhs.strip_prefix(q)?.strip_suffix(q);
+        let model = quoted('"').or_else(|| quoted('\''))?;
+        if model.is_empty() || model.contains(['"', '\'', '\\']) {
+            return None;
+        }
+        models.push(model.to_owned());
+    }
+    Some(models)
 }
 
 /// What the driver's devices in the claim's allocation hold.

@@ -12,9 +12,9 @@
 //! two whole cards run, each container seeing exactly the cards its claim's allocation names, with its
 //! percent, each allocation written by the allocator (its log names the claim and the node); a 20 %
 //! share goes where the policy packs it, on the 80 % share's card, where kube-scheduler's first fit
-//! would take the 30 % share's; no card is allocated over 100 %; a claim with a CEL selector is
-//! refused with the reason in an Event and stays unallocated (kube-scheduler does not allocate it
-//! either); after the agent of node-2 restarts the running pods keep running and a new claim is
+//! would take the 30 % share's; no card is allocated over 100 %; a claim with a CEL selector nano-gpu
+//! does not read is refused with the reason in an Event and stays unallocated (kube-scheduler does
+//! not allocate it either), one that selects its cards' model runs; after the agent of node-2 restarts the running pods keep running and a new claim is
 //! prepared; a deleted pod's claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
@@ -204,13 +204,26 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
         events.list(&ListParams::default()).await.unwrap().items.iter().any(|e| {
             e.reason.as_deref() == Some("ClaimNotAllocated")
                 && e.involved_object.name.as_deref() == Some("cel")
-                && e.message.as_deref().is_some_and(|m| m.contains("CEL selectors"))
+                && e.message.as_deref().is_some_and(|m| m.contains("is not one nano-gpu allocates"))
         })
     })
     .await;
     assert!(claims.get("cel").await.unwrap().status.and_then(|s| s.allocation).is_none());
     let phase = pods.get("cel").await.unwrap().status.and_then(|s| s.phase);
     assert_eq!(phase.as_deref(), Some("Pending"));
+
+    // A claim that selects its cards' model (the one selector form nano-gpu reads) runs there.
+    let slice = slices.list(&ListParams::default()).await.unwrap().items.remove(0);
+    let device = &slice.spec.devices.unwrap()[0];
+    let model = device.attributes.as_ref().unwrap()["model"].string.clone().unwrap();
+    let mut by_model = claim("by-model", 1, Some(10));
+    let request = &mut by_model.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0];
+    let expression = format!("device.attributes[\"{CLASS}\"].model == \"{model}\"");
+    request.exactly.as_mut().unwrap().selectors =
+        Some(vec![serde_json::from_value(json!({"cel": {"expression": expression}})).unwrap()]);
+    claims.create(&post, &by_model).await.unwrap();
+    create(&pods, &claim_pod("by-model")).await;
+    run_and_check(&pods, &claims, &slices, "by-model").await;
     let over_capacity = || async {
         let mut per_device: BTreeMap<String, u32> = BTreeMap::new();
         for c in claims.list(&ListParams::default()).await.unwrap().items {
@@ -244,7 +257,7 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     claims.create(&post, &claim("share-10", 1, Some(10))).await.unwrap();
     create(&pods, &claim_pod("share-10")).await;
     run_and_check(&pods, &claims, &slices, "share-10").await;
-    let running = ["share-30", "share-80", "two", "share-20"].map(String::from);
+    let running = ["share-30", "share-80", "two", "share-20", "by-model"].map(String::from);
     wait_running(&pods, &running, Duration::from_secs(10)).await;
     assert_eq!(over_capacity().await, vec![]);
 

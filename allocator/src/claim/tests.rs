@@ -46,6 +46,12 @@ fn requests_become_shares_or_whole_cards() {
 fn what_nano_gpu_does_not_allocate_is_refused_with_the_reason() {
     let cases = [
         (exactly(json!({"selectors": [{"cel": {"expression": "true"}}]})), "nano-gpu/gpu-model"),
+        (
+            exactly(
+                json!({"selectors": [{"cel": {"expression": "device.attributes[\"gpu.nano-gpu.io\"].model != \"T4\""}}]}),
+            ),
+            "is not one nano-gpu allocates",
+        ),
         (exactly(json!({"allocationMode": "All"})), "allocation mode All"),
         (exactly(json!({"count": 2, "capacity": {"requests": {"percent": "50"}}})), "count 1"),
         (exactly(json!({"count": 0})), "count 0"),
@@ -209,4 +215,38 @@ fn placement_checks_selector_affinity_taints_and_cordon() {
     ));
     assert!(by_name.allows("n", &plain).is_err());
     assert_eq!(by_name.allows("n2", &plain), Ok(()));
+}
+
+#[test]
+fn model_selectors_of_the_one_form_choose_models() {
+    let one = |e: &str| selected_models(e);
+    assert_eq!(
+        one(r#"device.attributes["gpu.nano-gpu.io"].model == "Tesla T4""#),
+        Some(vec!["Tesla T4".into()])
+    );
+    assert_eq!(
+        one(
+            r#"device.attributes['gpu.nano-gpu.io'].model=='A100' || device.attributes["gpu.nano-gpu.io"].model == "H100""#
+        ),
+        Some(vec!["A100".into(), "H100".into()])
+    );
+    for other in [
+        "true",
+        r#"device.attributes["gpu.nano-gpu.io"].model == "A" && true"#,
+        r#"device.attributes["gpu.nano-gpu.io"].uuid == "A""#,
+        r#"device.attributes["other.io"].model == "A""#,
+        r#"device.attributes["gpu.nano-gpu.io"].model == """#,
+        r#"device.attributes["gpu.nano-gpu.io"].model == "A" || true"#,
+        r#"device.attributes["gpu.nano-gpu.io"].model == "a"b""#,
+    ] {
+        assert_eq!(one(other), None, "{other}");
+    }
+    // Two selectors: both hold.
+    let selector = |models: &str| json!({"cel": {"expression": models}});
+    let c = claim(exactly(json!({"selectors": [
+        selector(r#"device.attributes["gpu.nano-gpu.io"].model == "A" || device.attributes["gpu.nano-gpu.io"].model == "B""#),
+        selector(r#"device.attributes["gpu.nano-gpu.io"].model == "B""#),
+    ]})));
+    let Class::Ours(Ok(slots)) = ClaimRecord::of(&c).class else { panic!() };
+    assert_eq!(slots[0].models, Some(vec!["B".to_owned()]));
 }

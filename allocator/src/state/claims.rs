@@ -289,8 +289,16 @@ impl ClusterState {
         if todo.is_empty() {
             return Err(None);
         }
+        // The models the pod's annotation and every claim's selectors allow, together.
+        let mut allow: Option<Vec<String>> = (!models.is_empty()).then_some(models);
+        for m in todo.iter().flat_map(|(_, _, slots)| slots.iter().filter_map(|s| s.models.as_ref())) {
+            allow = Some(match allow {
+                None => m.clone(),
+                Some(before) => before.into_iter().filter(|x| m.contains(x)).collect(),
+            });
+        }
         let cluster = self.extender.engine().cluster();
-        let allowed = (!models.is_empty()).then(|| {
+        let allowed = allow.map(|models| {
             let mut ids: Vec<_> = models.iter().filter_map(|m| cluster.models.get(m)).collect();
             ids.sort();
             ids.dedup();

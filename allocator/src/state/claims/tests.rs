@@ -22,8 +22,13 @@ fn state() -> ClusterState {
 
 /// A node of `cards` T4s; `dra`: its agent serves DRA.
 fn node(name: &str, cards: usize, dra: bool) -> KubeNode {
+    node_of("T4", name, cards, dra)
+}
+
+/// A node of `cards` cards of `model`.
+fn node_of(model: &str, name: &str, cards: usize, dra: bool) -> KubeNode {
     let gpus: Vec<_> = (0..cards)
-        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 15360, "healthy": true}))
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": model, "memoryMiB": 15360, "healthy": true}))
         .collect();
     let labels = if dra { json!({"nano-gpu/front-end": "dra", "zone": name}) } else { json!({"zone": name}) };
     serde_json::from_value(json!({
@@ -241,4 +246,23 @@ fn an_allocation_nano_gpu_could_not_have_written_fills_its_node() {
     assert!(said.iter().any(|w| w.starts_with("InvalidAllocation t/odd") && w.contains("gpu-7")), "{said:?}");
     s.delete_claim(&c);
     assert_eq!(free(&s, "dra"), vec![100, 100]);
+}
+
+#[test]
+fn a_claims_model_selector_and_the_pods_model_annotation_choose_the_node_together() {
+    let mut s = state();
+    s.apply_node(&node_of("T4", "t4", 1, true));
+    s.apply_node(&node_of("A100", "a100", 1, true));
+    let model = |m: &str| json!({"cel": {"expression": format!("device.attributes[\"gpu.nano-gpu.io\"].model == \"{m}\"")}});
+    s.apply_claim(&claim("a", 1, json!({"selectors": [model("A100")]})));
+    s.apply_pod(&claim_pod("a", &["a"], json!({})));
+    assert_eq!(s.plan_claims().pop().unwrap().node, "a100");
+    // The annotation and the selector allow no model together: no node, and the reason.
+    s.apply_claim(&claim("b", 2, json!({"selectors": [model("T4")]})));
+    let mut pod = claim_pod("b", &["b"], json!({}));
+    pod.metadata.annotations = Some([("nano-gpu/gpu-model".to_owned(), "A100".to_owned())].into());
+    s.apply_pod(&pod);
+    assert!(s.plan_claims().is_empty());
+    let said = warnings(&mut s);
+    assert!(said.iter().any(|w| w.contains("t/b") && w.contains("no card of an allowed model")), "{said:?}");
 }
