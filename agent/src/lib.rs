@@ -192,8 +192,8 @@ pub struct Flags {
     pub runtime_canary: Option<PathBuf>,
     /// Also serve the cards as a DRA driver (`gpu.nano-gpu.io`): publish the node's ResourceSlice,
     /// register with the kubelet's plugin registry and prepare the claims it names as CDI devices
-    /// (needs a runtime with CDI, and a node name). The allocator does not yet place claims or count
-    /// them beside the device plugin's shares: serve a node's cards through one of the two.
+    /// (needs a runtime with CDI, and a node name). The node then takes claims only (the allocator
+    /// allocates them with `--dra`), no share of the device plugin's resources.
     #[arg(long, env = "NANO_GPU_DRA")]
     pub dra: bool,
     /// The kubelet's plugin registry, where the DRA plugin's registration socket goes.
