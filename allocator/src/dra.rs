@@ -207,3 +207,125 @@ async fn write(api: &Api<ResourceClaim>, w: &ClaimWrite) -> Result<ResourceClaim
     let call = api.replace_status(&w.claim.1, &post, &claim);
     Ok(tokio::time::timeout(CALL_TIMEOUT, call).await.map_err(timed("writing the allocation"))??)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The exact requests of a write, against a fake API server (tower-test).
+    use super::*;
+    use crate::api_replies::{body_json, failure, respond};
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn api() -> (Api<ResourceClaim>, Handle) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (Api::all(kube::Client::new(svc, "default")), handle)
+    }
+
+    fn claim(version: &str, finalizers: Value) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "t", "uid": "u-c", "resourceVersion": version,
+                "finalizers": finalizers},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nano-gpu.io"}}]}}})
+    }
+
+    fn the_write() -> ClaimWrite {
+        ClaimWrite {
+            pod: ("t".into(), "p".into()),
+            pod_uid: "u-p".into(),
+            claim: ("t".into(), "c".into()),
+            claim_uid: "u-c".into(),
+            resource_version: "5".into(),
+            node: "n1".into(),
+            allocation: crate::claim::allocation(
+                "u-c",
+                "n1",
+                &[crate::claim::Given {
+                    request: "gpu".into(),
+                    card: 1,
+                    percent: nano_gpu_proto::units::Percent(30),
+                    memory: None,
+                }],
+            ),
+        }
+    }
+
+    async fn next(
+        handle: &mut Handle,
+    ) -> (String, String, Value, tower_test::mock::SendResponse<Response<Body>>) {
+        let (req, send) = handle.next_request().await.unwrap();
+        let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+        (method, path, body_json(req).await, send)
+    }
+
+    #[tokio::test]
+    async fn a_write_adds_the_finalizer_then_the_stamped_allocation_each_on_the_version_it_read() {
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            let (method, path, _, send) = next(&mut handle).await;
+            assert_eq!(
+                (method.as_str(), path.as_str()),
+                ("GET", "/apis/resource.k8s.io/v1/namespaces/t/resourceclaims/c")
+            );
+            send.send_response(respond(200, claim("5", json!(["other"]))));
+            let (method, path, body, send) = next(&mut handle).await;
+            assert_eq!(
+                (method.as_str(), path.as_str()),
+                ("PUT", "/apis/resource.k8s.io/v1/namespaces/t/resourceclaims/c")
+            );
+            assert_eq!(body["metadata"]["resourceVersion"], "5");
+            assert_eq!(body["metadata"]["finalizers"], json!(["other", ALLOCATED_FINALIZER]));
+            send.send_response(respond(200, claim("6", json!(["other", ALLOCATED_FINALIZER]))));
+            let (method, path, body, send) = next(&mut handle).await;
+            assert_eq!(
+                (method.as_str(), path.as_str()),
+                ("PUT", "/apis/resource.k8s.io/v1/namespaces/t/resourceclaims/c/status")
+            );
+            assert_eq!(body["metadata"]["resourceVersion"], "6");
+            let allocation = &body["status"]["allocation"];
+            assert_eq!(allocation["devices"]["results"][0]["device"], "gpu-1");
+            assert_eq!(allocation["devices"]["results"][0]["consumedCapacity"]["percent"], "30");
+            assert!(allocation["allocationTimestamp"].is_string(), "{allocation}");
+            let mut done = body.clone();
+            done["metadata"]["resourceVersion"] = json!("7");
+            send.send_response(respond(200, done));
+        });
+        let claim = write(&api, &the_write()).await.unwrap();
+        assert_eq!(claim.metadata.resource_version.as_deref(), Some("7"));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_claim_changed_since_the_choice_is_not_written() {
+        let (api, mut handle) = api();
+        let server = tokio::spawn(async move {
+            // Read at another version: nothing is written.
+            let (_, _, _, send) = next(&mut handle).await;
+            send.send_response(respond(200, claim("9", json!([]))));
+            // Changed between the read and the write: the API server's conflict.
+            let (_, _, _, send) = next(&mut handle).await;
+            send.send_response(respond(200, claim("5", json!([ALLOCATED_FINALIZER]))));
+            let (method, path, _, send) = next(&mut handle).await;
+            assert!(
+                method == "PUT" && path.ends_with("/status"),
+                "the finalizer is there: straight to the status"
+            );
+            send.send_response(failure(409, "Conflict"));
+            // Gone.
+            let (_, _, _, send) = next(&mut handle).await;
+            send.send_response(failure(404, "NotFound"));
+            // Refused for another reason.
+            let (_, _, _, send) = next(&mut handle).await;
+            send.send_response(failure(403, "Forbidden"));
+        });
+        for _ in 0..3 {
+            let e = write(&api, &the_write()).await.unwrap_err();
+            assert!(matches!(e, Failure::Changed), "{e}");
+        }
+        let e = write(&api, &the_write()).await.unwrap_err();
+        assert!(matches!(e, Failure::Api(_)), "{e}");
+        server.await.unwrap();
+    }
+}

@@ -143,8 +143,12 @@ async fn post_events(recorder: Recorder, mut warnings: mpsc::Receiver<Warning>) 
 
 /// Records `w` as a Warning Event of `action` on its object (failures are logged).
 pub async fn publish(recorder: &Recorder, w: &Warning, action: &str) {
+    let api_version = match w.kind {
+        "ResourceClaim" => "resource.k8s.io/v1",
+        _ => "v1",
+    };
     let reference = ObjectReference {
-        api_version: Some("v1".into()),
+        api_version: Some(api_version.into()),
         kind: Some(w.kind.into()),
         name: Some(w.name.clone()),
         namespace: (!w.namespace.is_empty()).then(|| w.namespace.clone()),
