@@ -14,8 +14,10 @@
 //! share goes where the policy packs it, on the 80 % share's card, where kube-scheduler's first fit
 //! would take the 30 % share's; no card is allocated over 100 %; a claim with a CEL selector nano-gpu
 //! does not read is refused with the reason in an Event and stays unallocated (kube-scheduler does
-//! not allocate it either), one that selects its cards' model runs; after the agent of node-2 restarts the running pods keep running and a new claim is
-//! prepared; a deleted pod's claim is unprepared (its CDI spec goes).
+//! not allocate it either), one that selects its cards' model runs; after the agent of node-2
+//! restarts the running pods keep running and a new claim is prepared; after the leading allocator
+//! is deleted the next leader allocates a new claim without over-committing a card; a deleted pod's
+//! claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -259,6 +261,19 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     run_and_check(&pods, &claims, &slices, "share-10").await;
     let running = ["share-30", "share-80", "two", "share-20", "by-model"].map(String::from);
     wait_running(&pods, &running, Duration::from_secs(10)).await;
+    assert_eq!(over_capacity().await, vec![]);
+
+    // The leading allocator goes: the other replica leads, re-lists the claims its predecessor
+    // allocated, and allocates the next claim without taking their cards.
+    let leader = cluster.allocator_leader().expect("an allocator leads");
+    cluster.ok(&["-n", SYSTEM, "delete", "pod", &leader, "--wait=false"]);
+    wait_until("another allocator leads", Duration::from_secs(60), || async {
+        cluster.allocator_leader().is_some_and(|l| l != leader)
+    })
+    .await;
+    claims.create(&post, &claim("after-failover", 1, Some(40))).await.unwrap();
+    create(&pods, &claim_pod("after-failover")).await;
+    run_and_check(&pods, &claims, &slices, "after-failover").await;
     assert_eq!(over_capacity().await, vec![]);
 
     // A pod that goes: the kubelet unprepares its claim, and its CDI spec is gone from node-2.
