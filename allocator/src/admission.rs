@@ -2,11 +2,26 @@
 //! gpushare's, when compatibility is on) is sent to the nano-gpu scheduler profile (and, on clusters
 //! whose GPU runtime is a RuntimeClass rather than the nodes' default, given that class), and an
 //! invalid request is refused at admission with the same message the engine would give.
+//!
+//! With DRA ([`Shares::Claims`]), such a pod is turned into a pod with claims instead, so that it
+//! runs unchanged on nodes whose agent serves DRA: each GPU slot (a container, and the init
+//! containers that reuse its cards) gets a claim made from nano-gpu's ResourceClaimTemplate of the
+//! slot's shape (`nano-gpu-p30`, `nano-gpu-w2`, …: [`crate::claim::template_name`]), and the
+//! containers lose the nano-gpu resources. The allocator makes the template in the pod's namespace
+//! and allocates the claim with its policy. Why templates: a pod's claims are fixed at creation,
+//! and the pod has no UID yet at admission; a template lets Kubernetes' ResourceClaim controller
+//! make each claim, owned by the pod, and delete it with the pod.
 
+use crate::claim::template_name;
 use k8s_openapi::api::core::v1::Pod;
+use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::admission::{AdmissionResponse, AdmissionReview, AdmissionStatus, base64};
+use nano_gpu_proto::annotations::{FRONT_END_DRA, FRONT_END_LABEL};
+use nano_gpu_proto::demand::CardDemand;
 use nano_gpu_proto::demand::{DemandOptions, pod_demand};
 use nano_gpu_proto::resources::{GPU_MEMORY, GPU_PERCENT, GPUSHARE_MEMORY};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
 /// The scheduler every pod gets unless it names one.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -21,6 +36,20 @@ pub struct Admission {
     /// The RuntimeClass that gives containers their cards (the NVIDIA runtime's, where it is not the
     /// nodes' default runtime): GPU pods that name none get it.
     pub runtime_class: Option<String>,
+    /// Which pods asking nano-gpu resources are turned into pods with claims.
+    pub shares: Shares,
+}
+
+/// Which pods asking nano-gpu's resources the webhook turns into pods with claims (DRA).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Shares {
+    /// None: the allocator does not allocate claims.
+    #[default]
+    DevicePlugin,
+    /// Those annotated `nano-gpu/front-end: dra` (the allocator allocates claims).
+    ClaimsIfAnnotated,
+    /// All of them (every GPU node serves DRA).
+    Claims,
 }
 
 /// Whether any container of the pod names one of our resources.
@@ -55,7 +84,31 @@ impl Admission {
         }
         let spec = pod.spec.as_ref();
         let mut ops = Vec::new();
+        let annotated =
+            pod.metadata.annotations.as_ref().and_then(|a| a.get(FRONT_END_LABEL)).map(String::as_str)
+                == Some(FRONT_END_DRA);
+        let claims = match self.shares {
+            Shares::DevicePlugin => false,
+            Shares::ClaimsIfAnnotated => annotated,
+            Shares::Claims => true,
+        };
+        if claims {
+            match to_claims(&pod, &self.demand) {
+                Ok(mut o) => ops.append(&mut o),
+                Err(e) => return AdmissionReview::reply(deny(uid, format!("nano-gpu: {e}"))),
+            }
+        } else if annotated {
+            return AdmissionReview::reply(deny(
+                uid,
+                format!(
+                    "nano-gpu: the pod asks for its cards through DRA ({FRONT_END_LABEL}: {FRONT_END_DRA}) \
+                     and this cluster's allocator does not allocate claims (no --dra)"
+                ),
+            ));
+        }
         let op = match spec.and_then(|s| s.scheduler_name.as_deref()) {
+            // A pod with claims needs no extender: its claims are allocated before it is scheduled.
+            _ if claims => None,
             None => Some("add"),
             Some(DEFAULT_SCHEDULER) | Some("") => Some("replace"),
             // The pod names another scheduler on purpose: leave it.
@@ -89,6 +142,68 @@ impl Admission {
     }
 }
 
+/// The JSON patch that turns `pod`'s GPU slots into claims made from nano-gpu's templates (see the
+/// module's doc), or why it cannot be done.
+fn to_claims(pod: &Pod, options: &DemandOptions) -> Result<Vec<Value>, String> {
+    let demand = pod_demand(pod, options).map_err(|e| e.to_string())?;
+    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    let mut entries: Vec<Value> = spec.resource_claims.iter().flatten().map(|c| json!(c)).collect();
+    let taken: Vec<&str> = spec.resource_claims.iter().flatten().map(|c| c.name.as_str()).collect();
+    // Container name → the claim entry its slot uses.
+    let mut uses: BTreeMap<&str, String> = BTreeMap::new();
+    for (i, slot) in demand.slots.iter().enumerate() {
+        let entry = format!("nano-gpu-{i}");
+        if taken.contains(&entry.as_str()) {
+            return Err(format!("the pod already names a claim {entry:?}, which nano-gpu would use"));
+        }
+        let shape = match slot.demand {
+            CardDemand::Share { percent, memory } => SlotDemand::Share { percent, mem: memory },
+            CardDemand::Whole { cards, memory } => SlotDemand::Whole { cards, mem: memory },
+        };
+        entries.push(json!({"name": entry, "resourceClaimTemplateName": template_name(&shape)}));
+        for c in &slot.containers {
+            uses.insert(c, entry.clone());
+        }
+    }
+    let ours = |name: &str| {
+        name == GPU_PERCENT || name == GPU_MEMORY || (options.gpushare.is_some() && name == GPUSHARE_MEMORY)
+    };
+    let convert = |containers: &[k8s_openapi::api::core::v1::Container]| -> Value {
+        let converted: Vec<Value> = containers
+            .iter()
+            .map(|c| {
+                let mut c = json!(c);
+                for list in ["limits", "requests"] {
+                    if let Some(map) =
+                        c.get_mut("resources").and_then(|r| r.get_mut(list)).and_then(Value::as_object_mut)
+                    {
+                        map.retain(|name, _| !ours(name));
+                    }
+                }
+                if let Some(entry) = uses.get(c["name"].as_str().unwrap_or_default()) {
+                    let claims = &mut c["resources"]["claims"];
+                    if !claims.is_array() {
+                        *claims = json!([]);
+                    }
+                    if let Some(list) = claims.as_array_mut() {
+                        list.push(json!({"name": entry}));
+                    }
+                }
+                c
+            })
+            .collect();
+        Value::Array(converted)
+    };
+    let mut ops = vec![
+        json!({"op": "add", "path": "/spec/resourceClaims", "value": entries}),
+        json!({"op": "replace", "path": "/spec/containers", "value": convert(&spec.containers)}),
+    ];
+    if let Some(init) = &spec.init_containers {
+        ops.push(json!({"op": "replace", "path": "/spec/initContainers", "value": convert(init)}));
+    }
+    Ok(ops)
+}
+
 fn deny(uid: &str, message: String) -> AdmissionResponse {
     AdmissionResponse {
         uid: uid.to_owned(),
@@ -108,6 +223,7 @@ mod tests {
             scheduler_name: "nano-gpu-scheduler".into(),
             demand: DemandOptions::default(),
             runtime_class: None,
+            shares: Shares::DevicePlugin,
         }
     }
 
@@ -215,6 +331,70 @@ mod tests {
             decoded_patch(&r),
             json!([{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}])
         );
+    }
+
+    #[test]
+    fn with_dra_a_gpu_pod_gets_claims_from_nano_gpus_templates_and_loses_the_resources() {
+        let claims = Admission { shares: Shares::Claims, ..admission() };
+        let spec = json!({
+            "initContainers": [{"name": "init", "resources": {"limits": {"nano-gpu/gpu-percent": "30"}}}],
+            "containers": [
+                {"name": "train", "resources": {"limits": {"nano-gpu/gpu-percent": "30", "cpu": "1"}}},
+                {"name": "two", "resources": {"limits": {"nano-gpu/gpu-percent": "200"},
+                    "requests": {"nano-gpu/gpu-percent": "200"}}},
+                {"name": "mem", "resources": {"limits": {"nano-gpu/gpu-percent": "10", "nano-gpu/gpu-memory": "4096"}, "claims": [{"name": "own"}]}},
+                {"name": "web", "resources": {"limits": {"cpu": "1"}}},
+            ],
+            "resourceClaims": [{"name": "own", "resourceClaimName": "mine"}],
+        });
+        let r = claims.review(&review(spec)).response.unwrap();
+        assert!(r.allowed, "{:?}", r.status);
+        let patch = decoded_patch(&r);
+        let ops = patch.as_array().unwrap();
+        // No extender scheduler: the claims are allocated before kube-scheduler sees the pod.
+        assert!(ops.iter().all(|o| o["path"] != "/spec/schedulerName"), "{patch}");
+        let by_path = |p: &str| ops.iter().find(|o| o["path"] == p).unwrap()["value"].clone();
+        assert_eq!(
+            by_path("/spec/resourceClaims"),
+            json!([{"name": "own", "resourceClaimName": "mine"},
+                   {"name": "nano-gpu-0", "resourceClaimTemplateName": "nano-gpu-p30"},
+                   {"name": "nano-gpu-1", "resourceClaimTemplateName": "nano-gpu-w2"},
+                   {"name": "nano-gpu-2", "resourceClaimTemplateName": "nano-gpu-p10-m4096"}])
+        );
+        let containers = by_path("/spec/containers");
+        assert_eq!(
+            containers[0]["resources"],
+            json!({"limits": {"cpu": "1"}, "claims": [{"name": "nano-gpu-0"}]})
+        );
+        assert_eq!(
+            containers[1]["resources"],
+            json!({"limits": {}, "requests": {}, "claims": [{"name": "nano-gpu-1"}]})
+        );
+        assert_eq!(containers[2]["resources"]["claims"], json!([{"name": "own"}, {"name": "nano-gpu-2"}]));
+        assert_eq!(containers[3]["resources"], json!({"limits": {"cpu": "1"}}));
+        // The init container reuses its app container's cards: the same claim.
+        let init = by_path("/spec/initContainers");
+        assert_eq!(init[0]["resources"], json!({"limits": {}, "claims": [{"name": "nano-gpu-0"}]}));
+
+        // Only pods annotated for DRA, when the allocator allocates claims but not all shares go there.
+        let annotated = Admission { shares: Shares::ClaimsIfAnnotated, ..admission() };
+        let plain = annotated.review(&review(gpu("30"))).response.unwrap();
+        assert_eq!(decoded_patch(&plain)[0]["path"], "/spec/schedulerName");
+        let mut asked = review(gpu("30"));
+        asked.request.as_mut().unwrap().object.as_mut().unwrap()["metadata"]["annotations"] =
+            json!({"nano-gpu/front-end": "dra"});
+        let r = annotated.review(&asked).response.unwrap();
+        assert_eq!(decoded_patch(&r)[0]["path"], "/spec/resourceClaims");
+        // Without DRA such a pod is refused, not silently served by the device plugin.
+        let r = admission().review(&asked).response.unwrap();
+        assert!(!r.allowed);
+        assert!(r.status.unwrap().message.contains("does not allocate claims"));
+        // A claim entry by the name nano-gpu would use is refused.
+        let mut taken = gpu("30");
+        taken["resourceClaims"] = json!([{"name": "nano-gpu-0", "resourceClaimName": "x"}]);
+        let r = claims.review(&review(taken)).response.unwrap();
+        assert!(!r.allowed);
+        assert!(r.status.unwrap().message.contains("nano-gpu-0"));
     }
 
     #[test]

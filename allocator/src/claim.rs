@@ -276,23 +276,121 @@ fn held(claim: &ResourceClaim) -> Option<Held> {
     held
 }
 
-/// The claims a pod uses, by name in its namespace: `None` for one made from a template that the
-/// ResourceClaim controller has not created (or recorded in the pod's status) yet.
-pub fn pod_claims(pod: &Pod) -> Vec<Option<String>> {
+/// One claim a pod uses: its name in the pod's namespace (`None` for one made from a template that
+/// the ResourceClaim controller has not created, or recorded in the pod's status, yet) and the
+/// template it is made from, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodClaim {
+    /// The claim's name.
+    pub name: Option<String>,
+    /// Its ResourceClaimTemplate.
+    pub template: Option<String>,
+}
+
+/// The claims a pod uses.
+pub fn pod_claims(pod: &Pod) -> Vec<PodClaim> {
     let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
     let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
     entries
         .into_iter()
         .flatten()
         .map(|c| match &c.resource_claim_name {
-            Some(name) => Some(name.clone()),
-            None => statuses
-                .into_iter()
-                .flatten()
-                .find(|s| s.name == c.name)
-                .and_then(|s| s.resource_claim_name.clone()),
+            Some(name) => PodClaim { name: Some(name.clone()), template: None },
+            None => PodClaim {
+                name: statuses
+                    .into_iter()
+                    .flatten()
+                    .find(|s| s.name == c.name)
+                    .and_then(|s| s.resource_claim_name.clone()),
+                template: c.resource_claim_template_name.clone(),
+            },
         })
         .collect()
+}
+
+/// The prefix of the ResourceClaimTemplates the webhook names for pods asking
+/// `nano-gpu/gpu-percent` that it turns into claims: each names one slot's shape
+/// ([`template_name`]), and the allocator makes it in the pod's namespace ([`template`]).
+pub const TEMPLATE_PREFIX: &str = "nano-gpu-";
+
+/// The template of a slot: `nano-gpu-p30` (30 %), `nano-gpu-m4096` (4096 MiB), `nano-gpu-p30-m4096`,
+/// `nano-gpu-w2` (two whole cards), `nano-gpu-w1-m16384` (a whole card of at least 16384 MiB).
+pub fn template_name(slot: &SlotDemand) -> String {
+    let memory = |m: Option<MiB>| m.map(|m| format!("-m{}", m.0)).unwrap_or_default();
+    match *slot {
+        SlotDemand::Share { percent: Some(p), mem } => format!("{TEMPLATE_PREFIX}p{}{}", p.0, memory(mem)),
+        SlotDemand::Share { percent: None, mem: Some(m) } => format!("{TEMPLATE_PREFIX}m{}", m.0),
+        SlotDemand::Share { percent: None, mem: None } => format!("{TEMPLATE_PREFIX}p0"),
+        SlotDemand::Whole { cards, mem } => format!("{TEMPLATE_PREFIX}w{cards}{}", memory(mem)),
+    }
+}
+
+/// The slot a template name of [`template_name`]'s form stands for.
+pub fn template_shape(name: &str) -> Option<SlotDemand> {
+    let rest = name.strip_prefix(TEMPLATE_PREFIX)?;
+    let (head, memory) = match rest.split_once("-m") {
+        Some((h, m)) => (h, Some(MiB(number(m)?))),
+        None => (rest, None),
+    };
+    let slot = if let Some(p) = head.strip_prefix('p') {
+        let p = number(p)?;
+        if !(1..100).contains(&p) {
+            return None;
+        }
+        SlotDemand::Share { percent: Some(Percent(p as u32)), mem: memory }
+    } else if let Some(n) = head.strip_prefix('w') {
+        let n = number(n)?;
+        if !(1..=MAX_COUNT as u64).contains(&n) {
+            return None;
+        }
+        SlotDemand::Whole { cards: n as u32, mem: memory }
+    } else if let Some(m) = head.strip_prefix('m') {
+        if memory.is_some() {
+            return None;
+        }
+        SlotDemand::Share { percent: None, mem: Some(MiB(number(m)?)) }
+    } else {
+        return None;
+    };
+    // Only the canonical spelling names a shape.
+    (template_name(&slot) == name).then_some(slot)
+}
+
+/// A decimal number without sign or leading zeros, above 0.
+fn number(text: &str) -> Option<u64> {
+    let n: u64 = text.parse().ok()?;
+    (n > 0 && n.to_string() == text).then_some(n)
+}
+
+/// The ResourceClaimTemplate `name` of [`template_name`]'s form, in `namespace`: one request `gpu` of
+/// nano-gpu's class asking the slot.
+pub fn template(namespace: &str, name: &str) -> Option<Value> {
+    let mut exactly = json!({"deviceClassName": CLASS, "allocationMode": "ExactCount"});
+    match template_shape(name)? {
+        SlotDemand::Share { percent, mem } => {
+            exactly["count"] = json!(1);
+            let mut requests = json!({});
+            if let Some(p) = percent {
+                requests[PERCENT] = json!(p.0.to_string());
+            }
+            if let Some(m) = mem {
+                requests[MEMORY] = json!(format!("{}Mi", m.0));
+            }
+            exactly["capacity"] = json!({"requests": requests});
+        }
+        SlotDemand::Whole { cards, mem } => {
+            exactly["count"] = json!(cards);
+            if let Some(m) = mem {
+                exactly["capacity"] = json!({"requests": {PERCENT: "100", MEMORY: format!("{}Mi", m.0)}});
+            }
+        }
+    }
+    Some(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "nano-gpu"}},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }))
 }
 
 /// The nodes a pod may go to at all: kube-scheduler's node-selection rules the allocator checks

@@ -20,13 +20,14 @@ use crate::leader::Leadership;
 use crate::state::{ClaimWrite, SharedView};
 use crate::watch::{LIST_PAGE, publish};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use nano_gpu_proto::dra::ALLOCATED_FINALIZER;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -34,6 +35,8 @@ use tokio::sync::Notify;
 
 /// How often waiting pods are looked at when nothing wakes the planner earlier.
 const EVERY: Duration = Duration::from_millis(500);
+/// How long a template made (or found) is taken to exist without looking again.
+const TEMPLATE_RECHECK: Duration = Duration::from_secs(60);
 /// How long one API call of a write may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,9 +44,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>, recorder: Recorder) {
     let listed = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());
-    let api: Api<ResourceClaim> = Api::all(client);
+    let api: Api<ResourceClaim> = Api::all(client.clone());
     tokio::spawn(watch(api.clone(), view.clone(), listed.clone(), wake.clone()));
     let mut led = false;
+    // The templates made (or found) lately, by (namespace, name): each is looked at again after
+    // [`TEMPLATE_RECHECK`], in case it was deleted since.
+    let mut made: HashMap<(String, String), tokio::time::Instant> = HashMap::new();
     loop {
         let _ = tokio::time::timeout(EVERY, wake.notified()).await;
         if !view.synced() || !listed.load(Ordering::SeqCst) {
@@ -69,13 +75,26 @@ pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>,
             }
         }
         let Some(_deciding) = leader.decide() else { continue };
-        let (writes, warnings) = {
+        let (writes, warnings, wanted) = {
             let mut state = view.lock();
             let writes = state.plan_claims();
-            (writes, state.take_warnings())
+            (writes, state.take_warnings(), state.take_templates_wanted())
         };
         for w in &warnings {
             publish(&recorder, w, "Allocate").await;
+        }
+        made.retain(|_, at| at.elapsed() < TEMPLATE_RECHECK);
+        for (namespace, name) in wanted {
+            if made.contains_key(&(namespace.clone(), name.clone())) {
+                continue;
+            }
+            match make_template(&client, &namespace, &name).await {
+                Ok(()) => {
+                    made.insert((namespace, name), tokio::time::Instant::now());
+                }
+                Err(e) => tracing::warn!(template = %format!("{namespace}/{name}"), error = %e,
+                    "making a claim template failed; trying again"),
+            }
         }
         for w in writes {
             let outcome = if leader.is_leader() { write(&api, &w).await } else { Err(Failure::NotLeader) };
@@ -127,6 +146,26 @@ async fn watch(api: Api<ResourceClaim>, view: Arc<SharedView>, listed: Arc<Atomi
             Ok(None) => break,
             Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying with backoff"),
         }
+    }
+}
+
+/// Makes nano-gpu's ResourceClaimTemplate `name` in `namespace` (a name of
+/// [`crate::claim::template_name`]'s form); one that exists already is left as it is (if someone
+/// else made it asking something else, the claims made from it are refused).
+async fn make_template(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let Some(body) = crate::claim::template(namespace, name) else {
+        anyhow::bail!("{name} is not a name of nano-gpu's templates");
+    };
+    let template: ResourceClaimTemplate = serde_json::from_value(body)?;
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
+    match tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &template)).await {
+        Err(_) => anyhow::bail!("creating it took over {CALL_TIMEOUT:?}"),
+        Ok(Ok(_)) => {
+            tracing::info!(template = %format!("{namespace}/{name}"), "claim template made");
+            Ok(())
+        }
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
     }
 }
 

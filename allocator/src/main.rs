@@ -150,6 +150,12 @@ struct ServeArgs {
     /// (`resource.k8s.io/v1`; shares need DRAConsumableCapacity, on by default from 1.36).
     #[arg(long, env = "NANO_GPU_DRA")]
     dra: bool,
+    /// With `--dra`: the webhook turns every pod asking `nano-gpu/gpu-percent` or
+    /// `nano-gpu/gpu-memory` into a pod with claims of nano-gpu's class (each GPU container's claim
+    /// made from the template of its shape, which the allocator makes), so that pods run unchanged on
+    /// nodes whose agent serves DRA. Without it only pods annotated `nano-gpu/front-end: dra` are.
+    #[arg(long, env = "NANO_GPU_DRA_SHARES", requires = "dra")]
+    dra_shares: bool,
     /// Prometheus (`http://host:port`) scraping the agents: each card's recent utilisation breaks
     /// the policy's ties (equal nodes, identical cards) toward the less busy. Absent, slow or
     /// stale: placement is exactly the policy's.
@@ -284,7 +290,12 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone()))
             .with_scheduler_name(&args.scheduler_name)
-            .with_runtime_class(args.runtime_class.as_deref());
+            .with_runtime_class(args.runtime_class.as_deref())
+            .with_shares(match (args.dra, args.dra_shares) {
+                (_, true) => nano_gpu_allocator::admission::Shares::Claims,
+                (true, false) => nano_gpu_allocator::admission::Shares::ClaimsIfAnnotated,
+                (false, false) => nano_gpu_allocator::admission::Shares::DevicePlugin,
+            });
         // The election, and what gives its Lease up at shutdown.
         let mut election = None;
         if args.leader_elect {

@@ -66,6 +66,14 @@ impl<B: Binder> Shared<B> {
         self
     }
 
+    /// Which GPU pods the webhook turns into pods with claims (call before sharing).
+    pub fn with_shares(mut self: Arc<Self>, shares: crate::admission::Shares) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.admission.shares = shares;
+        }
+        self
+    }
+
     /// The same handlers, deciding only while `leadership` says so (call before sharing).
     pub fn with_leadership(mut self: Arc<Self>, leadership: Arc<Leadership>) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
@@ -80,6 +88,7 @@ impl<B: Binder> Shared<B> {
             scheduler_name: SCHEDULER_NAME.to_owned(),
             demand: *state.extender().demand_options(),
             runtime_class: None,
+            shares: crate::admission::Shares::DevicePlugin,
         };
         Arc::new(Shared {
             admission,

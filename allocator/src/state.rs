@@ -122,6 +122,8 @@ pub struct ClusterState {
     claim_pods: BTreeMap<String, claims::ClaimPod>,
     refused_nodes: HashMap<String, std::collections::BTreeSet<String>>,
     claim_notes: HashMap<String, String>,
+    /// Templates waiting pods need ([`ClusterState::take_templates_wanted`]).
+    templates_wanted: std::collections::BTreeSet<(String, String)>,
 }
 
 /// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
@@ -239,6 +241,7 @@ impl ClusterState {
             claim_pods: BTreeMap::new(),
             refused_nodes: HashMap::new(),
             claim_notes: HashMap::new(),
+            templates_wanted: Default::default(),
         }
     }
 

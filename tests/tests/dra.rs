@@ -14,7 +14,9 @@
 //! share goes where the policy packs it, on the 80 % share's card, where kube-scheduler's first fit
 //! would take the 30 % share's; no card is allocated over 100 %; a claim with a CEL selector nano-gpu
 //! does not read is refused with the reason in an Event and stays unallocated (kube-scheduler does
-//! not allocate it either), one that selects its cards' model runs; after the agent of node-2
+//! not allocate it either), one that selects its cards' model runs; a pod asking
+//! `nano-gpu/gpu-percent` annotated for DRA gets a claim from nano-gpu's template and runs unchanged
+//! on node-2 with exactly its claim's card; after the agent of node-2
 //! restarts the running pods keep running and a new claim is prepared; after the leading allocator
 //! is deleted the next leader allocates a new claim without over-committing a card; a deleted pod's
 //! claim is unprepared (its CDI spec goes).
@@ -226,6 +228,32 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     claims.create(&post, &by_model).await.unwrap();
     create(&pods, &claim_pod("by-model")).await;
     run_and_check(&pods, &claims, &slices, "by-model").await;
+
+    // A pod asking nano-gpu/gpu-percent, annotated for DRA: the webhook gives it a claim from
+    // nano-gpu's template of its shape (the allocator makes the template), and it runs unchanged on
+    // node-2, seeing exactly its claim's card.
+    let mut converted = percent_pod("converted", 20);
+    converted.metadata.annotations = Some([("nano-gpu/front-end".to_owned(), "dra".to_owned())].into());
+    create(&pods, &converted).await;
+    wait_running(&pods, &["converted".into()], Duration::from_secs(120)).await;
+    let pod = pods.get("converted").await.unwrap();
+    let entries = pod.spec.as_ref().unwrap().resource_claims.clone().unwrap();
+    assert_eq!(entries[0].resource_claim_template_name.as_deref(), Some("nano-gpu-p20"));
+    let limits = pod.spec.as_ref().unwrap().containers[0].resources.as_ref().unwrap().limits.clone();
+    assert!(!limits.unwrap_or_default().contains_key("nano-gpu/gpu-percent"));
+    let made = pod.status.unwrap().resource_claim_statuses.unwrap()[0].resource_claim_name.clone().unwrap();
+    let made_claim = claims.get(&made).await.unwrap();
+    let owner = made_claim.metadata.owner_references.clone().unwrap_or_default();
+    assert!(owner.iter().any(|o| o.kind == "Pod" && o.name == "converted"), "{owner:?}");
+    let devices = allocated(&made_claim);
+    let by_device = uuids.clone();
+    let seen = report(&pods, "converted", "c").await;
+    println!("converted: claim {made} allocated {devices:?}; NVML shows {:?}", seen.cards);
+    let cards: BTreeSet<String> =
+        devices.iter().map(|(p, d, _)| uuids[&(p.clone(), d.clone())].clone()).collect();
+    assert_eq!(seen.cards, cards);
+    assert_eq!(devices.iter().map(|d| d.2).collect::<Vec<_>>(), vec![20]);
+    assert_eq!(seen.env.get("NANO_GPU_PERCENT").map(String::as_str), Some("20"));
     let over_capacity = || async {
         let mut per_device: BTreeMap<String, u32> = BTreeMap::new();
         for c in claims.list(&ListParams::default()).await.unwrap().items {
@@ -259,7 +287,7 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     claims.create(&post, &claim("share-10", 1, Some(10))).await.unwrap();
     create(&pods, &claim_pod("share-10")).await;
     run_and_check(&pods, &claims, &slices, "share-10").await;
-    let running = ["share-30", "share-80", "two", "share-20", "by-model"].map(String::from);
+    let running = ["share-30", "share-80", "two", "share-20", "by-model", "converted"].map(String::from);
     wait_running(&pods, &running, Duration::from_secs(10)).await;
     assert_eq!(over_capacity().await, vec![]);
 
@@ -271,7 +299,7 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
         cluster.allocator_leader().is_some_and(|l| l != leader)
     })
     .await;
-    claims.create(&post, &claim("after-failover", 1, Some(40))).await.unwrap();
+    claims.create(&post, &claim("after-failover", 1, Some(30))).await.unwrap();
     create(&pods, &claim_pod("after-failover")).await;
     run_and_check(&pods, &claims, &slices, "after-failover").await;
     assert_eq!(over_capacity().await, vec![]);

@@ -189,6 +189,10 @@ fn each_component_changes_what_it_says_and_nothing_else() {
         &built[&("ClusterRole".to_owned(), String::new(), "nano-gpu-allocator-dra".to_owned())]["rules"];
     assert_eq!(rules[1]["resources"], serde_json::json!(["resourceclaims/status", "resourceclaims/binding"]));
     only_changed(&built, &[allocator.clone(), agent.clone()]);
+    let built = with("dra-shares", &["components/dra", "components/dra-shares"]);
+    let a = container(&built[&allocator], "allocator");
+    assert_eq!((env(a, "NANO_GPU_DRA"), env(a, "NANO_GPU_DRA_SHARES")), (Some("true"), Some("true")));
+    only_changed(&built, &[allocator.clone(), agent.clone()]);
 }
 
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the

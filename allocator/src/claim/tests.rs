@@ -150,7 +150,14 @@ fn pods_name_their_claims_directly_or_through_their_status() {
         "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]},
     }))
     .unwrap();
-    assert_eq!(pod_claims(&pod), vec![Some("mine".into()), Some("p-b-x1".into()), None]);
+    let named = |name: Option<&str>, template: Option<&str>| PodClaim {
+        name: name.map(str::to_owned),
+        template: template.map(str::to_owned),
+    };
+    assert_eq!(
+        pod_claims(&pod),
+        vec![named(Some("mine"), None), named(Some("p-b-x1"), Some("tpl")), named(None, Some("tpl"))]
+    );
 }
 
 #[test]
@@ -249,4 +256,51 @@ fn model_selectors_of_the_one_form_choose_models() {
     ]})));
     let Class::Ours(Ok(slots)) = ClaimRecord::of(&c).class else { panic!() };
     assert_eq!(slots[0].models, Some(vec!["B".to_owned()]));
+}
+
+#[test]
+fn template_names_stand_for_their_slot_and_the_template_asks_exactly_it() {
+    let slots = [
+        SlotDemand::Share { percent: Some(Percent(30)), mem: None },
+        SlotDemand::Share { percent: Some(Percent(5)), mem: Some(MiB(4096)) },
+        SlotDemand::Share { percent: None, mem: Some(MiB(2048)) },
+        SlotDemand::Whole { cards: 2, mem: None },
+        SlotDemand::Whole { cards: 1, mem: Some(MiB(16384)) },
+    ];
+    let names: Vec<String> = slots.iter().map(template_name).collect();
+    assert_eq!(
+        names,
+        ["nano-gpu-p30", "nano-gpu-p5-m4096", "nano-gpu-m2048", "nano-gpu-w2", "nano-gpu-w1-m16384"]
+    );
+    for (slot, name) in slots.iter().zip(&names) {
+        assert_eq!(template_shape(name), Some(*slot), "{name}");
+        // The claim the ResourceClaim controller makes from the template asks the same slot.
+        let t = template("t", name).unwrap();
+        assert_eq!(t["metadata"]["namespace"], "t");
+        let made: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "x", "namespace": "t"}, "spec": t["spec"]["spec"],
+        }))
+        .unwrap();
+        assert_eq!(slots_of(&made), Ok(vec![*slot]), "{name}");
+    }
+    for bad in [
+        "nano-gpu-p0",
+        "nano-gpu-p100",
+        "nano-gpu-p030",
+        "nano-gpu-w0",
+        "nano-gpu-w65",
+        "nano-gpu-m0",
+        "nano-gpu-m1-m2",
+        "nano-gpu-x1",
+        "nano-gpu-p30-m",
+        "other-p30",
+        "nano-gpu-p30-m01",
+    ] {
+        assert_eq!(template_shape(bad), None, "{bad}");
+        assert!(template("t", bad).is_none());
+    }
+}
+
+fn slots_of(c: &ResourceClaim) -> Result<Vec<SlotDemand>, String> {
+    slots(c)
 }

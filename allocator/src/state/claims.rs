@@ -15,7 +15,10 @@
 
 use super::ClusterState;
 use super::decode::host_requests;
-use crate::claim::{ClaimRecord, ClaimSlot, Given, Held, NodeFacts, Placement, allocation, pod_claims};
+use crate::claim::{
+    ClaimRecord, ClaimSlot, Given, Held, NodeFacts, Placement, PodClaim, allocation, pod_claims,
+    template_shape,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_engine::model::NodeId;
@@ -29,7 +32,7 @@ use std::collections::{BTreeSet, HashSet};
 #[derive(Clone, Debug)]
 pub(super) struct ClaimPod {
     key: (String, String),
-    claims: Vec<Option<String>>,
+    claims: Vec<PodClaim>,
     /// Host CPU (milli) and memory (MiB), and the card models it allows (its `nano-gpu/gpu-model`).
     host: Result<(u64, u64, Vec<String>), String>,
     placement: Placement,
@@ -78,7 +81,7 @@ impl ClusterState {
                 .claim_pods
                 .iter()
                 .filter(|(_, p)| {
-                    p.key.0 == record.key.0 && p.claims.iter().flatten().any(|c| *c == record.key.1)
+                    p.key.0 == record.key.0 && p.claims.iter().any(|c| c.name.as_ref() == Some(&record.key.1))
                 })
                 .map(|(uid, _)| uid.clone())
                 .collect();
@@ -239,12 +242,47 @@ impl ClusterState {
     fn plan_pod(&mut self, pod_uid: &str) -> Result<Vec<ClaimWrite>, Option<String>> {
         let pod = self.claim_pods.get(pod_uid).ok_or(None)?.clone();
         let mut claims: Vec<(String, ClaimRecord)> = Vec::new();
-        for name in &pod.claims {
-            // A claim from a template not made yet, or not seen yet: later.
-            let name = name.as_ref().ok_or(None)?;
-            let uid = self.claim_keys.get(&(pod.key.0.clone(), name.clone())).ok_or(None)?;
-            let record = self.claims.get(uid).ok_or(None)?;
+        let mut waiting = false;
+        for c in &pod.claims {
+            let ours = c.template.as_deref().and_then(|t| template_shape(t).map(|shape| (t, shape)));
+            let Some(name) = &c.name else {
+                // A claim from a template not made yet: the ResourceClaim controller makes it once
+                // the template exists; nano-gpu's templates are made on demand.
+                if let Some((t, _)) = ours {
+                    self.templates_wanted.insert((pod.key.0.clone(), t.to_owned()));
+                }
+                waiting = true;
+                continue;
+            };
+            // Not seen yet: later.
+            let Some(uid) = self.claim_keys.get(&(pod.key.0.clone(), name.clone())) else {
+                waiting = true;
+                continue;
+            };
+            let Some(record) = self.claims.get(uid) else {
+                waiting = true;
+                continue;
+            };
+            // A claim made from one of nano-gpu's templates asks what the template's name says, or
+            // the template is not nano-gpu's (someone made one by that name first).
+            if let Some((t, shape)) = ours {
+                let asks = match record.slots() {
+                    Some(Ok(slots)) => slots.iter().map(|s| s.demand).collect(),
+                    _ => Vec::new(),
+                };
+                if asks != [shape] {
+                    return Err(Some(format!(
+                        "claim {name} of pod {}/{} was made from the ResourceClaimTemplate {t}, which does not \
+                         ask what nano-gpu's template of that name asks; delete the template (nano-gpu makes \
+                         it again) and the pod",
+                        pod.key.0, pod.key.1
+                    )));
+                }
+            }
             claims.push((uid.clone(), record.clone()));
+        }
+        if waiting {
+            return Err(None);
         }
         let ours = claims.iter().filter(|(_, c)| c.slots().is_some()).count();
         if ours == 0 {
@@ -384,6 +422,12 @@ impl ClusterState {
         }
         self.claim_notes.remove(pod_uid);
         Ok(writes)
+    }
+
+    /// The templates of nano-gpu's form ([`crate::claim::template_name`]) that waiting pods use and
+    /// that no claim was made from yet, by (namespace, name): to be made if they do not exist.
+    pub fn take_templates_wanted(&mut self) -> std::collections::BTreeSet<(String, String)> {
+        std::mem::take(&mut self.templates_wanted)
     }
 
     /// The claims being written now, by uid.

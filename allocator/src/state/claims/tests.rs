@@ -266,3 +266,41 @@ fn a_claims_model_selector_and_the_pods_model_annotation_choose_the_node_togethe
     let said = warnings(&mut s);
     assert!(said.iter().any(|w| w.contains("t/b") && w.contains("no card of an allowed model")), "{said:?}");
 }
+
+#[test]
+fn a_pod_whose_claim_comes_from_nano_gpus_template_asks_for_the_template_then_gets_placed() {
+    let mut s = state();
+    s.apply_node(&node("dra", 1, true));
+    let pod = |status: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "t", "uid": "p-p"},
+            "spec": {"containers": [{"name": "c"}],
+                "resourceClaims": [{"name": "nano-gpu-0", "resourceClaimTemplateName": "nano-gpu-p30"}]},
+            "status": status,
+        }))
+        .unwrap()
+    };
+    // No claim yet: the template is wanted (made by the runner), nothing is placed.
+    s.apply_pod(&pod(json!({})));
+    assert!(s.plan_claims().is_empty());
+    let wanted: Vec<_> = s.take_templates_wanted().into_iter().collect();
+    assert_eq!(wanted, vec![("t".to_owned(), "nano-gpu-p30".to_owned())]);
+    // The controller made the claim from it: placed.
+    s.apply_claim(&share("p-nano-gpu-0-x", 3, 30));
+    s.apply_pod(&pod(
+        json!({"resourceClaimStatuses": [{"name": "nano-gpu-0", "resourceClaimName": "p-nano-gpu-0-x"}]}),
+    ));
+    assert!(s.take_templates_wanted().is_empty());
+    let w = s.plan_claims().pop().unwrap();
+    assert_eq!(w.claim.1, "p-nano-gpu-0-x");
+    s.not_written(&w);
+    // A claim made from a template of that name that asks something else (a tenant's own template
+    // by nano-gpu's name) is refused.
+    s.apply_claim(&share("p-nano-gpu-0-x", 4, 100));
+    assert!(s.plan_claims().is_empty());
+    let said = warnings(&mut s);
+    assert!(
+        said.iter().any(|w| w.contains("t/p") && w.contains("nano-gpu-p30, which does not ask")),
+        "{said:?}"
+    );
+}
