@@ -246,7 +246,6 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     let owner = made_claim.metadata.owner_references.clone().unwrap_or_default();
     assert!(owner.iter().any(|o| o.kind == "Pod" && o.name == "converted"), "{owner:?}");
     let devices = allocated(&made_claim);
-    let by_device = uuids.clone();
     let seen = report(&pods, "converted", "c").await;
     println!("converted: claim {made} allocated {devices:?}; NVML shows {:?}", seen.cards);
     let cards: BTreeSet<String> =
