@@ -39,6 +39,7 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
+use nano_gpu_proto::annotations::DRA_LABEL;
 pub use nano_gpu_proto::dra::DRIVER;
 
 /// Where the front end serves and writes.
@@ -354,12 +355,14 @@ impl FrontEnd {
     /// it ends with is logged (the device plugin goes on serving).
     pub async fn run(self, cards: watch::Receiver<Snapshot>, edits: Edits, shutdown: watch::Receiver<bool>) {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
-        // The slice is owned by the Node: its UID first, and the runtime its kubelet reports.
-        let (node_uid, runtime) = loop {
+        // The slice is owned by the Node: its UID first, the runtime its kubelet reports, and
+        // whether the node was kept off DRA.
+        let (node_uid, runtime, kept_off) = loop {
             match nodes.get(&self.node).await {
                 Ok(n) => {
+                    let kept_off = kept_off_dra(n.metadata.labels.as_ref());
                     let runtime = n.status.and_then(|s| s.node_info).map(|i| i.container_runtime_version);
-                    break (n.metadata.uid.unwrap_or_default(), runtime.unwrap_or_default());
+                    break (n.metadata.uid.unwrap_or_default(), runtime.unwrap_or_default(), kept_off);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, node = self.node, "reading the Node for its ResourceSlice; retrying");
@@ -367,6 +370,14 @@ impl FrontEnd {
                 }
             }
         };
+        if kept_off {
+            tracing::info!(
+                node = self.node,
+                "the Node is labelled {DRA_LABEL}=false: DRA is not served on it (the device plugin is)"
+            );
+            label_front_end(&nodes, &self.node, false).await;
+            return;
+        }
         if let Err(why) = runtime_has_cdi(&runtime) {
             tracing::error!(node = self.node, "{why}: DRA is not served on this node (the device plugin is)");
             label_front_end(&nodes, &self.node, false).await;
@@ -403,6 +414,11 @@ pub async fn label_front_end(nodes: &kube::Api<k8s_openapi::api::core::v1::Node>
     }
 }
 
+/// Whether the Node's labels keep it off DRA (`nano-gpu/dra: "false"`, set by an operator).
+pub fn kept_off_dra(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(DRA_LABEL)).map(String::as_str) == Some("false")
+}
+
 /// Whether the node's runtime, as its kubelet reports it (`containerd://2.2.9`), applies the CDI
 /// devices a prepared claim is handed over as: containerd has CDI from 1.7 (on by default from 2.0);
 /// other runtimes (CRI-O has it from 1.23) are taken as having it.
@@ -420,7 +436,7 @@ pub fn runtime_has_cdi(runtime: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::runtime_has_cdi;
+    use super::{kept_off_dra, runtime_has_cdi};
 
     #[test]
     fn containerd_before_1_7_has_no_cdi() {
@@ -431,5 +447,15 @@ mod tests {
         assert!(runtime_has_cdi("containerd://1.7.0").is_ok());
         assert!(runtime_has_cdi("containerd://2.2.9").is_ok());
         assert!(runtime_has_cdi("cri-o://1.30.0").is_ok());
+    }
+
+    #[test]
+    fn only_false_keeps_a_node_off_dra() {
+        let labels = |v: &str| Some([("nano-gpu/dra".to_owned(), v.to_owned())].into());
+        assert!(kept_off_dra(labels("false").as_ref()));
+        for v in ["true", "", "False", "no"] {
+            assert!(!kept_off_dra(labels(v).as_ref()), "{v}");
+        }
+        assert!(!kept_off_dra(None));
     }
 }

@@ -171,25 +171,32 @@ async fn make_template(client: &Client, namespace: &str, name: &str) -> anyhow::
 
 /// A consistent list of every claim, applied to the view as a re-list; returns how many.
 async fn relist(api: &Api<ResourceClaim>, view: &SharedView) -> anyhow::Result<usize> {
+    // No resourceVersion: a consistent read, as of now; its pages continue the same snapshot.
     let mut params = ListParams::default().limit(LIST_PAGE);
-    let mut claims = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut version = None;
     loop {
         let page = tokio::time::timeout(CALL_TIMEOUT, api.list(&params))
             .await
             .map_err(|_| anyhow::anyhow!("listing claims took over {CALL_TIMEOUT:?}"))??;
-        claims.extend(page.items);
+        // The snapshot's version, from its first page (0: not a number, nothing is taken as gone).
+        version.get_or_insert_with(|| {
+            page.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        });
+        {
+            let mut state = view.lock();
+            for c in &page.items {
+                state.apply_claim(c);
+                seen.extend(c.metadata.uid.clone());
+            }
+        }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => break,
         }
     }
-    let mut state = view.lock();
-    state.begin_claim_relist();
-    for c in &claims {
-        state.apply_claim(c);
-    }
-    state.end_claim_relist();
-    Ok(claims.len())
+    view.lock().end_claim_snapshot(&seen, version.unwrap_or(0));
+    Ok(seen.len())
 }
 
 /// Why a write did not happen.

@@ -48,6 +48,9 @@ pub const ENV_HONOURED: &str = "env-honoured";
 pub const FRONT_END_LABEL: &str = "nano-gpu/front-end";
 /// [`FRONT_END_LABEL`]'s value on a node whose cards the DRA driver serves.
 pub const FRONT_END_DRA: &str = "dra";
+/// Node label set by you: `"false"` keeps the node's cards on the device plugin though its agent
+/// runs with `--dra` (the choice per node; the agent reads it when it starts).
+pub const DRA_LABEL: &str = "nano-gpu/dra";
 
 /// Pod annotation (the [`OverrunMark`]) and label (`"true"`) of a pod over its memory grant.
 pub const OVERRUN: &str = "nano-gpu/overrun";

@@ -127,6 +127,22 @@ impl ClusterState {
         }
     }
 
+    /// A consistent list of every claim, read at resourceVersion `version`, was applied (each with
+    /// [`ClusterState::apply_claim`]; `seen`: their uids): a claim it did not show is gone, unless the
+    /// watch showed it at a later version (made after the list). Unlike a re-list it leaves the
+    /// watch's own re-list, if one is under way, as it is.
+    pub fn end_claim_snapshot(&mut self, seen: &HashSet<String>, version: u64) {
+        let gone: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(uid, c)| !seen.contains(*uid) && c.version <= version)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            self.forget_claim(&uid);
+        }
+    }
+
     /// The node a claim holds cards on now: what is being written for it, else its allocation.
     fn claim_node(&self, uid: &str) -> Option<String> {
         self.claim_held(uid).map(|h| h.node.clone())

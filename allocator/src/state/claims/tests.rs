@@ -304,3 +304,24 @@ fn a_pod_whose_claim_comes_from_nano_gpus_template_asks_for_the_template_then_ge
         "{said:?}"
     );
 }
+
+#[test]
+fn a_snapshot_forgets_claims_it_did_not_show_unless_the_watch_showed_them_later() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    let allocated = |name: &str, version: u32, card: u32| {
+        let mut c = share(name, version, 50);
+        let given = [Given { request: "gpu".into(), card, percent: Percent(50), memory: None }];
+        let uid = format!("u-{name}");
+        c.status =
+            Some(serde_json::from_value(json!({"allocation": allocation(&uid, "dra", &given)})).unwrap());
+        c
+    };
+    // Deleted while this replica's watch missed it (version 4), and made after the list (version 9).
+    s.apply_claim(&allocated("gone", 4, 0));
+    s.apply_claim(&allocated("new", 9, 1));
+    assert_eq!(free(&s, "dra"), vec![50, 50]);
+    let seen = std::collections::HashSet::new();
+    s.end_claim_snapshot(&seen, 8);
+    assert_eq!(free(&s, "dra"), vec![100, 50]);
+}
