@@ -16,10 +16,10 @@
 //! does not read is refused with the reason in an Event and stays unallocated (kube-scheduler does
 //! not allocate it either), one that selects its cards' model runs; a pod asking
 //! `nano-gpu/gpu-percent` annotated for DRA gets a claim from nano-gpu's template and runs unchanged
-//! on node-2 with exactly its claim's card; after the agent of node-2
-//! restarts the running pods keep running and a new claim is prepared; after the leading allocator
-//! is deleted the next leader allocates a new claim without over-committing a card; a deleted pod's
-//! claim is unprepared (its CDI spec goes).
+//! on node-2 with exactly its claim's card; after the agent and then the kubelet of node-2 restart
+//! the running pods keep running (no container restart) and a new claim is prepared; after the
+//! leading allocator is deleted the next leader allocates a new claim without over-committing a
+//! card; a deleted pod's claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -283,11 +283,23 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     cluster.ok(&["-n", SYSTEM, "delete", "pod", &before, "--wait=true"]);
     cluster.ok(&["-n", SYSTEM, "rollout", "status", "daemonset/nano-gpu-agent", "--timeout=120s"]);
     assert_ne!(agent("node-2").await, before);
+    // The kubelet of node-2 restarts (it deletes the node's slices as it starts; the agent writes its
+    // slice back and registers again): what runs keeps running, and the next claim is prepared.
+    cluster.restart("kubelet", "node-2");
+    wait_until("node-2's slice back after the kubelet's restart", Duration::from_secs(90), || async {
+        slices.list(&ListParams::default()).await.unwrap().items.iter().any(|s| s.spec.pool.name == "node-2")
+    })
+    .await;
     claims.create(&post, &claim("share-10", 1, Some(10))).await.unwrap();
     create(&pods, &claim_pod("share-10")).await;
     run_and_check(&pods, &claims, &slices, "share-10").await;
     let running = ["share-30", "share-80", "two", "share-20", "by-model", "converted"].map(String::from);
     wait_running(&pods, &running, Duration::from_secs(10)).await;
+    for name in &running {
+        let status = pods.get(name).await.unwrap().status.unwrap();
+        let restarts: i32 = status.container_statuses.unwrap_or_default().iter().map(|c| c.restart_count).sum();
+        assert_eq!(restarts, 0, "{name} restarted across the agent's and the kubelet's restarts");
+    }
     assert_eq!(over_capacity().await, vec![]);
 
     // The leading allocator goes: the other replica leads, re-lists the claims its predecessor
