@@ -297,7 +297,8 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     wait_running(&pods, &running, Duration::from_secs(10)).await;
     for name in &running {
         let status = pods.get(name).await.unwrap().status.unwrap();
-        let restarts: i32 = status.container_statuses.unwrap_or_default().iter().map(|c| c.restart_count).sum();
+        let restarts: i32 =
+            status.container_statuses.unwrap_or_default().iter().map(|c| c.restart_count).sum();
         assert_eq!(restarts, 0, "{name} restarted across the agent's and the kubelet's restarts");
     }
     assert_eq!(over_capacity().await, vec![]);
