@@ -16,8 +16,7 @@
 use super::ClusterState;
 use super::decode::host_requests;
 use crate::claim::{
-    ClaimRecord, ClaimSlot, Given, Held, NodeFacts, Placement, PodClaim, allocation, pod_claims,
-    template_shape,
+    ClaimRecord, ClaimSlot, Given, Held, Placement, PodClaim, allocation, pod_claims, template_shape,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -93,7 +92,7 @@ impl ClusterState {
         }
         self.claim_keys.insert(record.key.clone(), uid.clone());
         let old = self.claims.insert(uid.clone(), record);
-        self.reindex_claim(&uid, old.as_ref());
+        self.reindex_claim(&uid, old.as_ref().and_then(|c| c.held.as_ref()));
     }
 
     /// A ResourceClaim was deleted.
@@ -108,7 +107,7 @@ impl ClusterState {
             if self.claim_keys.get(&old.key).is_some_and(|u| u == uid) {
                 self.claim_keys.remove(&old.key);
             }
-            self.reindex_claim(uid, Some(&old));
+            self.reindex_claim(uid, old.held.as_ref());
         }
     }
 
@@ -121,10 +120,8 @@ impl ClusterState {
     /// The re-list of claims is complete.
     pub fn end_claim_relist(&mut self) {
         let Some(seen) = self.relisting_claims.take() else { return };
-        let gone: Vec<String> = self.claims.keys().filter(|u| !seen.contains(*u)).cloned().collect();
-        for uid in gone {
-            self.forget_claim(&uid);
-        }
+        // The watch's own list: everything it did not show is gone, whatever its version.
+        self.end_claim_snapshot(&seen, u64::MAX);
     }
 
     /// A consistent list of every claim, read at resourceVersion `version`, was applied (each with
@@ -156,15 +153,16 @@ impl ClusterState {
         }
     }
 
-    /// Moves claim `uid` in the node index after a change (`old`: its record before) and rebuilds the
-    /// nodes it left and went to. An allocation naming devices in several pools is indexed on each of
-    /// them (each of those nodes is then full: see [`ClusterState::claims_held_on`]).
-    fn reindex_claim(&mut self, uid: &str, old: Option<&ClaimRecord>) {
+    /// Moves claim `uid` in the node index after a change (`before`: what it held before, unless
+    /// something is in flight for it) and rebuilds the nodes it left and went to. An allocation naming
+    /// devices in several pools is indexed on each of them (each of those nodes is then full: see
+    /// [`ClusterState::claims_held_on`]).
+    fn reindex_claim(&mut self, uid: &str, before: Option<&Held>) {
         let nodes = |h: Option<&Held>| -> BTreeSet<String> {
             h.map(|h| std::iter::once(h.node.clone()).chain(h.other_pools.iter().cloned()).collect())
                 .unwrap_or_default()
         };
-        let before = nodes(self.in_flight.get(uid).or(old.and_then(|c| c.held.as_ref())));
+        let before = nodes(self.in_flight.get(uid).or(before));
         let now = nodes(self.claim_held(uid));
         for n in before.difference(&now) {
             if let Some(set) = self.claims_on.get_mut(n) {
@@ -434,7 +432,7 @@ impl ClusterState {
                 allocation: allocation(&uid, &name, &given),
             });
             self.in_flight.insert(uid.clone(), held);
-            self.reindex_claim(&uid, Some(&c));
+            self.reindex_claim(&uid, c.held.as_ref());
         }
         self.claim_notes.remove(pod_uid);
         Ok(writes)
@@ -462,28 +460,9 @@ impl ClusterState {
     /// what was held in flight for it is given back.
     pub fn not_written(&mut self, w: &ClaimWrite) {
         if let Some(h) = self.in_flight.remove(&w.claim_uid) {
-            // Indexed as if its record held it before: the index moves to what the record holds.
-            let record = self.claims.get(&w.claim_uid).cloned();
-            let was = ClaimRecord { held: Some(h), ..record.unwrap_or_else(empty_record) };
-            self.reindex_claim(&w.claim_uid, Some(&was));
+            // It held what was in flight: the index moves to what the record holds.
+            self.reindex_claim(&w.claim_uid, Some(&h));
         }
-    }
-
-    /// The facts of node `name` the claims' placement reads (for tests and `/inspect`).
-    pub fn node_facts(&self, name: &str) -> Option<&NodeFacts> {
-        self.nodes.get(name).and_then(|n| n.facts.as_ref())
-    }
-}
-
-/// A record of nothing, for a claim gone while its allocation was in flight.
-fn empty_record() -> ClaimRecord {
-    ClaimRecord {
-        key: Default::default(),
-        version: 0,
-        resource_version: String::new(),
-        class: crate::claim::Class::Other,
-        allocated: false,
-        held: None,
     }
 }
 

@@ -56,6 +56,15 @@ fn share(name: &str, version: u32, percent: u32) -> ResourceClaim {
     claim(name, version, json!({"capacity": {"requests": {"percent": percent.to_string()}}}))
 }
 
+/// A share of `percent` allocated on card `card` of node `dra`.
+fn allocated(name: &str, version: u32, card: u32, percent: u32) -> ResourceClaim {
+    let mut c = share(name, version, percent);
+    let given = [Given { request: "gpu".into(), card, percent: Percent(percent), memory: None }];
+    let uid = format!("u-{name}");
+    c.status = Some(serde_json::from_value(json!({"allocation": allocation(&uid, "dra", &given)})).unwrap());
+    c
+}
+
 /// A pending pod `name` using claims `claims`, with `extra` merged into its spec.
 fn claim_pod(name: &str, claims: &[&str], extra: serde_json::Value) -> Pod {
     let entries: Vec<_> = claims
@@ -138,12 +147,7 @@ fn claims_pack_cards_with_the_policy_and_whole_cards_take_free_ones() {
     // Card 0 already holds a 60 % claim.
     let held = share("held", 1, 60);
     s.apply_claim(&held);
-    let given = [Given { request: "gpu".into(), card: 0, percent: Percent(60), memory: None }];
-    let mut allocated = held.clone();
-    allocated.metadata.resource_version = Some("2".into());
-    allocated.status =
-        Some(serde_json::from_value(json!({"allocation": allocation("u-held", "dra", &given)})).unwrap());
-    s.apply_claim(&allocated);
+    s.apply_claim(&allocated("held", 2, 0, 60));
     assert_eq!(free(&s, "dra"), vec![40, 100]);
     // A 40 % share fills card 0 rather than opening card 1.
     s.apply_claim(&share("b", 3, 40));
@@ -309,17 +313,9 @@ fn a_pod_whose_claim_comes_from_nano_gpus_template_asks_for_the_template_then_ge
 fn a_snapshot_forgets_claims_it_did_not_show_unless_the_watch_showed_them_later() {
     let mut s = state();
     s.apply_node(&node("dra", 2, true));
-    let allocated = |name: &str, version: u32, card: u32| {
-        let mut c = share(name, version, 50);
-        let given = [Given { request: "gpu".into(), card, percent: Percent(50), memory: None }];
-        let uid = format!("u-{name}");
-        c.status =
-            Some(serde_json::from_value(json!({"allocation": allocation(&uid, "dra", &given)})).unwrap());
-        c
-    };
     // Deleted while this replica's watch missed it (version 4), and made after the list (version 9).
-    s.apply_claim(&allocated("gone", 4, 0));
-    s.apply_claim(&allocated("new", 9, 1));
+    s.apply_claim(&allocated("gone", 4, 0, 50));
+    s.apply_claim(&allocated("new", 9, 1, 50));
     assert_eq!(free(&s, "dra"), vec![50, 50]);
     let seen = std::collections::HashSet::new();
     s.end_claim_snapshot(&seen, 8);
