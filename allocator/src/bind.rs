@@ -3,11 +3,14 @@
 //!
 //! 1. Only the leader binds, and at most one bind of a pod runs at a time ([`InFlight`]): kube-scheduler
 //!    retries a pod whose bind it gave up on, perhaps on another node, while the first may still run.
-//! 2. Read the pod from the API server (never from a filter body: what is bound is what the API server
-//!    holds) and check it has the uid kube-scheduler names.
-//! 3. Reserve the cards in the view ([`ClusterState::reserve`](crate::state::ClusterState::reserve)):
-//!    back-to-back binds never double-book, and a repeated bind of a bound pod is answered at once.
-//!    The next pod's filter, which waited for this ([`crate::handoff`]), goes on.
+//! 2. Take the reservation the filter that chose this node made
+//!    ([`ClusterState::take_filter_hold`](crate::state::ClusterState::take_filter_hold)), the default.
+//!    Without one (a `fitting` filter, a hold that expired or names another node): read the pod from
+//!    the API server (never from a filter body: what is bound is what the API server holds), check it
+//!    has the uid kube-scheduler names, and reserve the cards in the view
+//!    ([`ClusterState::reserve`](crate::state::ClusterState::reserve)): back-to-back binds never
+//!    double-book, and a repeated bind of a bound pod is answered at once. The next pod's filter,
+//!    which waited for this ([`crate::handoff`]), goes on.
 //! 4. POST `pods/binding` carrying the assignment: one write sets the node and the annotations together
 //!    (see [`binder`](crate::binder)), so no answer, however late, leaves a pod bound to one node with an
 //!    assignment naming another.
@@ -155,25 +158,33 @@ pub async fn bind<B: Binder>(
     let Some(_decision) = leader.decide() else { return Err(BindFailed::NotLeader) };
     let _entered = in_flight.enter(uid, node).map_err(|node| BindFailed::InFlight { pod: key(), node })?;
     let deadline = Instant::now() + DEADLINE;
-    let pod = by(deadline, DEADLINE, binder.get_pod(ns, name))
-        .await
-        .map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
-    if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
-        return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
-    }
-    // Bound elsewhere: what the view holds for it (its cards there) stays as it is; reserving here
-    // would replace it, and the binding would be refused anyway.
-    if let Some(other) =
-        pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()).filter(|n| *n != node.as_str())
-    {
-        return Err(BindFailed::BoundElsewhere { pod: key(), node: other.to_owned() });
-    }
-    let reservation = view.lock().reserve(&pod, node, SystemTime::now())?;
+    // The filter that chose this node reserved the cards (on the pod kube-scheduler filtered, of this
+    // uid): no read, as the binding's uid precondition is the check it would make, and a binding the
+    // API server refuses (the pod replaced or bound meanwhile) is read back below.
+    let held = view.lock().take_filter_hold(uid, node);
+    let reservation = match held {
+        Some(reservation) => reservation,
+        None => {
+            let pod = by(deadline, DEADLINE, binder.get_pod(ns, name))
+                .await
+                .map_err(|source| BindFailed::ReadPod { pod: key(), source })?;
+            if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
+                return Err(BindFailed::NotThePod { pod: key(), uid: uid.clone() });
+            }
+            // Bound elsewhere: what the view holds for it (its cards there) stays as it is; reserving
+            // here would replace it, and the binding would be refused anyway.
+            let bound_to = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref());
+            if let Some(other) = bound_to.filter(|n| *n != node.as_str()) {
+                return Err(BindFailed::BoundElsewhere { pod: key(), node: other.to_owned() });
+            }
+            let reservation = view.lock().reserve(&pod, node, SystemTime::now())?;
+            if !reservation.fresh && bound_to == Some(node.as_str()) {
+                return Ok(()); // kube-scheduler retried a bind that had succeeded
+            }
+            reservation
+        }
+    };
     drop(settle);
-    let already_bound = pod.spec.as_ref().and_then(|sp| sp.node_name.as_deref()) == Some(node.as_str());
-    if !reservation.fresh && already_bound {
-        return Ok(()); // kube-scheduler retried a bind that had succeeded
-    }
     if !leader.is_leader() {
         if reservation.fresh {
             view.lock().release(&reservation);

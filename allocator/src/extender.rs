@@ -12,7 +12,7 @@
 //! `simulate --through-extender` drives these decisions as kube-scheduler would (`sim/extender.rs`).
 
 use k8s_openapi::api::core::v1::Pod;
-use nano_gpu_engine::engine::{Decision, Engine, NodeOrder, Unschedulable};
+use nano_gpu_engine::engine::{Decision, Engine, NodeOrder, Prepared, Unschedulable};
 use nano_gpu_engine::model::Grant;
 use nano_gpu_engine::model::{ModelId, Models, NodeId};
 use nano_gpu_engine::request::{Reason, Request, SlotDemand};
@@ -92,13 +92,8 @@ impl Extender {
     pub fn filter(&mut self, mut args: ExtenderArgs) -> ExtenderFilterResult {
         let by_name = args.node_names.is_some();
         let names = args.take_candidate_names();
-        let mut result = self.filter_names(args.pod.as_ref(), names);
-        if let (false, Some(list), Some(passed)) = (by_name, &args.nodes, &result.node_names) {
-            let mut nodes = list.clone();
-            nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
-            result.nodes = Some(nodes);
-        }
-        result
+        let result = self.filter_names(args.pod.as_ref(), names);
+        with_nodes(by_name, &args, result)
     }
 
     /// The filter decision for candidate `names` (owned or borrowed from the request), which move
@@ -177,35 +172,21 @@ impl Extender {
         let Some(Ok((_, req))) = pod.map(|p| self.request(p)) else {
             return names.into_iter().map(|host| HostPriority { host, score: MIN_PRIORITY }).collect();
         };
-        // Per candidate: (score, tiebreak, load of its chosen cards, rank in the node order), if it
-        // fits; ordered as `Engine::decide` orders them.
-        type Value = (f64, [f64; 2], Option<f64>, u32);
         let mut scored: Vec<(N, Option<Value>)> = Vec::with_capacity(names.len());
         let prepared = self.engine.prepare(&req);
-        let reading = self.engine.load().is_some();
         for name in names {
-            let value = self.engine.cluster().id(name.as_ref()).and_then(|id| {
-                let rank = self.order.rank(id);
-                let eval = self.engine.evaluate_prepared(prepared, &req, id).as_ref().ok()?;
-                let (score, tiebreak, grants) =
-                    (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone()));
-                let busy = grants.and_then(|g| self.engine.busy(id, &g));
-                Some((score, tiebreak, busy, rank))
-            });
+            let value = self
+                .engine
+                .cluster()
+                .id(name.as_ref())
+                .and_then(|id| self.value(prepared, &req, id, false).ok());
             scored.push((name, value));
         }
         let best = scored
             .iter()
             .enumerate()
             .filter_map(|(i, (_, v))| v.map(|v| (i, v)))
-            .max_by(|(_, a), (_, b)| {
-                let tie = |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
-                let idle = match (a.2, b.2) {
-                    (Some(x), Some(y)) => y.total_cmp(&x),
-                    _ => std::cmp::Ordering::Equal,
-                };
-                a.0.total_cmp(&b.0).then(tie(&a.1, &b.1)).then(idle).then(b.3.cmp(&a.3))
-            })
+            .max_by(|(_, a), (_, b)| rank(a, b))
             .map(|(i, _)| i);
         let (lo, hi) = scored
             .iter()
@@ -224,6 +205,80 @@ impl Extender {
                 HostPriority { host, score: score.clamp(MIN_PRIORITY, MAX_PRIORITY) }
             })
             .collect()
+    }
+
+    /// `POST /filter` when the filter chooses ([`crate::state::ClusterState::choose_names`]): the one
+    /// node prioritize would give 10, alone, or (none fits) every node with its reason, as `filter`
+    /// answers them. With one feasible node kube-scheduler skips scoring and prioritize and binds it.
+    pub fn choose_names<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> ExtenderFilterResult<N> {
+        let mut result = ExtenderFilterResult {
+            nodes: None,
+            node_names: Some(Vec::new()),
+            failed_nodes: BTreeMap::new(),
+            failed_and_unresolvable_nodes: BTreeMap::new(),
+            error: String::new(),
+        };
+        let Some(pod) = pod else {
+            result.error = "request has no Pod".to_owned();
+            return result;
+        };
+        let req = match self.request(pod) {
+            Ok((_, req)) => req,
+            Err(message) => {
+                result.error = message;
+                return result;
+            }
+        };
+        self.refresh_order();
+        let prepared = self.engine.prepare(&req);
+        let mut best: Option<(N, Value)> = None;
+        for name in names {
+            let Some(id) = self.engine.cluster().id(name.as_ref()) else {
+                if best.is_none() {
+                    result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned());
+                }
+                continue;
+            };
+            // Reasons matter only while nothing fits: kube-scheduler reads them then.
+            match self.value(prepared, &req, id, best.is_none()) {
+                Ok(v) if best.as_ref().is_none_or(|(_, b)| rank(&v, b).is_gt()) => best = Some((name, v)),
+                Ok(_) | Err(None) => {}
+                Err(Some(reason)) if reason.unresolvable() => {
+                    result.failed_and_unresolvable_nodes.insert(name, for_scheduler(&reason.to_string()));
+                }
+                Err(Some(reason)) => {
+                    result.failed_nodes.insert(name, for_scheduler(&reason.to_string()));
+                }
+            }
+        }
+        if let Some((name, _)) = best {
+            result.failed_nodes.clear();
+            result.failed_and_unresolvable_nodes.clear();
+            result.node_names = Some(vec![name]);
+        }
+        result
+    }
+
+    /// How the policy values `req` on node `id`, if it fits; else why not, if `why`.
+    fn value(
+        &mut self,
+        prepared: Prepared,
+        req: &Request,
+        id: NodeId,
+        why: bool,
+    ) -> Result<Value, Option<Reason>> {
+        let reading = self.engine.load().is_some();
+        let rank = self.order.rank(id);
+        let (score, tiebreak, grants) = match self.engine.evaluate_prepared(prepared, req, id) {
+            Ok(eval) => (eval.score, eval.tiebreak, reading.then(|| eval.grants.clone())),
+            Err(reason) => return Err(why.then(|| reason.clone())),
+        };
+        let busy = grants.and_then(|g| self.engine.busy(id, &g));
+        Ok((score, tiebreak, busy, rank))
     }
 
     /// The policy's choice among `candidates` for `req` (the claims of a pod, which nano-gpu places
@@ -283,6 +338,35 @@ impl Extender {
         assignment.reuse = reuse;
         Ok(Bound { node: id, assignment, req, grants })
     }
+}
+
+/// A filter's answer to a kube-scheduler that sent whole `Nodes` (not `nodeCacheCapable`): the
+/// nodes that passed, as it sent them, beside their names.
+pub fn with_nodes(
+    by_name: bool,
+    args: &ExtenderArgs,
+    mut result: ExtenderFilterResult,
+) -> ExtenderFilterResult {
+    if let (false, Some(list), Some(passed)) = (by_name, &args.nodes, &result.node_names) {
+        let mut nodes = list.clone();
+        nodes.items.retain(|n| n.metadata.name.as_ref().is_some_and(|n| passed.contains(n)));
+        result.nodes = Some(nodes);
+    }
+    result
+}
+
+/// How the policy values a node that fits a request: its score, tie-break, the load of the cards it
+/// would take (with `--prometheus-url`), and its rank in the node order.
+type Value = (f64, [f64; 2], Option<f64>, u32);
+
+/// Orders two [`Value`]s as `Engine::decide` orders nodes: the greater is the better choice.
+fn rank(a: &Value, b: &Value) -> std::cmp::Ordering {
+    let tie = |x: &[f64; 2], y: &[f64; 2]| x[0].total_cmp(&y[0]).then(x[1].total_cmp(&y[1]));
+    let idle = match (a.2, b.2) {
+        (Some(x), Some(y)) => y.total_cmp(&x),
+        _ => std::cmp::Ordering::Equal,
+    };
+    a.0.total_cmp(&b.0).then(tie(&a.1, &b.1)).then(idle).then(b.3.cmp(&a.3))
 }
 
 /// The filter's reason for a node no agent published cards for.

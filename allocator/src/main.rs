@@ -156,6 +156,12 @@ struct ServeArgs {
     /// nodes whose agent serves DRA. Without it only pods annotated `nano-gpu/front-end: dra` are.
     #[arg(long, env = "NANO_GPU_DRA_SHARES", requires = "dra")]
     dra_shares: bool,
+    /// What the extender's filter answers: `one`, the node the policy chooses, alone, so that
+    /// kube-scheduler binds it without scoring (fast; its own soft preferences do not weigh in for GPU
+    /// pods); `fitting`, every node that fits, the choice then made by prioritize's score added to
+    /// kube-scheduler's own.
+    #[arg(long, env = "NANO_GPU_FILTER_ANSWERS", value_enum, default_value = "one")]
+    filter_answers: FilterAnswersArg,
     /// Prometheus (`http://host:port`) scraping the agents: each card's recent utilisation breaks
     /// the policy's ties (equal nodes, identical cards) toward the less busy. Absent, slow or
     /// stale: placement is exactly the policy's.
@@ -170,6 +176,13 @@ struct ServeArgs {
     /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
     webhook_config: String,
+}
+
+/// `serve --filter-answers`.
+#[derive(Clone, Copy, ValueEnum)]
+enum FilterAnswersArg {
+    One,
+    Fitting,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -291,6 +304,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             server::Shared::new(view, KubeBinder::new(client.clone()))
             .with_scheduler_name(&args.scheduler_name)
             .with_runtime_class(args.runtime_class.as_deref())
+            .with_filter_answers(match args.filter_answers {
+                FilterAnswersArg::One => server::FilterAnswers::One,
+                FilterAnswersArg::Fitting => server::FilterAnswers::Fitting,
+            })
             .with_shares(match (args.dra, args.dra_shares) {
                 (_, true) => nano_gpu_allocator::admission::Shares::Claims,
                 (true, false) => nano_gpu_allocator::admission::Shares::ClaimsIfAnnotated,

@@ -44,9 +44,26 @@ pub struct Shared<B> {
     pub leader: Arc<Leadership>,
     /// The pods whose bind is running.
     binds: InFlight,
-    /// The pod the last filter passed, whose bind the next filter waits for.
+    /// The pod the last filter passed, whose bind the next filter waits for (with
+    /// [`FilterAnswers::Fitting`]).
     handoff: Handoff,
+    filter_answers: FilterAnswers,
     admission: Admission,
+}
+
+/// What `POST /filter` answers when nodes fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FilterAnswers {
+    /// The one node the policy chooses, its cards held for the bind at once
+    /// ([`ClusterState::choose_names`]): kube-scheduler then binds it without scoring nodes or calling
+    /// prioritize. Its own preferences (preferred affinity, topology spread's `ScheduleAnyway`, image
+    /// locality) do not weigh in for GPU pods; its hard constraints do (the candidates passed its
+    /// filters).
+    #[default]
+    One,
+    /// Every node that fits; prioritize gives the policy's choice 10, which kube-scheduler adds to
+    /// its own scores. The next pod's filter waits for the last one's bind ([`crate::handoff`]).
+    Fitting,
 }
 
 impl<B: Binder> Shared<B> {
@@ -70,6 +87,14 @@ impl<B: Binder> Shared<B> {
     pub fn with_shares(mut self: Arc<Self>, shares: crate::admission::Shares) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
             s.admission.shares = shares;
+        }
+        self
+    }
+
+    /// What the filter answers (call before sharing).
+    pub fn with_filter_answers(mut self: Arc<Self>, answers: FilterAnswers) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.filter_answers = answers;
         }
         self
     }
@@ -98,6 +123,7 @@ impl<B: Binder> Shared<B> {
             leader: Arc::new(Leadership::always()),
             binds: InFlight::default(),
             handoff: Handoff::default(),
+            filter_answers: FilterAnswers::default(),
         })
     }
 
@@ -209,18 +235,27 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
     }
     .and_then(|p| p.metadata.uid.clone())
     .unwrap_or_default();
-    s.handoff.before_filter(&uid).await;
+    let one = s.filter_answers == FilterAnswers::One;
+    if !one {
+        s.handoff.before_filter(&uid).await;
+    }
     let (ok, passed, response) = match args {
         Candidates::Borrowed(pod, names) => {
-            let result = s.state().filter_names(pod.as_ref(), names);
+            let result = match one {
+                true => s.state().choose_names(pod.as_ref(), names, Instant::now()),
+                false => s.state().filter_names(pod.as_ref(), names),
+            };
             (result.error.is_empty(), result.passed(), json(&result))
         }
         Candidates::Owned(args) => {
-            let result = s.state().filter(args);
+            let result = match one {
+                true => s.state().choose(args, Instant::now()),
+                false => s.state().filter(args),
+            };
             (result.error.is_empty(), result.passed(), json(&result))
         }
     };
-    if passed > 0 && !uid.is_empty() {
+    if passed > 0 && !uid.is_empty() && !one {
         s.handoff.passed(&uid);
     }
     s.metrics.observe(Verb::Filter, ok, started.elapsed());
@@ -699,8 +734,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn filter_prioritize_and_bind_place_a_pod_and_write_its_assignment() {
+    async fn the_filter_answers_the_chosen_node_alone_and_its_bind_needs_no_read() {
         let s = shared();
+        let a = pod("a", "7", None);
+        s.binder.pods.lock().unwrap().insert("a".into(), a.clone());
+        s.state().apply_pod(&a); // as the watch shows it
+        let args = json!({"Pod": a, "NodeNames": ["n1", "n2"]});
+        let (status, body) = call(&s, "POST", "/filter", args).await;
+        assert_eq!(status, StatusCode::OK);
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["NodeNames"], json!(["n1"]));
+        assert!(r["FailedNodes"].as_object().is_none_or(|m| m.is_empty()), "{r}");
+        assert!(r["FailedAndUnresolvableNodes"].as_object().is_none_or(|m| m.is_empty()), "{r}");
+        assert_eq!(free(&s), 40, "held from the filter on");
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        // The binding carries the pod's uid as its precondition: the read would check nothing more.
+        assert_eq!(s.binder.calls(), vec!["bind a n1"]);
+        assert!(s.binder.assignment("a").is_some_and(|a| a.contains("\"node\":\"n1\"")));
+        assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn filter_prioritize_and_bind_place_a_pod_and_write_its_assignment() {
+        let s = shared().with_filter_answers(FilterAnswers::Fitting);
         s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "7", None));
         let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1", "n2"]});
         let (status, body) = call(&s, "POST", "/filter", args.clone()).await;

@@ -52,6 +52,13 @@ use nano_gpu_proto::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityL
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a filter's choice holds the pod's cards for its bind ([`ClusterState::choose_names`]).
+/// kube-scheduler sends the bind as soon as its own Reserve, Permit and PreBind plugins pass, within
+/// milliseconds for a pod without volumes to bind; a bind after this still finds its cards if no
+/// other pod took them meanwhile, else it fails and kube-scheduler retries the pod.
+pub const FILTER_HOLD: Duration = Duration::from_secs(15);
 
 /// Something wrong with an object that a person should hear about (becomes a warning Event).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +131,9 @@ pub struct ClusterState {
     claim_notes: HashMap<String, String>,
     /// Templates waiting pods need ([`ClusterState::take_templates_wanted`]).
     templates_wanted: std::collections::BTreeSet<(String, String)>,
+    /// Pods whose cards a filter reserved when it chose their node ([`ClusterState::choose_names`]),
+    /// until their bind takes the reservation, and when.
+    filter_holds: HashMap<String, FilterHold>,
 }
 
 /// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
@@ -157,6 +167,14 @@ struct Waiting {
     demand: nano_gpu_proto::demand::PodDemand,
     since: String,
     created: Option<i64>,
+}
+
+/// Cards a filter reserved for the pod whose node it chose ([`ClusterState::choose_names`]).
+struct FilterHold {
+    since: Instant,
+    reservation: Reservation,
+    /// The pod's request as the filter read it (from kube-scheduler's copy).
+    demand: nano_gpu_proto::demand::PodDemand,
 }
 
 /// The view as the service shares it: the watches write to it, the handlers decide on it, one at a
@@ -242,6 +260,7 @@ impl ClusterState {
             refused_nodes: HashMap::new(),
             claim_notes: HashMap::new(),
             templates_wanted: Default::default(),
+            filter_holds: HashMap::new(),
         }
     }
 
@@ -343,6 +362,92 @@ impl ClusterState {
     /// A requeue that could not be made: due again at the next look.
     pub fn requeue_failed(&mut self) {
         self.refused_at = Some(0);
+    }
+
+    /// `POST /filter` when the filter chooses (`serve --filter-answers one`, the default): the node
+    /// the policy chooses among the candidates, alone ([`Extender::choose_names`]), so kube-scheduler
+    /// binds it without scoring; the pod's cards there are reserved at once, so the next pod's filter
+    /// (kube-scheduler filters it while this bind is on its way) counts them. The bind takes the
+    /// reservation ([`ClusterState::reserve`]); one that does not come within [`FILTER_HOLD`] (another
+    /// plugin refused the pod, a PreBind that takes long) is given back at a later filter. A pod filtered
+    /// again gives its earlier hold back first.
+    pub fn choose_names<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+        now: Instant,
+    ) -> ExtenderFilterResult<N> {
+        self.expire_filter_holds(now);
+        let uid = pod.and_then(decode::pod_uid);
+        if let Some(uid) = uid
+            && self.filter_holds.contains_key(uid)
+        {
+            self.forget_pod(uid);
+        }
+        let result = self.without_own_cards(uid, |s| s.extender.choose_names(pod, names));
+        self.note_refusal(&result);
+        if let (Some(pod), Some(uid), Some([node])) = (pod, uid, result.node_names.as_deref())
+            && !self.pods.contains_key(uid)
+            && let Ok((demand, _)) = self.extender.request(pod)
+        {
+            match self.reserve(pod, node.as_ref(), SystemTime::now()) {
+                Ok(reservation) => {
+                    self.filter_holds.insert(uid.to_owned(), FilterHold { since: now, reservation, demand });
+                }
+                // The same evaluation just passed it: only a pod the engine cannot read gets here,
+                // and its bind says why.
+                Err(e) => {
+                    tracing::warn!(pod = uid, node = node.as_ref(), error = %e, "no hold for the chosen node")
+                }
+            }
+        }
+        result
+    }
+
+    /// [`Self::choose_names`] for arguments read whole.
+    pub fn choose(&mut self, mut args: ExtenderArgs, now: Instant) -> ExtenderFilterResult {
+        let by_name = args.node_names.is_some();
+        let names = args.take_candidate_names();
+        let result = self.choose_names(args.pod.as_ref(), names, now);
+        crate::extender::with_nodes(by_name, &args, result)
+    }
+
+    /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come.
+    fn expire_filter_holds(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .filter_holds
+            .iter()
+            .filter(|(_, hold)| now.saturating_duration_since(hold.since) >= FILTER_HOLD)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in expired {
+            if self.pods.get(&uid).is_some_and(|p| p.reserved) {
+                tracing::info!(pod = %uid, "the bind of a chosen node did not come; its cards are given back");
+                self.forget_pod(&uid);
+            }
+            self.filter_holds.remove(&uid);
+        }
+    }
+
+    /// The bind of pod `uid` to `node` takes the hold of the filter that chose that node: its
+    /// reservation, now the bind's own (`fresh`). Only while the pod asks what the watch last showed
+    /// it asking (what is bound is what the API server holds, never only what a filter body said).
+    /// `None`: no such hold (another node, expired, another request, or a `fitting` filter); the bind
+    /// then reads the pod and [`reserve`](ClusterState::reserve)s, which gives the hold back.
+    pub fn take_filter_hold(&mut self, uid: &str, node: &str) -> Option<Reservation> {
+        let hold = self.filter_holds.get(uid)?;
+        let assignment = &hold.reservation.assignment;
+        let ours = |p: &PodRecord| p.reserved && p.holding == decode::Holding::Cards(assignment.clone());
+        let as_watched = self.waiting.get(uid).is_some_and(|w| w.demand == hold.demand);
+        if assignment.node != node || !self.pods.get(uid).is_some_and(ours) || !as_watched {
+            return None;
+        }
+        self.filter_holds.remove(uid).map(|h| h.reservation)
+    }
+
+    /// Whether pod `uid`'s cards are held by a filter's choice that no bind took yet (for tests).
+    pub fn held_by_filter(&self, uid: &str) -> bool {
+        self.filter_holds.contains_key(uid) && self.pods.get(uid).is_some_and(|p| p.reserved)
     }
 
     /// `POST /prioritize` (as [`Self::filter_names`]).

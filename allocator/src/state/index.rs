@@ -93,8 +93,13 @@ impl ClusterState {
                 Holding::Nothing
             }
         };
-        // A pod our bind just reserved keeps its reservation until an event shows the annotation.
+        // A pod our bind just reserved keeps its reservation until an event shows the annotation; one
+        // still pending is still waiting, as this event shows it (a filter's hold is taken only
+        // for the request the watch shows).
         if holding == Holding::Nothing && self.pods.get(&uid).is_some_and(|p| p.reserved) {
+            if bound_to.is_none() {
+                self.wait(uid, pod);
+            }
             return;
         }
         let node = match (&bound_to, &holding) {
@@ -186,6 +191,7 @@ impl ClusterState {
     }
 
     pub(super) fn forget_pod(&mut self, uid: &str) {
+        self.filter_holds.remove(uid);
         if let Some(p) = self.remove_pod(uid) {
             self.rebuild(&p.node);
         }
@@ -267,10 +273,11 @@ impl ClusterState {
 
     /// A pending pod with no assignment: one that asks a GPU is recorded as waiting (for the GPU map).
     fn wait(&mut self, uid: String, pod: &Pod) {
-        let Ok(demand) = pod_demand(pod, self.extender.demand_options()) else { return };
-        if !demand.wants_gpu() {
+        let demand = pod_demand(pod, self.extender.demand_options()).ok().filter(|d| d.wants_gpu());
+        let Some(demand) = demand else {
+            self.stop_waiting(&uid);
             return;
-        }
+        };
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),

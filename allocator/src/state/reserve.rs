@@ -14,9 +14,14 @@ use std::time::SystemTime;
 
 impl ClusterState {
     /// Chooses the cards for `pod` on `node` and reserves them. A pod that already holds cards on that
-    /// node (kube-scheduler retrying a bind) gets the same assignment again.
+    /// node (kube-scheduler retrying a bind) gets the same assignment again; a filter's hold is given
+    /// back first (see [`ClusterState::take_filter_hold`]).
     pub fn reserve(&mut self, pod: &Pod, node: &str, now: SystemTime) -> Result<Reservation, BindError> {
         let uid = pod_uid(pod).ok_or_else(|| BindError::Invalid("pod has no uid".into()))?.to_owned();
+        // A filter's hold that its bind did not take (`take_filter_hold`): decided anew, on this pod.
+        if self.filter_holds.contains_key(&uid) {
+            self.forget_pod(&uid);
+        }
         if let Some(existing) = self.pods.get(&uid) {
             if let (Holding::Cards(a), true) = (&existing.holding, existing.node == node) {
                 let annotations = self.annotations(pod, a, now);

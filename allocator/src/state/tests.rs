@@ -844,3 +844,143 @@ fn a_pod_refused_everywhere_is_requeued_once_the_view_has_changed_since() {
     s.requeue_failed();
     assert!(s.requeue_due().is_some());
 }
+
+fn choose(s: &mut ClusterState, p: &Pod, at: Instant) -> ExtenderFilterResult<&'static str> {
+    s.choose_names(Some(p), vec!["n1", "n2", "n3"], at)
+}
+
+#[test]
+fn the_choosing_filter_answers_prioritizes_best_node_alone_and_holds_its_cards() {
+    let mut s = state();
+    for n in ["n1", "n2", "n3"] {
+        s.apply_node(&node(n, 1));
+    }
+    s.apply_pod(&pod("b", "60", Some("n2"), Some(assignment("n2", 0, 60))));
+    s.apply_pod(&pod("c", "90", Some("n3"), Some(assignment("n3", 0, 90))));
+    let a = pod("a", "30", None, None);
+    s.apply_pod(&a);
+    // The node prioritize gives 10 (packing onto n2's 40 % left), and nothing else: kube-scheduler
+    // has no choice to make and no reasons to read.
+    let scores = s.prioritize_names(Some(&a), vec!["n1", "n2", "n3"]);
+    let best = scores.iter().find(|h| h.score == 10).unwrap().host;
+    let t0 = Instant::now();
+    let r = choose(&mut s, &a, t0);
+    assert_eq!(r.node_names, Some(vec![best]));
+    assert_eq!(best, "n2");
+    assert!(r.failed_nodes.is_empty() && r.failed_and_unresolvable_nodes.is_empty() && r.error.is_empty());
+    // Held at once: the next pod's filter, before a's bind, counts a's cards.
+    assert!(s.held_by_filter("a"));
+    assert_eq!(free(&s, "n2"), vec![10]);
+    let d = pod("d", "20", None, None);
+    assert_eq!(choose(&mut s, &d, t0).node_names, Some(vec!["n1"]));
+
+    // The bind takes the hold as its own, fresh reservation: the same cards, given back if it fails;
+    // only a bind to the chosen node does.
+    assert_eq!(s.take_filter_hold("a", "n1"), None);
+    let reservation = s.take_filter_hold("a", "n2").unwrap();
+    assert!(reservation.fresh && !s.held_by_filter("a"));
+    assert_eq!(free(&s, "n2"), vec![10]);
+    s.release(&reservation);
+    assert_eq!(free(&s, "n2"), vec![40]);
+}
+
+#[test]
+fn a_hold_is_taken_only_for_the_request_the_watch_shows_else_the_bind_decides_anew() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let t0 = Instant::now();
+    // The watch has not shown the pod yet: no hold is taken; the bind's own reservation (on the pod
+    // it reads) gives the hold back and decides anew.
+    let a = pod("a", "30", None, None);
+    assert_eq!(choose(&mut s, &a, t0).node_names, Some(vec!["n1"]));
+    assert_eq!(s.take_filter_hold("a", "n1"), None);
+    assert!(s.reserve(&a, "n1", SystemTime::UNIX_EPOCH).unwrap().fresh);
+    assert_eq!(free(&s, "n1"), vec![70]);
+    // A filter body that asks other than the watch shows (kube-scheduler's copy is not what the API
+    // server holds): the bind reserves what the API server's pod asks.
+    let b = pod("b", "60", None, None);
+    s.apply_pod(&b);
+    assert_eq!(choose(&mut s, &pod("b", "10", None, None), t0).node_names, Some(vec!["n1"]));
+    assert_eq!(free(&s, "n1"), vec![60]);
+    assert_eq!(s.take_filter_hold("b", "n1"), None);
+    let reservation = s.reserve(&b, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    assert!(reservation.fresh);
+    assert_eq!(free(&s, "n1"), vec![10]);
+    // An event of a held pod that changes its request is what a later take compares with.
+    let c = pod("c", "5", None, None);
+    s.apply_pod(&c);
+    choose(&mut s, &c, t0);
+    s.apply_pod(&pod("c", "6", None, None));
+    assert_eq!(s.take_filter_hold("c", "n1"), None);
+}
+
+#[test]
+fn a_choosing_filter_with_no_fitting_node_gives_every_reason() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_node(&node("n2", 1));
+    s.apply_pod(&pod("b", "80", Some("n1"), Some(assignment("n1", 0, 80))));
+    s.apply_pod(&pod("c", "80", Some("n2"), Some(assignment("n2", 0, 80))));
+    let r = choose(&mut s, &pod("a", "30", None, None), Instant::now());
+    assert_eq!(r.node_names, Some(vec![]));
+    assert_eq!(r.failed_nodes.keys().copied().collect::<Vec<_>>(), vec!["n1", "n2"]);
+    assert_eq!(r.failed_and_unresolvable_nodes.keys().copied().collect::<Vec<_>>(), vec!["n3"]);
+    assert!(!s.held_by_filter("a"));
+    // A pod the engine cannot read is an error, nothing held.
+    let mut bad = pod("x", "30", None, None);
+    bad.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().limits.as_mut().unwrap().insert(
+        "nano-gpu/gpu-percent".into(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("abc".into()),
+    );
+    let r = choose(&mut s, &bad, Instant::now());
+    assert!(!r.error.is_empty() && !s.held_by_filter("x"), "{r:?}");
+}
+
+#[test]
+fn a_filter_hold_no_bind_takes_is_given_back_and_a_pod_filtered_again_is_held_once() {
+    let mut s = state();
+    for n in ["n1", "n2", "n3"] {
+        s.apply_node(&node(n, 1));
+    }
+    let a = pod("a", "70", None, None);
+    let t0 = Instant::now();
+    let first = choose(&mut s, &a, t0).node_names.unwrap()[0];
+    // kube-scheduler filters a again (its bind never came, or failed): the earlier hold is given
+    // back before it is judged, so it is held once, and it may take the same node again.
+    let again = choose(&mut s, &a, t0 + Duration::from_secs(1)).node_names.unwrap()[0];
+    assert_eq!(first, again);
+    let held = |s: &ClusterState| -> u32 { ["n1", "n2", "n3"].iter().map(|n| 100 - free(s, n)[0]).sum() };
+    assert_eq!(held(&s), 70);
+
+    // A stale event of the pending pod keeps the hold; past the hold, the next filter gives it back.
+    s.apply_pod(&a);
+    assert!(s.held_by_filter("a"));
+    choose(&mut s, &pod("e", "10", None, None), t0 + Duration::from_secs(1) + FILTER_HOLD);
+    assert!(!s.held_by_filter("a"));
+    assert_eq!(held(&s), 10, "only e's share is held");
+
+    // A pod deleted while held gives its cards back at once.
+    let b = pod("b", "50", None, None);
+    assert_eq!(choose(&mut s, &b, t0 + FILTER_HOLD * 2).passed(), 1);
+    assert_eq!(held(&s), 60);
+    s.delete_pod(&b);
+    assert!(!s.held_by_filter("b"));
+    assert_eq!(held(&s), 10);
+}
+
+#[test]
+fn a_pod_bound_with_its_assignment_ends_its_hold_and_a_retried_bind_is_not_fresh() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let a = pod("a", "30", None, None);
+    s.apply_pod(&a);
+    let t0 = Instant::now();
+    assert_eq!(choose(&mut s, &a, t0).node_names, Some(vec!["n1"]));
+    let reservation = s.take_filter_hold("a", "n1").unwrap();
+    let bound = pod("a", "30", Some("n1"), Some(reservation.assignment.encode()));
+    s.apply_pod(&bound);
+    assert!(!s.reserve(&bound, "n1", SystemTime::UNIX_EPOCH).unwrap().fresh);
+    // Long after, nothing expires what the API server holds.
+    choose(&mut s, &pod("e", "10", None, None), t0 + FILTER_HOLD * 3);
+    assert_eq!(free(&s, "n1"), vec![60]);
+}
