@@ -98,7 +98,8 @@ for nodes in "${sizes[@]}"; do
   REPLICA_FLAGS=()
   for ((r = 1; r <= REPLICAS; r++)); do replica "nano-gpu-allocator-$r"; done
   common=(--kubeconfig "$ADMIN_KUBECONFIG" --label "$nodes")
-  "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" "${trace_flag[@]}"
+  "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" "${trace_flag[@]}" \
+    --control-plane "$(cat "$DIR/etcd.pid"),$(cat "$DIR/kube-apiserver.pid")"
   if ((REPLICAS > 1)); then "$BIN/bench-scale" failover "${common[@]}" "${REPLICA_FLAGS[@]}" --what failover; fi
   # The API server killed and started again 2 s later: the time until a new share, created from
   # 0.3 s after the kill on, is bound.

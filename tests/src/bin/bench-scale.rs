@@ -70,6 +70,9 @@ struct Args {
     burst: usize,
     label: String,
     what: String,
+    /// etcd's and kube-apiserver's PIDs (`--control-plane ETCD_PID,APISERVER_PID`), for the CPU each
+    /// burst costs them.
+    control_plane: Option<(u32, u32)>,
 }
 
 /// One allocator and the kube-scheduler that calls it (a replica of the shipped Deployment).
@@ -117,6 +120,7 @@ fn args() -> Result<Args> {
         burst: 1000,
         label: String::new(),
         what: "probe".into(),
+        control_plane: None,
     };
     while let Some(flag) = it.next() {
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -132,6 +136,11 @@ fn args() -> Result<Args> {
             "--what" => a.what = value,
             "--burst" => a.burst = value.parse()?,
             "--label" => a.label = value,
+            "--control-plane" => {
+                let (etcd, apiserver) =
+                    value.split_once(',').context("--control-plane ETCD_PID,APISERVER_PID")?;
+                a.control_plane = Some((etcd.parse()?, apiserver.parse()?));
+            }
             other => bail!("unknown flag {other}"),
         }
     }
@@ -572,7 +581,8 @@ async fn burst(
 
     let count = pods.len();
     let pods = Arc::new(pods);
-    let (first, ticks) = (Instant::now(), cpu_ticks(r.allocator_pid));
+    let cpu = Cpu::of(a, r);
+    let (first, ticks) = (Instant::now(), cpu.ticks());
     each(count, a.concurrency, |i| {
         let (api, pods, created) = (api.clone(), pods.clone(), created.clone());
         async move {
@@ -590,7 +600,7 @@ async fn burst(
     loop {
         let now = bound.lock().unwrap().len();
         if now != seen {
-            (seen, last_change, ticks_then) = (now, Instant::now(), cpu_ticks(r.allocator_pid));
+            (seen, last_change, ticks_then) = (now, Instant::now(), cpu.ticks());
         }
         if now >= count || last_change.elapsed() > STALL {
             break;
@@ -620,9 +630,71 @@ async fn burst(
         "create_s": round(created_s), "span_s": round(span), "pods_per_s": round(bound.len() as f64 / span),
         "bound_p50_ms": round(quantile(latencies.clone(), 0.5)), "bound_p99_ms": round(quantile(latencies, 0.99)),
         "extender": call_quantiles(&before, &after),
-        "allocator_cpu_cores": round((ticks_then - ticks) as f64 / TICKS_PER_S / span),
+        "allocator_cpu_cores": round(ticks_then.allocator.saturating_sub(ticks.allocator) as f64 / TICKS_PER_S / span),
+        "cpu_ms_per_pod": cpu.per_pod(&ticks, &ticks_then, bound.len()),
+        "machine_busy_cores": round(ticks_then.machine.saturating_sub(ticks.machine) as f64 / TICKS_PER_S / span),
         "allocator_peak_rss_mib": peak_rss,
         "pages": pages}))
+}
+
+/// The processes whose CPU a burst reports, beside the whole machine's.
+struct Cpu {
+    allocator: u32,
+    scheduler: u32,
+    control_plane: Option<(u32, u32)>,
+}
+
+/// CPU ticks so far: of the deciding allocator, its kube-scheduler, etcd, kube-apiserver, and the
+/// machine's busy time over all cores (`/proc/stat`: all but idle and iowait).
+#[derive(Clone, Copy, Default)]
+struct Ticks {
+    allocator: u64,
+    scheduler: u64,
+    etcd: u64,
+    apiserver: u64,
+    machine: u64,
+}
+
+impl Cpu {
+    fn of(a: &Args, r: &Replica) -> Cpu {
+        Cpu { allocator: r.allocator_pid, scheduler: r.scheduler_pid, control_plane: a.control_plane }
+    }
+
+    fn ticks(&self) -> Ticks {
+        let (etcd, apiserver) = self.control_plane.map_or((0, 0), |(e, s)| (cpu_ticks(e), cpu_ticks(s)));
+        Ticks {
+            allocator: cpu_ticks(self.allocator),
+            scheduler: cpu_ticks(self.scheduler),
+            etcd,
+            apiserver,
+            machine: machine_ticks(),
+        }
+    }
+
+    /// Milliseconds of CPU per bound pod, by process, between two readings.
+    fn per_pod(&self, from: &Ticks, to: &Ticks, pods: usize) -> Value {
+        let ms = |a: u64, b: u64| round(b.saturating_sub(a) as f64 / TICKS_PER_S * 1e3 / pods.max(1) as f64);
+        let mut out = json!({
+            "allocator": ms(from.allocator, to.allocator),
+            "kube_scheduler": ms(from.scheduler, to.scheduler),
+            "machine": ms(from.machine, to.machine),
+        });
+        if self.control_plane.is_some() {
+            out["etcd"] = ms(from.etcd, to.etcd).into();
+            out["kube_apiserver"] = ms(from.apiserver, to.apiserver).into();
+        }
+        out
+    }
+}
+
+/// The machine's busy CPU ticks over all cores since boot (`/proc/stat`'s first line, without idle
+/// and iowait); 0 where it cannot be read.
+fn machine_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().next() else { return 0 };
+    let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user)
+    fields.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum()
 }
 
 /// The replica that decides: the only one, once it answers `/readyz`; of several, the holder of the
