@@ -1,5 +1,5 @@
 //! The extender service end to end over real sockets: the watches list a (fake) API server, the
-//! service becomes ready, and a filter → prioritize → bind round writes the binding that carries the
+//! service becomes ready, and a filter → bind round writes the binding that carries the
 //! assignment.
 
 use nano_gpu_allocator::binder::KubeBinder;
@@ -77,8 +77,15 @@ async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
     let (status, body) = conn.call("POST", "/filter", args.to_string().into_bytes()).await.unwrap();
     assert_eq!(status, 200);
     let filtered: Value = serde_json::from_slice(&body).unwrap();
+    // The node the allocator chooses, alone (kube-scheduler then binds it without scoring); a pod
+    // that fits nowhere gets every node's reason.
     assert_eq!(filtered["NodeNames"], json!(["n1"]));
-    assert_eq!(filtered["FailedAndUnresolvableNodes"]["cpu-only"], "node has no GPU");
+    assert!(filtered["FailedAndUnresolvableNodes"].as_object().is_none_or(|m| m.is_empty()), "{filtered}");
+    let nowhere = json!({"Pod": pod("nowhere", 50, None, None), "NodeNames": ["cpu-only"]});
+    let (_, body) = conn.call("POST", "/filter", nowhere.to_string().into_bytes()).await.unwrap();
+    let refused: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(refused["NodeNames"], json!([]));
+    assert_eq!(refused["FailedAndUnresolvableNodes"]["cpu-only"], "node has no GPU");
     let bind = json!({"PodName": "new", "PodNamespace": "default", "PodUID": "uid-new", "Node": "n1"});
     let (_, body) = conn.call("POST", "/bind", bind.to_string().into_bytes()).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&body), r#"{"Error":""}"#);

@@ -51,6 +51,10 @@ const PROBE_NS: &str = "bench-burst-gpu";
 const PLACED_NS: &str = "bench-placed";
 /// Card memory of the synthetic cards.
 const CARD_MIB: u32 = 81_920;
+/// An extended resource every node has plenty of, which no extender manages: the CPU-only pods of
+/// the `extended` burst ask one, so that kube-scheduler alone does the per-node work an extended
+/// resource costs it (its `NodeResourcesFit` checks each one on each node), as it does for GPU pods.
+const SLOT: &str = "bench.example.com/slot";
 /// Clock ticks per second of `/proc/<pid>/stat` (Linux's USER_HZ).
 const TICKS_PER_S: f64 = 100.0;
 /// A burst is over when every pod is bound, or when none was bound for this long.
@@ -289,7 +293,7 @@ fn node(n: usize, cards: usize) -> Result<Node> {
         .collect();
     // Enough CPU and memory that only cards limit placement; kube-scheduler's default of 110 pods.
     let resources = json!({"cpu": "4000", "memory": "64Ti", "pods": "110",
-        "nano-gpu/gpu-percent": (cards * 100).to_string()});
+        "nano-gpu/gpu-percent": (cards * 100).to_string(), SLOT: "1000"});
     Ok(serde_json::from_value(json!({
         "metadata": {"name": node_name(n), "labels": {NODE_LABEL: "true", "kubernetes.io/hostname": node_name(n)},
             "annotations": {GPUS_ANNOTATION: NodeInventory::new(gpus).encode()}},
@@ -302,6 +306,11 @@ fn node(n: usize, cards: usize) -> Result<Node> {
 
 /// A pod of the trace's shape: its GPU as `nano-gpu/gpu-percent` (whole cards as 100 each).
 fn pod(name: &str, namespace: &str, t: &TracePod) -> Result<Pod> {
+    pod_asking(name, namespace, t, None)
+}
+
+/// [`pod`], asking one unit of `extra` too.
+fn pod_asking(name: &str, namespace: &str, t: &TracePod, extra: Option<&str>) -> Result<Pod> {
     let mut limits =
         json!({"cpu": format!("{}m", t.cpu_milli.max(1)), "memory": format!("{}Mi", t.memory_mib.max(1))});
     let percent = match ask(t) {
@@ -311,6 +320,9 @@ fn pod(name: &str, namespace: &str, t: &TracePod) -> Result<Pod> {
     };
     if let Some(percent) = percent {
         limits["nano-gpu/gpu-percent"] = json!(percent.to_string());
+    }
+    if let Some(extra) = extra {
+        limits[extra] = json!("1");
     }
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": namespace},
@@ -357,7 +369,14 @@ async fn fill(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
     let started = Instant::now();
     namespaces(
         client,
-        &[PLACED_NS, "nano-gpu-system", "bench-burst-gpu", "bench-burst-cpu", "bench-burst-read"],
+        &[
+            PLACED_NS,
+            "nano-gpu-system",
+            "bench-burst-gpu",
+            "bench-burst-cpu",
+            "bench-burst-ext",
+            "bench-burst-read",
+        ],
     )
     .await?;
     let nodes: Api<Node> = Api::all(client.clone());
@@ -758,6 +777,14 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
         .map(|i| pod(&format!("cpu-{i}"), "bench-burst-cpu", &trace.cpu[i % trace.cpu.len()]))
         .collect::<Result<Vec<_>>>()?;
     println!("{}", burst(a, &r, client, "cpu", "bench-burst-cpu", cpu, false).await?);
+    // The same CPU-only pods asking one extended resource that no extender manages: what
+    // kube-scheduler alone spends on a pod that asks an extended resource, as GPU pods do.
+    let ext = (0..a.burst)
+        .map(|i| {
+            pod_asking(&format!("ext-{i}"), "bench-burst-ext", &trace.cpu[i % trace.cpu.len()], Some(SLOT))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    println!("{}", burst(a, &r, client, "extended", "bench-burst-ext", ext, false).await?);
     let read = gpu_pods("read", "bench-burst-read", trace.gpu.len() / 4)?;
     println!("{}", burst(a, &r, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
     Ok(())
