@@ -390,6 +390,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let pods = kube::Api::namespaced(client.clone(), &args.lease_namespace);
             tokio::spawn(nano_gpu_allocator::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
         }
+        tokio::spawn(server::expire_filter_holds(shared.view.clone()));
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

@@ -133,6 +133,17 @@ impl<B: Binder> Shared<B> {
     }
 }
 
+/// Gives back, every second, the cards of filters whose bind did not come in time
+/// ([`ClusterState::expire_filter_holds`]).
+pub async fn expire_filter_holds(view: Arc<SharedView>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        view.lock().expire_filter_holds(Instant::now());
+    }
+}
+
 /// Every route: the extender's verbs, `/inspect` and the GPU map (`/map`, [`crate::map`]), for
 /// kube-scheduler and operators only (served on loopback), and the [`public_router`]'s.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {

@@ -412,8 +412,10 @@ impl ClusterState {
         crate::extender::with_nodes(by_name, &args, result)
     }
 
-    /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come.
-    fn expire_filter_holds(&mut self, now: Instant) {
+    /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come (at each
+    /// filter, and every second by [`crate::server::expire_filter_holds`], so a quiet cluster does not
+    /// keep them).
+    pub fn expire_filter_holds(&mut self, now: Instant) {
         let expired: Vec<String> = self
             .filter_holds
             .iter()

@@ -984,3 +984,16 @@ fn a_pod_bound_with_its_assignment_ends_its_hold_and_a_retried_bind_is_not_fresh
     choose(&mut s, &pod("e", "10", None, None), t0 + FILTER_HOLD * 3);
     assert_eq!(free(&s, "n1"), vec![60]);
 }
+
+#[test]
+fn a_quiet_cluster_gives_an_expired_hold_back_without_another_filter() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let t0 = Instant::now();
+    choose(&mut s, &pod("a", "40", None, None), t0);
+    s.expire_filter_holds(t0 + FILTER_HOLD - Duration::from_millis(1));
+    assert_eq!(free(&s, "n1"), vec![60]);
+    s.expire_filter_holds(t0 + FILTER_HOLD);
+    assert_eq!(free(&s, "n1"), vec![100]);
+    assert!(!s.held_by_filter("a"));
+}
