@@ -18,13 +18,11 @@
 
 use crate::leader::Leadership;
 use crate::state::{ClaimWrite, SharedView};
-use crate::watch::{LIST_PAGE, publish};
-use futures::{StreamExt, TryStreamExt};
+use crate::watch::{LIST_PAGE, Listing, Watch, publish};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::Recorder;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use nano_gpu_proto::dra::ALLOCATED_FINALIZER;
 use std::collections::HashMap;
@@ -45,7 +43,8 @@ pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>,
     let listed = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());
     let api: Api<ResourceClaim> = Api::all(client.clone());
-    tokio::spawn(watch(api.clone(), view.clone(), listed.clone(), wake.clone()));
+    let claims = Watch::new(api.clone(), Listing::of(&client).await);
+    tokio::spawn(watch(claims, view.clone(), listed.clone(), wake.clone()));
     let mut led = false;
     // The templates made (or found) lately, by (namespace, name): each is looked at again after
     // [`TEMPLATE_RECHECK`], in case it was deleted since.
@@ -121,11 +120,14 @@ pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>,
 }
 
 /// Feeds every ResourceClaim into the view, re-listing after a broken watch (with backoff).
-async fn watch(api: Api<ResourceClaim>, view: Arc<SharedView>, listed: Arc<AtomicBool>, wake: Arc<Notify>) {
-    let config = watcher::Config::default().page_size(LIST_PAGE);
-    let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
+async fn watch(
+    mut claims: Watch<ResourceClaim>,
+    view: Arc<SharedView>,
+    listed: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+) {
     loop {
-        match stream.try_next().await {
+        match claims.next().await {
             Ok(Some(event)) => {
                 {
                     let mut state = view.lock();

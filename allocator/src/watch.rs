@@ -3,9 +3,10 @@
 //! Each watch lists everything first (the view is rebuilt from that list), then applies changes one
 //! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
 //! most 4 s). The service is ready once both have listed. A reserved pod a re-list did not show is
-//! looked up ([`look_up_unconfirmed`]).
+//! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
 
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -77,18 +78,100 @@ fn apply_event<K: Feed>(state: &mut ClusterState, event: Event<K>) -> bool {
     false
 }
 
-async fn run_watch<K>(
+/// How a watch lists: streamed from the API server's watch cache (`sendInitialEvents`, the WatchList
+/// feature, on by default from Kubernetes 1.34: one watch request, objects one by one, nothing held
+/// but the object being decoded), or in pages of [`LIST_PAGE`] (one request per page: 1,500 for
+/// 150,000 pods, each page held whole while it is decoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// `sendInitialEvents=true`.
+    Streamed,
+    /// Pages of [`LIST_PAGE`].
+    Paged,
+}
+
+impl Listing {
+    /// Streamed on an API server of 1.34 or later, else paged (also when its version cannot be read).
+    /// A server of that version that refuses a streamed list (its WatchList gate off) gets pages from
+    /// then on ([`Watch`]).
+    pub async fn of(client: &Client) -> Listing {
+        match client.apiserver_version().await {
+            Ok(v) if streams(&v.major, &v.minor) => Listing::Streamed,
+            Ok(v) => {
+                tracing::info!(version = %v.git_version, "the API server streams no lists; listing in pages");
+                Listing::Paged
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the API server's version cannot be read; listing in pages");
+                Listing::Paged
+            }
+        }
+    }
+
+    fn config(self) -> watcher::Config {
+        match self {
+            Listing::Streamed => watcher::Config::default().streaming_lists(),
+            Listing::Paged => watcher::Config::default().page_size(LIST_PAGE),
+        }
+    }
+}
+
+/// Whether an API server of version `major.minor` (`minor` may carry a `+`) serves streamed lists
+/// by default: 1.34 and later.
+fn streams(major: &str, minor: &str) -> bool {
+    let number = |s: &str| s.trim_end_matches('+').parse::<u32>().ok();
+    matches!((number(major), number(minor)), (Some(1), Some(m)) if m >= 34)
+}
+
+/// A watch of every `K`, re-listing with backoff after it breaks, listing as its [`Listing`] says
+/// until the API server refuses a streamed list.
+pub struct Watch<K: 'static> {
     api: Api<K>,
+    listing: Listing,
+    stream: BoxStream<'static, Result<Event<K>, watcher::Error>>,
+}
+
+impl<K> Watch<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    /// Watches `api`, listing as `listing` says.
+    pub fn new(api: Api<K>, listing: Listing) -> Self {
+        let stream = Self::stream(&api, listing);
+        Watch { api, listing, stream }
+    }
+
+    fn stream(api: &Api<K>, listing: Listing) -> BoxStream<'static, Result<Event<K>, watcher::Error>> {
+        watcher::watcher(api.clone(), listing.config()).backoff(nano_gpu_runtime::watch_backoff()).boxed()
+    }
+
+    /// The next event, or why the watch failed (it goes on after a backoff); `None` when it ended.
+    pub async fn next(&mut self) -> Result<Option<Event<K>>, watcher::Error> {
+        let next = self.stream.try_next().await;
+        if let Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) = &next
+            && self.listing == Listing::Streamed
+            && matches!(status.code, 400 | 422)
+        {
+            tracing::warn!(error = %status.message, "the API server refuses streamed lists; listing in pages");
+            self.listing = Listing::Paged;
+            self.stream = Self::stream(&self.api, Listing::Paged);
+        }
+        next
+    }
+}
+
+async fn run_watch<K>(
+    mut watch: Watch<K>,
     view: Arc<SharedView>,
     events: mpsc::Sender<Warning>,
     unconfirmed: mpsc::UnboundedSender<Unconfirmed>,
 ) where
     K: Feed + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug + Sync,
+    K::DynamicType: Default,
 {
-    let config = watcher::Config::default().page_size(LIST_PAGE);
-    let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
     loop {
-        match stream.try_next().await {
+        match watch.next().await {
             Ok(Some(event)) => {
                 let (done, warnings) = {
                     let mut state = view.lock();
@@ -304,9 +387,12 @@ pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>
     let recorder = Recorder::new(client.clone(), reporter);
     let (events, warnings) = mpsc::channel(EVENT_QUEUE);
     let (unconfirmed, look_ups) = mpsc::unbounded_channel();
-    let nodes =
-        run_watch(Api::<Node>::all(client.clone()), view.clone(), events.clone(), unconfirmed.clone());
-    let pods = run_watch(Api::<Pod>::all(client.clone()), view.clone(), events, unconfirmed);
+    let listing = Listing::of(&client).await;
+    tracing::info!(?listing, "watching nodes and pods");
+    let nodes = Watch::new(Api::<Node>::all(client.clone()), listing);
+    let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone());
+    let pods =
+        run_watch(Watch::new(Api::<Pod>::all(client.clone()), listing), view.clone(), events, unconfirmed);
     futures::join!(nodes, pods, post_events(recorder, warnings), look_up_unconfirmed(client, view, look_ups));
 }
 
@@ -333,6 +419,12 @@ mod tests {
             Workload::default(),
         );
         ClusterState::new(engine, 0, DemandOptions::default())
+    }
+
+    #[test]
+    fn lists_are_streamed_from_kubernetes_1_34_on() {
+        assert!(streams("1", "34") && streams("1", "37+") && streams("1", "40"));
+        assert!(!streams("1", "33") && !streams("1", "30+") && !streams("", "") && !streams("2", "x"));
     }
 
     #[test]
