@@ -39,11 +39,17 @@ const TEMPLATE_RECHECK: Duration = Duration::from_secs(60);
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs the claim watch and, while this replica leads, the allocation of waiting pods' claims.
-pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>, recorder: Recorder) {
+pub async fn run(
+    client: Client,
+    view: Arc<SharedView>,
+    leader: Arc<Leadership>,
+    recorder: Recorder,
+    listing: Listing,
+) {
     let listed = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());
     let api: Api<ResourceClaim> = Api::all(client.clone());
-    let claims = Watch::new(api.clone(), Listing::of(&client).await);
+    let claims = Watch::new(api.clone(), listing);
     tokio::spawn(watch(claims, view.clone(), listed.clone(), wake.clone()));
     let mut led = false;
     // The templates made (or found) lately, by (namespace, name): each is looked at again after

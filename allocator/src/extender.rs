@@ -103,36 +103,12 @@ impl Extender {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        let mut result = ExtenderFilterResult {
-            nodes: None,
-            node_names: Some(Vec::new()),
-            failed_nodes: BTreeMap::new(),
-            failed_and_unresolvable_nodes: BTreeMap::new(),
-            error: String::new(),
-        };
-        let Some(pod) = pod else {
-            result.error = "request has no Pod".to_owned();
-            return result;
-        };
-        let req = match self.request(pod) {
-            Ok((_, req)) => req,
-            Err(message) => {
-                result.error = message;
-                return result;
-            }
-        };
+        let (mut result, req) = self.filter_request(pod);
+        let Some(req) = req else { return result };
         let mut passed = Vec::with_capacity(names.len());
         self.judge(&req, names, |name, judged| match judged {
             Ok(()) => passed.push(name),
-            Err(None) => {
-                result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned());
-            }
-            Err(Some(reason)) if reason.unresolvable() => {
-                result.failed_and_unresolvable_nodes.insert(name, for_scheduler(&reason.to_string()));
-            }
-            Err(Some(reason)) => {
-                result.failed_nodes.insert(name, for_scheduler(&reason.to_string()));
-            }
+            Err(reason) => refuse(&mut result, name, reason),
         });
         result.node_names = Some(passed);
         result
@@ -154,6 +130,30 @@ impl Extender {
             };
             each(name, self.engine.evaluate_prepared(prepared, req, id).as_ref().map(|_| ()).map_err(Some));
         }
+    }
+
+    /// An empty filter answer and the pod's request; without a request, the answer says why the pod
+    /// cannot be judged.
+    fn filter_request<N: Ord>(&self, pod: Option<&Pod>) -> (ExtenderFilterResult<N>, Option<Request>) {
+        let mut result = ExtenderFilterResult {
+            nodes: None,
+            node_names: Some(Vec::new()),
+            failed_nodes: BTreeMap::new(),
+            failed_and_unresolvable_nodes: BTreeMap::new(),
+            error: String::new(),
+        };
+        let req = match pod.map(|p| self.request(p)) {
+            Some(Ok((_, req))) => Some(req),
+            Some(Err(message)) => {
+                result.error = message;
+                None
+            }
+            None => {
+                result.error = "request has no Pod".to_owned();
+                None
+            }
+        };
+        (result, req)
     }
 
     /// `POST /prioritize`: 10 for the node the engine would choose, 0..=9 for the others.
@@ -215,44 +215,23 @@ impl Extender {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        let mut result = ExtenderFilterResult {
-            nodes: None,
-            node_names: Some(Vec::new()),
-            failed_nodes: BTreeMap::new(),
-            failed_and_unresolvable_nodes: BTreeMap::new(),
-            error: String::new(),
-        };
-        let Some(pod) = pod else {
-            result.error = "request has no Pod".to_owned();
-            return result;
-        };
-        let req = match self.request(pod) {
-            Ok((_, req)) => req,
-            Err(message) => {
-                result.error = message;
-                return result;
-            }
-        };
+        let (mut result, req) = self.filter_request(pod);
+        let Some(req) = req else { return result };
         self.refresh_order();
         let prepared = self.engine.prepare(&req);
         let mut best: Option<(N, Value)> = None;
         for name in names {
+            // Reasons matter only while nothing fits: kube-scheduler reads them then.
             let Some(id) = self.engine.cluster().id(name.as_ref()) else {
                 if best.is_none() {
-                    result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned());
+                    refuse(&mut result, name, None);
                 }
                 continue;
             };
-            // Reasons matter only while nothing fits: kube-scheduler reads them then.
             match self.value(prepared, &req, id, best.is_none()) {
                 Ok(v) if best.as_ref().is_none_or(|(_, b)| rank(&v, b).is_gt()) => best = Some((name, v)),
                 Ok(_) | Err(None) => {}
-                Err(Some(reason)) if reason.unresolvable() => {
-                    result.failed_and_unresolvable_nodes.insert(name, for_scheduler(&reason.to_string()));
-                }
-                Err(Some(reason)) => {
-                    result.failed_nodes.insert(name, for_scheduler(&reason.to_string()));
-                }
+                Err(Some(reason)) => refuse(&mut result, name, Some(&reason)),
             }
         }
         if let Some((name, _)) = best {
@@ -338,6 +317,18 @@ impl Extender {
         assignment.reuse = reuse;
         Ok(Bound { node: id, assignment, req, grants })
     }
+}
+
+/// Records in a filter answer why node `name` does not fit: no nano-gpu inventory (`None`), or
+/// `reason`, under `FailedAndUnresolvableNodes` where no pod's end could help.
+fn refuse<N: Ord>(result: &mut ExtenderFilterResult<N>, name: N, reason: Option<&Reason>) {
+    match reason {
+        None => result.failed_and_unresolvable_nodes.insert(name, NO_INVENTORY.to_owned()),
+        Some(r) if r.unresolvable() => {
+            result.failed_and_unresolvable_nodes.insert(name, for_scheduler(&r.to_string()))
+        }
+        Some(r) => result.failed_nodes.insert(name, for_scheduler(&r.to_string())),
+    };
 }
 
 /// A filter's answer to a kube-scheduler that sent whole `Nodes` (not `nodeCacheCapable`): the

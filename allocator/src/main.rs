@@ -370,12 +370,21 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             tracing::info!("evicting pods marked as over their GPU memory grant");
             tokio::spawn(evictor.run());
         }
+        // How the watches list, read once from the API server's version.
+        let listing = watch::Listing::of(&client).await;
+        tracing::info!(?listing, "watching nodes, pods and claims");
         if args.dra {
             use kube::runtime::events::{Recorder, Reporter};
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
             tracing::info!("allocating the claims of nano-gpu's DeviceClass");
-            tokio::spawn(nano_gpu_allocator::dra::run(client.clone(), shared.view.clone(), shared.leader.clone(), recorder));
+            tokio::spawn(nano_gpu_allocator::dra::run(
+                client.clone(),
+                shared.view.clone(),
+                shared.leader.clone(),
+                recorder,
+                listing,
+            ));
         }
         if let Some(url) = args.prometheus_url.clone() {
             let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));
@@ -391,7 +400,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             tokio::spawn(nano_gpu_allocator::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
         }
         tokio::spawn(server::expire_filter_holds(shared.view.clone()));
-        let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name));
+        let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name, listing));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;

@@ -379,10 +379,8 @@ impl ClusterState {
     ) -> ExtenderFilterResult<N> {
         self.expire_filter_holds(now);
         let uid = pod.and_then(decode::pod_uid);
-        if let Some(uid) = uid
-            && self.filter_holds.contains_key(uid)
-        {
-            self.forget_pod(uid);
+        if let Some(uid) = uid {
+            self.give_back_filter_hold(uid);
         }
         let result = self.without_own_cards(uid, |s| s.extender.choose_names(pod, names));
         self.note_refusal(&result);
@@ -423,11 +421,16 @@ impl ClusterState {
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in expired {
-            if self.pods.get(&uid).is_some_and(|p| p.reserved) {
-                tracing::info!(pod = %uid, "the bind of a chosen node did not come; its cards are given back");
-                self.forget_pod(&uid);
-            }
-            self.filter_holds.remove(&uid);
+            tracing::info!(pod = %uid, "the bind of a chosen node did not come; its cards are given back");
+            self.give_back_filter_hold(&uid);
+        }
+    }
+
+    /// Gives back pod `uid`'s filter hold, if it has one that is still only the view's reservation
+    /// (not what the watch since showed the API server holding).
+    fn give_back_filter_hold(&mut self, uid: &str) {
+        if self.filter_holds.remove(uid).is_some() && self.pods.get(uid).is_some_and(|p| p.reserved) {
+            self.forget_pod(uid);
         }
     }
 
@@ -439,7 +442,8 @@ impl ClusterState {
     pub fn take_filter_hold(&mut self, uid: &str, node: &str) -> Option<Reservation> {
         let hold = self.filter_holds.get(uid)?;
         let assignment = &hold.reservation.assignment;
-        let ours = |p: &PodRecord| p.reserved && p.holding == decode::Holding::Cards(assignment.clone());
+        let ours =
+            |p: &PodRecord| p.reserved && matches!(&p.holding, decode::Holding::Cards(a) if a == assignment);
         let as_watched = self.waiting.get(uid).is_some_and(|w| w.demand == hold.demand);
         if assignment.node != node || !self.pods.get(uid).is_some_and(ours) || !as_watched {
             return None;
@@ -447,8 +451,9 @@ impl ClusterState {
         self.filter_holds.remove(uid).map(|h| h.reservation)
     }
 
-    /// Whether pod `uid`'s cards are held by a filter's choice that no bind took yet (for tests).
-    pub fn held_by_filter(&self, uid: &str) -> bool {
+    /// Whether pod `uid`'s cards are held by a filter's choice that no bind took yet.
+    #[cfg(test)]
+    fn held_by_filter(&self, uid: &str) -> bool {
         self.filter_holds.contains_key(uid) && self.pods.get(uid).is_some_and(|p| p.reserved)
     }
 

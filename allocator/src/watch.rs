@@ -382,13 +382,11 @@ pub async fn look_up_unconfirmed(
 }
 
 /// Runs the node and pod watches until they end (they only end with the process).
-pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>) {
+pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>, listing: Listing) {
     let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance };
     let recorder = Recorder::new(client.clone(), reporter);
     let (events, warnings) = mpsc::channel(EVENT_QUEUE);
     let (unconfirmed, look_ups) = mpsc::unbounded_channel();
-    let listing = Listing::of(&client).await;
-    tracing::info!(?listing, "watching nodes and pods");
     let nodes = Watch::new(Api::<Node>::all(client.clone()), listing);
     let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone());
     let pods =

@@ -57,7 +57,8 @@ async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
         ClusterState::new(engine, 0, DemandOptions::default()),
         KubeBinder::new(client.clone()),
     );
-    tokio::spawn(watch::run(client, shared.view.clone(), None));
+    let listing = watch::Listing::of(&client).await;
+    tokio::spawn(watch::run(client, shared.view.clone(), None, listing));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move { axum::serve(listener, server::router(shared)).await });

@@ -19,9 +19,7 @@ impl ClusterState {
     pub fn reserve(&mut self, pod: &Pod, node: &str, now: SystemTime) -> Result<Reservation, BindError> {
         let uid = pod_uid(pod).ok_or_else(|| BindError::Invalid("pod has no uid".into()))?.to_owned();
         // A filter's hold that its bind did not take (`take_filter_hold`): decided anew, on this pod.
-        if self.filter_holds.contains_key(&uid) {
-            self.forget_pod(&uid);
-        }
+        self.give_back_filter_hold(&uid);
         if let Some(existing) = self.pods.get(&uid) {
             if let (Holding::Cards(a), true) = (&existing.holding, existing.node == node) {
                 let annotations = self.annotations(pod, a, now);
