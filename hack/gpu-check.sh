@@ -19,7 +19,7 @@ if [[ ${1:-} == --build ]]; then
   cd "$ROOT"
   cargo build --release --locked -p nano-gpu-tests --bin gpu-check
   mkdir -p "$BIN"
-  cp target/release/gpu-check "$BIN/"
+  cp "${CARGO_TARGET_DIR:-target}/release/gpu-check" "$BIN/"
   ls -l "$BIN"
   exit 0
 fi
@@ -41,6 +41,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --nvidia-smi ]] && SMI=
   ldconfig -p 2>/dev/null | grep -i nvidia-ml || true
   cat /proc/driver/nvidia/version 2>&1 || true
   echo "== numa_node"; grep -H . /sys/bus/pci/devices/*/numa_node 2>&1 | head -20
+  echo "== /dev/shm"; df -h /dev/shm 2>&1; ls -la /dev/shm 2>&1 | head -20
   echo "== cgroups"; cat /proc/self/cgroup; ls /sys/fs/cgroup 2>&1 | head -40
 } >"$OUT/machine.txt" 2>&1
 timeout 30 "$SMI" -q -x >"$OUT/nvidia-smi-q.xml" 2>&1 || true

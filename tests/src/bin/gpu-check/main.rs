@@ -492,6 +492,35 @@ fn nvml_lists(ctx: &Ctx) -> Value {
     json!({"cards": cards, "nvidia_smi_compute_apps": smi})
 }
 
+/// The files in `/dev/shm`, where an MPS server and its clients share memory (share containers get
+/// the MPS pod's bounded `/dev/shm`): name -> (length, bytes the tmpfs holds for it).
+fn shm_files() -> HashMap<String, (u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = std::fs::read_dir("/dev/shm").into_iter().flatten().flatten();
+    entries
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), (meta.len(), meta.blocks() * 512)))
+        })
+        .collect()
+}
+
+/// What appeared or grew in `/dev/shm` since `before` (a [`shm_files`] snapshot): the files, and the
+/// tmpfs bytes they added, in MiB.
+fn shm_grown(before: &HashMap<String, (u64, u64)>) -> Value {
+    let now = shm_files();
+    let mut files = Vec::new();
+    let mut held = 0;
+    for (name, (len, bytes)) in &now {
+        let was = before.get(name).map_or(0, |b| b.1);
+        if *bytes > was || !before.contains_key(name) {
+            held += bytes.saturating_sub(was);
+            files.push(json!({"name": name, "length": len, "held_bytes": bytes}));
+        }
+    }
+    json!({"added_mib": held as f64 / 1_048_576.0, "files": files})
+}
+
 /// The process `pid` in a sampling pass: (memory MiB, SM %).
 fn process_in(
     samples: &[nano_gpu_agent::inventory::CardSample],
@@ -795,6 +824,7 @@ fn supervise(
 /// share and a whole card (the device plugin's envs) served through MPS; `DEFAULT` again at the end.
 fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::runtime::Runtime) -> Value {
     use nvml_wrapper::enum_wrappers::device::ComputeMode;
+    let shm_before = shm_files();
     let (layout, stop, supervised) = supervise(ctx, "mps-exclusive", program, true, runtime);
     let m = Mps { ctx, program: program.to_owned(), layout: layout.clone(), uuid: uuid.to_owned() };
     let mode = || -> Value {
@@ -809,6 +839,7 @@ fn exclusive_supervisor(ctx: &Ctx, program: &Path, uuid: &str, runtime: &tokio::
     let marked = wait_until(Duration::from_secs(20), || layout.exclusive(uuid).then_some(()));
     let mut report = json!({
         "marked": marked.is_some(), "compute_mode": mode(), "servers_before_any_client": m.servers(),
+        "shm_server_alone": shm_grown(&shm_before),
     });
     if marked.is_some() && ctx.need_torch().is_ok() {
         let tries = (|| -> Result<Value, String> {
@@ -908,6 +939,7 @@ fn mps_tries(m: &Mps, report: &mut Value) {
     // Two shares side by side: each allocation below its limit works, one past it fails.
     let two = (|| -> Result<Value, String> {
         let spec = |tries: &[u64]| json!({"try_mib": tries, "load_s": 6});
+        let shm_before = shm_files();
         let mut a = m.client("mps-a", (25, 2048), spec(&[1024, 3072]), None)?;
         let mut b = m.client("mps-b", (50, 4096), spec(&[3072, 6144]), None)?;
         a.wait_for("loaded", Duration::from_secs(60))?;
@@ -915,6 +947,7 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         let sampler = NvmlInventory::new(ctx.args.nvml_lib.clone());
         std::thread::sleep(Duration::from_secs(2));
         let seen = sampler.sample().map_err(|e| e.to_string())?;
+        let shm = shm_grown(&shm_before);
         let both = process_in(&seen, a.pid()).is_some() && process_in(&seen, b.pid()).is_some();
         let lists = nvml_lists(ctx);
         let _ = (a.finish(Duration::from_secs(30)), b.finish(Duration::from_secs(30)));
@@ -923,7 +956,7 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         Ok(json!({
             "ok": limits && both, "limits_held": limits, "sampler_sees_both": both,
             "a": outcome(&a), "b": outcome(&b), "a_pid": a.pid(), "b_pid": b.pid(), "sampled": sampled(&seen),
-            "servers": m.servers(), "nvml_lists": lists,
+            "servers": m.servers(), "nvml_lists": lists, "shm_server_and_both": shm,
         }))
     })();
     let clients_run = two.is_ok();
