@@ -18,6 +18,7 @@
 //! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the agent's
 //!   parent process, registering through that loop and relaying to the agent, so the kubelet's side
 //!   outlives an agent crash.
+//! - [`clean`]: what `clean-node` removes from a node at uninstall.
 //! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
 //!   [`daemons`]: the agent's watch on them.
 //! - [`dra`]: the DRA kubelet plugin beside the device plugin, over the same cards and container
@@ -27,6 +28,7 @@
 
 pub mod canary;
 pub mod checkpoint;
+pub mod clean;
 pub mod coexist;
 pub mod daemons;
 pub mod dra;
@@ -249,6 +251,10 @@ pub enum Command {
     /// `NVIDIA_VISIBLE_DEVICES=all`): write the cards this container sees (NVML's, and the device
     /// nodes under `--dev-root`) to `--runtime-canary`, then wait for SIGTERM.
     Canary,
+    /// Remove what nano-gpu left on this node's filesystem once its agents and MPS daemons are gone
+    /// (`kubectl nano-gpu uninstall` runs it in a pod per node): the MPS directories, the plugin
+    /// sockets, the DRA plugin's registration and directory, the claims' CDI specs.
+    CleanNode(clean::Dirs),
 }
 
 impl Flags {

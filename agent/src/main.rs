@@ -216,6 +216,24 @@ fn mps_control(flags: &Flags) -> ExitCode {
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
 }
 
+/// `clean-node`: nano-gpu's files removed from the node, each named on stdout.
+fn clean_node(dirs: &nano_gpu_agent::clean::Dirs) -> ExitCode {
+    match nano_gpu_agent::clean::clean(dirs) {
+        Ok(removed) if removed.is_empty() => {
+            println!("nothing of nano-gpu on this node");
+            ExitCode::SUCCESS
+        }
+        Ok(removed) => {
+            removed.iter().for_each(|p| println!("removed {}", p.display()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nano-gpu-agent: clean-node: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `canary`: what this container sees, written to `--runtime-canary`, then wait for SIGTERM.
 fn canary(flags: &Flags) -> ExitCode {
     let Some(out) = flags.runtime_canary.clone() else {
@@ -304,6 +322,7 @@ fn main() -> ExitCode {
         Some(Command::MpsControl) => mps_control(&flags),
         Some(Command::Keeper) => keeper(&flags),
         Some(Command::Canary) => canary(&flags),
+        Some(Command::CleanNode(dirs)) => clean_node(&dirs),
         None => serve(&flags),
     }
 }

@@ -1,7 +1,8 @@
 //! The commands a person runs against a cluster, shared by `nano-gpu-allocator` and the kubectl plugin
 //! `kubectl-nano_gpu`: `inspect` (every card and the pods on it), `top` (granted against used, from
 //! the agents' metrics), `why` (for a waiting GPU pod, each node's reason and what would make
-//! room) and `check` (is nano-gpu installed and working, and if not, what to do). Each reads the cluster with the caller's kubeconfig, as kubectl does, and changes nothing.
+//! room) and `check` (is nano-gpu installed and working, and if not, what to do). Each reads the cluster with the caller's kubeconfig, as kubectl does, and changes nothing;
+//! `uninstall` (the plugin's only command that changes the cluster) removes nano-gpu.
 
 use crate::state::{ClusterState, NodeVerdict};
 use crate::{inspect, top};
@@ -212,6 +213,16 @@ pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
     let failed = lines.iter().filter(|l| l.status == crate::check::Status::Fail).count();
     if failed > 0 {
         bail!("{failed} check(s) failed");
+    }
+    Ok(())
+}
+
+/// `uninstall`: nano-gpu removed from the cluster, with what deleting its manifests leaves
+/// ([`crate::uninstall`]); fails (exit 1) when a step failed.
+pub fn uninstall(args: crate::uninstall::UninstallArgs, kube: &Kube) -> Result<()> {
+    let failed = block_on(async { crate::uninstall::run(&kube.client().await?, &args).await })?;
+    if failed > 0 {
+        bail!("{failed} step(s) failed: fix what they say, then run it again");
     }
     Ok(())
 }

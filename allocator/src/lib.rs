@@ -47,4 +47,5 @@ pub mod sim;
 pub mod state;
 pub mod tls;
 pub mod top;
+pub mod uninstall;
 pub mod watch;

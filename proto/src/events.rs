@@ -46,11 +46,14 @@ pub enum Reason {
     /// Agent, on its Node: the container runtime gave an unprivileged container cards it did not ask
     /// for through its env; the node serves no GPU pod until the runtime is fixed.
     RuntimeHonoursPodEnv,
+    /// `kubectl nano-gpu uninstall`, on a pod still Pending for `nano-gpu-scheduler`: no scheduler
+    /// serves that name any more.
+    Uninstalled,
 }
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
         Reason::InvalidInventory,
@@ -65,6 +68,7 @@ impl Reason {
         Reason::ClaimNotAllocated,
         Reason::InvalidAllocation,
         Reason::RuntimeHonoursPodEnv,
+        Reason::Uninstalled,
     ];
 
     /// The Event's `reason` field (UpperCamelCase, as Kubernetes' own reasons).
@@ -84,6 +88,7 @@ impl Reason {
             Reason::ClaimNotAllocated => "ClaimNotAllocated",
             Reason::InvalidAllocation => "InvalidAllocation",
             Reason::RuntimeHonoursPodEnv => "RuntimeHonoursPodEnv",
+            Reason::Uninstalled => "Uninstalled",
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`device_id`]: the virtual device IDs a card advertises to the kubelet.
 //! - [`dra`]: the names the DRA driver and the allocator agree on (driver, capacities, devices).
 //! - [`events`]: the reasons of the Events the agent and the allocator record.
+//! - [`install`]: what the install makes outside its namespace and leaves on nodes (for `uninstall`).
 //! - [`extender`]: the kube-scheduler extender v1 wire types, with Go's exact field names.
 //! - [`kubelet`]: the kubelet's gRPC APIs (device plugin v1beta1, pod-resources v1), generated from
 //!   `api/*.proto`, with the client and server stubs tonic generates.
@@ -30,6 +31,7 @@ pub mod events;
 pub mod extender;
 #[cfg(feature = "k8s")]
 pub mod gpushare;
+pub mod install;
 #[cfg(feature = "grpc")]
 pub mod kubelet;
 pub mod quantity;

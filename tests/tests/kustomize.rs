@@ -330,3 +330,33 @@ fn build_images_names_the_version_deploy_names_and_prints_the_overlay_that_insta
         assert!(!ok && err.contains("error:"), "{bad:?}: {err}");
     }
 }
+
+/// `kubectl nano-gpu uninstall` deletes by name what the install makes outside its namespace
+/// (`nano_gpu_proto::install::OUTSIDE`): that list is exactly what the base and its components make
+/// there, so a new cluster-wide object cannot be left behind by an uninstall.
+#[test]
+fn uninstall_knows_every_object_the_install_makes_outside_its_namespace() {
+    use nano_gpu_proto::install::{NAMESPACE, OUTSIDE};
+    let mut builds =
+        vec![build(&root().join("deploy")), with("uninstall-default-scheduler", &["default-scheduler"])];
+    for entry in std::fs::read_dir(root().join("deploy/components")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        // dra-shares is a setting of dra's and comes with it.
+        let components = match name.as_str() {
+            "dra-shares" => vec!["components/dra".to_owned(), format!("components/{name}")],
+            _ => vec![format!("components/{name}")],
+        };
+        let components: Vec<&str> = components.iter().map(String::as_str).collect();
+        builds.push(with(&format!("uninstall-{name}"), &components));
+    }
+    let made: std::collections::BTreeSet<(String, String, String)> = builds
+        .into_iter()
+        .flat_map(BTreeMap::into_keys)
+        .filter(|(kind, namespace, name)| {
+            namespace != NAMESPACE && !(kind == "Namespace" && name == NAMESPACE)
+        })
+        .collect();
+    let listed =
+        OUTSIDE.iter().map(|o| (o.kind.to_owned(), o.namespace.to_owned(), o.name.to_owned())).collect();
+    assert_eq!(made, listed);
+}

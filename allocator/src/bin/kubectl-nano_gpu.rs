@@ -2,7 +2,8 @@
 //! `kubectl nano-gpu ...`). It reads the cluster with the caller's kubeconfig and changes nothing:
 //! `inspect` (every card and the pods on it), `top` (granted against used, from the agents' metrics)
 //! `why POD` (for a waiting GPU pod, each node's reason and the pods whose end would make room) and
-//! `check` (is nano-gpu installed and working, and if not, what to do).
+//! `check` (is nano-gpu installed and working, and if not, what to do). One command changes the
+//! cluster: `uninstall` removes nano-gpu, with what deleting its manifests leaves.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -32,6 +33,12 @@ enum Command {
     /// the webhook trusting its CA, the certificate's end, kube-scheduler's version, Pod Security.
     /// Each failing line says what to do; exits 1 when one fails.
     Check(CheckArgs),
+    /// Remove nano-gpu: the objects it installed outside its namespace, the namespace (its agents
+    /// stop), the ResourceSlices of its DRA driver, its files on each node (a pod per node runs
+    /// `nano-gpu-agent clean-node`), its labels and annotations on Nodes; an Event on each pod left
+    /// Pending for `nano-gpu-scheduler`. Running GPU containers keep their cards. Exits 1 when a
+    /// step fails; run again, it does only what is left.
+    Uninstall(nano_gpu_allocator::uninstall::UninstallArgs),
 }
 
 fn main() -> Result<()> {
@@ -41,6 +48,7 @@ fn main() -> Result<()> {
         Command::Top(args) => cli::top(args, &plugin.kube),
         Command::Why(args) => cli::why(args, &plugin.kube),
         Command::Check(args) => cli::check(args, &plugin.kube),
+        Command::Uninstall(args) => cli::uninstall(args, &plugin.kube),
     }
 }
 

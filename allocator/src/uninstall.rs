@@ -1,0 +1,504 @@
+//! `kubectl nano-gpu uninstall`: removes nano-gpu from a cluster, with what deleting the manifests
+//! cannot undo. In order:
+//!
+//! 1. the objects the install makes outside its namespace ([`install::OUTSIDE`]: the webhook and the
+//!    admission policies first), then the namespace, waiting until it is gone: its pods stop, so the
+//!    agents remove their sockets and `mps-control` stops its daemons;
+//! 2. the ResourceSlices the agents published for the DRA driver;
+//! 3. the nodes' files: one pod per node that had nano-gpu's keys, in a namespace of its own
+//!    ([`CLEAN_NAMESPACE`], removed after), runs `nano-gpu-agent clean-node` (the agent's image) with
+//!    the host's directories mounted;
+//! 4. every `nano-gpu/` label and annotation of those nodes (of a node whose files could not be
+//!    removed, none: a second run finds it again);
+//! 5. an Event [`Reason::Uninstalled`] on every pod still Pending for `nano-gpu-scheduler`, which
+//!    no scheduler serves any more.
+//!
+//! Running GPU containers keep their cards (the runtime gave them their devices), and pods keep
+//! their annotations, so a later install counts them again. Run again, it finds nothing to do.
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use kube::Resource;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use nano_gpu_proto::events::Reason;
+use nano_gpu_proto::install::{self, KEY_PREFIX, OUTSIDE, Object, SCHEDULER_NAME};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// The namespace of the per-node cleanup pods, made and removed by `uninstall`.
+pub const CLEAN_NAMESPACE: &str = "nano-gpu-uninstall";
+
+/// The agent DaemonSet, whose image runs the nodes' cleanup.
+const AGENT_DAEMONSET: &str = "nano-gpu-agent";
+
+/// `uninstall`'s arguments.
+#[derive(clap::Args)]
+pub struct UninstallArgs {
+    /// nano-gpu's namespace.
+    #[arg(long, default_value = install::NAMESPACE)]
+    pub namespace: String,
+    /// The image of the per-node cleanup pods, which run `nano-gpu-agent clean-node`: the agent's
+    /// image. Default: the agent DaemonSet's, read before it is deleted.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// The kubelet's root directory on the nodes (its `--root-dir`).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_root: String,
+    /// Seconds to wait for nano-gpu's namespace to go, and again for the nodes' cleanup.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Print what would be removed, and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The lines printed as the steps go, and how many failed.
+struct Out {
+    dry_run: bool,
+    failed: usize,
+}
+
+impl Out {
+    fn line(&mut self, step: &str, object: &str, result: Result<String, String>) {
+        match result {
+            Ok(r) => println!("{step:<10} {object:<68} {r}"),
+            Err(e) => {
+                self.failed += 1;
+                println!("{step:<10} {object:<68} FAILED: {e}");
+            }
+        }
+    }
+}
+
+/// A node with nano-gpu's keys: its name and the keys.
+struct GpuNode {
+    name: String,
+    labels: Vec<String>,
+    annotations: Vec<String>,
+}
+
+/// The nodes that carry any `nano-gpu/` label or annotation.
+fn gpu_nodes(nodes: &[Node]) -> Vec<GpuNode> {
+    let ours = |map: &Option<std::collections::BTreeMap<String, String>>| -> Vec<String> {
+        map.iter().flatten().map(|(k, _)| k).filter(|k| k.starts_with(KEY_PREFIX)).cloned().collect()
+    };
+    nodes
+        .iter()
+        .map(|n| GpuNode {
+            name: n.metadata.name.clone().unwrap_or_default(),
+            labels: ours(&n.metadata.labels),
+            annotations: ours(&n.metadata.annotations),
+        })
+        .filter(|n| !n.labels.is_empty() || !n.annotations.is_empty())
+        .collect()
+}
+
+/// The merge patch that removes `node`'s keys.
+fn keys_patch(node: &GpuNode) -> Value {
+    let nulls = |keys: &[String]| -> Value { keys.iter().map(|k| (k.clone(), Value::Null)).collect() };
+    json!({"metadata": {"labels": nulls(&node.labels), "annotations": nulls(&node.annotations)}})
+}
+
+/// The cleanup pod of `node`: `nano-gpu-agent clean-node` in `image`, the host's `/run`, the
+/// kubelet's root and `/var/run/cdi` mounted, on that node whatever its taints, run once.
+fn clean_pod(node: &str, image: &str, kubelet_root: &str) -> Value {
+    let mounts = [
+        ("run", "/run", "/host/run"),
+        ("kubelet", kubelet_root, "/host/kubelet"),
+        ("cdi", "/var/run", "/host/var-run"),
+    ];
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "clean-",
+            "namespace": CLEAN_NAMESPACE,
+            "labels": {"app.kubernetes.io/name": "nano-gpu-uninstall"},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "clean-node",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "args": ["clean-node", "--host-run", "/host/run", "--host-kubelet", "/host/kubelet",
+                         "--host-cdi", "/host/var-run/cdi"],
+                "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true,
+                                    "allowPrivilegeEscalation": false,
+                                    // Root, and past the modes of what a share left in its directories.
+                                    "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}},
+                "volumeMounts": mounts.iter().map(|(name, _, at)| json!({"name": name, "mountPath": at})).collect::<Vec<_>>(),
+            }],
+            "volumes": mounts.iter().map(|(name, path, _)| json!({"name": name, "hostPath": {"path": path, "type": "Directory"}})).collect::<Vec<_>>(),
+        },
+    })
+}
+
+/// What the Event on a pod left Pending for `nano-gpu-scheduler` says.
+pub fn pending_note() -> String {
+    format!(
+        "nano-gpu was uninstalled: no scheduler serves {SCHEDULER_NAME}, which nano-gpu's webhook gave this pod, so \
+         it stays Pending. Delete it; a pod made again by its controller gets the default scheduler (and must ask \
+         for whatever replaces nano-gpu's resources)"
+    )
+}
+
+fn api_of(client: &kube::Client, o: &Object) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(o.group, o.version, o.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, o.plural);
+    if o.namespace.is_empty() {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), o.namespace, &resource)
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(a) if a.code == 404)
+}
+
+/// Deletes `o` (or, dry, says whether it is there).
+async fn delete(client: &kube::Client, o: &Object, dry_run: bool) -> Result<String, String> {
+    let api = api_of(client, o);
+    if dry_run {
+        return match api.get_opt(o.name).await {
+            Ok(Some(_)) => Ok("would be deleted".into()),
+            Ok(None) => Ok("not there".into()),
+            Err(e) if is_not_found(&e) => Ok("not there".into()),
+            Err(e) => Err(e.to_string()),
+        };
+    }
+    match api.delete(o.name, &DeleteParams::default()).await {
+        Ok(_) => Ok("deleted".into()),
+        Err(e) if is_not_found(&e) => Ok("not there".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Deletes namespace `name` and waits (up to `timeout`) until it is gone.
+async fn delete_namespace(client: &kube::Client, name: &str, timeout: Duration) -> Result<String, String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(e) if is_not_found(&e) => return Ok("not there".into()),
+        Err(e) => return Err(e.to_string()),
+    }
+    let since = Instant::now();
+    loop {
+        match api.get_opt(name).await {
+            Ok(None) => return Ok(format!("deleted ({:.0} s)", since.elapsed().as_secs_f64())),
+            Ok(Some(_)) if since.elapsed() > timeout => {
+                return Err(format!(
+                    "still there after {} s (look at what it still holds)",
+                    timeout.as_secs()
+                ));
+            }
+            Ok(Some(_)) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// The image of the agent DaemonSet's container `agent` (else its first), if the DaemonSet is there.
+async fn agent_image(client: &kube::Client, namespace: &str) -> Result<Option<String>> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let ds = api.get_opt(AGENT_DAEMONSET).await.context("reading the agent DaemonSet")?;
+    let containers = ds.and_then(|d| d.spec?.template.spec).map(|s| s.containers).unwrap_or_default();
+    let agent = containers.iter().find(|c| c.name == "agent").or(containers.first());
+    Ok(agent.and_then(|c| c.image.clone()))
+}
+
+/// The ResourceSlices of nano-gpu's DRA driver: deleted (or, dry, counted); none where the API
+/// server serves no DRA.
+async fn resource_slices(client: &kube::Client, dry_run: bool) -> Result<String, String> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    let api: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "resourceslices"));
+    let driver = format!("spec.driver={}", nano_gpu_proto::dra::DRIVER);
+    let slices = match api.list(&ListParams::default().fields(&driver)).await {
+        Ok(list) => list.items,
+        Err(e) if is_not_found(&e) => return Ok("not served by this API server".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if dry_run || slices.is_empty() {
+        let verb = if dry_run { "would be deleted" } else { "none" };
+        return Ok(if slices.is_empty() { "none".into() } else { format!("{} {verb}", slices.len()) });
+    }
+    for s in &slices {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(format!("{name}: {e}")),
+        }
+    }
+    Ok(format!("{} deleted", slices.len()))
+}
+
+/// Runs the cleanup pod of every node in `nodes` and waits for them: the nodes cleaned.
+async fn clean_nodes(
+    client: &kube::Client,
+    nodes: &[GpuNode],
+    image: &str,
+    args: &UninstallArgs,
+    out: &mut Out,
+) -> Result<Vec<String>> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(json!({
+        "metadata": {"name": CLEAN_NAMESPACE, "labels": {
+            "app.kubernetes.io/name": "nano-gpu-uninstall",
+            "pod-security.kubernetes.io/enforce": "privileged",
+            "pod-security.kubernetes.io/warn": "privileged",
+            "pod-security.kubernetes.io/audit": "privileged",
+        }},
+    }))?;
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(a)) if a.code == 409 => {}
+        Err(e) => return Err(e).context(format!("creating namespace {CLEAN_NAMESPACE}")),
+    }
+    // The API server refuses pods in a namespace until its ServiceAccount `default` is made.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
+    let since = Instant::now();
+    while accounts.get_opt("default").await?.is_none() && since.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
+    let mut started = Vec::new();
+    for node in nodes {
+        let pod: Pod = serde_json::from_value(clean_pod(&node.name, image, &args.kubelet_root))?;
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(p) => started.push((node.name.clone(), p.metadata.name.unwrap_or_default())),
+            Err(e) => out.line("files", &format!("node/{}", node.name), Err(e.to_string())),
+        }
+    }
+    let since = Instant::now();
+    let timeout = Duration::from_secs(args.timeout);
+    let mut cleaned = Vec::new();
+    let mut waiting = started;
+    while !waiting.is_empty() {
+        let mut still = Vec::new();
+        for (node, pod) in waiting {
+            let phase = pods.get_opt(&pod).await?.and_then(|p| p.status?.phase).unwrap_or_default();
+            let log = || async { pods.logs(&pod, &LogParams::default()).await.unwrap_or_default() };
+            let said = |log: String| {
+                log.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+            };
+            match phase.as_str() {
+                "Succeeded" => {
+                    out.line("files", &format!("node/{node}"), Ok(said(log().await)));
+                    cleaned.push(node);
+                }
+                "Failed" => out.line("files", &format!("node/{node}"), Err(said(log().await))),
+                _ if since.elapsed() > timeout => out.line(
+                    "files",
+                    &format!("node/{node}"),
+                    Err(format!(
+                        "its cleanup pod {CLEAN_NAMESPACE}/{pod} is still {phase} after {} s",
+                        timeout.as_secs()
+                    )),
+                ),
+                _ => still.push((node, pod)),
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    let gone = delete_namespace(client, CLEAN_NAMESPACE, timeout).await;
+    out.line("delete", &format!("namespace/{CLEAN_NAMESPACE}"), gone);
+    Ok(cleaned)
+}
+
+/// `uninstall`: every step, one line each as it goes; the number of steps that failed.
+pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
+    let mut out = Out { dry_run: args.dry_run, failed: 0 };
+    let nodes =
+        Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
+    let gpu = gpu_nodes(&nodes.items);
+    let image = match &args.image {
+        Some(image) => Some(image.clone()),
+        None => agent_image(client, &args.namespace).await?,
+    };
+    let image = match image {
+        Some(image) => image,
+        None if gpu.is_empty() => String::new(),
+        None => bail!(
+            "the agent DaemonSet {}/{AGENT_DAEMONSET} is gone, so the nodes' cleanup cannot take its image: name \
+             the agent image the install used with --image (e.g. nano-gpu/agent:{})",
+            args.namespace,
+            env!("CARGO_PKG_VERSION")
+        ),
+    };
+    println!("{:<10} {:<68} RESULT", "STEP", "OBJECT");
+
+    // 1. The objects outside the namespace, then the namespace and its pods.
+    for o in &OUTSIDE {
+        let object = match o.namespace {
+            "" => format!("{}/{}", o.kind.to_lowercase(), o.name),
+            ns => format!("{}/{} -n {ns}", o.kind.to_lowercase(), o.name),
+        };
+        out.line("delete", &object, delete(client, o, out.dry_run).await);
+    }
+    let namespace = format!("namespace/{}", args.namespace);
+    let result = if args.dry_run {
+        let there = Api::<Namespace>::all(client.clone()).get_opt(&args.namespace).await?;
+        Ok(if there.is_some() { "would be deleted, with everything in it" } else { "not there" }.to_owned())
+    } else {
+        delete_namespace(client, &args.namespace, Duration::from_secs(args.timeout)).await
+    };
+    let namespace_gone = result.is_ok();
+    out.line("delete", &namespace, result);
+
+    // 2. What the agents published for DRA.
+    out.line("delete", "resourceslices of the driver", resource_slices(client, args.dry_run).await);
+
+    // 3 and 4. The nodes' files, then their keys.
+    let cleaned = if gpu.is_empty() {
+        Vec::new()
+    } else if args.dry_run {
+        for n in &gpu {
+            let what = format!("would run nano-gpu-agent clean-node ({image}) in {CLEAN_NAMESPACE}");
+            out.line("files", &format!("node/{}", n.name), Ok(what));
+        }
+        gpu.iter().map(|n| n.name.clone()).collect()
+    } else if !namespace_gone {
+        out.line(
+            "files",
+            "every node",
+            Err(format!("skipped: {namespace} is not gone, its agents may still run")),
+        );
+        Vec::new()
+    } else {
+        clean_nodes(client, &gpu, &image, args, &mut out).await?
+    };
+    let node_api: Api<Node> = Api::all(client.clone());
+    for n in gpu.iter().filter(|n| cleaned.contains(&n.name)) {
+        let keys = n.labels.iter().chain(&n.annotations).cloned().collect::<Vec<_>>().join(",");
+        let result = if args.dry_run {
+            Ok(format!("would remove {keys}"))
+        } else {
+            let patch = Patch::Merge(keys_patch(n));
+            match node_api.patch(&n.name, &PatchParams::default(), &patch).await {
+                Ok(_) => Ok(format!("removed {keys}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        out.line("keys", &format!("node/{}", n.name), result);
+    }
+
+    // 5. Pods no scheduler will place any more.
+    let waiting = format!("spec.schedulerName={SCHEDULER_NAME},status.phase=Pending");
+    let pending = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&waiting))
+        .await
+        .context("listing the pods Pending for nano-gpu-scheduler")?;
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: "kubectl-nano-gpu".into(), instance: None });
+    for pod in &pending.items {
+        let object = format!(
+            "pod/{} -n {}",
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            pod.metadata.namespace.as_deref().unwrap_or_default()
+        );
+        let result = if args.dry_run {
+            Ok(format!("would get an Event {}", Reason::Uninstalled.as_str()))
+        } else {
+            let event = KubeEvent {
+                type_: EventType::Warning,
+                reason: Reason::Uninstalled.as_str().into(),
+                note: Some(pending_note()),
+                action: "Uninstall".into(),
+                secondary: None,
+            };
+            match recorder.publish(&event, &pod.object_ref(&())).await {
+                Ok(()) => Ok(format!("Event {}: delete it", Reason::Uninstalled.as_str())),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        out.line("pending", &object, result);
+    }
+    Ok(out.failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, labels: Value, annotations: Value) -> Node {
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_nodes_with_nano_gpus_keys_are_cleaned_and_only_those_keys_go() {
+        let nodes = [
+            node(
+                "gpu-1",
+                json!({"nano-gpu/node": "true", "nano-gpu/gpu.count": "4", "kubernetes.io/hostname": "gpu-1"}),
+                json!({"nano-gpu/gpus": "{}", "node.alpha.kubernetes.io/ttl": "0"}),
+            ),
+            node("cpu-1", json!({"kubernetes.io/hostname": "cpu-1", "nano-gpu.io/other": "x"}), json!({})),
+            node("gpu-2", json!({}), json!({"nano-gpu/gpus": "{}"})),
+        ];
+        let gpu = gpu_nodes(&nodes);
+        assert_eq!(gpu.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["gpu-1", "gpu-2"]);
+        assert_eq!(
+            keys_patch(&gpu[0]),
+            json!({"metadata": {
+                "labels": {"nano-gpu/gpu.count": null, "nano-gpu/node": null},
+                "annotations": {"nano-gpu/gpus": null},
+            }})
+        );
+    }
+
+    #[test]
+    fn the_cleanup_pod_runs_the_agents_clean_node_on_its_node_with_the_host_directories() {
+        let pod: Pod = serde_json::from_value(clean_pod(
+            "gpu-1",
+            "registry.example/nano-gpu/agent:0.1.0",
+            "/data/kubelet",
+        ))
+        .expect("a valid pod");
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("gpu-1"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let c = &spec.containers[0];
+        assert_eq!(c.image.as_deref(), Some("registry.example/nano-gpu/agent:0.1.0"));
+        assert_eq!(c.args.as_ref().unwrap()[0], "clean-node");
+        let host = |name: &str| {
+            let v = spec.volumes.as_ref().unwrap().iter().find(|v| v.name == name).unwrap();
+            v.host_path.as_ref().unwrap().path.clone()
+        };
+        assert_eq!(host("kubelet"), "/data/kubelet");
+        assert_eq!(host("run"), "/run");
+        // Every directory the command is told of is a mount of the host.
+        let args = c.args.as_ref().unwrap();
+        let mounts: Vec<&str> =
+            c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+        for dir in args.iter().filter(|a| a.starts_with('/')) {
+            assert!(mounts.iter().any(|m| dir.starts_with(m)), "{dir} is not under a mount: {mounts:?}");
+        }
+        // It tolerates every taint: an uninstall cleans tainted GPU nodes too.
+        assert_eq!(spec.tolerations.unwrap()[0].operator.as_deref(), Some("Exists"));
+    }
+
+    #[test]
+    fn the_event_says_why_the_pod_waits_and_what_to_do() {
+        let note = pending_note();
+        assert!(note.contains(SCHEDULER_NAME) && note.contains("Delete it"), "{note}");
+        // The Event API keeps at most 1 kB of a note.
+        assert!(note.len() < 1024);
+    }
+}
