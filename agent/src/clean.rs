@@ -26,6 +26,16 @@ pub struct Dirs {
 /// Removes nano-gpu's files under `dirs`: the paths removed, or every failure (each with its path)
 /// after trying all the others.
 pub fn clean(dirs: &Dirs) -> Result<Vec<PathBuf>, String> {
+    // Every kubelet has its device-plugin directory: without it, this is not the kubelet's root, and
+    // finding nothing there would read as a clean node.
+    let plugins = dirs.host_kubelet.join(DEVICE_PLUGINS.0);
+    if !plugins.is_dir() {
+        return Err(format!(
+            "{} is not a directory: is {} the kubelet's root (its --root-dir)?",
+            plugins.display(),
+            dirs.host_kubelet.display()
+        ));
+    }
     let mut removed = Vec::new();
     let mut failed = Vec::new();
     let mut paths =
@@ -152,9 +162,22 @@ mod tests {
     }
 
     #[test]
-    fn a_node_without_the_directories_has_nothing_to_remove() {
+    fn a_node_without_nano_gpus_files_has_nothing_to_remove() {
         let tmp = Scratch::new("none");
-        assert_eq!(clean(&dirs(&tmp.0)).unwrap(), Vec::<PathBuf>::new());
+        let d = dirs(&tmp.0);
+        touch(&d.host_kubelet.join("device-plugins/kubelet.sock"));
+        assert_eq!(clean(&d).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn a_kubelet_root_without_the_device_plugin_directory_is_refused() {
+        let tmp = Scratch::new("not-kubelet");
+        let d = dirs(&tmp.0);
+        touch(&d.host_run.join(RUN_DIR).join("mps/x"));
+        let err = clean(&d).unwrap_err();
+        assert!(err.contains("is not a directory: is") && err.contains("--root-dir"), "{err}");
+        // Nothing was removed: the node keeps its keys and is tried again.
+        assert!(d.host_run.join(RUN_DIR).join("mps/x").exists());
     }
 
     #[test]
@@ -162,6 +185,7 @@ mod tests {
         let tmp = Scratch::new("unreadable");
         let d = dirs(&tmp.0);
         touch(&d.host_run.join(RUN_DIR).join("mps/x"));
+        touch(&d.host_kubelet.join("device-plugins/kubelet.sock"));
         // The CDI "directory" is a file: reading it fails.
         touch(&d.host_cdi);
         let err = clean(&d).unwrap_err();

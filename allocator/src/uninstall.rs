@@ -1,22 +1,24 @@
 //! `kubectl nano-gpu uninstall`: removes nano-gpu from a cluster, with what deleting the manifests
 //! cannot undo. In order:
 //!
-//! 1. the objects the install makes outside its namespace ([`install::OUTSIDE`]: the webhook and the
-//!    admission policies first), then the namespace, waiting until it is gone: its pods stop, so the
-//!    agents remove their sockets and `mps-control` stops its daemons;
-//! 2. the ResourceSlices the agents published for the DRA driver;
-//! 3. the nodes' files: one pod per node that had nano-gpu's keys, in a namespace of its own
-//!    ([`CLEAN_NAMESPACE`], removed after), runs `nano-gpu-agent clean-node` (the agent's image) with
-//!    the host's directories mounted;
-//! 4. every `nano-gpu/` label and annotation of those nodes (of a node whose files could not be
-//!    removed, none: a second run finds it again);
-//! 5. an Event [`Reason::Uninstalled`] on every pod still Pending for `nano-gpu-scheduler`, which
-//!    no scheduler serves any more.
+//! 1. the namespace, waiting until it is gone: its pods stop, so the agents remove their sockets and
+//!    `mps-control` stops its daemons. The webhook stays meanwhile, so a GPU pod made then is refused,
+//!    not placed where nano-gpu's resources are still offered;
+//! 2. the objects the install makes outside its namespace ([`install::OUTSIDE`]);
+//! 3. the ResourceSlices the agents published for the DRA driver, once no agent is left;
+//! 4. the nodes' files: one pod per node that has nano-gpu's keys and none of its pods left, in a
+//!    namespace of its own ([`CLEAN_NAMESPACE`], removed after), runs `nano-gpu-agent clean-node`
+//!    (the agent's image) with the host's directories mounted;
+//! 5. every `nano-gpu/` label and annotation of the nodes whose files were removed (a node whose
+//!    files were not keeps them, so a second run finds it again);
+//! 6. an Event [`Reason::Uninstalled`] on every pod still waiting for `nano-gpu-scheduler`, which no
+//!    scheduler serves any more.
 //!
-//! Running GPU containers keep their cards (the runtime gave them their devices), and pods keep
-//! their annotations, so a later install counts them again. Run again, it finds nothing to do.
+//! A step that fails prints why, and the others still run. Running GPU containers keep their cards
+//! (the runtime gave them their devices), and pods keep their annotations, so a later install counts
+//! them again. Run again, it finds nothing to do.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::Resource;
@@ -59,7 +61,6 @@ pub struct UninstallArgs {
 
 /// The lines printed as the steps go, and how many failed.
 struct Out {
-    dry_run: bool,
     failed: usize,
 }
 
@@ -135,7 +136,7 @@ fn clean_pod(node: &str, image: &str, kubelet_root: &str) -> Value {
                                     "allowPrivilegeEscalation": false,
                                     // Root, and past the modes of what a share left in its directories.
                                     "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}},
-                "volumeMounts": mounts.iter().map(|(name, _, at)| json!({"name": name, "mountPath": at})).collect::<Vec<_>>(),
+                                "volumeMounts": mounts.iter().map(|(name, _, at)| json!({"name": name, "mountPath": at})).collect::<Vec<_>>(),
             }],
             "volumes": mounts.iter().map(|(name, path, _)| json!({"name": name, "hostPath": {"path": path, "type": "Directory"}})).collect::<Vec<_>>(),
         },
@@ -243,15 +244,56 @@ async fn resource_slices(client: &kube::Client, dry_run: bool) -> Result<String,
     Ok(format!("{} deleted", slices.len()))
 }
 
-/// Runs the cleanup pod of every node in `nodes` and waits for them: the nodes cleaned.
-async fn clean_nodes(
-    client: &kube::Client,
-    nodes: &[GpuNode],
-    image: &str,
-    args: &UninstallArgs,
-    out: &mut Out,
-) -> Result<Vec<String>> {
+/// The paths `clean-node` printed, as the host names them (the cleanup pod mounts the host's
+/// directories under `/host`).
+fn host_paths(text: &str, kubelet_root: &str) -> String {
+    text.replace("/host/var-run", "/var/run")
+        .replace("/host/run", "/run")
+        .replace("/host/kubelet", kubelet_root)
+}
+
+/// What a pod's status says of why it did not run: its reason and message, and each container's.
+fn pod_detail(pod: &Pod) -> String {
+    let Some(status) = &pod.status else { return String::new() };
+    let mut parts: Vec<String> = [&status.reason, &status.message].into_iter().flatten().cloned().collect();
+    for c in status.container_statuses.iter().flatten() {
+        let state = c.state.as_ref();
+        let waiting = state.and_then(|s| s.waiting.as_ref()).map(|w| (w.reason.clone(), w.message.clone()));
+        let ended = state.and_then(|s| s.terminated.as_ref()).map(|t| (t.reason.clone(), t.message.clone()));
+        if let Some((reason, message)) = waiting.or(ended) {
+            parts.extend(reason.into_iter().chain(message));
+        }
+    }
+    parts.join(": ")
+}
+
+/// Makes [`CLEAN_NAMESPACE`] (Pod Security `privileged`), after an earlier one of ours has gone, and
+/// waits for its ServiceAccount `default`, without which the API server refuses its pods.
+async fn clean_namespace(client: &kube::Client, timeout: Duration) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ours = |n: &Namespace| {
+        n.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/name")).map(String::as_str)
+            == Some("nano-gpu-uninstall")
+    };
+    let since = Instant::now();
+    loop {
+        match namespaces.get_opt(CLEAN_NAMESPACE).await.map_err(|e| e.to_string())? {
+            None => break,
+            Some(n) if !ours(&n) => {
+                return Err(format!(
+                    "namespace {CLEAN_NAMESPACE} is there and is not nano-gpu's: rename or delete it"
+                ));
+            }
+            Some(n) if n.metadata.deletion_timestamp.is_none() => break,
+            Some(_) if since.elapsed() > timeout => {
+                return Err(format!(
+                    "namespace {CLEAN_NAMESPACE} of an earlier run is still going after {} s",
+                    timeout.as_secs()
+                ));
+            }
+            Some(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
     let namespace = serde_json::from_value(json!({
         "metadata": {"name": CLEAN_NAMESPACE, "labels": {
             "app.kubernetes.io/name": "nano-gpu-uninstall",
@@ -259,54 +301,101 @@ async fn clean_nodes(
             "pod-security.kubernetes.io/warn": "privileged",
             "pod-security.kubernetes.io/audit": "privileged",
         }},
-    }))?;
+    }))
+    .map_err(|e| e.to_string())?;
     match namespaces.create(&PostParams::default(), &namespace).await {
         Ok(_) => {}
         Err(kube::Error::Api(a)) if a.code == 409 => {}
-        Err(e) => return Err(e).context(format!("creating namespace {CLEAN_NAMESPACE}")),
+        Err(e) => return Err(format!("creating namespace {CLEAN_NAMESPACE}: {e}")),
     }
-    // The API server refuses pods in a namespace until its ServiceAccount `default` is made.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
     let since = Instant::now();
-    while accounts.get_opt("default").await?.is_none() && since.elapsed() < Duration::from_secs(60) {
+    while !matches!(accounts.get_opt("default").await, Ok(Some(_))) {
+        if since.elapsed() > Duration::from_secs(60) {
+            return Err(format!("namespace {CLEAN_NAMESPACE} got no ServiceAccount default in 60 s"));
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    Ok(())
+}
+
+/// Runs the cleanup pod of every node in `nodes` and waits for them, each for at most `--timeout`;
+/// removes [`CLEAN_NAMESPACE`] after, whatever happened. The nodes cleaned.
+async fn clean_nodes(
+    client: &kube::Client,
+    nodes: &[String],
+    image: &str,
+    args: &UninstallArgs,
+    out: &mut Out,
+) -> Vec<String> {
+    let timeout = Duration::from_secs(args.timeout);
+    let line = |out: &mut Out, node: &str, result| out.line("files", &format!("node/{node}"), result);
+    if let Err(e) = clean_namespace(client, timeout).await {
+        nodes.iter().for_each(|n| line(out, n, Err(e.clone())));
+        return Vec::new();
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
-    let mut started = Vec::new();
+    let mut waiting = Vec::new();
     for node in nodes {
-        let pod: Pod = serde_json::from_value(clean_pod(&node.name, image, &args.kubelet_root))?;
+        let pod: Pod = match serde_json::from_value(clean_pod(node, image, &args.kubelet_root)) {
+            Ok(p) => p,
+            Err(e) => {
+                line(out, node, Err(e.to_string()));
+                continue;
+            }
+        };
         match pods.create(&PostParams::default(), &pod).await {
-            Ok(p) => started.push((node.name.clone(), p.metadata.name.unwrap_or_default())),
-            Err(e) => out.line("files", &format!("node/{}", node.name), Err(e.to_string())),
+            Ok(p) => waiting.push((node.clone(), p.metadata.name.unwrap_or_default())),
+            Err(e) => line(out, node, Err(e.to_string())),
         }
     }
     let since = Instant::now();
-    let timeout = Duration::from_secs(args.timeout);
     let mut cleaned = Vec::new();
-    let mut waiting = started;
     while !waiting.is_empty() {
         let mut still = Vec::new();
-        for (node, pod) in waiting {
-            let phase = pods.get_opt(&pod).await?.and_then(|p| p.status?.phase).unwrap_or_default();
-            let log = || async { pods.logs(&pod, &LogParams::default()).await.unwrap_or_default() };
-            let said = |log: String| {
-                log.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+        for (node, name) in waiting {
+            let read = pods.get_opt(&name).await;
+            let phase = match &read {
+                Ok(Some(p)) => p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
+                Ok(None) => "gone".to_owned(),
+                // The API server did not answer: ask again, until the time is up.
+                Err(_) => String::new(),
+            };
+            let said = || async {
+                let log = pods.logs(&name, &LogParams::default()).await.unwrap_or_default();
+                let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+                host_paths(&lines.join("; "), &args.kubelet_root)
+            };
+            let detail = || match &read {
+                Ok(Some(p)) => pod_detail(p),
+                _ => String::new(),
             };
             match phase.as_str() {
                 "Succeeded" => {
-                    out.line("files", &format!("node/{node}"), Ok(said(log().await)));
+                    line(out, &node, Ok(said().await));
                     cleaned.push(node);
                 }
-                "Failed" => out.line("files", &format!("node/{node}"), Err(said(log().await))),
-                _ if since.elapsed() > timeout => out.line(
-                    "files",
-                    &format!("node/{node}"),
-                    Err(format!(
-                        "its cleanup pod {CLEAN_NAMESPACE}/{pod} is still {phase} after {} s",
-                        timeout.as_secs()
-                    )),
-                ),
-                _ => still.push((node, pod)),
+                "Failed" => {
+                    let why =
+                        [said().await, detail()].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>();
+                    line(out, &node, Err(format!("its cleanup pod failed: {}", why.join("; "))));
+                }
+                "gone" => line(out, &node, Err("its cleanup pod is gone (was the node deleted?)".into())),
+                _ if since.elapsed() > timeout => {
+                    let why = format!(
+                        "its cleanup pod {CLEAN_NAMESPACE}/{name} is still {} after {} s (is the node Ready, and has \
+                         it the image {image}?) {}",
+                        if phase.is_empty() { "unread" } else { &phase },
+                        timeout.as_secs(),
+                        detail()
+                    );
+                    line(out, &node, Err(why.trim_end().to_owned()));
+                    // A pod on a node that does not answer would hold the namespace's deletion.
+                    let _ = pods
+                        .delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                        .await;
+                }
+                _ => still.push((node, name)),
             }
         }
         waiting = still;
@@ -316,101 +405,162 @@ async fn clean_nodes(
     }
     let gone = delete_namespace(client, CLEAN_NAMESPACE, timeout).await;
     out.line("delete", &format!("namespace/{CLEAN_NAMESPACE}"), gone);
-    Ok(cleaned)
+    cleaned
+}
+
+/// The nodes where pods of nano-gpu's namespace still are (its deletion waits for them: a node that
+/// does not answer keeps them), or why that cannot be read.
+async fn nodes_still_serving(client: &kube::Client, namespace: &str) -> Result<Vec<String>, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let left = pods.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+    Ok(left.items.into_iter().filter_map(|p| p.spec?.node_name).collect())
 }
 
 /// `uninstall`: every step, one line each as it goes; the number of steps that failed.
 pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
-    let mut out = Out { dry_run: args.dry_run, failed: 0 };
-    let nodes =
-        Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing nodes")?;
-    let gpu = gpu_nodes(&nodes.items);
+    let mut out = Out { failed: 0 };
+    let dry_run = args.dry_run;
+    let timeout = Duration::from_secs(args.timeout);
+    // The image first: the agent DaemonSet goes with the namespace.
     let image = match &args.image {
         Some(image) => Some(image.clone()),
-        None => agent_image(client, &args.namespace).await?,
-    };
-    let image = match image {
-        Some(image) => image,
-        None if gpu.is_empty() => String::new(),
-        None => bail!(
-            "the agent DaemonSet {}/{AGENT_DAEMONSET} is gone, so the nodes' cleanup cannot take its image: name \
-             the agent image the install used with --image (e.g. nano-gpu/agent:{})",
-            args.namespace,
-            env!("CARGO_PKG_VERSION")
-        ),
+        None => agent_image(client, &args.namespace).await.unwrap_or(None),
     };
     println!("{:<10} {:<68} RESULT", "STEP", "OBJECT");
 
-    // 1. The objects outside the namespace, then the namespace and its pods.
+    // 1. The namespace and its pods: the agents stop (each removes its sockets) and mps-control stops
+    // its daemons. The webhook stays until then, so a GPU pod made meanwhile is refused, not placed on
+    // a node that still offers nano-gpu's resources.
+    let namespace = format!("namespace/{}", args.namespace);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let serving = if dry_run {
+        let there = namespaces.get_opt(&args.namespace).await.map_err(|e| e.to_string());
+        let said = there.map(|t| {
+            if t.is_some() { "would be deleted, with everything in it" } else { "not there" }.to_owned()
+        });
+        out.line("delete", &namespace, said);
+        Ok(Vec::new())
+    } else {
+        match delete_namespace(client, &args.namespace, timeout).await {
+            Ok(r) => {
+                out.line("delete", &namespace, Ok(r));
+                Ok(Vec::new())
+            }
+            Err(e) => {
+                let serving = nodes_still_serving(client, &args.namespace).await;
+                let on = match &serving {
+                    Ok(nodes) => format!("its pods on {} have not stopped", nodes.join(", ")),
+                    Err(e) => format!("its pods cannot be listed: {e}"),
+                };
+                out.line("delete", &namespace, Err(format!("{e}; {on}")));
+                serving
+            }
+        }
+    };
+
+    // 2. The objects outside the namespace: the webhook, the admission policies, the rights.
     for o in &OUTSIDE {
         let object = match o.namespace {
             "" => format!("{}/{}", o.kind.to_lowercase(), o.name),
             ns => format!("{}/{} -n {ns}", o.kind.to_lowercase(), o.name),
         };
-        out.line("delete", &object, delete(client, o, out.dry_run).await);
+        out.line("delete", &object, delete(client, o, dry_run).await);
     }
-    let namespace = format!("namespace/{}", args.namespace);
-    let result = if args.dry_run {
-        let there = Api::<Namespace>::all(client.clone()).get_opt(&args.namespace).await?;
-        Ok(if there.is_some() { "would be deleted, with everything in it" } else { "not there" }.to_owned())
-    } else {
-        delete_namespace(client, &args.namespace, Duration::from_secs(args.timeout)).await
+
+    // 3. What the agents published for DRA, once no agent is left to publish it again.
+    let slices = match &serving {
+        Ok(nodes) if nodes.is_empty() => resource_slices(client, dry_run).await,
+        _ => Err("skipped: agents may still run".to_owned()),
     };
-    let namespace_gone = result.is_ok();
-    out.line("delete", &namespace, result);
+    out.line("delete", "resourceslices of the driver", slices);
 
-    // 2. What the agents published for DRA.
-    out.line("delete", "resourceslices of the driver", resource_slices(client, args.dry_run).await);
-
-    // 3 and 4. The nodes' files, then their keys.
-    let cleaned = if gpu.is_empty() {
-        Vec::new()
-    } else if args.dry_run {
-        for n in &gpu {
-            let what = format!("would run nano-gpu-agent clean-node ({image}) in {CLEAN_NAMESPACE}");
-            out.line("files", &format!("node/{}", n.name), Ok(what));
+    // 4 and 5. The nodes' files, then their keys: listed now, after the agents stopped writing them.
+    let nodes = match Api::<Node>::all(client.clone()).list(&ListParams::default()).await {
+        Ok(list) => gpu_nodes(&list.items),
+        Err(e) => {
+            out.line("files", "every node", Err(format!("listing nodes: {e}")));
+            Vec::new()
         }
-        gpu.iter().map(|n| n.name.clone()).collect()
-    } else if !namespace_gone {
-        out.line(
-            "files",
-            "every node",
-            Err(format!("skipped: {namespace} is not gone, its agents may still run")),
-        );
-        Vec::new()
+    };
+    let mut ready = Vec::new();
+    for n in &nodes {
+        let refuse = match (&serving, &image) {
+            (Err(e), _) => Some(format!("skipped: {e}")),
+            (Ok(busy), _) if busy.contains(&n.name) => {
+                Some("skipped: nano-gpu's pods on it have not stopped (is the node Ready?)".to_owned())
+            }
+            (_, None) => Some(format!(
+                "no image for its cleanup pod: the agent DaemonSet {}/{AGENT_DAEMONSET} is gone; name the agent image \
+                 the install used with --image (one with `nano-gpu-agent clean-node`, 0.1.0 of {} or later)",
+                args.namespace,
+                env!("CARGO_PKG_VERSION")
+            )),
+            _ => None,
+        };
+        match refuse {
+            Some(why) => out.line("files", &format!("node/{}", n.name), Err(why)),
+            None => ready.push(n.name.clone()),
+        }
+    }
+    let image = image.unwrap_or_default();
+    let cleaned = if dry_run {
+        for n in &ready {
+            let what = format!("would run nano-gpu-agent clean-node ({image}) in {CLEAN_NAMESPACE}");
+            out.line("files", &format!("node/{n}"), Ok(what));
+        }
+        ready
+    } else if ready.is_empty() {
+        ready
     } else {
-        clean_nodes(client, &gpu, &image, args, &mut out).await?
+        clean_nodes(client, &ready, &image, args, &mut out).await
     };
     let node_api: Api<Node> = Api::all(client.clone());
-    for n in gpu.iter().filter(|n| cleaned.contains(&n.name)) {
+    for name in &cleaned {
+        let object = format!("node/{name}");
+        let node = match node_api.get_opt(name).await {
+            Ok(Some(node)) => node,
+            Ok(None) => continue,
+            Err(e) => {
+                out.line("keys", &object, Err(e.to_string()));
+                continue;
+            }
+        };
+        let Some(n) = gpu_nodes(std::slice::from_ref(&node)).pop() else { continue };
         let keys = n.labels.iter().chain(&n.annotations).cloned().collect::<Vec<_>>().join(",");
-        let result = if args.dry_run {
+        let result = if dry_run {
             Ok(format!("would remove {keys}"))
         } else {
-            let patch = Patch::Merge(keys_patch(n));
-            match node_api.patch(&n.name, &PatchParams::default(), &patch).await {
+            let patch = Patch::Merge(keys_patch(&n));
+            match node_api.patch(name, &PatchParams::default(), &patch).await {
                 Ok(_) => Ok(format!("removed {keys}")),
                 Err(e) => Err(e.to_string()),
             }
         };
-        out.line("keys", &format!("node/{}", n.name), result);
+        out.line("keys", &object, result);
     }
 
-    // 5. Pods no scheduler will place any more.
-    let waiting = format!("spec.schedulerName={SCHEDULER_NAME},status.phase=Pending");
-    let pending = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields(&waiting))
-        .await
-        .context("listing the pods Pending for nano-gpu-scheduler")?;
+    // 6. Pods no scheduler will place any more (bound ones are only starting: not these).
+    let waiting = format!("spec.schedulerName={SCHEDULER_NAME},spec.nodeName=,status.phase=Pending");
+    let pending = match Api::<Pod>::all(client.clone()).list(&ListParams::default().fields(&waiting)).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            out.line(
+                "pending",
+                "every pod",
+                Err(format!("listing the pods Pending for {SCHEDULER_NAME}: {e}")),
+            );
+            Vec::new()
+        }
+    };
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: "kubectl-nano-gpu".into(), instance: None });
-    for pod in &pending.items {
+    for pod in &pending {
         let object = format!(
             "pod/{} -n {}",
             pod.metadata.name.as_deref().unwrap_or_default(),
             pod.metadata.namespace.as_deref().unwrap_or_default()
         );
-        let result = if args.dry_run {
+        let result = if dry_run {
             Ok(format!("would get an Event {}", Reason::Uninstalled.as_str()))
         } else {
             let event = KubeEvent {
@@ -492,6 +642,35 @@ mod tests {
         }
         // It tolerates every taint: an uninstall cleans tainted GPU nodes too.
         assert_eq!(spec.tolerations.unwrap()[0].operator.as_deref(), Some("Exists"));
+    }
+
+    #[test]
+    fn what_clean_node_printed_is_told_in_the_hosts_paths() {
+        let said = "removed /host/run/nano-gpu; removed /host/kubelet/device-plugins/nano-gpu.x.sock; \
+                    removed /host/var-run/cdi/nano-gpu.io-claim_1.json";
+        assert_eq!(
+            host_paths(said, "/data/kubelet"),
+            "removed /run/nano-gpu; removed /data/kubelet/device-plugins/nano-gpu.x.sock; \
+             removed /var/run/cdi/nano-gpu.io-claim_1.json"
+        );
+    }
+
+    #[test]
+    fn a_cleanup_pod_that_did_not_run_says_why() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "clean-x"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "clean-node", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}},
+            }]},
+        }))
+        .unwrap();
+        assert_eq!(pod_detail(&pod), "ErrImagePull: pull access denied");
+        let evicted: Pod = serde_json::from_value(json!({
+            "status": {"phase": "Failed", "reason": "OutOfpods", "message": "Node didn't have enough resource: pods"},
+        }))
+        .unwrap();
+        assert_eq!(pod_detail(&evicted), "OutOfpods: Node didn't have enough resource: pods");
     }
 
     #[test]

@@ -42,9 +42,8 @@ const fn object(
 const RBAC: &str = "rbac.authorization.k8s.io";
 const ADMISSION: &str = "admissionregistration.k8s.io";
 
-/// Every object of the install (base and components) outside [`NAMESPACE`], the namespace itself
-/// last: the webhook and the admission policies first, so that nothing refuses pods or keys while
-/// the rest goes.
+/// Every object of the install (base and components) outside [`NAMESPACE`]: the webhook first, then
+/// the admission policies, the DeviceClass and the rights.
 pub const OUTSIDE: [Object; 21] = [
     object(
         ADMISSION,
@@ -110,9 +109,6 @@ pub const OUTSIDE: [Object; 21] = [
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-allocator-dra"),
     object(RBAC, "RoleBinding", "rolebindings", "kube-system", "nano-gpu-scheduler-authentication-reader"),
 ];
-
-/// The namespace, as an [`Object`].
-pub const NAMESPACE_OBJECT: Object = object("", "Namespace", "namespaces", "", NAMESPACE);
 
 /// What the agent and the MPS daemons leave on a node's filesystem, by directory: the paths
 /// `nano-gpu-agent clean-node` removes, relative to the directories it is given.

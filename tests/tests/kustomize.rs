@@ -349,14 +349,24 @@ fn uninstall_knows_every_object_the_install_makes_outside_its_namespace() {
         let components: Vec<&str> = components.iter().map(String::as_str).collect();
         builds.push(with(&format!("uninstall-{name}"), &components));
     }
-    let made: std::collections::BTreeSet<(String, String, String)> = builds
+    // By apiVersion too: the uninstall deletes through the group and version it names.
+    let made: std::collections::BTreeSet<(String, String, String, String)> = builds
         .into_iter()
-        .flat_map(BTreeMap::into_keys)
-        .filter(|(kind, namespace, name)| {
+        .flat_map(BTreeMap::into_iter)
+        .filter(|((kind, namespace, name), _)| {
             namespace != NAMESPACE && !(kind == "Namespace" && name == NAMESPACE)
         })
+        .map(|((kind, namespace, name), object)| {
+            (object["apiVersion"].as_str().unwrap_or_default().to_owned(), kind, namespace, name)
+        })
         .collect();
-    let listed =
-        OUTSIDE.iter().map(|o| (o.kind.to_owned(), o.namespace.to_owned(), o.name.to_owned())).collect();
+    let listed = OUTSIDE
+        .iter()
+        .map(|o| {
+            let api_version =
+                if o.group.is_empty() { o.version.to_owned() } else { format!("{}/{}", o.group, o.version) };
+            (api_version, o.kind.to_owned(), o.namespace.to_owned(), o.name.to_owned())
+        })
+        .collect();
     assert_eq!(made, listed);
 }

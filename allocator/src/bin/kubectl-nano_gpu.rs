@@ -33,8 +33,8 @@ enum Command {
     /// the webhook trusting its CA, the certificate's end, kube-scheduler's version, Pod Security.
     /// Each failing line says what to do; exits 1 when one fails.
     Check(CheckArgs),
-    /// Remove nano-gpu: the objects it installed outside its namespace, the namespace (its agents
-    /// stop), the ResourceSlices of its DRA driver, its files on each node (a pod per node runs
+    /// Remove nano-gpu: its namespace (its agents stop), the objects it installed outside it, the
+    /// ResourceSlices of its DRA driver, its files on each node (a pod per node runs
     /// `nano-gpu-agent clean-node`), its labels and annotations on Nodes; an Event on each pod left
     /// Pending for `nano-gpu-scheduler`. Running GPU containers keep their cards. Exits 1 when a
     /// step fails; run again, it does only what is left.
