@@ -454,6 +454,68 @@ mod tests {
         json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "99"}, "items": items})
     }
 
+    /// A watch whose streamed list the API server refuses (`code`) lists in pages from then on, and
+    /// the list it gets is the view's; any other failure keeps it streaming.
+    async fn refused_stream(code: u16) -> (Listing, Vec<String>) {
+        use crate::api_replies::{failure, respond};
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut watch = Watch::new(Api::<Node>::all(kube::Client::new(svc, "default")), Listing::Streamed);
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            assert!(query.contains("sendInitialEvents=true") && query.contains("watch=true"), "{query}");
+            send.send_response(failure(code, "Invalid"));
+            let (req, send) = handle.next_request().await.unwrap();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            if query.contains("sendInitialEvents=true") {
+                // Still streaming: the list comes as a watch's events.
+                return;
+            }
+            assert!(
+                query.contains(&format!("limit={LIST_PAGE}")) && !query.contains("watch="),
+                "paged: {query}"
+            );
+            let list = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "7"},
+                              "items": [node("a"), node("b")]});
+            send.send_response(respond(200, list));
+            // The watch from the list's version: it stays open.
+            let (req, _open) = handle.next_request().await.unwrap();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            assert!(query.contains("watch=true") && query.contains("resourceVersion=7"), "{query}");
+            std::future::pending::<()>().await;
+        });
+        let first = watch.next().await;
+        assert!(
+            matches!(&first, Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) if s.code == code),
+            "{first:?}"
+        );
+        let listing = watch.listing;
+        let mut listed = Vec::new();
+        if listing == Listing::Paged {
+            loop {
+                match watch.next().await {
+                    Ok(Some(Event::Init)) => {}
+                    Ok(Some(Event::InitApply(n))) => listed.push(n.metadata.name.unwrap()),
+                    Ok(Some(Event::InitDone)) => break,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        server.abort();
+        (listing, listed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_whose_streamed_list_is_refused_lists_in_pages_from_then_on() {
+        for code in [422, 400] {
+            assert_eq!(refused_stream(code).await, (Listing::Paged, vec!["a".to_owned(), "b".to_owned()]));
+        }
+        // A server that fails for another reason may stream its next list.
+        assert_eq!(refused_stream(500).await, (Listing::Streamed, Vec::new()));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_view_has_caught_up_once_its_watch_showed_the_newest_pod_write_and_no_relist_is_half_done() {
         use crate::api_replies::respond;
