@@ -9,6 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step is announced with "== what", and its time printed when the next begins: CI keeps the
+# whole command under an hour, and these lines show where the time goes.
+step_name=
+step() {
+  if [[ -n $step_name ]]; then echo "== ($step_name: $((SECONDS - step_start)) s)"; fi
+  step_name=$1
+  step_start=$SECONDS
+  [[ -z $1 ]] || echo "== $1"
+}
+
 # The test clusters' nodes and the build share the disk; a node with too little of it left stops
 # scheduling (DiskPressure), which reads as a cluster that never came up.
 for dir in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
@@ -17,42 +27,46 @@ for dir in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
   echo "== disk: ${free_gb} GB free for $dir"
   if (( free_gb < 10 )); then echo "warning: under 10 GB free for $dir; the cluster tests need several" >&2; fi
 done
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy --all-targets -D warnings"
+step "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The engine alone, with proto's features as the engine asks them (none): in the workspace build
 # above, features other crates turn on could hide an engine that reaches for proto's k8s or gRPC parts.
-echo "== cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
+step "cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
 cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
 # The book: mdBook must build it (a page missing from its contents fails); its links, anchors and
 # reference pages are checked by the docs test below.
-echo "== the book (hack/book.sh)"
+step "the book (hack/book.sh)"
 bash hack/book.sh
 # The end-to-end tests run real upstream Kubernetes: build it first (once per version, cached), so
 # its build shows here rather than inside a test. The newest tested version is the default; the
 # end-to-end test runs again on the oldest still supported.
 OLDEST=v1.35.8
-echo "== upstream Kubernetes binaries (hack/k8s-build.sh): the newest, and $OLDEST"
+step "upstream Kubernetes binaries (hack/k8s-build.sh): the newest, and $OLDEST"
 bash hack/k8s-build.sh >/dev/null
 NANO_GPU_K8S_VERSION=$OLDEST bash hack/k8s-build.sh >/dev/null
-echo "== containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
+step "containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
 bash hack/containerd-build.sh >/dev/null
-echo "== gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
+step "gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
 # README command 1 as a newcomer runs it, stopping by itself once the examples are placed. CI keeps
 # its target directory between runs: what cargo placed at the top of target/release goes first, so
 # the command must build (or link anew) every binary it runs rather than find one an earlier command
 # left there.
-echo "== README command 1: hack/local-up.sh --check"
+step "README command 1: hack/local-up.sh --check"
 release=${CARGO_TARGET_DIR:-target}/release
 if [[ -d $release ]]; then find "$release" -maxdepth 1 -type f -delete; fi
 bash hack/local-up.sh --check
-echo "== cargo test --workspace"
+step "cargo test --workspace --no-run (the test binaries' build)"
+cargo test --workspace --locked --no-run
+step "cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
-echo "== the end-to-end test on Kubernetes $OLDEST"
+step "the end-to-end test on Kubernetes $OLDEST"
 NANO_GPU_K8S_VERSION=$OLDEST cargo test -p nano-gpu-tests --test e2e --locked 2>&1 | tee -a "$log"
+step ""
+echo "== all steps: $SECONDS s"
 # One closing line over every test binary of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
