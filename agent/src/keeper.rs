@@ -22,6 +22,8 @@
 //! agent's parent rather than a container beside it. It holds no state of its own: a restarted agent
 //! answers as the agent does after any restart.
 
+pub mod memory;
+
 use crate::plugin;
 use crate::probe::Readiness;
 use crate::resource::Resource;
@@ -72,6 +74,9 @@ pub struct AgentProcess {
     pub program: PathBuf,
     /// Its arguments.
     pub args: Vec<std::ffi::OsString>,
+    /// The container's memory limit, under which the agent is stopped and started again (`None`:
+    /// its memory is not watched); see [`memory`].
+    pub memory: Option<memory::Guard>,
 }
 
 /// The first wait before starting an agent that exited again; it doubles up to [`RESTART_MOST`],
@@ -91,6 +96,17 @@ async fn stopping(shutdown: &mut watch::Receiver<bool>) {
 /// Runs `agent`, starting it again whenever it exits, until `shutdown`; then stops it (SIGTERM,
 /// SIGKILL after [`STOP_GRACE`]).
 async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
+    match agent.memory {
+        Some(g) => tracing::info!(
+            "the container's memory limit is {} MiB: the agent is killed and started again before it holds \
+             all but {} MiB of it beside the keeper",
+            g.limit >> 20,
+            g.margin() >> 20
+        ),
+        None => tracing::info!(
+            "the container has no memory limit (or no cgroup v2): the agent's memory is not watched"
+        ),
+    }
     let mut backoff = RESTART_FIRST;
     loop {
         let started = tokio::time::Instant::now();
@@ -109,7 +125,21 @@ async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
             }
         };
         tracing::info!(pid = child.id(), "agent started");
+        let pid = child.id();
         tokio::select! {
+            (holds, ceiling) = over_ceiling(pid, agent.memory) => {
+                tracing::warn!(
+                    "the agent holds {} MiB, over its ceiling of {} MiB (the container's limit less the keeper's \
+                     memory and a margin): killed before the kernel's OOM killer ends the whole container; \
+                     starting it again in {backoff:?}",
+                    holds >> 20,
+                    ceiling >> 20
+                );
+                let _ = child.kill().await;
+                if started.elapsed() >= RESTART_RESET {
+                    backoff = RESTART_FIRST;
+                }
+            }
             status = child.wait() => {
                 if started.elapsed() >= RESTART_RESET {
                     backoff = RESTART_FIRST;
@@ -138,6 +168,20 @@ async fn supervise(agent: AgentProcess, mut shutdown: watch::Receiver<bool>) {
             _ = stopping(&mut shutdown) => return,
         }
         backoff = (backoff * 2).min(RESTART_MOST);
+    }
+}
+
+/// Resolves once the agent `pid` holds more memory than `guard` leaves it beside the keeper's own:
+/// what it holds, and its ceiling then. Never, without a guard.
+async fn over_ceiling(pid: Option<u32>, guard: Option<memory::Guard>) -> (u64, u64) {
+    let (Some(pid), Some(guard)) = (pid, guard) else { return std::future::pending().await };
+    loop {
+        tokio::time::sleep(guard.period).await;
+        let keeper = memory::held(std::process::id()).unwrap_or(0);
+        let ceiling = guard.ceiling(keeper);
+        if let Some(holds) = memory::held(pid).filter(|&h| h > ceiling) {
+            return (holds, ceiling);
+        }
     }
 }
 
@@ -416,5 +460,71 @@ impl Relay {
                 _ = tx.closed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PIDs of this process's children whose command line holds `marker`.
+    fn children_marked(marker: &str) -> Vec<u32> {
+        let own = std::process::id().to_string();
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent is the field after the command's closing parenthesis and the state.
+            let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if parent == Some(own.as_str()) && String::from_utf8_lossy(&cmdline).contains(marker) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// An "agent" that takes `mib` MiB and keeps it for 10 s: a shell holding that many bytes in a
+    /// variable.
+    fn holder(marker: &str, mib: u64, memory: Option<memory::Guard>) -> AgentProcess {
+        let script = format!(": {marker}; x=$(head -c {} /dev/zero | tr '\\0' a); sleep 10", mib << 20);
+        AgentProcess { program: "sh".into(), args: vec!["-c".into(), script.into()], memory }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_agent_over_its_ceiling_is_killed_and_started_again_and_one_under_it_is_left() {
+        // Under a ceiling far above it, the holder takes its 100 MiB and keeps running.
+        let (stop, stopped) = watch::channel(false);
+        let roomy = tokio::spawn(supervise(holder("roomy", 100, Some(memory::Guard::new(4 << 30))), stopped));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let first = loop {
+            let pids = children_marked("roomy");
+            if let Some(&pid) = pids.first()
+                && memory::held(pid).is_some_and(|h| h >= 90 << 20)
+            {
+                break pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "the holder never held 90 MiB");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(children_marked("roomy"), vec![first], "an agent under its ceiling was stopped");
+        stop.send(true).unwrap();
+        roomy.await.unwrap();
+
+        // A 64 MiB container: the ceiling is under 56 MiB, and the holder is killed once it is over,
+        // then started again.
+        let (stop, stopped) = watch::channel(false);
+        let tight =
+            tokio::spawn(supervise(holder("tight", 100, Some(memory::Guard::new(64 << 20))), stopped));
+        let mut seen = std::collections::BTreeSet::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while seen.len() < 3 {
+            seen.extend(children_marked("tight"));
+            assert!(std::time::Instant::now() < deadline, "started {seen:?}: not killed and started again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(true).unwrap();
+        tight.await.unwrap();
     }
 }

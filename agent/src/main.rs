@@ -266,6 +266,10 @@ fn keeper(flags: &Flags) -> ExitCode {
     if let Some(at) = args.iter().rposition(|a| a == "keeper") {
         args.remove(at);
     }
+    // The container's memory limit, read from its own cgroup: the agent is stopped under it (see
+    // keeper::memory).
+    let memory = nano_gpu_agent::keeper::memory::own_limit(std::path::Path::new("/sys/fs/cgroup"))
+        .map(nano_gpu_agent::keeper::memory::Guard::new);
     let keeper = nano_gpu_agent::keeper::Keeper {
         plugin_dir: flags.plugin_dir.clone(),
         backend,
@@ -273,7 +277,7 @@ fn keeper(flags: &Flags) -> ExitCode {
         resources: flags.resources(),
         patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
         timing: run::Timing::default(),
-        agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args }),
+        agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args, memory }),
     };
     until_terminated(flags, "keeper: ", |_, stopped| async move {
         nano_gpu_agent::keeper::keep(keeper, stopped).await.map_err(|e| e.to_string())
