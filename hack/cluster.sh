@@ -32,7 +32,8 @@
 #                                        --dra: the install adds the component dra, the agents
 #                                        serve DRA where the runtime has CDI (containerd 2 nodes);
 #                                        writes <dir>/cluster.env)
-#        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with kustomize)
+#        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with
+#                                                kustomize; NANO_GPU_INSTALL_FROM: another version, below)
 #        hack/cluster.sh down <dir>              (no process, mount, cgroup or namespace is left)
 #        hack/cluster.sh restart <dir> kubelet|containerd <node>   (kill -9, then start it again)
 #        hack/cluster.sh crash <dir> etcd|kube-apiserver|kube-controller-manager|kube-scheduler SECONDS
@@ -41,9 +42,12 @@
 #        hack/cluster.sh ctr <dir> <node> ARGS...  (containerd's ctr on that node, namespace k8s.io)
 #        hack/cluster.sh load <dir> IMAGE.tar    (imports an image archive into every node's containerd)
 # Env:   NANO_GPU_BIN   dir with nano-gpu-allocator, nano-gpu-agent, libfakenvml.so and the test tools
-#                       netns-forward, pause, nvidia-runtime-standin, nvidia-smi, gpu-use (default: release build)
+#                       netns-forward, pause, nvidia-runtime-standin, nvidia-smi, gpu-use (default: the
+#                       development build, made first)
 #        NANO_GPU_FAKE_NVML  path of libfakenvml.so (default: in NANO_GPU_BIN)
 #        NANO_GPU_CACHE cache root (default ~/.cache/nano-gpu)
+#        NANO_GPU_INSTALL_FROM  install: the version in this directory (hack/previous-build.sh's
+#                       bin/ and deploy/) instead of this checkout's
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,19 +67,21 @@ node_ip() { echo "10.201.0.$1"; }
 # The test tools (Rust, tests/src/bin) the harness runs.
 tools() {
   if [[ -z ${NANO_GPU_BIN:-} ]]; then
-    # Two builds: cargo applies `--bin` to every package a command names, so one command naming the
-    # test tools would build nothing of the allocator, the agent or the fake NVML.
-    (cd "$ROOT" && cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-agent -p fakenvml >&2 &&
-      cargo build --release --locked -p nano-gpu-tests --bin netns-forward --bin pause \
-        --bin nvidia-runtime-standin --bin nvidia-smi --bin gpu-use --bin nvidia-cuda-mps-control >&2)
-    NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+    # Every target of every package in the development profile: the allocator, the agent, the fake
+    # NVML and the test tools in one command, and exactly the build `cargo test --workspace` makes
+    # (the tests' dev-dependencies change tokio's features, so a build without them is another
+    # build of nearly everything), so the test command builds the workspace once: a release build
+    # here took it as long again. The allocator and the placement engine are optimised in that
+    # profile too (Cargo.toml).
+    (cd "$ROOT" && cargo build --locked --workspace --all-targets >&2)
+    NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
   fi
   for f in nano-gpu-allocator nano-gpu-agent netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use \
     nvidia-cuda-mps-control; do
     [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"
   done
   FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
-  [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build --release -p fakenvml)"
+  [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build -p fakenvml)"
 }
 
 # runtime_config: the node's NVIDIA runtime configuration (the stand-in reads it as
@@ -167,19 +173,23 @@ base_images_into() {
 
 # image_ref FILE NAME: the image deploy/FILE names for NAME (e.g. nano-gpu/agent:0.1.0).
 image_ref() { grep -o "image: *[^ ]*$2:[^ ]*" "$ROOT/deploy/$1" | head -1 | sed 's/image: *//'; }
+# install_image_ref FILE NAME: the name the installed version's image has here (INSTALL_TAG, below).
+install_image_ref() {
+  if [[ -n $INSTALL_TAG ]]; then echo "$2:$INSTALL_TAG"; else image_ref "$1" "$2"; fi
+}
 
 # nano-gpu's images, as the Dockerfiles lay them out (binary in /usr/local/bin, user, entrypoint), and
 # kube-scheduler's (the upstream binary built here) under the name deploy/ uses.
 nano_gpu_images_into() {
   local path='"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]'
   # Dockerfile.allocator: distroless cc (glibc), USER 65532, ENTRYPOINT the binary, CMD serve.
-  image_of "$1/allocator.tar" "$(image_ref allocator.yaml nano-gpu/allocator)" \
+  image_of "$1/allocator.tar" "$(install_image_ref allocator.yaml nano-gpu/allocator)" \
     '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],'"$path}" \
-    rootfs_add "$NANO_GPU_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
+    rootfs_add "$INSTALL_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
   # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
-  image_of "$1/agent.tar" "$(image_ref agent.yaml nano-gpu/agent)" \
+  image_of "$1/agent.tar" "$(install_image_ref agent.yaml nano-gpu/agent)" \
     '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" \
-    rootfs_add "$NANO_GPU_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+    rootfs_add "$INSTALL_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
   image_of "$1/kube-scheduler.tar" "$(scheduler_image)" "{$path}" \
     rootfs_add "$K8S_BIN/kube-scheduler" /usr/local/bin/kube-scheduler
 }
@@ -207,19 +217,39 @@ import_images() {
 #     (NANO_GPU_EVICT_OVERRUNS=true, opt-in) and reads the cards' load every 2 s from a Prometheus on
 #     the control plane's address (NANO_GPU_PROMETHEUS_URL, port 19090): the end-to-end test runs one
 #     there for a while; the rest of the time none answers, and placement is the policy's alone.
+#
+# NANO_GPU_INSTALL_FROM=DIR installs another version instead, as hack/previous-build.sh lays it out
+# (DIR/bin: its nano-gpu-allocator and nano-gpu-agent, DIR/deploy: its manifests): its images are
+# tagged with DIR's name, and its overlay is install-<that name> in the cluster's directory.
+# Installing over a running version is an upgrade (or a rollback) as the upgrade page has it: the
+# same overlay pointed at another base and other images, applied; what only a first install does
+# (the namespace, its Secret, the RuntimeClasses) is not done again.
+INSTALL_BIN= INSTALL_DEPLOY= INSTALL_TAG=
 install_nano_gpu() {
-  local images k f deploy version
-  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"; done
-  images=$(cached_images nano-gpu "$(cat "$NANO_GPU_BIN/nano-gpu-allocator" "$NANO_GPU_BIN/nano-gpu-agent" \
-    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/deploy/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
+  local images k f deploy version overlay=$DIR/install set=nano-gpu
+  INSTALL_BIN=$NANO_GPU_BIN INSTALL_DEPLOY=$ROOT/deploy INSTALL_TAG=
+  if [[ -n ${NANO_GPU_INSTALL_FROM:-} ]]; then
+    INSTALL_BIN=$NANO_GPU_INSTALL_FROM/bin INSTALL_DEPLOY=$NANO_GPU_INSTALL_FROM/deploy
+    INSTALL_TAG=$(basename "$NANO_GPU_INSTALL_FROM" | cut -c1-12)
+    overlay=$DIR/install-$INSTALL_TAG set=version-$INSTALL_TAG
+  fi
+  for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $INSTALL_BIN/$f ]] || die "$INSTALL_BIN/$f missing"; done
+  [[ -f $INSTALL_DEPLOY/Kustomization ]] || die "$INSTALL_DEPLOY is not a deploy/ directory"
+  images=$(cached_images "$set" "$(cat "$INSTALL_BIN/nano-gpu-allocator" "$INSTALL_BIN/nano-gpu-agent" \
+    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$INSTALL_DEPLOY/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
   for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
-  mkdir -p "$DIR/install"
-  deploy=$(realpath --relative-to="$DIR/install" "$ROOT/deploy")
+  mkdir -p "$overlay"
+  deploy=$(realpath --relative-to="$overlay" "$INSTALL_DEPLOY")
   version=$(k8s_version)
   {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources: [$deploy]"
+    if [[ -n $INSTALL_TAG ]]; then
+      echo "images:"
+      echo "  - {name: nano-gpu/allocator, newTag: \"$INSTALL_TAG\"}"
+      echo "  - {name: nano-gpu/agent, newTag: \"$INSTALL_TAG\"}"
+    fi
     echo "components:"
     echo "  - $deploy/components/gpushare-gib"
     echo "  - $deploy/default-scheduler"
@@ -241,24 +271,26 @@ install_nano_gpu() {
     echo "                  - {name: NANO_GPU_PROMETHEUS_URL, value: \"http://$CP_IP:19090\"}"
     echo "                  - {name: NANO_GPU_LOAD_REFRESH_SECONDS, value: \"2\"}"
     echo "                  - {name: NANO_GPU_LOAD_STALE_SECONDS, value: \"10\"}"
-  } >"$DIR/install/kustomization.yaml"
-  kubectl kustomize "$DIR/install" >"$DIR/install/built.yaml"
-  grep -q "image: $(scheduler_image)\$" "$DIR/install/built.yaml" ||
-    die "the install does not run $(scheduler_image): $DIR/install/built.yaml"
-  # The Secret the default-scheduler profile's replicas mount, in the namespace, before the install.
-  kubectl apply -f "$ROOT/deploy/00-namespace.yaml" >&2
-  # The cluster's RuntimeClasses, as the GPU Operator or the operator makes them: the NVIDIA runtime's,
-  # and plain runc's for pods that choose it.
-  if ((RUNTIME_CLASS)); then
-    printf '%s\n' "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: nvidia}" "handler: nvidia" \
-      "---" "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: runc}" "handler: runc" |
-      kubectl apply -f - >&2
+  } >"$overlay/kustomization.yaml"
+  kubectl kustomize "$overlay" >"$overlay/built.yaml"
+  grep -q "image: $(scheduler_image)\$" "$overlay/built.yaml" ||
+    die "the install does not run $(scheduler_image): $overlay/built.yaml"
+  if ! kubectl -n nano-gpu-system get secret nano-gpu-extender-client-ca >/dev/null 2>&1; then
+    # The Secret the default-scheduler profile's replicas mount, in the namespace, before the install.
+    kubectl apply -f "$INSTALL_DEPLOY/00-namespace.yaml" >&2
+    # The cluster's RuntimeClasses, as the GPU Operator or the operator makes them: the NVIDIA
+    # runtime's, and plain runc's for pods that choose it.
+    if ((RUNTIME_CLASS)); then
+      printf '%s\n' "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: nvidia}" "handler: nvidia" \
+        "---" "apiVersion: node.k8s.io/v1" "kind: RuntimeClass" "metadata: {name: runc}" "handler: runc" |
+        kubectl apply -f - >&2
+    fi
+    bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
+    kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
+      --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
   fi
-  bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
-  kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
-    --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
-  # No node is labelled yet, so no agent runs before the user's step below.
-  kubectl apply -k "$DIR/install" >&2
+  # On a first install no node is labelled yet, so no agent runs before the user's step below.
+  kubectl apply -k "$overlay" >&2
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
@@ -266,7 +298,7 @@ install_nano_gpu() {
   # The allocators write their CA into the webhook configuration, created in the same apply.
   wait_for "the webhook's CA bundle" 60 webhook_trusted
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
-  log "installed: deploy/ through the overlay $DIR/install on $NODES real nodes"
+  log "installed: ${INSTALL_DEPLOY#"$ROOT/"} through the overlay $overlay on $NODES real nodes"
 }
 
 webhook_trusted() {

@@ -50,13 +50,17 @@ step "containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
 bash hack/containerd-build.sh >/dev/null
 step "gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
+# The upgrade test starts from the previous version: built once per commit (a cold build of its
+# binaries takes some minutes), here rather than inside the test.
+step "the previous version, for the upgrade test (hack/previous-build.sh)"
+bash hack/previous-build.sh >/dev/null
 # README command 1 as a newcomer runs it, stopping by itself once the examples are placed. CI keeps
-# its target directory between runs: what cargo placed at the top of target/release goes first, so
-# the command must build (or link anew) every binary it runs rather than find one an earlier command
-# left there.
+# its target directory between runs: what cargo placed at the top of target/debug goes first, so the
+# command must build (or link anew) every binary it runs rather than find one an earlier command left
+# there. Its build is the one the tests below use.
 step "README command 1: hack/local-up.sh --check"
-release=${CARGO_TARGET_DIR:-target}/release
-if [[ -d $release ]]; then find "$release" -maxdepth 1 -type f -delete; fi
+built=${CARGO_TARGET_DIR:-target}/debug
+if [[ -d $built ]]; then find "$built" -maxdepth 1 -type f -delete; fi
 bash hack/local-up.sh --check
 step "cargo test --workspace --no-run (the test binaries' build)"
 cargo test --workspace --locked --no-run
@@ -65,7 +69,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 step "the end-to-end test on Kubernetes $OLDEST"
-NANO_GPU_K8S_VERSION=$OLDEST cargo test -p nano-gpu-tests --test e2e --locked 2>&1 | tee -a "$log"
+# --workspace, as above: naming the package alone unifies other features and builds everything again.
+NANO_GPU_K8S_VERSION=$OLDEST cargo test --workspace --test e2e --locked 2>&1 | tee -a "$log"
 step ""
 echo "== all steps: $SECONDS s"
 # One closing line over every test binary of the run.

@@ -97,6 +97,21 @@ impl Cluster {
         cluster
     }
 
+    /// nano-gpu installed on the cluster (`hack/cluster.sh install`): this checkout's version, or
+    /// (`from`) the one `hack/previous-build.sh` laid out in that directory. Over a running install,
+    /// this is an upgrade or a rollback: the overlay pointed at the other version, applied.
+    pub fn install(&self, from: Option<&Path>) {
+        let mut cmd = script(&["install", self.dir.to_str().unwrap()]);
+        if let Some(from) = from {
+            cmd.env("NANO_GPU_INSTALL_FROM", from);
+        }
+        assert!(
+            cmd.status().unwrap().success(),
+            "hack/cluster.sh install failed; logs in {}",
+            self.dir.display()
+        );
+    }
+
     /// `kubectl nano-gpu ARGS` as a user runs it: kubectl finds the plugin (`kubectl-nano_gpu`, built
     /// beside this test) on PATH, the kubeconfig comes from KUBECONFIG.
     pub fn kubectl_plugin(&self, args: &[&str]) -> Output {
