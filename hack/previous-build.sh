@@ -20,6 +20,8 @@ log() { echo "previous-build: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 want=${1:-$PREVIOUS}
+# A full commit name already built needs no history (a shallow clone lacks it).
+if [[ $want =~ ^[0-9a-f]{40}$ && -f $CACHE/commits/$want/.complete ]]; then echo "$CACHE/commits/$want"; exit 0; fi
 commit=$(git -C "$ROOT" rev-parse --verify --quiet "$want^{commit}") ||
   die "commit $want is not in this clone ($ROOT): a shallow clone lacks it (git fetch --unshallow)"
 OUT=$CACHE/commits/$commit
