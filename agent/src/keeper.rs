@@ -469,19 +469,15 @@ mod tests {
 
     /// The PIDs of this process's children whose command line holds `marker`.
     fn children_marked(marker: &str) -> Vec<u32> {
-        let own = std::process::id().to_string();
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The parent is the field after the command's closing parenthesis and the state.
-            let parent = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1));
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if parent == Some(own.as_str()) && String::from_utf8_lossy(&cmdline).contains(marker) {
-                pids.push(pid);
-            }
-        }
-        pids
+        let own = std::process::id();
+        nano_gpu_tests::pids()
+            .into_iter()
+            .filter(|&pid| nano_gpu_tests::parent_pid(pid) == Some(own))
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&cmdline).contains(marker)
+            })
+            .collect()
     }
 
     /// An "agent" that takes `mib` MiB and keeps it for 10 s: a shell holding that many bytes in a

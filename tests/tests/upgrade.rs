@@ -1,8 +1,8 @@
 //! Upgrade and rollback on real nodes, with the steps of the upgrade page
 //! (`docs/src/operations/upgrade.md`): the previous version (`hack/previous-build.sh`: its
 //! binaries and its `deploy/`) is installed and runs shares; the overlay is pointed at this
-//! checkout's version and applied, shares are created while the agents and allocators roll over and
-//! after; then the overlay is pointed back at the previous version and applied, with shares again.
+//! checkout's version and applied, shares are created right after the apply (the agents may still be
+//! rolling over; the test says how many were) and after the rollouts; then the overlay is pointed back at the previous version and applied, with shares again.
 //! Throughout: every share that ran before keeps running on its cards without a restart, every new
 //! one runs, and `check_consistency` holds (each container sees exactly its assignment, no card
 //! over 100 % or its memory, the leader's accounting equal to the assignments).
@@ -93,6 +93,13 @@ async fn rolled_over(cluster: &Cluster, tag: &str) {
     .await;
 }
 
+/// Says how many agent pods still run the version being left (`tag`), as shares are created.
+fn still_rolling(cluster: &Cluster, tag: &str) {
+    let agents = images(cluster, "nano-gpu-agent");
+    let left = agents.iter().filter(|p| p.ends_with(&format!(":{tag}"))).count();
+    eprintln!("shares created while {left} of {} agent pods still ran {tag}", agents.len());
+}
+
 /// Creates shares `names` (the percent each asks beside it) and waits until they all run.
 async fn shares(pods: &Api<Pod>, names: &[(&str, u32)]) {
     for (name, percent) in names {
@@ -106,13 +113,8 @@ async fn shares(pods: &Api<Pod>, names: &[(&str, u32)]) {
 async fn an_upgrade_and_a_rollback_keep_every_share_on_its_cards() {
     let previous = previous_version();
     let old_tag: String = previous.file_name().unwrap().to_string_lossy().chars().take(12).collect();
-    let new_tag = {
-        let agent =
-            std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.yaml"));
-        let agent = agent.unwrap();
-        let image = agent.lines().find_map(|l| l.trim().strip_prefix("image: nano-gpu/agent:")).unwrap();
-        image.trim().to_owned()
-    };
+    // deploy/ names the workspace's version (tests/tests/kustomize.rs checks it).
+    let new_tag = env!("CARGO_PKG_VERSION");
 
     let cluster = Cluster::bare("upgrade", 2);
     cluster.install(Some(&previous));
@@ -126,11 +128,13 @@ async fn an_upgrade_and_a_rollback_keep_every_share_on_its_cards() {
     check_consistency(&cluster, &client).await;
     let before = running(&pods).await;
 
-    // Upgrade: the overlay points at this version and is applied; shares come while the agents roll
-    // over (the install step waits for the allocators' rollout, not the agents').
+    // Upgrade: the overlay points at this version and is applied; shares come right after it (the
+    // install step waits for the allocators' rollout, not the agents'), whether or not the agents
+    // are still rolling over then: the test says which.
     cluster.install(None);
+    still_rolling(&cluster, &old_tag);
     shares(&pods, &[("during-up-a", 30), ("during-up-b", 40)]).await;
-    rolled_over(&cluster, &new_tag).await;
+    rolled_over(&cluster, new_tag).await;
     let now = running(&pods).await;
     kept(&before, &now, "upgrade");
     check_consistency(&cluster, &client).await;
@@ -140,6 +144,7 @@ async fn an_upgrade_and_a_rollback_keep_every_share_on_its_cards() {
 
     // Rollback: the overlay points at the previous version again.
     cluster.install(Some(&previous));
+    still_rolling(&cluster, new_tag);
     shares(&pods, &[("during-back", 20)]).await;
     rolled_over(&cluster, &old_tag).await;
     kept(&upgraded, &running(&pods).await, "rollback");
