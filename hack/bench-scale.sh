@@ -70,7 +70,7 @@ EOF
   launch "kube-scheduler-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
     "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-$name.yaml" \
     --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
-    --bind-address 127.0.0.1 --secure-port "$sp"
+    --bind-address 127.0.0.1 --secure-port "$sp" --leader-elect-resource-namespace nano-gpu-system
   REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid")")
 }
 

@@ -21,7 +21,7 @@
 #     gives the driver's.
 #
 # Usage: hack/cluster.sh up <dir> [--nodes N] [--containerd2 M] [--runtime-class] [--dra] [--bare]
-#                                [--apiserver-arg FLAG]...
+#                                [--namespace NS] [--apiserver-arg FLAG]...
 #                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
 #                                        flag, e.g. --watch-cache-sizes=pods#0; --containerd2 M: the
 #                                        last M nodes run containerd 2 (hack/containerd-build.sh) with
@@ -31,6 +31,8 @@
 #                                        and the install adds the component runtime-class-nvidia;
 #                                        --dra: the install adds the component dra, the agents
 #                                        serve DRA where the runtime has CDI (containerd 2 nodes);
+#                                        --namespace NS: nano-gpu installed in NS, the overlay's
+#                                        `namespace:`, instead of nano-gpu-system;
 #                                        writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with
 #                                                kustomize; NANO_GPU_INSTALL_FROM: another version, below)
@@ -245,6 +247,7 @@ install_nano_gpu() {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources: [$deploy]"
+    if [[ $NAMESPACE != nano-gpu-system ]]; then echo "namespace: $NAMESPACE"; fi
     if [[ -n $INSTALL_TAG ]]; then
       echo "images:"
       echo "  - {name: nano-gpu/allocator, newTag: \"$INSTALL_TAG\"}"
@@ -275,9 +278,9 @@ install_nano_gpu() {
   kubectl kustomize "$overlay" >"$overlay/built.yaml"
   grep -q "image: $(scheduler_image)\$" "$overlay/built.yaml" ||
     die "the install does not run $(scheduler_image): $overlay/built.yaml"
-  if ! kubectl -n nano-gpu-system get secret nano-gpu-extender-client-ca >/dev/null 2>&1; then
+  if ! kubectl -n "$NAMESPACE" get secret nano-gpu-extender-client-ca >/dev/null 2>&1; then
     # The Secret the default-scheduler profile's replicas mount, in the namespace, before the install.
-    kubectl apply -f "$INSTALL_DEPLOY/00-namespace.yaml" >&2
+    kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >&2
     # The cluster's RuntimeClasses, as the GPU Operator or the operator makes them: the NVIDIA
     # runtime's, and plain runc's for pods that choose it.
     if ((RUNTIME_CLASS)); then
@@ -286,7 +289,7 @@ install_nano_gpu() {
         kubectl apply -f - >&2
     fi
     bash "$ROOT/hack/control-plane.sh" client-ca "$DIR/extender-client" scheduler "/CN=kube-scheduler" >&2
-    kubectl -n nano-gpu-system create secret generic nano-gpu-extender-client-ca \
+    kubectl -n "$NAMESPACE" create secret generic nano-gpu-extender-client-ca \
       --from-file=ca.crt="$DIR/extender-client/ca.crt" >&2
   fi
   # On a first install no node is labelled yet, so no agent runs before the user's step below.
@@ -294,7 +297,7 @@ install_nano_gpu() {
   # The user's step: label the GPU nodes.
   for ((k = 1; k <= NODES; k++)); do kubectl label node "node-$k" nano-gpu/node=true --overwrite >&2; done
   wait_for "nano-gpu-allocator (a replica ready)" 120 allocator_ready
-  kubectl -n nano-gpu-system rollout status deployment/nano-gpu-allocator --timeout=180s >&2
+  kubectl -n "$NAMESPACE" rollout status deployment/nano-gpu-allocator --timeout=180s >&2
   # The allocators write their CA into the webhook configuration, created in the same apply.
   wait_for "the webhook's CA bundle" 60 webhook_trusted
   for ((k = 1; k <= NODES; k++)); do wait_for "node-$k allocatable" 120 gpu_allocatable "node-$k"; done
@@ -305,7 +308,7 @@ webhook_trusted() {
   kubectl get mutatingwebhookconfiguration nano-gpu-allocator -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | grep -q .
 }
 allocator_ready() {
-  kubectl get deployment nano-gpu-allocator -n nano-gpu-system -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'
+  kubectl get deployment nano-gpu-allocator -n "$NAMESPACE" -o jsonpath='{.status.readyReplicas}' | grep -q '[1-9]'
 }
 node_ready() {
   kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
@@ -570,6 +573,7 @@ CONTAINERD2=$CONTAINERD2
 CONTAINERD2_BIN=$CONTAINERD2_BIN
 RUNTIME_CLASS=$RUNTIME_CLASS
 DRA=$DRA
+NAMESPACE=$NAMESPACE
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
 K8S_VERSION=$(k8s_version)
@@ -675,7 +679,7 @@ shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
 # The node kinds `up` chose (cluster.env says them for the other commands).
-CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0
+CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0 NAMESPACE=nano-gpu-system
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
@@ -689,6 +693,7 @@ case $CMD in
         --containerd2) CONTAINERD2=$2; shift 2 ;;
         --runtime-class) RUNTIME_CLASS=1; shift ;;
         --dra) DRA=1; shift ;;
+        --namespace) NAMESPACE=$2; shift 2 ;;
         --bare) bare=1; shift ;;
         --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;

@@ -71,7 +71,7 @@ pub struct Agents {
     /// reads their metrics; `inspect` and `why` count a node as serving only while a Ready one,
     /// controlled by a DaemonSet, runs there, as the shipped allocator judges it (`serve
     /// --require-ready-agent`).
-    #[arg(long, value_name = "NAMESPACE", default_value = nano_gpu_proto::install::NAMESPACE)]
+    #[arg(long, value_name = "NAMESPACE", env = "NANO_GPU_NAMESPACE", default_value = nano_gpu_proto::install::NAMESPACE)]
     pub agent_namespace: String,
 }
 
@@ -130,7 +130,7 @@ pub struct WhyArgs {
 #[derive(Args)]
 pub struct CheckArgs {
     /// nano-gpu's namespace.
-    #[arg(long, default_value = nano_gpu_proto::install::NAMESPACE)]
+    #[arg(long, env = "NANO_GPU_NAMESPACE", default_value = nano_gpu_proto::install::NAMESPACE)]
     pub namespace: String,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table")]

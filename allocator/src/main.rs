@@ -119,12 +119,10 @@ struct ServeArgs {
     /// Mounted serving key (PEM).
     #[arg(long, env = "NANO_GPU_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// DNS names of the generated certificate (the Service's names).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "nano-gpu-allocator.nano-gpu-system.svc,nano-gpu-allocator.nano-gpu-system.svc.cluster.local"
-    )]
+    /// DNS names of the generated certificate (the Service's names). Default: the Service
+    /// nano-gpu-allocator in the `--lease-namespace` namespace, `nano-gpu-allocator.<namespace>.svc`
+    /// and `nano-gpu-allocator.<namespace>.svc.cluster.local`.
+    #[arg(long, value_delimiter = ',')]
     tls_dns_names: Vec<String>,
     /// The scheduler the webhook gives pods that ask nano-gpu resources: the profile of the
     /// kube-scheduler in this pod that calls this extender.
@@ -423,11 +421,15 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 (Some(cert), Some(key)) => std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone())?),
                 _ => {
                     let api = kube::Api::namespaced(client_for_tls.clone(), &args.lease_namespace);
-                    let m = tls::secret::ensure(&api, &args.tls_secret, &args.tls_dns_names).await?;
+                    let dns = match args.tls_dns_names.is_empty() {
+                        true => tls::service_dns_names("nano-gpu-allocator", &args.lease_namespace),
+                        false => args.tls_dns_names.clone(),
+                    };
+                    let m = tls::secret::ensure(&api, &args.tls_secret, &dns).await?;
                     let published = tls::secret::publish(&client_for_tls, &args.webhook_config, &m.ca_pem).await;
                     let config = tls::server_config(m.cert_pem.as_bytes(), m.key_pem.as_bytes())?;
                     let certs = std::sync::Arc::new(tls::CertSource::Shared(std::sync::RwLock::new(config)));
-                    let (name, dns, webhook) = (args.tls_secret.clone(), args.tls_dns_names.clone(), args.webhook_config.clone());
+                    let (name, webhook) = (args.tls_secret.clone(), args.webhook_config.clone());
                     tokio::spawn(tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook, published));
                     certs
                 }

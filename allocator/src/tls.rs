@@ -45,6 +45,12 @@ pub struct Generated {
     pub key_pem: String,
 }
 
+/// The names the API server and kube-scheduler reach the Service `service` in `namespace` by: what
+/// the webhook's serving certificate must name.
+pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![format!("{service}.{namespace}.svc"), format!("{service}.{namespace}.svc.cluster.local")]
+}
+
 /// A new CA and a serving certificate for `dns_names` signed by it; with `valid` (from, to), valid from
 /// the start of the UTC day before `from` to [`utc_day_start`] of `to`, else without end.
 pub fn generate(
@@ -285,6 +291,14 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_certificate_names_the_service_in_the_install_namespace() {
+        assert_eq!(
+            service_dns_names("nano-gpu-allocator", "gpu-sharing"),
+            ["nano-gpu-allocator.gpu-sharing.svc", "nano-gpu-allocator.gpu-sharing.svc.cluster.local"]
+        );
+    }
 
     #[test]
     fn a_certificate_ends_at_the_start_of_the_utc_day_of_its_end() {

@@ -28,7 +28,7 @@ use kube::api::{
 };
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use nano_gpu_proto::events::Reason;
-use nano_gpu_proto::install::{self, KEY_PREFIX, OUTSIDE, Object, SCHEDULER_NAME};
+use nano_gpu_proto::install::{self, EARLIER, KEY_PREFIX, OUTSIDE, Object, SCHEDULER_NAME};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ const AGENT_DAEMONSET: &str = "nano-gpu-agent";
 #[derive(clap::Args)]
 pub struct UninstallArgs {
     /// nano-gpu's namespace.
-    #[arg(long, default_value = install::NAMESPACE)]
+    #[arg(long, env = "NANO_GPU_NAMESPACE", default_value = install::NAMESPACE)]
     pub namespace: String,
     /// The image of the per-node cleanup pods, which run `nano-gpu-agent clean-node`: the agent's
     /// image. Default: the agent DaemonSet's, read before it is deleted.
@@ -458,8 +458,9 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
         }
     };
 
-    // 2. The objects outside the namespace: the webhook, the admission policies, the rights.
-    for o in &OUTSIDE {
+    // 2. The objects outside the namespace: the webhook, the admission policies, the rights; and what
+    // an earlier version made there that this one no longer makes.
+    for o in OUTSIDE.iter().chain(&EARLIER) {
         let object = match o.namespace {
             "" => format!("{}/{}", o.kind.to_lowercase(), o.name),
             ns => format!("{}/{} -n {ns}", o.kind.to_lowercase(), o.name),

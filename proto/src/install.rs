@@ -44,7 +44,7 @@ const ADMISSION: &str = "admissionregistration.k8s.io";
 
 /// Every object of the install (base and components) outside [`NAMESPACE`]: the webhook first, then
 /// the admission policies, the DeviceClass and the rights.
-pub const OUTSIDE: [Object; 21] = [
+pub const OUTSIDE: [Object; 20] = [
     object(
         ADMISSION,
         "MutatingWebhookConfiguration",
@@ -107,6 +107,13 @@ pub const OUTSIDE: [Object; 21] = [
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-agent-dra"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-allocator"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-allocator-dra"),
+];
+
+/// What earlier versions of the install made outside [`NAMESPACE`] and this one no longer does (an
+/// upgrade by `kubectl apply` leaves it): deleted too, where it is, by an uninstall.
+pub const EARLIER: [Object; 1] = [
+    // Until 0.1.0 (commit cac7fa4 included): the allocator's kube-scheduler read the cluster's client CA
+    // for its secure port; it now skips that lookup (`--authentication-skip-lookup`).
     object(RBAC, "RoleBinding", "rolebindings", "kube-system", "nano-gpu-scheduler-authentication-reader"),
 ];
 
@@ -131,12 +138,11 @@ mod tests {
 
     #[test]
     fn each_object_is_named_once_and_none_is_in_the_namespace() {
-        for (i, a) in OUTSIDE.iter().enumerate() {
+        let all: Vec<&Object> = OUTSIDE.iter().chain(&EARLIER).collect();
+        for (i, a) in all.iter().enumerate() {
             assert_ne!(a.namespace, NAMESPACE, "{a:?}");
             assert!(
-                OUTSIDE[i + 1..]
-                    .iter()
-                    .all(|b| (a.kind, a.namespace, a.name) != (b.kind, b.namespace, b.name))
+                all[i + 1..].iter().all(|b| (a.kind, a.namespace, a.name) != (b.kind, b.namespace, b.name))
             );
         }
     }

@@ -78,6 +78,17 @@ impl Cluster {
         Cluster::start(name, nodes, &["--containerd2", &m, "--dra"])
     }
 
+    /// [`Cluster::up`] with nano-gpu installed in `namespace` instead of `nano-gpu-system` (the
+    /// overlay's `namespace:`, `hack/cluster.sh up --namespace`).
+    pub fn up_in_namespace(name: &str, nodes: u32, namespace: &str) -> Cluster {
+        Cluster::start(name, nodes, &["--namespace", namespace])
+    }
+
+    /// The namespace nano-gpu is installed in.
+    pub fn namespace(&self) -> &str {
+        self.env.get("NAMESPACE").map_or(nano_gpu_proto::install::NAMESPACE, String::as_str)
+    }
+
     /// `nodes` real nodes without nano-gpu (`hack/cluster.sh up --bare`).
     pub fn bare(name: &str, nodes: u32) -> Cluster {
         Cluster::start(name, nodes, &["--bare"])
@@ -198,7 +209,7 @@ impl Cluster {
             "lease",
             "nano-gpu-allocator",
             "-n",
-            "nano-gpu-system",
+            self.namespace(),
             "-o",
             path,
         ];
@@ -234,7 +245,7 @@ impl Cluster {
     /// is where kube-scheduler calls the extender, and where `kubectl port-forward` leads). Code 0
     /// when nothing answered, as while the pod's container is (re)starting and its status names none.
     pub fn curl_in_allocator(&self, pod: &str, url: &str, data: Option<&str>) -> (u16, String) {
-        let (node, id) = match self.try_container("nano-gpu-system", pod, "allocator") {
+        let (node, id) = match self.try_container(self.namespace(), pod, "allocator") {
             Ok(found) => found,
             Err(e) => return (0, format!("no allocator container of {pod} yet: {e}")),
         };
@@ -532,9 +543,9 @@ impl Cluster {
         eprintln!("--- pods\n{pods}--- newest events\n{}", tail(&telling, 40));
         let _ = std::fs::write(dir.join("pods.txt"), &pods);
         let _ = std::fs::write(dir.join("events.txt"), &events);
-        let names = kubectl(&["get", "pods", "-n", "nano-gpu-system", "-o", "name"]);
+        let names = kubectl(&["get", "pods", "-n", self.namespace(), "-o", "name"]);
         for pod in names.lines().filter_map(|l| l.strip_prefix("pod/")) {
-            let log = kubectl(&["logs", "-n", "nano-gpu-system", pod, "--all-containers", "--prefix"]);
+            let log = kubectl(&["logs", "-n", self.namespace(), pod, "--all-containers", "--prefix"]);
             let _ = std::fs::write(dir.join(format!("{pod}.log")), &log);
             eprintln!("--- {pod}, last lines\n{}", tail(&log, 30));
         }

@@ -195,6 +195,71 @@ fn each_component_changes_what_it_says_and_nothing_else() {
     only_changed(&built, &[allocator.clone(), agent.clone()]);
 }
 
+/// An overlay's `namespace:` moves the whole install, with every component: the build equals the
+/// one in `nano-gpu-system` with that name replaced wherever it appears (the webhook's exemption,
+/// the policies' parameter, role bindings' subjects, the webhook's Service), and nothing names
+/// `nano-gpu-system` any more. The policies' CEL names no namespace (it reads the parameter's name),
+/// and kube-scheduler takes its Lease's namespace from its pod. The tenant suite installs this way.
+#[test]
+fn an_overlays_namespace_moves_every_mention_of_the_install_namespace() {
+    use nano_gpu_proto::install::NAMESPACE;
+    let mut components = vec!["default-scheduler".to_owned()];
+    for entry in std::fs::read_dir(root().join("deploy/components")).unwrap() {
+        components.push(format!("components/{}", entry.unwrap().file_name().to_string_lossy()));
+    }
+    components.sort();
+    let list: String = components.iter().map(|c| format!("  - {{deploy}}/{c}\n")).collect();
+    let text = |namespace: &str| {
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n{namespace}resources:\n  - {{deploy}}\ncomponents:\n{list}"
+        )
+    };
+    let build_of = |name: &str, text: &str| {
+        let dir = overlay(name, text);
+        let built = build(&dir);
+        let _ = std::fs::remove_dir_all(dir);
+        built
+    };
+    let shipped = build_of("namespace-shipped", &text(""));
+    let moved = build_of("namespace-moved", &text("namespace: gpu-sharing\n"));
+    // kustomize gives every object it does not know as cluster-scoped (admission policies, DRA's
+    // classes) a namespace; kubectl apply drops it for cluster-scoped kinds.
+    let comparable = |built: BTreeMap<(String, String, String), Value>| -> BTreeMap<(String, String), Value> {
+        built
+            .into_iter()
+            .map(|((kind, _, name), mut object)| {
+                object["metadata"].as_object_mut().unwrap().remove("namespace");
+                ((kind, name), object)
+            })
+            .collect()
+    };
+    let moved_text = serde_json::to_string(&moved.values().collect::<Vec<_>>()).unwrap();
+    assert!(!moved_text.contains(NAMESPACE), "the moved install still names {NAMESPACE}");
+    let renamed: Value = serde_json::from_str(
+        &serde_json::to_string(&shipped.values().collect::<Vec<_>>())
+            .unwrap()
+            .replace(NAMESPACE, "gpu-sharing"),
+    )
+    .unwrap();
+    let renamed = by_key(renamed.as_array().unwrap().clone());
+    assert_eq!(comparable(moved.clone()), comparable(renamed));
+    // Every namespaced object is in the new namespace, and the checks that matter name it.
+    for ((kind, namespace, name), object) in &moved {
+        if kind == "Namespace" {
+            assert_eq!(name, "gpu-sharing");
+        } else if !namespace.is_empty() {
+            assert_eq!(namespace, "gpu-sharing", "{kind} {name}");
+        }
+        if kind == "ValidatingAdmissionPolicy" {
+            assert_eq!(object["spec"]["paramKind"]["kind"], "Namespace", "{name}");
+        }
+        if kind == "ValidatingAdmissionPolicyBinding" {
+            assert_eq!(object["spec"]["paramRef"]["name"], "gpu-sharing", "{name}");
+        }
+    }
+    assert!(moved.len() > 25, "{} objects", moved.len());
+}
+
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the
 /// alerts of `deploy/monitoring/alerts.yml`, which the end-to-end test runs on a real Prometheus.
 #[test]

@@ -1,5 +1,5 @@
 //! A tenant's tries on the local cluster (`hack/cluster.sh`, two real nodes, nano-gpu installed as
-//! shipped, node-1's shares enforced with MPS). The tenant is what the README asks an operator to
+//! shipped but in the namespace `gpu-sharing`, node-1's shares enforced with MPS). The tenant is what the README asks an operator to
 //! give one: a ServiceAccount with the `edit` ClusterRole in its own namespace, which is under Pod
 //! Security `baseline`. Every try is made with the tenant's token, as a pod or a write in its
 //! namespace; each is refused with the message the tenant sees, or is harmless. A neighbour share on
@@ -35,7 +35,9 @@ use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-const SYSTEM: &str = "nano-gpu-system";
+/// nano-gpu's namespace here: not the shipped `nano-gpu-system` but an overlay's `namespace:`, so the
+/// policies that tell nano-gpu's accounts from a tenant's are tried where they must follow the install.
+const SYSTEM: &str = "gpu-sharing";
 
 /// `pod` placed only on `node` (kube-scheduler's node selector; nano-gpu then picks the card).
 fn on(node: &str, mut pod: Pod) -> Pod {
@@ -89,7 +91,7 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_elses() {
     clear_mps_dirs("node-1");
-    let cluster = Cluster::up("tenant", 2);
+    let cluster = Cluster::up_in_namespace("tenant", 2, SYSTEM);
     let admin = cluster.client().await;
     let system: Api<Pod> = Api::namespaced(admin.clone(), SYSTEM);
     let nodes: Api<Node> = Api::all(admin.clone());
