@@ -6,12 +6,14 @@
 //! each node's runtime keeping a pod's `NVIDIA_VISIBLE_DEVICES` away from cards (the runtime canary's
 //! `nano-gpu/device-isolation` label); a second device plugin on the node (`nvidia.com/gpu` on a
 //! nano-gpu node: nano-gpu leaves it the cards it serves, worth a look); a Ready allocator and a leader renewing its Lease; the
-//! webhook trusting the CA the allocator serves; the webhook certificate not near its end;
+//! webhook trusting the CA the allocator serves; the webhook certificate not near its end; with the
+//! default-scheduler profile, its client CA not near its end and the date the control plane's copy
+//! of the webhook CA must be replaced;
 //! kube-scheduler in the allocator's pod within the supported skew of the API server; the RuntimeClass
 //! the webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS`), where one is set, existing and usable; Pod
 //! Security on nano-gpu's namespace and on every namespace with GPU pods.
 
-use crate::tls::secret::NOT_AFTER_ANNOTATION;
+use crate::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
 use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -48,6 +50,9 @@ pub struct Snapshot {
     pub webhook: Option<MutatingWebhookConfiguration>,
     /// The webhook certificate's Secret (`Err`: why it could not be read).
     pub secret: Result<Option<Secret>, String>,
+    /// The default-scheduler profile's client CA Secret, `nano-gpu-extender-client-ca` (absent: the
+    /// profile is not in use; `Err`: why it could not be read).
+    pub extender_client_ca: Result<Option<Secret>, String>,
     /// Namespaces by name.
     pub namespaces: BTreeMap<String, Namespace>,
     /// The namespaces of pods that ask a nano-gpu resource.
@@ -221,6 +226,7 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     });
     out.push(leader(s, now));
     out.extend(webhook(s, now));
+    out.extend(default_scheduler_profile(s, now));
     out.push(scheduler_version(s));
     out.extend(runtime_class(s));
     out.extend(pod_security(s));
@@ -391,6 +397,92 @@ fn webhook(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     out
 }
 
+/// The UTC date of `t` (`2026-12-01`).
+fn date(t: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t).map(|t| t.to_string()[..10].to_owned()).unwrap_or_default()
+}
+
+/// With the default-scheduler profile (its client CA Secret exists): that CA's end, and when the
+/// webhook certificate's renewal makes the control plane's copy of its CA stale.
+fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
+    const OBJECT: &str = "extender-client-ca";
+    let secret = match &s.extender_client_ca {
+        Ok(None) => return Vec::new(),
+        Ok(Some(secret)) => secret,
+        Err(why) => {
+            return vec![line(
+                "certificate",
+                OBJECT,
+                Status::Warn,
+                format!("the Secret cannot be read ({why})"),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let pem = secret.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
+    let ns = &s.namespace;
+    out.push(match crate::tls::certificate_ends(&pem).map(|ends| ends.into_iter().min()) {
+        Ok(Some(end)) => {
+            let left = end.duration_since(now).unwrap_or_default();
+            let days = left.as_secs() / 86_400;
+            if left > CERT_WARNING {
+                line("certificate", OBJECT, Status::Ok, format!("ends in {days} days ({})", date(end)))
+            } else if left > Duration::ZERO {
+                line(
+                    "certificate",
+                    OBJECT,
+                    Status::Warn,
+                    format!(
+                        "a CA of the Secret's ca.crt ends in {days} days ({}): rotate it (both CAs in ca.crt, a new                          client certificate for kube-scheduler, then the new CA alone; the allocator re-reads                          the file)",
+                        date(end)
+                    ),
+                )
+            } else {
+                line(
+                    "certificate",
+                    OBJECT,
+                    Status::Fail,
+                    format!(
+                        "a CA of the Secret's ca.crt ended on {}: kube-scheduler's client certificates it signed are                          refused; put a new CA in {ns}/nano-gpu-extender-client-ca and give kube-scheduler a                          certificate it signed",
+                        date(end)
+                    ),
+                )
+            }
+        }
+        Ok(None) | Err(_) => line(
+            "certificate",
+            OBJECT,
+            Status::Fail,
+            format!(
+                "the Secret {ns}/nano-gpu-extender-client-ca has no usable ca.crt: allocators that start now fail;                  put the CA that signs kube-scheduler's client certificate there"
+            ),
+        ),
+    });
+    let not_after = s
+        .secret
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .and_then(|s| s.metadata.annotations.as_ref())
+        .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(SystemTime::from);
+    if let Some(renewal) = not_after.and_then(|end| end.checked_sub(RENEW_BEFORE)) {
+        let left = renewal.duration_since(now).unwrap_or_default();
+        let days = left.as_secs() / 86_400;
+        let what = format!(
+            "the webhook certificate is renewed on {} with a new CA: copy its ca.crt to the control plane's              extender-ca.crt then, or kube-scheduler's calls fail",
+            date(renewal)
+        );
+        out.push(if left > CERT_WARNING {
+            line("certificate", "extender-ca-copy", Status::Ok, what)
+        } else {
+            line("certificate", "extender-ca-copy", Status::Warn, format!("in {days} days, {what}"))
+        });
+    }
+    out
+}
+
 fn scheduler_version(s: &Snapshot) -> Line {
     let image = s.deployment.as_ref().and_then(|d| {
         let spec = d.spec.as_ref()?.template.spec.as_ref()?;
@@ -489,6 +581,10 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .get_opt("nano-gpu-allocator-webhook-tls")
         .await
         .map_err(|e| e.to_string());
+    let extender_client_ca = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt("nano-gpu-extender-client-ca")
+        .await
+        .map_err(|e| e.to_string());
     let namespaces = Api::<Namespace>::all(client.clone())
         .list(&lp)
         .await
@@ -523,6 +619,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         lease,
         webhook,
         secret,
+        extender_client_ca,
         namespaces,
         gpu_namespaces,
         server_version,
@@ -613,6 +710,7 @@ mod tests {
             lease: Some(lease),
             webhook: Some(webhook),
             secret: Ok(Some(secret)),
+            extender_client_ca: Ok(None),
             namespaces: [namespace("nano-gpu-system", "privileged"), namespace("team", "baseline")].into(),
             gpu_namespaces: ["team".to_owned()].into(),
             server_version: "v1.37.2".into(),
@@ -732,6 +830,75 @@ mod tests {
             (minor("v1.37.2"), minor("registry.k8s.io/kube-scheduler:v1.35.8")),
             (Some((1, 37)), Some((1, 35)))
         );
+    }
+
+    #[test]
+    fn the_default_scheduler_profiles_certificates_are_watched() {
+        // A client CA that ends `days` from NOW, in the profile's Secret.
+        let with_ca = |days: Option<u64>| {
+            let mut s = healthy();
+            let pem = match days {
+                Some(d) => {
+                    let (from, to) =
+                        (now() - Duration::from_secs(86_400), now() + Duration::from_secs(d * 86_400));
+                    crate::tls::generate(&["kube-scheduler".into()], Some((from, to))).unwrap().ca_pem
+                }
+                None => "not a certificate".into(),
+            };
+            let secret = json!({"metadata": {"name": "nano-gpu-extender-client-ca"},
+                "data": {"ca.crt": k8s_openapi::ByteString(pem.into_bytes())}});
+            s.extender_client_ca = Ok(Some(serde_json::from_value(secret).unwrap()));
+            s
+        };
+        let lines = |s: &Snapshot| -> Vec<(String, Status, String)> {
+            evaluate(s, now())
+                .into_iter()
+                .filter(|l| l.object.starts_with("extender"))
+                .map(|l| (l.object, l.status, l.message))
+                .collect()
+        };
+        // Not in use: no line.
+        assert!(lines(&healthy()).is_empty());
+        // A CA with a year left; the webhook certificate (200 days left) is renewed in 170 days.
+        let s = with_ca(Some(365));
+        let got = lines(&s);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!((got[0].0.as_str(), got[0].1), ("extender-client-ca", Status::Ok));
+        assert!(got[0].2.starts_with("ends in 364 days"), "{}", got[0].2);
+        assert_eq!((got[1].0.as_str(), got[1].1), ("extender-ca-copy", Status::Ok));
+        let renewal = date(now() + Duration::from_secs(170 * 86_400));
+        assert!(got[1].2.contains(&format!("renewed on {renewal}")), "{}", got[1].2);
+        // Near its end, ended, unusable.
+        assert_eq!(
+            failing(&with_ca(Some(10))),
+            vec![("certificate", "extender-client-ca".to_owned(), Status::Warn)]
+        );
+        assert!(lines(&with_ca(Some(10)))[0].2.contains("rotate it"));
+        let mut ended = with_ca(Some(0));
+        let ca = ended.extender_client_ca.as_mut().unwrap().as_mut().unwrap();
+        let (from, to) = (now() - Duration::from_secs(90 * 86_400), now() - Duration::from_secs(2 * 86_400));
+        let old = crate::tls::generate(&["kube-scheduler".into()], Some((from, to))).unwrap().ca_pem;
+        ca.data.as_mut().unwrap().insert("ca.crt".into(), k8s_openapi::ByteString(old.into_bytes()));
+        assert_eq!(failing(&ended), vec![("certificate", "extender-client-ca".to_owned(), Status::Fail)]);
+        assert_eq!(
+            failing(&with_ca(None)),
+            vec![("certificate", "extender-client-ca".to_owned(), Status::Fail)]
+        );
+        // The webhook certificate's renewal within 14 days: the copy is due.
+        let mut due = with_ca(Some(365));
+        let secret = due.secret.as_mut().unwrap().as_mut().unwrap();
+        secret
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(NOT_AFTER_ANNOTATION.into(), at(NOW + 40 * 86_400));
+        assert_eq!(failing(&due), vec![("certificate", "extender-ca-copy".to_owned(), Status::Warn)]);
+        assert!(lines(&due)[1].2.starts_with("in 10 days, the webhook certificate is renewed on"));
+        // An unreadable Secret warns.
+        let mut hidden = healthy();
+        hidden.extender_client_ca = Err("secrets is forbidden".into());
+        assert_eq!(failing(&hidden), vec![("certificate", "extender-client-ca".to_owned(), Status::Warn)]);
     }
 
     #[test]

@@ -109,7 +109,8 @@ struct ServeArgs {
     #[arg(long, env = "NANO_GPU_EXTENDER_TLS_LISTEN", requires = "extender_client_ca")]
     extender_tls_listen: Option<std::net::SocketAddr>,
     /// CA (PEM) of the client certificates `--extender-tls-listen` accepts: one that signs nothing
-    /// but kube-scheduler's extender client certificate.
+    /// but kube-scheduler's extender client certificate. Re-read when the file changes (several CAs
+    /// in it: any of them), so a rotation needs no restart.
     #[arg(long, env = "NANO_GPU_EXTENDER_CLIENT_CA", requires = "extender_tls_listen")]
     extender_client_ca: Option<PathBuf>,
     /// Mounted serving certificate (PEM); re-read when it changes. Without it every replica serves the
@@ -404,6 +405,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         tracing::info!(listen = %args.listen, "serving the scheduler extender");
         let app = server::router(shared.clone());
+        let ends = shared.metrics.certificates.clone();
         let public = server::public_router(shared);
         if let Some(addr) = args.public_listen {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
@@ -418,7 +420,9 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         if args.tls_listen.is_some() || args.extender_tls_listen.is_some() {
             use nano_gpu_allocator::tls;
             let certs = match (&args.tls_cert, &args.tls_key) {
-                (Some(cert), Some(key)) => std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone())?),
+                (Some(cert), Some(key)) => {
+                    std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone(), ends.clone())?)
+                }
                 _ => {
                     let api = kube::Api::namespaced(client_for_tls.clone(), &args.lease_namespace);
                     let dns = match args.tls_dns_names.is_empty() {
@@ -426,11 +430,13 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                         false => args.tls_dns_names.clone(),
                     };
                     let m = tls::secret::ensure(&api, &args.tls_secret, &dns).await?;
+                    ends.set(tls::Certificate::Serving, m.not_after);
                     let published = tls::secret::publish(&client_for_tls, &args.webhook_config, &m.ca_pem).await;
                     let config = tls::server_config(m.cert_pem.as_bytes(), m.key_pem.as_bytes())?;
                     let certs = std::sync::Arc::new(tls::CertSource::Shared(std::sync::RwLock::new(config)));
                     let (name, webhook) = (args.tls_secret.clone(), args.webhook_config.clone());
-                    tokio::spawn(tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook, published));
+                    let keeper = tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook, published, ends.clone());
+                    tokio::spawn(keeper);
                     certs
                 }
             };
@@ -440,8 +446,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 tokio::spawn(tls::serve(listener, public, certs.clone(), None));
             }
             if let (Some(addr), Some(ca)) = (args.extender_tls_listen, &args.extender_client_ca) {
-                let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-                let clients = tls::client_verifier(&pem)?;
+                let clients = std::sync::Arc::new(tls::ClientCa::open(ca.clone(), ends.clone())?);
                 let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
                 tracing::info!(listen = %addr, "serving the scheduler extender over HTTPS to clients with a certificate");
                 tokio::spawn(tls::serve(listener, app.clone(), certs, Some(clients)));

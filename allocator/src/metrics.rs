@@ -46,6 +46,8 @@ struct VerbStats {
 #[derive(Default)]
 pub struct Metrics {
     verbs: [VerbStats; 3],
+    /// When the certificates this replica serves and accepts end (the TLS code records them).
+    pub certificates: std::sync::Arc<crate::tls::CertificateEnds>,
 }
 
 impl Metrics {
@@ -143,6 +145,19 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE nano_gpu_load_cards gauge");
         let _ = writeln!(out, "nano_gpu_load_cards {}", view.gauges.load_cards);
+        let _ = writeln!(
+            out,
+            "# HELP nano_gpu_certificate_not_after_seconds When each certificate this replica serves or accepts ends (Unix time): serving (the webhook's), extender-client-ca (the soonest-ending CA of --extender-client-ca), extender-client (the client certificate kube-scheduler last presented)."
+        );
+        let _ = writeln!(out, "# TYPE nano_gpu_certificate_not_after_seconds gauge");
+        for (which, end) in self.certificates.all() {
+            let secs = end.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+            let _ = writeln!(
+                out,
+                "nano_gpu_certificate_not_after_seconds{{certificate=\"{}\"}} {secs}",
+                which.label()
+            );
+        }
         out
     }
 }

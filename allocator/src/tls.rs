@@ -2,7 +2,8 @@
 //! change, or one certificate shared by every replica through a Secret ([`secret`]), whose CA bundle
 //! goes into the webhook configuration's `caBundle`. The extender's verbs over HTTPS (for a
 //! kube-scheduler in another pod) also require a client certificate from a given CA
-//! ([`client_verifier`]).
+//! ([`ClientCa`], re-read when its file changes). When each of these certificates ends is kept for
+//! `/metrics` ([`CertificateEnds`]).
 
 pub mod secret;
 
@@ -13,6 +14,7 @@ use hyper_util::service::TowerToHyperService;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -83,6 +85,67 @@ pub fn generate(
     Ok(Generated { ca_pem: ca_cert.pem(), cert_pem: leaf_cert.pem(), key_pem: leaf_key.serialize_pem() })
 }
 
+/// The end (notAfter) of each certificate in `pem`, in order; an error when a block is not an X.509
+/// certificate or there is none.
+pub fn certificate_ends(pem: &[u8]) -> Result<Vec<SystemTime>, TlsError> {
+    let mut ends = Vec::new();
+    for der in CertificateDer::pem_slice_iter(pem) {
+        let der = der.map_err(|e| TlsError::Pem(format!("certificate: {e}")))?;
+        ends.push(der_end(&der)?);
+    }
+    if ends.is_empty() {
+        return Err(TlsError::Pem("certificate: no CERTIFICATE block".into()));
+    }
+    Ok(ends)
+}
+
+/// The end (notAfter) of one DER certificate.
+fn der_end(der: &[u8]) -> Result<SystemTime, TlsError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::Pem(format!("certificate: {e}")))?;
+    let secs = cert.validity().not_after.timestamp();
+    Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
+/// Which certificate a [`CertificateEnds`] entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Certificate {
+    /// The certificate the webhook (and the extender over HTTPS) serves.
+    Serving,
+    /// The soonest-ending CA of `--extender-client-ca`: a client certificate it signed is refused
+    /// from then on.
+    ExtenderClientCa,
+    /// The client certificate kube-scheduler last presented to the extender over HTTPS.
+    ExtenderClient,
+}
+
+impl Certificate {
+    /// Its `certificate` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Certificate::Serving => "serving",
+            Certificate::ExtenderClientCa => "extender-client-ca",
+            Certificate::ExtenderClient => "extender-client",
+        }
+    }
+}
+
+/// When each certificate the allocator serves or accepts ends, as last seen (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct CertificateEnds(RwLock<BTreeMap<Certificate, SystemTime>>);
+
+impl CertificateEnds {
+    /// `which` ends at `end`.
+    pub fn set(&self, which: Certificate, end: SystemTime) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).insert(which, end);
+    }
+
+    /// Every certificate seen, with its end.
+    pub fn all(&self) -> Vec<(Certificate, SystemTime)> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(c, t)| (*c, *t)).collect()
+    }
+}
+
 /// The UTC calendar date of `t`.
 fn utc_date(t: SystemTime) -> (i32, u8, u8) {
     use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
@@ -128,7 +191,17 @@ pub enum CertSource {
         key: PathBuf,
         /// The configuration in use and the modification times it was read at.
         current: RwLock<(Arc<ServerConfig>, Option<SystemTime>, Option<SystemTime>)>,
+        /// Where the certificate's end is recorded.
+        ends: Arc<CertificateEnds>,
     },
+}
+
+/// Records the end of the first (the serving) certificate of `pem`.
+fn record_serving_end(ends: &CertificateEnds, pem: &[u8]) {
+    match certificate_ends(pem) {
+        Ok(list) => ends.set(Certificate::Serving, list[0]),
+        Err(e) => tracing::warn!(error = %e, "the serving certificate's end cannot be read"),
+    }
 }
 
 fn modified(path: &PathBuf) -> Option<SystemTime> {
@@ -143,12 +216,15 @@ impl CertSource {
         }
     }
 
-    /// Mounted files (read now: a bad pair is an error at start).
-    pub fn files(cert: PathBuf, key: PathBuf) -> Result<Self, TlsError> {
+    /// Mounted files (read now: a bad pair is an error at start); their certificate's end goes to
+    /// `ends` now and at each reload.
+    pub fn files(cert: PathBuf, key: PathBuf, ends: Arc<CertificateEnds>) -> Result<Self, TlsError> {
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| TlsError::Pem(format!("{}: {e}", p.display())));
-        let config = server_config(&read(&cert)?, &read(&key)?)?;
+        let pem = read(&cert)?;
+        let config = server_config(&pem, &read(&key)?)?;
+        record_serving_end(&ends, &pem);
         let times = (modified(&cert), modified(&key));
-        Ok(CertSource::Files { current: RwLock::new((config, times.0, times.1)), cert, key })
+        Ok(CertSource::Files { current: RwLock::new((config, times.0, times.1)), cert, key, ends })
     }
 
     /// The configuration for the next connection, re-reading changed files (a bad new pair is logged
@@ -156,7 +232,7 @@ impl CertSource {
     pub fn config(&self) -> Arc<ServerConfig> {
         match self {
             CertSource::Shared(c) => c.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone()),
-            CertSource::Files { cert, key, current } => {
+            CertSource::Files { cert, key, current, ends } => {
                 let times = (modified(cert), modified(key));
                 let (config, c_at, k_at) =
                     current.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone());
@@ -166,10 +242,11 @@ impl CertSource {
                 let fresh = std::fs::read(cert)
                     .and_then(|c| std::fs::read(key).map(|k| (c, k)))
                     .map_err(|e| TlsError::Pem(e.to_string()))
-                    .and_then(|(c, k)| server_config(&c, &k));
+                    .and_then(|(c, k)| server_config(&c, &k).map(|config| (config, c)));
                 match fresh {
-                    Ok(new) => {
+                    Ok((new, pem)) => {
                         tracing::info!(cert = %cert.display(), "serving certificate reloaded");
+                        record_serving_end(ends, &pem);
                         if let Ok(mut g) = current.write() {
                             *g = (new.clone(), times.0, times.1);
                         }
@@ -227,6 +304,68 @@ pub fn client_verifier(ca_pem: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, Tls
         .map_err(|e| TlsError::Pem(format!("client CA: {e}")))
 }
 
+/// The CA file that client certificates must chain to (`--extender-client-ca`), re-read when it
+/// changes: a Secret's new contents reach its volume within a minute or two, so rotating the CA (both
+/// CAs in the file, then the new one alone) needs no restart. A new file that cannot be used is
+/// logged and the previous CA kept. The soonest end among its CAs, and the end of each client
+/// certificate accepted, go to [`CertificateEnds`].
+pub struct ClientCa {
+    path: PathBuf,
+    /// The verifier in use and the file's modification time it was read at.
+    current: RwLock<(Arc<dyn ClientCertVerifier>, Option<SystemTime>)>,
+    ends: Arc<CertificateEnds>,
+}
+
+impl ClientCa {
+    /// The CA in `path`, read now (a file that cannot be used is an error at start).
+    pub fn open(path: PathBuf, ends: Arc<CertificateEnds>) -> Result<Self, TlsError> {
+        let at = modified(&path);
+        let verifier = Self::load(&path, &ends)?;
+        Ok(ClientCa { current: RwLock::new((verifier, at)), path, ends })
+    }
+
+    fn load(path: &PathBuf, ends: &CertificateEnds) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+        let pem = std::fs::read(path).map_err(|e| TlsError::Pem(format!("{}: {e}", path.display())))?;
+        let verifier = client_verifier(&pem)?;
+        let soonest = certificate_ends(&pem)?.into_iter().min();
+        if let Some(end) = soonest {
+            ends.set(Certificate::ExtenderClientCa, end);
+        }
+        Ok(verifier)
+    }
+
+    /// The verifier for the next connection, re-reading the file if it changed.
+    pub fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        let at = modified(&self.path);
+        let (verifier, read_at) =
+            self.current.read().map(|g| g.clone()).unwrap_or_else(|e| e.into_inner().clone());
+        if read_at == at {
+            return verifier;
+        }
+        match Self::load(&self.path, &self.ends) {
+            Ok(fresh) => {
+                tracing::info!(file = %self.path.display(), "extender client CA reloaded");
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = (fresh.clone(), at);
+                fresh
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the new extender client CA is unusable; keeping the previous one");
+                // Not read again until it changes once more.
+                self.current.write().unwrap_or_else(|e| e.into_inner()).1 = at;
+                verifier
+            }
+        }
+    }
+
+    /// A client presented `der` and was accepted: its end is recorded.
+    fn accepted(&self, der: &[u8]) {
+        match der_end(der) {
+            Ok(end) => self.ends.set(Certificate::ExtenderClient, end),
+            Err(e) => tracing::debug!(error = %e, "an accepted client certificate's end cannot be read"),
+        }
+    }
+}
+
 /// `base` (its certificate and protocols) asking every client for a certificate `clients` accepts.
 fn with_clients(
     base: &ServerConfig,
@@ -248,7 +387,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     certs: Arc<CertSource>,
-    clients: Option<Arc<dyn ClientCertVerifier>>,
+    clients: Option<Arc<ClientCa>>,
 ) {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -260,7 +399,7 @@ pub async fn serve(
         };
         let config = match &clients {
             None => certs.config(),
-            Some(verifier) => match with_clients(&certs.config(), verifier.clone()) {
+            Some(ca) => match with_clients(&certs.config(), ca.verifier()) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "TLS with client certificates");
@@ -270,6 +409,7 @@ pub async fn serve(
         };
         let acceptor = TlsAcceptor::from(config);
         let router = router.clone();
+        let clients = clients.clone();
         tokio::spawn(async move {
             let tls = match acceptor.accept(stream).await {
                 Ok(t) => t,
@@ -278,6 +418,11 @@ pub async fn serve(
                     return;
                 }
             };
+            if let (Some(ca), Some(leaf)) =
+                (&clients, tls.get_ref().1.peer_certificates().and_then(<[_]>::first))
+            {
+                ca.accepted(leaf);
+            }
             let service = TowerToHyperService::new(router);
             if let Err(e) =
                 Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await
@@ -402,6 +547,23 @@ mod tests {
     }
 
     #[test]
+    fn certificate_ends_are_read_from_each_block() {
+        let now = SystemTime::now();
+        let (a, b) = (
+            now + std::time::Duration::from_secs(86_400 * 10),
+            now + std::time::Duration::from_secs(86_400 * 400),
+        );
+        let first = generate(&["a".into()], Some((now, a))).unwrap();
+        let second = generate(&["b".into()], Some((now, b))).unwrap();
+        let bundle = format!("{}{}", first.ca_pem, second.cert_pem);
+        assert_eq!(certificate_ends(bundle.as_bytes()).unwrap(), [utc_day_start(a), utc_day_start(b)]);
+        let none = certificate_ends(b"no pem here").unwrap_err().to_string();
+        assert!(none.contains("no CERTIFICATE block"), "{none}");
+        let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(certificate_ends(garbled.as_bytes()).is_err());
+    }
+
+    #[test]
     fn bad_pem_is_a_clear_error() {
         let e = server_config(b"nothing", b"nothing").unwrap_err();
         assert!(e.to_string().contains("certificate"), "{e}");
@@ -415,8 +577,13 @@ mod tests {
         let first = generate(&["a.example".into()], None).unwrap();
         std::fs::write(&cert, &first.cert_pem).unwrap();
         std::fs::write(&key, &first.key_pem).unwrap();
-        let source = CertSource::files(cert.clone(), key.clone()).unwrap();
+        let ends = Arc::new(CertificateEnds::default());
+        let source = CertSource::files(cert.clone(), key.clone(), ends.clone()).unwrap();
         let before = source.config();
+        // generate(.., None) gives rcgen's default end, 4096-01-01.
+        let first_end = ends.all();
+        assert_eq!(first_end.len(), 1);
+        assert_eq!(first_end[0].0, Certificate::Serving);
         assert!(Arc::ptr_eq(&before, &source.config()));
         // Files rewritten with explicit, later modification times (no waiting on the clock).
         let rewrite = |path: &PathBuf, text: &str, secs: u64| {
@@ -425,11 +592,14 @@ mod tests {
             std::fs::File::options().write(true).open(path).unwrap().set_modified(later).unwrap();
         };
         // A rotation.
-        let second = generate(&["a.example".into()], None).unwrap();
+        let now = SystemTime::now();
+        let end = now + std::time::Duration::from_secs(30 * 86_400);
+        let second = generate(&["a.example".into()], Some((now, end))).unwrap();
         rewrite(&cert, &second.cert_pem, 10);
         rewrite(&key, &second.key_pem, 10);
         let after = source.config();
         assert!(!Arc::ptr_eq(&before, &after));
+        assert_eq!(ends.all(), [(Certificate::Serving, utc_day_start(end))]);
         // A broken write keeps the last good configuration.
         rewrite(&key, "broken", 20);
         assert!(Arc::ptr_eq(&after, &source.config()));

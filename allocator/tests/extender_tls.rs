@@ -1,6 +1,8 @@
 //! The extender over HTTPS with client certificates (`--extender-tls-listen`), over real sockets: a
 //! client with a certificate the configured CA signed gets answers; one without a certificate, or
-//! with one another CA signed, gets none.
+//! with one another CA signed, gets none. The CA file is rotated under the running server (both CAs,
+//! then the new one alone) and each step holds at once, with no restart; the ends of the CA and of
+//! the accepted client certificate are recorded for `/metrics`.
 
 use nano_gpu_allocator::binder::KubeBinder;
 use nano_gpu_allocator::state::ClusterState;
@@ -12,6 +14,7 @@ use nano_gpu_proto::demand::DemandOptions;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
@@ -57,12 +60,20 @@ async fn inspect(
 async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender() {
     // The serving certificate (as the Secret would hold it), the scheduler's client CA and
     // certificate, and a stranger's.
+    // The scheduler's CA and certificate end in 100 days, the stranger's (the next CA) in 200.
+    let now = SystemTime::now();
+    let days = |n: u64| now + Duration::from_secs(n * 86_400);
     let serving = tls::generate(&["localhost".into()], None).unwrap();
-    let scheduler = tls::generate(&["kube-scheduler".into()], None).unwrap();
-    let stranger = tls::generate(&["kube-scheduler".into()], None).unwrap();
+    let scheduler = tls::generate(&["kube-scheduler".into()], Some((now, days(100)))).unwrap();
+    let stranger = tls::generate(&["kube-scheduler".into()], Some((now, days(200)))).unwrap();
     let config = tls::server_config(serving.cert_pem.as_bytes(), serving.key_pem.as_bytes()).unwrap();
     let certs = Arc::new(tls::CertSource::Shared(RwLock::new(config)));
-    let clients = tls::client_verifier(scheduler.ca_pem.as_bytes()).unwrap();
+    let dir = std::env::temp_dir().join(format!("nano-gpu-extender-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ca.crt");
+    std::fs::write(&file, &scheduler.ca_pem).unwrap();
+    let ends = Arc::new(tls::CertificateEnds::default());
+    let clients = Arc::new(tls::ClientCa::open(file.clone(), ends.clone()).unwrap());
 
     let engine =
         Engine::new(Cluster::new(), policy::by_name(policy::DEFAULT, 0).unwrap(), Default::default());
@@ -74,16 +85,53 @@ async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender
     tokio::spawn(tls::serve(listener, server::router(shared), certs, Some(clients)));
 
     let ca = serving.ca_pem.as_str();
-    let answer = inspect(addr, ca, Some((&scheduler.cert_pem, &scheduler.key_pem))).await;
+    let scheduler_pair = Some((scheduler.cert_pem.as_str(), scheduler.key_pem.as_str()));
+    let stranger_pair = Some((stranger.cert_pem.as_str(), stranger.key_pem.as_str()));
+    let answer = inspect(addr, ca, scheduler_pair).await;
     assert_eq!(answer.as_deref(), Ok("HTTP/1.1 200 OK"), "the scheduler's certificate");
-    for (who, client) in [
-        ("no certificate", None),
-        ("another CA's certificate", Some((&stranger.cert_pem, &stranger.key_pem))),
-    ] {
-        let answer = inspect(addr, ca, client.map(|(c, k)| (c.as_str(), k.as_str()))).await;
+    for (who, client) in [("no certificate", None), ("another CA's certificate", stranger_pair)] {
+        let answer = inspect(addr, ca, client).await;
         assert!(answer.is_err(), "{who} got {answer:?}");
     }
+    // The certificates end at the start of their last UTC day (tls::generate).
+    let end = |n| tls::utc_day_start(days(n));
+    let seen: Vec<_> = ends.all();
+    assert_eq!(
+        seen,
+        [(tls::Certificate::ExtenderClientCa, end(100)), (tls::Certificate::ExtenderClient, end(100))]
+    );
+
+    // A rotation, as the certificates page says: both CAs in the file (a Secret's update reaches
+    // the volume as a new file, with a later modification time), then the new one alone.
+    let rewrite = |text: String, secs: u64| {
+        std::fs::write(&file, text).unwrap();
+        let later = SystemTime::now() + Duration::from_secs(secs);
+        std::fs::File::options().write(true).open(&file).unwrap().set_modified(later).unwrap();
+    };
+    rewrite(format!("{}{}", scheduler.ca_pem, stranger.ca_pem), 10);
+    for (who, client) in [("the old CA's", scheduler_pair), ("the new CA's", stranger_pair)] {
+        assert_eq!(inspect(addr, ca, client).await.as_deref(), Ok("HTTP/1.1 200 OK"), "{who}, both CAs");
+    }
+    rewrite(stranger.ca_pem.clone(), 20);
+    assert!(inspect(addr, ca, scheduler_pair).await.is_err(), "the old CA's certificate after the rotation");
+    assert_eq!(inspect(addr, ca, stranger_pair).await.as_deref(), Ok("HTTP/1.1 200 OK"));
+    assert_eq!(
+        ends.all(),
+        [(tls::Certificate::ExtenderClientCa, end(200)), (tls::Certificate::ExtenderClient, end(200))]
+    );
+    // A broken file keeps the CA in use.
+    rewrite("not a certificate".to_owned(), 30);
+    assert_eq!(
+        inspect(addr, ca, stranger_pair).await.as_deref(),
+        Ok("HTTP/1.1 200 OK"),
+        "after a broken file"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
     // A CA file without a certificate is refused at start, with the reason.
     let err = tls::client_verifier(b"not a certificate").err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("client CA"), "{err}");
+    let missing =
+        tls::ClientCa::open(dir.join("missing"), ends).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(missing.contains("missing"), "{missing}");
 }

@@ -216,6 +216,7 @@ pub async fn keep(
     client: kube::Client,
     webhook: String,
     mut published: bool,
+    ends: Arc<super::CertificateEnds>,
 ) {
     let mut retry = RETRY_FIRST;
     loop {
@@ -236,6 +237,7 @@ pub async fn keep(
                     }
                 }
                 published = publish(&client, &webhook, &m.ca_pem).await;
+                ends.set(super::Certificate::Serving, m.not_after);
                 tracing::info!(secret = %name, "serving the renewed webhook certificate");
                 current = m;
             }
