@@ -134,13 +134,16 @@ impl<B: Binder> Shared<B> {
 }
 
 /// Gives back, every second, the cards of filters whose bind did not come in time
-/// ([`ClusterState::expire_filter_holds`]).
+/// ([`ClusterState::expire_filter_holds`]), and ends the pauses of nodes whose kubelet refused a
+/// share ([`ClusterState::expire_kubelet_refusals`]).
 pub async fn expire_filter_holds(view: Arc<SharedView>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        view.lock().expire_filter_holds(Instant::now());
+        let mut view = view.lock();
+        view.expire_filter_holds(Instant::now());
+        view.expire_kubelet_refusals(Instant::now());
     }
 }
 

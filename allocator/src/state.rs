@@ -60,6 +60,15 @@ use std::time::{Duration, Instant, SystemTime};
 /// other pod took them meanwhile, else it fails and kube-scheduler retries the pod.
 pub const FILTER_HOLD: Duration = Duration::from_secs(15);
 
+/// How long no share is placed on a node after its kubelet failed one for want of nano-gpu's devices
+/// (`UnexpectedAdmissionError`: no plugin served them, as while an agent container restarts, whole,
+/// keeper included, or a restarted kubelet waits for its plugins). Its agent may still look Ready
+/// (the kubelet restarts the container within a second, before it reports it dead), and a failed
+/// share gives its cards back, so without the pause the policy keeps choosing that node, and every
+/// share sent there in the meantime fails too. The kubelet is served again about a second after the
+/// agent's container starts.
+pub const REFUSAL_PAUSE: Duration = Duration::from_secs(5);
+
 /// Something wrong with an object that a person should hear about (becomes a warning Event).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Warning {
@@ -106,6 +115,9 @@ pub struct ClusterState {
     /// namespace), and the agent pods seen, by uid: their node and whether they are Ready.
     agent_label: Option<AgentPods>,
     agents: HashMap<String, (String, bool)>,
+    /// Nodes whose kubelet failed a share for want of nano-gpu's devices, and when that was seen:
+    /// none is placed there for [`REFUSAL_PAUSE`] ([`ClusterState::expire_kubelet_refusals`]).
+    kubelet_refusals: HashMap<String, Instant>,
     warnings: Vec<Warning>,
     /// Pending pods that ask a GPU and hold no assignment yet, by uid (the GPU map's waiting list).
     waiting: BTreeMap<String, Waiting>,
@@ -247,6 +259,7 @@ impl ClusterState {
             pods_version: 0,
             agent_label: None,
             agents: HashMap::new(),
+            kubelet_refusals: HashMap::new(),
             warnings: Vec::new(),
             waiting: BTreeMap::new(),
             generation: 0,
@@ -282,9 +295,36 @@ impl ClusterState {
         self
     }
 
-    /// Whether `node` serves its cards: a Ready agent runs there (when that is required).
+    /// Whether `node` serves its cards: a Ready agent runs there (when that is required), and its
+    /// kubelet has not just failed a share for want of nano-gpu's devices ([`REFUSAL_PAUSE`]).
     fn agent_ready(&self, node: &str) -> bool {
-        self.agent_label.is_none() || self.agents.values().any(|(n, ready)| *ready && n == node)
+        !self.kubelet_refusals.contains_key(node)
+            && (self.agent_label.is_none() || self.agents.values().any(|(n, ready)| *ready && n == node))
+    }
+
+    /// `node`'s kubelet failed a share for want of nano-gpu's devices, seen `now`: nothing is placed
+    /// there for [`REFUSAL_PAUSE`] from now.
+    pub(crate) fn note_kubelet_refusal(&mut self, node: &str, pod: &str, now: Instant) {
+        if self.kubelet_refusals.insert(node.to_owned(), now).is_none() {
+            tracing::warn!(node, pod, pause = ?REFUSAL_PAUSE, "the node's kubelet failed a share for want of nano-gpu's devices; placing nothing there for a while");
+            self.rebuild(node);
+        }
+    }
+
+    /// Ends the pauses of [`REFUSAL_PAUSE`] that began before `now` less the pause (called every
+    /// second).
+    pub fn expire_kubelet_refusals(&mut self, now: Instant) {
+        let over: Vec<String> = self
+            .kubelet_refusals
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= REFUSAL_PAUSE)
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in over {
+            self.kubelet_refusals.remove(&node);
+            tracing::info!(node = %node, "placing on the node again after its kubelet's refusal");
+            self.rebuild(&node);
+        }
     }
 
     /// The extender deciding over this view.

@@ -48,6 +48,27 @@ fn listed(log: &str) -> Option<Duration> {
     first(log, r#""State pushed for device plugin" resource="nano-gpu/gpu-percent""#)
 }
 
+/// Each time the kubelet of `log` had no plugin for `nano-gpu/gpu-percent` while running: from its
+/// line for the plugin's disconnection (with no other plugin for the resource, its devices are
+/// marked unhealthy then, so it fails what it admits) to the next ListAndWatch answer of a plugin
+/// (`client.go` at -v=2, `hack/cluster.sh`).
+pub fn unserved_windows(log: &str) -> Vec<Duration> {
+    const GONE: &str = r#""Device plugin disconnected" resource="nano-gpu/gpu-percent""#;
+    const BACK: &str = r#""State pushed for device plugin" resource="nano-gpu/gpu-percent""#;
+    let mut windows = Vec::new();
+    let mut since = None;
+    for line in log.lines() {
+        if line.contains(GONE) {
+            since = since.or_else(|| klog_time(line));
+        } else if line.contains(BACK)
+            && let (Some(from), Some(to)) = (since.take(), klog_time(line))
+        {
+            windows.push(to.saturating_sub(from));
+        }
+    }
+    windows
+}
+
 /// How long after the kubelet of `log` started its eviction manager our plugin registered.
 pub fn registration_lag(log: &str) -> Option<Duration> {
     registered(log)?.checked_sub(first(log, "Eviction manager: starting control loop")?)
@@ -104,6 +125,26 @@ mod tests {
         let lag = registration_lag(log).unwrap();
         assert!(lag > Duration::from_micros(1_800) && lag < Duration::from_micros(1_900), "{lag:?}");
         assert_eq!(registration_lag("I1124 23:38:12.558785 no such lines"), None);
+    }
+
+    #[test]
+    fn an_unserved_window_runs_from_the_last_disconnection_to_the_next_push() {
+        let line = |at: &str, what: &str| format!("I1128 {at}   27314 manager.go:274] {what}\n");
+        let gone = r#""Device plugin disconnected" resource="nano-gpu/gpu-percent""#;
+        let back = r#""State pushed for device plugin" resource="nano-gpu/gpu-percent" resourceCapacity=400"#;
+        let other = r#""State pushed for device plugin" resource="aliyun.com/gpu-mem" resourceCapacity=64"#;
+        let log = [
+            line("04:10:00.000000", back),
+            line("04:10:05.100000", gone),
+            line("04:10:05.200000", other),
+            line("04:10:07.350000", back),
+            line("04:10:09.000000", back),
+            line("04:11:00.000000", gone),
+        ]
+        .concat();
+        // The second disconnection has no push after it yet: no window.
+        assert_eq!(unserved_windows(&log), [Duration::from_millis(2_250)]);
+        assert!(unserved_windows("").is_empty());
     }
 
     /// The lines of the landing CI's node-3 kubelet that failed 24 shares (02:31:28), and the

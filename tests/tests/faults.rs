@@ -86,11 +86,29 @@ async fn burst<F>(cluster: &Cluster, client: &kube::Client, prefix: &str, fault:
 where
     F: FnMut(usize) -> Option<std::process::Child>,
 {
-    burst_excusing(cluster, client, prefix, fault, |_| Some(false)).await
+    burst_excusing(cluster, client, prefix, fault, "", |_| Some(false)).await
 }
 
-/// [`burst`], where the failed pods `upstream` picks out are counted apart (and printed): of the
-/// others, as many as fit Running (48, or all when more than 12 were counted apart: the failed hold
+/// The agent pod on `node`.
+fn agent_on(cluster: &Cluster, node: &str) -> String {
+    let selector = format!("spec.nodeName={node}");
+    let name = cluster.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "nano-gpu-system",
+        "-l",
+        "app.kubernetes.io/name=nano-gpu-agent",
+        "--field-selector",
+        &selector,
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    name.trim().to_owned()
+}
+
+/// [`burst`], where the failed pods `upstream` picks out are counted apart (and printed, as
+/// `excused`): of the others, as many as fit Running (48, or all when more than 12 were counted apart: the failed hold
 /// no cards), the rest Pending, none else failed. A pod `upstream` cannot judge yet (`None`) is
 /// waited for, and judged ours when the burst has settled.
 async fn burst_excusing<F>(
@@ -98,6 +116,7 @@ async fn burst_excusing<F>(
     client: &kube::Client,
     prefix: &str,
     mut fault: F,
+    excused_as: &str,
     upstream: impl Fn(&Failed) -> Option<bool>,
 ) where
     F: FnMut(usize) -> Option<std::process::Child>,
@@ -151,9 +170,7 @@ async fn burst_excusing<F>(
         started.elapsed()
     );
     if !excused.is_empty() {
-        eprintln!(
-            "{prefix}: failed by a kubelet before any plugin could register with it (upstream): {excused:#?}"
-        );
+        eprintln!("{prefix}: {} {excused_as}: {excused:#?}", excused.len());
     }
     pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await.unwrap();
     wait_until(&format!("{prefix}: deleted"), Duration::from_secs(120), || async {
@@ -338,20 +355,8 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
     burst(&cluster, &client, "killed", |i| {
         if matches!(i, 15 | 30 | 45) {
             let node = format!("node-{}", i / 15);
-            let selector = format!("spec.nodeName={node}");
-            let agent = cluster.ok(&[
-                "get",
-                "pods",
-                "-n",
-                "nano-gpu-system",
-                "-l",
-                "app.kubernetes.io/name=nano-gpu-agent",
-                "--field-selector",
-                &selector,
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ]);
-            let killed = cluster.kill_children("nano-gpu-system", agent.trim(), "agent");
+            let agent = agent_on(&cluster, &node);
+            let killed = cluster.kill_children("nano-gpu-system", &agent, "agent");
             assert_eq!(killed, Ok(1), "the agent process under {node}'s keeper");
         }
         None
@@ -409,6 +414,7 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
             }
             None
         },
+        "failed by a kubelet before any plugin could register with it (upstream)",
         |f| kubelet_log::denied_before_our_devices(&cluster, NS, &f.name, &f.node, &f.why),
     )
     .await;
@@ -425,6 +431,53 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
                 && listed.is_some_and(|l| l < kubelet_log::LISTED_WITHIN),
             "{node}: registration {registered:?} after the start, devices {listed:?} after that"
         );
+    }
+
+    // Each node's whole agent container killed (every process in it, the keeper too, as the OOM
+    // killer ends a cgroup v2 container at its limit) during a burst, node-1's after the 15th,
+    // node-2's after the 30th, node-3's after the 45th. Nothing of ours is left on the node to hold
+    // the kubelet's calls: the kubelet marks the node's devices unhealthy when the plugin's stream
+    // breaks, and fails with "no healthy devices present" the shares it admits until the restarted
+    // agent has registered and sent them again. The allocator places nothing on a node whose agent is
+    // not Ready, so what is bound there in that window is what was bound before the kubelet reported
+    // the container dead. Those failures are counted apart and printed, with each node's window as
+    // its kubelet logged it: this is the part of the window the kubelet forces (the memory guard,
+    // `agent/src/keeper/memory.rs`, keeps an agent that grows from taking its keeper with it).
+    let killed = std::cell::RefCell::new(Vec::<String>::new());
+    burst_excusing(
+        &cluster,
+        &client,
+        "whole",
+        |i| {
+            if matches!(i, 15 | 30 | 45) {
+                let node = format!("node-{}", i / 15);
+                cluster.kill_container("nano-gpu-system", &agent_on(&cluster, &node), "agent");
+                killed.borrow_mut().push(node);
+            }
+            None
+        },
+        "failed by a kubelet while the node's agent container was dead (no plugin to hold its calls)",
+        |f| Some(f.why.contains("no healthy devices present") && killed.borrow().contains(&f.node)),
+    )
+    .await;
+    let allocators = cluster.ok(&[
+        "logs",
+        "-n",
+        "nano-gpu-system",
+        "-l",
+        "app.kubernetes.io/name=nano-gpu-allocator",
+        "-c",
+        "allocator",
+        "--tail=-1",
+    ]);
+    let paused =
+        allocators.lines().filter(|l| l.contains("failed a share for want of nano-gpu's devices")).count();
+    eprintln!("whole: the allocators paused a node {paused} time(s) after its kubelet failed a share so");
+    for n in 1..=3 {
+        let node = format!("node-{n}");
+        let windows = kubelet_log::unserved_windows(&kubelet_log::log(&cluster, &node));
+        eprintln!("whole: {node}'s kubelet had no nano-gpu plugin for {windows:?}");
+        assert!(!windows.is_empty(), "{node}: the kubelet's log shows no disconnection of the killed agent");
     }
 }
 

@@ -127,7 +127,7 @@ impl Request {
 }
 
 /// What [`Reason::NotServing`] says.
-const NOT_SERVING: &str = "no Ready nano-gpu agent: its device plugin may not serve";
+const NOT_SERVING: &str = "no Ready nano-gpu agent, or its kubelet just failed a share for want of nano-gpu's devices: its device plugin may not serve";
 /// What [`Reason::ServedByDra`] says.
 const SERVED_BY_DRA: &str = "its cards are served through DRA (claims of gpu.nano-gpu.io), not to shares";
 /// What [`Reason::NotDra`] says.

@@ -79,6 +79,14 @@ impl ClusterState {
             && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
         self.note_claim_pod(&uid, pod, pending);
         if is_terminal(pod) {
+            // A share the view held that its kubelet failed for want of our devices (not one a
+            // re-list finds failed long ago: those the view no longer holds).
+            if let Some(node) =
+                self.pods.get(&uid).map(|p| p.node.clone()).filter(|_| refused_for_devices(pod))
+            {
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                self.note_kubelet_refusal(&node, name, std::time::Instant::now());
+            }
             self.forget_pod(&uid);
             return;
         }
@@ -304,4 +312,19 @@ impl ClusterState {
         }
         self.end_pod_relist();
     }
+}
+
+/// Whether the kubelet failed `pod` at admission for want of nano-gpu's devices: its reason
+/// `UnexpectedAdmissionError`, its message naming one of our resources ("no healthy devices
+/// present; cannot allocate unhealthy devices nano-gpu/gpu-percent", "cannot allocate unregistered
+/// device ...").
+pub(super) fn refused_for_devices(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else { return false };
+    status.phase.as_deref() == Some("Failed")
+        && status.reason.as_deref() == Some("UnexpectedAdmissionError")
+        && status.message.as_deref().is_some_and(|m| {
+            m.contains("device")
+                && (m.contains(nano_gpu_proto::resources::GPU_PERCENT)
+                    || m.contains(nano_gpu_proto::resources::GPUSHARE_MEMORY))
+        })
 }

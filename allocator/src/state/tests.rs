@@ -718,6 +718,57 @@ fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
     assert_eq!(filter(&mut s).node_names, Some(vec![]));
 }
 
+/// A share its kubelet failed for want of our devices (the agent's whole container restarting) pauses
+/// its node for [`super::REFUSAL_PAUSE`]: the agent may still look Ready, and the failed share's
+/// cards are free again, so the policy would choose the node again. Other failures, and failed
+/// pods a re-list finds (the view held none of them), pause nothing.
+#[test]
+fn a_node_whose_kubelet_failed_a_share_for_want_of_devices_is_paused() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_node(&node("n2", 1));
+    let filter = |s: &mut ClusterState| {
+        let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1", "n2"]});
+        s.filter(serde_json::from_value(args).unwrap()).node_names.unwrap()
+    };
+    let failed = |uid: &str, reason: &str, message: &str| {
+        let mut p = pod(uid, "30", Some("n1"), Some(assignment("n1", 0, 30)));
+        p.status = Some(
+            serde_json::from_value(json!({"phase": "Failed", "reason": reason, "message": message})).unwrap(),
+        );
+        p
+    };
+    let unhealthy = "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate \
+                     unhealthy devices nano-gpu/gpu-percent, which is unexpected";
+    // Another failure (the container's own) pauses nothing.
+    s.apply_pod(&pod("x", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&failed("x", "Error", "exit code 1"));
+    assert_eq!(filter(&mut s), ["n1", "n2"]);
+    // A re-list that finds a share failed so long ago pauses nothing either.
+    s.apply_pod(&failed("old", "UnexpectedAdmissionError", unhealthy));
+    assert_eq!(filter(&mut s), ["n1", "n2"]);
+    // A held share failed so: n1 takes nothing, with the reason, and its card is free.
+    s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    let start = Instant::now();
+    s.apply_pod(&failed("a", "UnexpectedAdmissionError", unhealthy));
+    assert_eq!(free(&s, "n1"), vec![100]);
+    assert_eq!(filter(&mut s), ["n2"]);
+    let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]});
+    let why = s.filter(serde_json::from_value(args).unwrap()).failed_and_unresolvable_nodes["n1"].clone();
+    assert!(why.contains("just failed a share for want of nano-gpu's devices"), "{why}");
+    assert_eq!(s.inspect()["nodes"][0]["agentReady"], false);
+    // Until the pause is over.
+    s.expire_kubelet_refusals(start + super::REFUSAL_PAUSE - Duration::from_millis(1));
+    assert_eq!(filter(&mut s), ["n2"]);
+    s.expire_kubelet_refusals(start + super::REFUSAL_PAUSE + Duration::from_millis(1));
+    assert_eq!(filter(&mut s), ["n1", "n2"]);
+    // gpushare's resource too.
+    let gib = "Pod was rejected: Allocate failed due to cannot allocate unregistered device aliyun.com/gpu-mem, which is unexpected";
+    s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&failed("b", "UnexpectedAdmissionError", gib));
+    assert_eq!(filter(&mut s), ["n2"]);
+}
+
 /// A tenant's pod labelled as an agent (in its own namespace, or with no DaemonSet controlling it)
 /// does not make a node serve.
 #[test]
