@@ -433,7 +433,9 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                     OBJECT,
                     Status::Warn,
                     format!(
-                        "a CA of the Secret's ca.crt ends in {days} days ({}): rotate it (both CAs in ca.crt, a new                          client certificate for kube-scheduler, then the new CA alone; the allocator re-reads                          the file)",
+                        "a CA of the Secret's ca.crt ends in {days} days ({}): rotate it (both CAs in ca.crt, a new \
+                         client certificate for kube-scheduler, then the new CA alone; the allocator re-reads \
+                         the file)",
                         date(end)
                     ),
                 )
@@ -443,7 +445,9 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                     OBJECT,
                     Status::Fail,
                     format!(
-                        "a CA of the Secret's ca.crt ended on {}: kube-scheduler's client certificates it signed are                          refused; put a new CA in {ns}/nano-gpu-extender-client-ca and give kube-scheduler a                          certificate it signed",
+                        "a CA of the Secret's ca.crt ended on {}: put a current CA in \
+                         {ns}/nano-gpu-extender-client-ca and give kube-scheduler a client certificate it signs \
+                         (the allocator checks the client certificate's own dates)",
                         date(end)
                     ),
                 )
@@ -454,7 +458,8 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
             OBJECT,
             Status::Fail,
             format!(
-                "the Secret {ns}/nano-gpu-extender-client-ca has no usable ca.crt: allocators that start now fail;                  put the CA that signs kube-scheduler's client certificate there"
+                "the Secret {ns}/nano-gpu-extender-client-ca has no usable ca.crt: allocators that start now fail; \
+                 put the CA that signs kube-scheduler's client certificate there"
             ),
         ),
     });
@@ -471,7 +476,8 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
         let left = renewal.duration_since(now).unwrap_or_default();
         let days = left.as_secs() / 86_400;
         let what = format!(
-            "the webhook certificate is renewed on {} with a new CA: copy its ca.crt to the control plane's              extender-ca.crt then, or kube-scheduler's calls fail",
+            "the webhook certificate is renewed on {} with a new CA: copy its ca.crt to the control plane's \
+             extender-ca.crt then, or kube-scheduler's calls fail",
             date(renewal)
         );
         out.push(if left > CERT_WARNING {

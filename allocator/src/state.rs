@@ -303,9 +303,10 @@ impl ClusterState {
     }
 
     /// `node`'s kubelet failed a share for want of nano-gpu's devices, seen `now`: nothing is placed
-    /// there for [`REFUSAL_PAUSE`] from now.
+    /// there for [`REFUSAL_PAUSE`] from now (a refusal during a pause does not lengthen it).
     pub(crate) fn note_kubelet_refusal(&mut self, node: &str, pod: &str, now: Instant) {
-        if self.kubelet_refusals.insert(node.to_owned(), now).is_none() {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.kubelet_refusals.entry(node.to_owned()) {
+            e.insert(now);
             tracing::warn!(node, pod, pause = ?REFUSAL_PAUSE, "the node's kubelet failed a share for want of nano-gpu's devices; placing nothing there for a while");
             self.rebuild(node);
         }

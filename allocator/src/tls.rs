@@ -112,8 +112,8 @@ fn der_end(der: &[u8]) -> Result<SystemTime, TlsError> {
 pub enum Certificate {
     /// The certificate the webhook (and the extender over HTTPS) serves.
     Serving,
-    /// The soonest-ending CA of `--extender-client-ca`: a client certificate it signed is refused
-    /// from then on.
+    /// The soonest-ending CA of `--extender-client-ca` (the client certificates it signs should end
+    /// before it; the allocator checks a client certificate's own dates, not its CA's).
     ExtenderClientCa,
     /// The client certificate kube-scheduler last presented to the extender over HTTPS.
     ExtenderClient,

@@ -86,7 +86,7 @@ async fn burst<F>(cluster: &Cluster, client: &kube::Client, prefix: &str, fault:
 where
     F: FnMut(usize) -> Option<std::process::Child>,
 {
-    burst_excusing(cluster, client, prefix, fault, "", |_| Some(false)).await
+    burst_excusing(cluster, client, prefix, fault, "", |_| Some(false)).await;
 }
 
 /// The agent pod on `node`.
@@ -110,7 +110,7 @@ fn agent_on(cluster: &Cluster, node: &str) -> String {
 /// [`burst`], where the failed pods `upstream` picks out are counted apart (and printed, as
 /// `excused`): of the others, as many as fit Running (48, or all when more than 12 were counted apart: the failed hold
 /// no cards), the rest Pending, none else failed. A pod `upstream` cannot judge yet (`None`) is
-/// waited for, and judged ours when the burst has settled.
+/// waited for, and judged ours when the burst has settled. Returns how many were counted apart.
 async fn burst_excusing<F>(
     cluster: &Cluster,
     client: &kube::Client,
@@ -118,7 +118,8 @@ async fn burst_excusing<F>(
     mut fault: F,
     excused_as: &str,
     upstream: impl Fn(&Failed) -> Option<bool>,
-) where
+) -> usize
+where
     F: FnMut(usize) -> Option<std::process::Child>,
 {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -177,6 +178,7 @@ async fn burst_excusing<F>(
         pods.list(&ListParams::default()).await.unwrap().items.is_empty()
     })
     .await;
+    excused.len()
 }
 
 /// etcd's newest revision, through its HTTP gateway inside the cluster's network.
@@ -444,7 +446,7 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
     // its kubelet logged it: this is the part of the window the kubelet forces (the memory guard,
     // `agent/src/keeper/memory.rs`, keeps an agent that grows from taking its keeper with it).
     let killed = std::cell::RefCell::new(Vec::<String>::new());
-    burst_excusing(
+    let failed = burst_excusing(
         &cluster,
         &client,
         "whole",
@@ -473,6 +475,8 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
     let paused =
         allocators.lines().filter(|l| l.contains("failed a share for want of nano-gpu's devices")).count();
     eprintln!("whole: the allocators paused a node {paused} time(s) after its kubelet failed a share so");
+    // A failed share pauses its node: without that, every share placed there in the window failed.
+    assert!(failed == 0 || paused > 0, "{failed} shares failed so and no node was paused");
     for n in 1..=3 {
         let node = format!("node-{n}");
         let windows = kubelet_log::unserved_windows(&kubelet_log::log(&cluster, &node));

@@ -79,11 +79,16 @@ impl ClusterState {
             && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
         self.note_claim_pod(&uid, pod, pending);
         if is_terminal(pod) {
-            // A share the view held that its kubelet failed for want of our devices (not one a
-            // re-list finds failed long ago: those the view no longer holds).
-            if let Some(node) =
-                self.pods.get(&uid).map(|p| p.node.clone()).filter(|_| refused_for_devices(pod))
-            {
+            // A share nano-gpu placed (it holds an assignment: no tenant can write one) that its
+            // kubelet failed for want of our devices. Not a pod bound by hand (a tenant's nodeName
+            // pod asking more than is free fails so too, and could pause every node), not one a
+            // re-list finds failed (it may have failed long ago).
+            let placed = self
+                .pods
+                .get(&uid)
+                .filter(|p| p.reserved || matches!(p.holding, Holding::Cards(_)))
+                .map(|p| p.node.clone());
+            if let Some(node) = placed.filter(|_| self.relisting_pods.is_none() && refused_for_devices(pod)) {
                 let name = pod.metadata.name.as_deref().unwrap_or_default();
                 self.note_kubelet_refusal(&node, name, std::time::Instant::now());
             }

@@ -720,8 +720,8 @@ fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
 
 /// A share its kubelet failed for want of our devices (the agent's whole container restarting) pauses
 /// its node for [`super::REFUSAL_PAUSE`]: the agent may still look Ready, and the failed share's
-/// cards are free again, so the policy would choose the node again. Other failures, and failed
-/// pods a re-list finds (the view held none of them), pause nothing.
+/// cards are free again, so the policy would choose the node again. Other failures, pods bound by
+/// hand, and failed pods a re-list finds (the view held none of them), pause nothing.
 #[test]
 fn a_node_whose_kubelet_failed_a_share_for_want_of_devices_is_paused() {
     let mut s = state();
@@ -746,6 +746,20 @@ fn a_node_whose_kubelet_failed_a_share_for_want_of_devices_is_paused() {
     assert_eq!(filter(&mut s), ["n1", "n2"]);
     // A re-list that finds a share failed so long ago pauses nothing either.
     s.apply_pod(&failed("old", "UnexpectedAdmissionError", unhealthy));
+    assert_eq!(filter(&mut s), ["n1", "n2"]);
+    // A pod bound by hand (a tenant's nodeName, no assignment) that asks more than is free fails so
+    // too: it pauses nothing (anyone could make one, on every node).
+    let mut by_hand = pod("t", "30", Some("n1"), None);
+    s.apply_pod(&by_hand);
+    let unavailable = "Pod was rejected: Allocate failed due to requested number of devices unavailable for \
+                       nano-gpu/gpu-percent. Requested: 30, Available: 20, which is unexpected";
+    by_hand.status = Some(
+        serde_json::from_value(
+            json!({"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": unavailable}),
+        )
+        .unwrap(),
+    );
+    s.apply_pod(&by_hand);
     assert_eq!(filter(&mut s), ["n1", "n2"]);
     // A held share failed so: n1 takes nothing, with the reason, and its card is free.
     s.apply_pod(&pod("a", "30", Some("n1"), Some(assignment("n1", 0, 30))));
