@@ -363,38 +363,36 @@ fn webhook(s: &Snapshot, now: SystemTime) -> Vec<Line> {
         ),
         None => line("webhook-ca", "webhook", Status::Warn, "no webhook certificate Secret yet (the first replica makes it)"),
     });
-    let not_after = secret
-        .and_then(|s| s.metadata.annotations.as_ref())
-        .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        .map(SystemTime::from);
-    if let Some(end) = not_after {
-        let left = end.duration_since(now).unwrap_or_default();
-        let days = left.as_secs() / 86_400;
-        out.push(if left > CERT_WARNING {
-            line(
-                "certificate",
-                "webhook",
-                Status::Ok,
-                format!("ends in {days} days (renewed 30 days before)"),
-            )
-        } else if left > Duration::ZERO {
-            line(
-                "certificate",
-                "webhook",
-                Status::Warn,
-                format!("ends in {days} days and was not renewed: see the allocator's log"),
-            )
-        } else {
-            line(
-                "certificate",
-                "webhook",
-                Status::Fail,
-                "has ended: delete the Secret and the allocator makes a new one",
-            )
-        });
+    if let Some(end) = annotated_end(secret) {
+        let (status, days) = end_status(end, now);
+        let what = match status {
+            Status::Ok => format!("ends in {days} days (renewed 30 days before)"),
+            Status::Warn => format!("ends in {days} days and was not renewed: see the allocator's log"),
+            Status::Fail => "has ended: delete the Secret and the allocator makes a new one".to_owned(),
+        };
+        out.push(line("certificate", "webhook", status, what));
     }
     out
+}
+
+/// The end the allocator wrote on its webhook certificate Secret (annotation `NOT_AFTER_ANNOTATION`).
+fn annotated_end(secret: Option<&Secret>) -> Option<SystemTime> {
+    let end = secret?.metadata.annotations.as_ref()?.get(NOT_AFTER_ANNOTATION)?;
+    end.parse::<k8s_openapi::jiff::Timestamp>().ok().map(SystemTime::from)
+}
+
+/// How near a certificate's `end` is at `now`: Ok beyond [`CERT_WARNING`], Warn within it, Fail once
+/// passed; and the whole days left.
+fn end_status(end: SystemTime, now: SystemTime) -> (Status, u64) {
+    let left = end.duration_since(now).unwrap_or_default();
+    let status = if left > CERT_WARNING {
+        Status::Ok
+    } else if left > Duration::ZERO {
+        Status::Warn
+    } else {
+        Status::Fail
+    };
+    (status, left.as_secs() / 86_400)
 }
 
 /// The UTC date of `t` (`2026-12-01`).
@@ -423,35 +421,22 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     let ns = &s.namespace;
     out.push(match crate::tls::certificate_ends(&pem).map(|ends| ends.into_iter().min()) {
         Ok(Some(end)) => {
-            let left = end.duration_since(now).unwrap_or_default();
-            let days = left.as_secs() / 86_400;
-            if left > CERT_WARNING {
-                line("certificate", OBJECT, Status::Ok, format!("ends in {days} days ({})", date(end)))
-            } else if left > Duration::ZERO {
-                line(
-                    "certificate",
-                    OBJECT,
-                    Status::Warn,
-                    format!(
-                        "a CA of the Secret's ca.crt ends in {days} days ({}): rotate it (both CAs in ca.crt, a new \
-                         client certificate for kube-scheduler, then the new CA alone; the allocator re-reads \
-                         the file)",
-                        date(end)
-                    ),
-                )
-            } else {
-                line(
-                    "certificate",
-                    OBJECT,
-                    Status::Fail,
-                    format!(
-                        "a CA of the Secret's ca.crt ended on {}: put a current CA in \
-                         {ns}/nano-gpu-extender-client-ca and give kube-scheduler a client certificate it signs \
-                         (the allocator checks the client certificate's own dates)",
-                        date(end)
-                    ),
-                )
-            }
+            let (status, days) = end_status(end, now);
+            let what = match status {
+                Status::Ok => format!("ends in {days} days ({})", date(end)),
+                Status::Warn => format!(
+                    "a CA of the Secret's ca.crt ends in {days} days ({}): rotate it (both CAs in ca.crt, a new \
+                     client certificate for kube-scheduler, then the new CA alone; the allocator re-reads the file)",
+                    date(end)
+                ),
+                Status::Fail => format!(
+                    "a CA of the Secret's ca.crt ended on {}: put a current CA in \
+                     {ns}/nano-gpu-extender-client-ca and give kube-scheduler a client certificate it signs (the \
+                     allocator checks the client certificate's own dates)",
+                    date(end)
+                ),
+            };
+            line("certificate", OBJECT, status, what)
         }
         Ok(None) | Err(_) => line(
             "certificate",
@@ -463,15 +448,7 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
             ),
         ),
     });
-    let not_after = s
-        .secret
-        .as_ref()
-        .ok()
-        .and_then(Option::as_ref)
-        .and_then(|s| s.metadata.annotations.as_ref())
-        .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        .map(SystemTime::from);
+    let not_after = annotated_end(s.secret.as_ref().ok().and_then(Option::as_ref));
     if let Some(renewal) = not_after.and_then(|end| end.checked_sub(RENEW_BEFORE)) {
         let left = renewal.duration_since(now).unwrap_or_default();
         let days = left.as_secs() / 86_400;
