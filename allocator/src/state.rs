@@ -111,6 +111,9 @@ pub struct ClusterState {
     unconfirmed: Vec<Unconfirmed>,
     /// The newest pod resourceVersion a watch event showed.
     pods_version: u64,
+    /// How many pods the watch has shown (events and listed objects): a count that stands still
+    /// while this replica's own pod write should show says the watch is stalled.
+    pod_events: u64,
     /// With [`ClusterState::require_ready_agents`]: what makes a pod an agent (its label and
     /// namespace), and the agent pods seen, by uid: their node and whether they are Ready.
     agent_label: Option<AgentPods>,
@@ -195,6 +198,8 @@ pub struct SharedView {
     state: Mutex<ClusterState>,
     nodes_listed: AtomicBool,
     pods_listed: AtomicBool,
+    /// Asks the pod watch to list again ([`SharedView::relist_pods`]).
+    relist_pods: tokio::sync::Notify,
 }
 
 /// The kinds of object the view is listed from.
@@ -213,7 +218,19 @@ impl SharedView {
             state: Mutex::new(state),
             nodes_listed: AtomicBool::new(false),
             pods_listed: AtomicBool::new(false),
+            relist_pods: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Asks the pod watch to drop its stream and list again (kept until the watch takes it): for a
+    /// watch that shows nothing, not even a write this replica just made.
+    pub fn relist_pods(&self) {
+        self.relist_pods.notify_one();
+    }
+
+    /// Resolves when [`SharedView::relist_pods`] was asked (at once if it was asked before).
+    pub async fn pods_relist_asked(&self) {
+        self.relist_pods.notified().await;
     }
 
     /// The view, for one decision or one watch event.
@@ -257,6 +274,7 @@ impl ClusterState {
             relisting_pods: None,
             unconfirmed: Vec::new(),
             pods_version: 0,
+            pod_events: 0,
             agent_label: None,
             agents: HashMap::new(),
             kubelet_refusals: HashMap::new(),

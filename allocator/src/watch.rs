@@ -142,6 +142,11 @@ where
         Watch { api, listing, stream }
     }
 
+    /// Drops the stream and starts again with a list.
+    fn relist(&mut self) {
+        self.stream = Self::stream(&self.api, self.listing);
+    }
+
     fn stream(api: &Api<K>, listing: Listing) -> BoxStream<'static, Result<Event<K>, watcher::Error>> {
         watcher::watcher(api.clone(), listing.config()).backoff(nano_gpu_runtime::watch_backoff()).boxed()
     }
@@ -171,7 +176,18 @@ async fn run_watch<K>(
     K::DynamicType: Default,
 {
     loop {
-        match watch.next().await {
+        let next = if K::KIND == Listed::Pods {
+            tokio::select! {
+                next = watch.next() => next,
+                () = view.pods_relist_asked() => {
+                    watch.relist();
+                    continue;
+                }
+            }
+        } else {
+            watch.next().await
+        };
+        match next {
             Ok(Some(event)) => {
                 let (done, warnings) = {
                     let mut state = view.lock();
@@ -273,6 +289,7 @@ pub enum Newest {
 /// more than it must for a moment (never less).
 pub async fn caught_up(how: &Newest, view: &SharedView, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
+    let shown = view.lock().pod_events();
     let newest = match how {
         Newest::OwnPod(pods, me) => written_now(pods, me, deadline).await,
         Newest::List(pods) => listed_newest(pods, deadline).await,
@@ -294,10 +311,22 @@ pub async fn caught_up(how: &Newest, view: &SharedView, limit: Duration) -> bool
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(
-                resource_version = newest,
-                "the pod watch did not show the newest pod write within {limit:?}"
-            );
+            if view.lock().pod_events() == shown {
+                // Not one pod, while a write was made: a stream that delivers nothing (a connection
+                // that died without closing; kube's watcher would notice only at its idle timeout,
+                // about 5 minutes), while this replica holds the Lease and cannot decide.
+                tracing::warn!(
+                    resource_version = newest,
+                    "the pod watch showed no pod within {limit:?}, not even the newest write: listing \
+                     pods again"
+                );
+                view.relist_pods();
+            } else {
+                tracing::warn!(
+                    resource_version = newest,
+                    "the pod watch did not show the newest pod write within {limit:?}"
+                );
+            }
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -635,6 +664,59 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(!caught_up(&own, &view, Duration::from_secs(5)).await);
         server.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_watch_that_shows_nothing_not_even_the_leaders_own_write_lists_again() {
+        use crate::api_replies::respond;
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (watch_svc, mut watch_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (write_svc, mut write_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let view = Arc::new(SharedView::new(state()));
+        view.set_listed(Listed::Nodes);
+        let (events, _warnings) = mpsc::channel(8);
+        let (unconfirmed, _look_ups) = mpsc::unbounded_channel();
+        let pods = Api::<Pod>::all(kube::Client::new(watch_svc, "default"));
+        tokio::spawn(run_watch(Watch::new(pods, Listing::Paged), view.clone(), events, unconfirmed));
+        let list = |pods: &[(&str, &str)], version: &str| {
+            let items: Vec<_> = pods.iter().map(|(name, v)| versioned_pod(name, v)).collect();
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})
+        };
+        let apiserver = tokio::spawn(async move {
+            let (req, send) = watch_api.next_request().await.unwrap();
+            assert!(!req.uri().query().unwrap_or("").contains("watch="), "a list first: {:?}", req.uri());
+            send.send_response(respond(200, list(&[("a", "5"), ("me", "6")], "6")));
+            // The watch from there: open, and silent from then on (a connection that died unseen).
+            let (req, silent) = watch_api.next_request().await.unwrap();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            assert!(query.contains("watch=true") && query.contains("resourceVersion=6"), "{query}");
+            // Asked to list again: the list shows the leader's write.
+            let (req, send) = watch_api.next_request().await.unwrap();
+            assert!(!req.uri().query().unwrap_or("").contains("watch="), "listed again: {:?}", req.uri());
+            send.send_response(respond(200, list(&[("a", "5"), ("me", "12")], "12")));
+            let (req, open) = watch_api.next_request().await.unwrap();
+            assert!(req.uri().query().unwrap_or("").contains("resourceVersion=12"), "{:?}", req.uri());
+            (silent, open)
+        });
+        tokio::spawn(async move {
+            // Both writes of the leader are answered with the version the second list shows.
+            while let Some((_, send)) = write_api.next_request().await {
+                send.send_response(respond(
+                    200,
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": {"name": "me", "namespace": "system", "resourceVersion": "12"}}),
+                ));
+            }
+        });
+        while !view.synced() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let own =
+            Newest::OwnPod(Api::namespaced(kube::Client::new(write_svc, "default"), "system"), "me".into());
+        assert!(!caught_up(&own, &view, Duration::from_secs(5)).await, "the watch showed nothing");
+        assert!(caught_up(&own, &view, Duration::from_secs(5)).await, "listed again, it shows the write");
+        let _open = apiserver.await.unwrap();
     }
 
     /// A pod with `uid` asking `percent` of a card, pending.

@@ -540,7 +540,26 @@ impl Cluster {
         // The local kubelets have no cluster DNS: their MissingClusterDNS warnings say nothing here.
         let telling: String =
             events.lines().filter(|l| !l.contains("MissingClusterDNS")).map(|l| format!("{l}\n")).collect();
-        eprintln!("--- pods\n{pods}--- newest events\n{}", tail(&telling, 40));
+        // What a CI log shows first, as it keeps only the head and the tail of a failure's output: the
+        // system's pods whole, the tests' pods counted by namespace and status; then the Leases.
+        let ns = self.namespace();
+        let (mut ours, mut counts) = (String::new(), BTreeMap::<(String, String), usize>::new());
+        for (i, l) in pods.lines().enumerate() {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            if i == 0 || fields.first().is_some_and(|n| *n == ns || *n == "kube-system") {
+                ours.push_str(l);
+                ours.push('\n');
+            } else if let [namespace, _, _, status, ..] = fields[..] {
+                *counts.entry((namespace.to_owned(), status.to_owned())).or_default() += 1;
+            }
+        }
+        let counted: String = counts.iter().map(|((n, s), c)| format!("{n}: {c} {s}\n")).collect();
+        let leases = kubectl(&["get", "leases", "-n", ns]);
+        eprintln!(
+            "--- pods of {ns} and kube-system\n{ours}--- other pods\n{counted}--- leases of {ns}\n{leases}\
+             --- newest events\n{}",
+            tail(&telling, 40)
+        );
         let _ = std::fs::write(dir.join("pods.txt"), &pods);
         let _ = std::fs::write(dir.join("events.txt"), &events);
         let names = kubectl(&["get", "pods", "-n", self.namespace(), "-o", "name"]);

@@ -191,6 +191,7 @@ impl ClusterState {
     /// they were made, so every pod write up to the newest one noted is in the view (once a re-list is
     /// done).
     fn note_version(&mut self, pod: &Pod) {
+        self.pod_events = self.pod_events.wrapping_add(1);
         if let Some(v) = pod.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()) {
             self.pods_version = self.pods_version.max(v);
         }
@@ -201,6 +202,11 @@ impl ClusterState {
     /// is half applied (until it ends, pods it has not reached yet are as they were before it).
     pub fn has_pods_up_to(&self, version: u64) -> bool {
         self.relisting_pods.is_none() && self.pods_version >= version
+    }
+
+    /// How many pods the watch has shown so far (see [`ClusterState::note_version`]).
+    pub fn pod_events(&self) -> u64 {
+        self.pod_events
     }
 
     pub(super) fn forget_pod(&mut self, uid: &str) {
