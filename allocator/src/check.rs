@@ -15,7 +15,9 @@
 
 use crate::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
 use anyhow::{Context, Result};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
@@ -61,7 +63,19 @@ pub struct Snapshot {
     pub server_version: String,
     /// The cluster's RuntimeClasses by name (`Err`: why they could not be listed).
     pub runtime_classes: Result<BTreeMap<String, RuntimeClass>, String>,
+    /// nano-gpu's admission policy bindings ([`POLICY_BINDINGS`]) by name (`Err`: why they could not
+    /// be read).
+    pub policy_bindings: Result<BTreeMap<String, ValidatingAdmissionPolicyBinding>, String>,
 }
+
+/// nano-gpu's admission policy bindings, whether the base install has them (the DRA component adds
+/// the last), and what is open while one judges nothing.
+pub const POLICY_BINDINGS: [(&str, bool, &str); 4] = [
+    ("nano-gpu-assignments", true, "anyone who may write a pod can set its nano-gpu/assignment"),
+    ("nano-gpu-own-keys", true, "the allocator's and the agents' tokens may change any annotation or label"),
+    ("nano-gpu-agent-own-node", true, "an agent's token may change any node"),
+    ("nano-gpu-agent-own-slice", false, "an agent's token may write any node's ResourceSlices"),
+];
 
 /// A check's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -230,6 +244,69 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     out.push(scheduler_version(s));
     out.extend(runtime_class(s));
     out.extend(pod_security(s));
+    out.extend(policy_bindings(s));
+    out
+}
+
+/// Each of nano-gpu's policy bindings: present (the base's), denying, and reading its parameter from
+/// nano-gpu's namespace. A binding's `paramRef` names the install's namespace, and its
+/// `parameterNotFoundAction: Allow` lets every request through where that namespace does not exist
+/// (so that an uninstall that removed it leaves no policy refusing writes): a binding that names
+/// another namespace judges nothing, or judges nano-gpu's own accounts as strangers.
+fn policy_bindings(s: &Snapshot) -> Vec<Line> {
+    let bindings = match &s.policy_bindings {
+        Ok(bindings) => bindings,
+        Err(why) => {
+            return vec![line(
+                "policy-binding",
+                "policies",
+                Status::Warn,
+                format!("the admission policy bindings cannot be read ({why})"),
+            )];
+        }
+    };
+    let ns = &s.namespace;
+    let mut out = Vec::new();
+    for (name, required, open) in POLICY_BINDINGS {
+        let Some(binding) = bindings.get(name) else {
+            if required {
+                out.push(line(
+                    "policy-binding",
+                    name,
+                    Status::Fail,
+                    format!("missing, so its policy judges nothing: {open}; apply the install again"),
+                ));
+            }
+            continue;
+        };
+        let spec = binding.spec.as_ref();
+        let param = spec.and_then(|s| s.param_ref.as_ref()).and_then(|p| p.name.clone()).unwrap_or_default();
+        let denies = spec
+            .and_then(|s| s.validation_actions.as_ref())
+            .is_some_and(|actions| actions.iter().any(|a| a == "Deny"));
+        out.push(if param != *ns {
+            line(
+                "policy-binding",
+                name,
+                Status::Fail,
+                format!(
+                    "its paramRef names the namespace {param:?}, not nano-gpu's {ns}: where that namespace does not \
+                     exist the policy lets every request through ({open}), where it does it refuses nano-gpu's own \
+                     writes; install with an overlay's namespace: (kustomize renames it) or set spec.paramRef.name \
+                     to {ns}"
+                ),
+            )
+        } else if !denies {
+            line(
+                "policy-binding",
+                name,
+                Status::Fail,
+                format!("its validationActions do not include Deny, so it refuses nothing: {open}"),
+            )
+        } else {
+            line("policy-binding", name, Status::Ok, format!("denies, with the parameter {ns}"))
+        })
+    }
     out
 }
 
@@ -593,6 +670,19 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .await
         .map(|l| l.items.into_iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect())
         .map_err(|e| e.to_string());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
+    let mut policy_bindings = Ok(BTreeMap::new());
+    for (name, _, _) in POLICY_BINDINGS {
+        match bindings.get_opt(name).await {
+            Ok(Some(b)) => {
+                if let Ok(found) = policy_bindings.as_mut() {
+                    found.insert(name.to_owned(), b);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => policy_bindings = Err(e.to_string()),
+        }
+    }
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -607,6 +697,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         gpu_namespaces,
         server_version,
         runtime_classes,
+        policy_bindings,
     })
 }
 
@@ -698,7 +789,19 @@ mod tests {
             gpu_namespaces: ["team".to_owned()].into(),
             server_version: "v1.37.2".into(),
             runtime_classes: Ok(BTreeMap::new()),
+            policy_bindings: Ok(POLICY_BINDINGS
+                .iter()
+                .filter(|(_, required, _)| *required)
+                .map(|(name, _, _)| (name.to_string(), binding(name, "nano-gpu-system", "Deny")))
+                .collect()),
         }
+    }
+
+    /// Binding `name` of policy `name`, with the parameter namespace `param` and the action `action`.
+    fn binding(name: &str, param: &str, action: &str) -> ValidatingAdmissionPolicyBinding {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"policyName": name,
+            "paramRef": {"name": param, "parameterNotFoundAction": "Allow"}, "validationActions": [action]}}))
+        .unwrap()
     }
 
     fn now() -> SystemTime {
@@ -728,6 +831,7 @@ mod tests {
             "nodes-labelled",
             "one-plugin",
             "pod-security",
+            "policy-binding",
             "scheduler-version",
             "webhook-ca",
         ];
@@ -778,6 +882,43 @@ mod tests {
         let lines = evaluate(&s, now());
         assert_eq!(lines[0].status, Status::Fail, "{}", table(&lines));
         assert!(lines[0].message.contains("kubectl label node NAME nano-gpu/node=true"));
+    }
+
+    #[test]
+    fn a_policy_binding_that_is_missing_denies_nothing_or_reads_another_namespace_fails() {
+        let only = |s: &Snapshot, object: &str| {
+            let lines = evaluate(s, now());
+            assert_eq!(
+                failing(s),
+                [("policy-binding", object.to_owned(), Status::Fail)],
+                "{}",
+                table(&lines)
+            );
+            lines.into_iter().find(|l| l.object == object).unwrap().message
+        };
+        let mut s = healthy();
+        s.policy_bindings.as_mut().unwrap().remove("nano-gpu-assignments");
+        assert!(only(&s, "nano-gpu-assignments").contains("can set its nano-gpu/assignment"));
+        let mut s = healthy();
+        s.namespace = "gpu-sharing".into();
+        s.namespaces.insert("gpu-sharing".into(), namespace("gpu-sharing", "privileged").1);
+        let moved = |s: &mut Snapshot, name: &str| {
+            s.policy_bindings.as_mut().unwrap().insert(name.into(), binding(name, "gpu-sharing", "Deny"));
+        };
+        moved(&mut s, "nano-gpu-assignments");
+        moved(&mut s, "nano-gpu-agent-own-node");
+        let message = only(&s, "nano-gpu-own-keys");
+        assert!(message.contains("\"nano-gpu-system\", not nano-gpu's gpu-sharing"), "{message}");
+        moved(&mut s, "nano-gpu-own-keys");
+        assert!(failing(&s).is_empty());
+        // The DRA component's binding is judged where it is installed.
+        let mut s = healthy();
+        let slices = binding("nano-gpu-agent-own-slice", "nano-gpu-system", "Warn");
+        s.policy_bindings.as_mut().unwrap().insert("nano-gpu-agent-own-slice".into(), slices);
+        assert!(only(&s, "nano-gpu-agent-own-slice").contains("refuses nothing"));
+        let mut s = healthy();
+        s.policy_bindings = Err("forbidden".into());
+        assert_eq!(failing(&s), [("policy-binding", "policies".to_owned(), Status::Warn)]);
     }
 
     #[test]
