@@ -711,7 +711,7 @@ pub fn table(lines: &[Line]) -> String {
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
         };
-        let _ = writeln!(out, "{mark} {:<18} {:<20} {}", l.check, l.object, l.message);
+        let _ = writeln!(out, "{mark} {:<18} {:<24} {}", l.check, l.object, l.message);
     }
     let fails = lines.iter().filter(|l| l.status == Status::Fail).count();
     let warns = lines.iter().filter(|l| l.status == Status::Warn).count();

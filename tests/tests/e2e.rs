@@ -684,7 +684,15 @@ async fn the_system_works_on_real_nodes() {
     assert!(table.contains("agent-ready") && !table.contains("FAIL"), "{table}");
     let checks: BTreeSet<&str> =
         lines.as_array().unwrap().iter().filter_map(|l| l["check"].as_str()).collect();
-    assert!(checks.len() >= 11, "{checks:?}");
+    assert!(checks.len() >= 11 && checks.contains("policy-binding"), "{checks:?}");
+    // A policy binding whose parameter names another namespace judges nothing: named, then put back.
+    let elsewhere = r#"[{"op": "replace", "path": "/spec/paramRef/name", "value": "elsewhere"}]"#;
+    let binding = ["validatingadmissionpolicybinding", "nano-gpu-assignments", "--type=json", "-p"];
+    cluster.ok(&[&["patch"][..], &binding, &[elsewhere]].concat());
+    let (ok, failed, lines) = failed_checks(&cluster);
+    assert!(!ok && failed == ["policy-binding nano-gpu-assignments"], "{failed:?}\n{lines:#}");
+    let back = r#"[{"op": "replace", "path": "/spec/paramRef/name", "value": "nano-gpu-system"}]"#;
+    cluster.ok(&[&["patch"][..], &binding, &[back]].concat());
     let empty = r#"[{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]"#;
     cluster.ok(&["patch", "mutatingwebhookconfiguration", "nano-gpu-allocator", "--type=json", "-p", empty]);
     let (ok, failed, lines) = failed_checks(&cluster);
