@@ -459,7 +459,11 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
             None
         },
         "failed by a kubelet while the node's agent container was dead (no plugin to hold its calls)",
-        |f| Some(f.why.contains("no healthy devices present") && killed.borrow().contains(&f.node)),
+        // No plugin at the kubelet's call, or the plugin killed during it.
+        |f| {
+            let unserved = f.why.contains("no healthy devices present") || f.why.contains("rpc failed");
+            Some(unserved && killed.borrow().contains(&f.node))
+        },
     )
     .await;
     let allocators = cluster.ok(&[

@@ -328,7 +328,9 @@ impl ClusterState {
 /// Whether the kubelet failed `pod` at admission for want of nano-gpu's devices: its reason
 /// `UnexpectedAdmissionError`, its message naming one of our resources ("no healthy devices
 /// present; cannot allocate unhealthy devices nano-gpu/gpu-percent", "cannot allocate unregistered
-/// device ...").
+/// device ...") or a device plugin call that broke ("device plugin GetPreferredAllocation rpc
+/// failed with err: ... connection reset by peer", as when the agent dies during the call; the
+/// caller counts only shares nano-gpu placed, whose plugin is nano-gpu's).
 pub(super) fn refused_for_devices(pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref() else { return false };
     status.phase.as_deref() == Some("Failed")
@@ -336,6 +338,7 @@ pub(super) fn refused_for_devices(pod: &Pod) -> bool {
         && status.message.as_deref().is_some_and(|m| {
             m.contains("device")
                 && (m.contains(nano_gpu_proto::resources::GPU_PERCENT)
-                    || m.contains(nano_gpu_proto::resources::GPUSHARE_MEMORY))
+                    || m.contains(nano_gpu_proto::resources::GPUSHARE_MEMORY)
+                    || (m.contains("device plugin") && m.contains("rpc failed")))
         })
 }

@@ -781,6 +781,16 @@ fn a_node_whose_kubelet_failed_a_share_for_want_of_devices_is_paused() {
     s.apply_pod(&pod("b", "30", Some("n1"), Some(assignment("n1", 0, 30))));
     s.apply_pod(&failed("b", "UnexpectedAdmissionError", gib));
     assert_eq!(filter(&mut s), ["n2"]);
+    // A plugin that died during the kubelet's call (the message names no resource).
+    let start = start + super::REFUSAL_PAUSE * 2;
+    s.expire_kubelet_refusals(start);
+    assert_eq!(filter(&mut s), ["n1", "n2"]);
+    let reset = "Pod was rejected: Allocate failed due to device plugin GetPreferredAllocation rpc failed with \
+                 err: rpc error: code = Unavailable desc = error reading from server: connection reset by peer, \
+                 which is unexpected";
+    s.apply_pod(&pod("c", "30", Some("n1"), Some(assignment("n1", 0, 30))));
+    s.apply_pod(&failed("c", "UnexpectedAdmissionError", reset));
+    assert_eq!(filter(&mut s), ["n2"]);
 }
 
 /// A tenant's pod labelled as an agent (in its own namespace, or with no DaemonSet controlling it)
