@@ -670,19 +670,15 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .await
         .map(|l| l.items.into_iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect())
         .map_err(|e| e.to_string());
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
-    let mut policy_bindings = Ok(BTreeMap::new());
-    for (name, _, _) in POLICY_BINDINGS {
-        match bindings.get_opt(name).await {
-            Ok(Some(b)) => {
-                if let Ok(found) = policy_bindings.as_mut() {
-                    found.insert(name.to_owned(), b);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => policy_bindings = Err(e.to_string()),
-        }
-    }
+    let ours = |name: &str| POLICY_BINDINGS.iter().any(|(n, _, _)| *n == name);
+    let policy_bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| {
+            let named = l.items.into_iter().map(|b| (b.metadata.name.clone().unwrap_or_default(), b));
+            named.filter(|(name, _)| ours(name)).collect()
+        })
+        .map_err(|e| e.to_string());
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -919,6 +915,17 @@ mod tests {
         let mut s = healthy();
         s.policy_bindings = Err("forbidden".into());
         assert_eq!(failing(&s), [("policy-binding", "policies".to_owned(), Status::Warn)]);
+    }
+
+    #[test]
+    fn the_bindings_judged_are_the_ones_the_install_has() {
+        let installed: BTreeSet<&str> = nano_gpu_proto::install::OUTSIDE
+            .iter()
+            .filter(|o| o.kind == "ValidatingAdmissionPolicyBinding")
+            .map(|o| o.name)
+            .collect();
+        let judged: BTreeSet<&str> = POLICY_BINDINGS.iter().map(|(name, _, _)| *name).collect();
+        assert_eq!(judged, installed);
     }
 
     #[test]
