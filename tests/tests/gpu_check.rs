@@ -99,6 +99,16 @@ fn the_real_gpu_check_runs_against_the_fake_nvml() {
     assert_eq!(mps["card"], "GPU-0a1b", "{mps}");
     assert!(mps["daemon_pid"].as_u64().is_some(), "{mps}");
     assert_eq!(mps["supervisor_stopped"], "stopped; its daemon told to quit");
+    // The mount namespace a confined client runs in (as a share's container): its own /dev/shm, the
+    // pipe directory read-only. It takes root (unshare, mount), as on the GPU machine.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    if root {
+        assert_eq!(mps["confinement"]["ok"], true, "{}", mps["confinement"]);
+    }
+    assert!(mps["pipe_dir_daemon_alone"].is_object(), "{mps}");
     assert_eq!(mps["daemon_after_stop"]["Err"], "gone");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,9 @@
 //!   allocation past a cgroup's limit fails in that cgroup;
 //! - `mps`: the agent's MPS supervisor starts a control daemon for the card, two clients with the
 //!   device plugin's MPS envs run side by side, and what a tenant could do: raise its limits above
-//!   the daemon's defaults, command the daemon as another user, run beside another user's client.
+//!   the daemon's defaults, command the daemon as another user, run beside another user's client;
+//!   and whether a client still reaches its card through MPS, its limits held, in a mount namespace
+//!   of its own as a share's container is: a `/dev/shm` of its own, then its pipe directory read-only.
 
 use nano_gpu_agent::enforce::{Enforcement, Share, mps};
 use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
@@ -318,17 +320,22 @@ impl Client {
         env: &[(String, String)],
         uid: Option<u32>,
     ) -> Result<Client, String> {
+        Self::spawn(ctx, name, Self::command(ctx, spec, env, uid))
+    }
+
+    /// The client's command line: `client.py` with `spec`, `env` added, as `uid` (root: `None`).
+    fn command(ctx: &Ctx, spec: Value, env: &[(String, String)], uid: Option<u32>) -> Command {
         let mut cmd = Command::new(&ctx.args.python);
         cmd.arg(&ctx.client).arg(spec.to_string()).envs(env.iter().cloned());
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         if let Some(uid) = uid {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid).env("HOME", "/tmp");
         }
-        Self::spawn(ctx, name, cmd)
+        cmd
     }
 
     fn spawn(ctx: &Ctx, name: &str, mut cmd: Command) -> Result<Client, String> {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| format!("{name}: {e}"))?;
         let (tx, lines) = mpsc::channel();
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -714,10 +721,30 @@ impl Mps<'_> {
 
     /// A client with the device plugin's MPS environment for a share of `percent` and `memory` MiB.
     fn client(&self, name: &str, share: (u32, u64), spec: Value, uid: Option<u32>) -> Result<Client, String> {
+        Client::start(self.ctx, name, spec, &self.share_env(share), uid)
+    }
+
+    /// The env of a share of `percent` and `memory` MiB.
+    fn share_env(&self, (percent, memory): (u32, u64)) -> Vec<(String, String)> {
         let mut response = ContainerAllocateResponse::default();
-        let share = Share { percent: share.0, memory: MiB(share.1) };
+        let share = Share { percent, memory: MiB(memory) };
         Enforcement::Mps(self.layout.clone()).limit(&self.uuid, share, &mut response);
-        Client::start(self.ctx, name, spec, &self.client_env(response), uid)
+        self.client_env(response)
+    }
+
+    /// [`Mps::run`] as root in a share's mount namespace ([`confined`]).
+    fn run_confined(
+        &self,
+        name: &str,
+        share: (u32, u64),
+        spec: Value,
+        read_only: bool,
+    ) -> Result<Client, String> {
+        let cmd = Client::command(self.ctx, spec, &self.share_env(share), None);
+        let mut client =
+            Client::spawn(self.ctx, name, confined(&cmd, &self.layout.pipe(&self.uuid), read_only))?;
+        let _ = client.finish(Duration::from_secs(40));
+        Ok(client)
     }
 
     /// [`Mps::client`], run to its end (killed past 40 s).
@@ -773,6 +800,8 @@ fn mps_section(ctx: &Ctx) -> Result<Value, String> {
     if daemon.is_none() {
         report["error"] = json!(layout.daemon(&uuid).err());
     } else {
+        report["pipe_dir_daemon_alone"] = entries(&layout.pipe(&uuid));
+        report["confinement"] = confinement(&layout.pipe(&uuid));
         mps_tries(&m, &mut report);
     }
     let _ = stop.send(true);
@@ -884,6 +913,76 @@ fn around_mps(ctx: &Ctx) -> Vec<(String, String)> {
     vec![("CUDA_MPS_PIPE_DIRECTORY".to_owned(), around.display().to_string())]
 }
 
+/// `cmd` run as a share's container runs it: in a mount namespace of its own, where `/dev/shm` is a
+/// fresh 64 MiB tmpfs (not the one the daemon and the other clients see) and, with `read_only`, the
+/// card's pipe directory `pipe` cannot be written (`unshare` and `mount`, as root).
+fn confined(cmd: &Command, pipe: &Path, read_only: bool) -> Command {
+    const SCRIPT: &str = "set -e; mount -t tmpfs -o size=64m,mode=1777 nano-gpu-check-shm /dev/shm; \
+        if [ \"$1\" = ro ]; then mount --bind \"$2\" \"$2\"; mount -o remount,bind,ro \"$2\"; fi; \
+        shift 2; exec \"$@\"";
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c", SCRIPT, "sh"])
+        .arg(if read_only { "ro" } else { "rw" })
+        .arg(pipe)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => c.env(key, v),
+            None => c.env_remove(key),
+        };
+    }
+    c
+}
+
+/// Whether [`confined`] confines here (it needs no CUDA): inside, the pipe directory refuses a new
+/// file and `/dev/shm` is the fresh 64 MiB one.
+fn confinement(pipe: &Path) -> Value {
+    let mut probe = Command::new("sh");
+    probe.arg("-c").arg(
+        "if (: > \"$0/nano-gpu-check-probe\") 2>/dev/null; then echo writable; else echo read-only; fi; \
+         df -k /dev/shm | tail -n 1",
+    );
+    probe.arg(pipe);
+    let out = match confined(&probe, pipe, true).output() {
+        Ok(out) => out,
+        Err(e) => return json!({"ok": false, "error": format!("unshare: {e}")}),
+    };
+    let _ = std::fs::remove_file(pipe.join("nano-gpu-check-probe"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let pipe_was = lines.next().unwrap_or_default().to_owned();
+    let shm_kib: Option<u64> = lines.next().and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+    json!({
+        "ok": out.status.success() && pipe_was == "read-only" && shm_kib == Some(65536),
+        "pipe": pipe_was, "shm_kib": shm_kib,
+        "stderr": String::from_utf8_lossy(&out.stderr).trim(),
+    })
+}
+
+/// The entries of a card's pipe directory: name -> kind (what the daemon, its server and clients
+/// leave there, which decides whether a container may get the directory read-only).
+fn entries(dir: &Path) -> Value {
+    let names: serde_json::Map<String, Value> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            use std::os::unix::fs::FileTypeExt;
+            let kind = match e.file_type() {
+                Ok(t) if t.is_socket() => "socket",
+                Ok(t) if t.is_fifo() => "fifo",
+                Ok(t) if t.is_dir() => "dir",
+                Ok(t) if t.is_symlink() => "symlink",
+                Ok(t) if t.is_file() => "file",
+                _ => "other",
+            };
+            (e.file_name().to_string_lossy().into_owned(), json!(kind))
+        })
+        .collect();
+    Value::Object(names)
+}
+
 /// `holder` keeps the card busy (its load running) while `newcomer` starts and runs to its end; both,
 /// with what they printed.
 fn holder_then(
@@ -948,6 +1047,7 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         std::thread::sleep(Duration::from_secs(2));
         let seen = sampler.sample().map_err(|e| e.to_string())?;
         let shm = shm_grown(&shm_before);
+        let pipe_dir = entries(&m.layout.pipe(&m.uuid));
         let both = process_in(&seen, a.pid()).is_some() && process_in(&seen, b.pid()).is_some();
         let lists = nvml_lists(ctx);
         let _ = (a.finish(Duration::from_secs(30)), b.finish(Duration::from_secs(30)));
@@ -957,6 +1057,7 @@ fn mps_tries(m: &Mps, report: &mut Value) {
             "ok": limits && both, "limits_held": limits, "sampler_sees_both": both,
             "a": outcome(&a), "b": outcome(&b), "a_pid": a.pid(), "b_pid": b.pid(), "sampled": sampled(&seen),
             "servers": m.servers(), "nvml_lists": lists, "shm_server_and_both": shm,
+            "pipe_dir_with_both": pipe_dir,
         }))
     })();
     let clients_run = two.is_ok();
@@ -966,6 +1067,24 @@ fn mps_tries(m: &Mps, report: &mut Value) {
         report["set_default_as_nobody"] =
             json!(m.control("set_default_active_thread_percentage 7\n", Some(NOBODY)));
         return;
+    }
+    // A share whose container has a `/dev/shm` of its own (not the daemon's), then also its pipe
+    // directory read-only: does it still reach the card through MPS, its limits held?
+    if report["confinement"]["ok"] == true {
+        let confined_try = |name: &str, read_only: bool| -> Value {
+            match m.run_confined(name, (25, 2048), json!({"try_mib": [1024, 3072]}), read_only) {
+                Ok(c) => {
+                    json!({"limits_held": tries_as(&c, &[(1024, true), (3072, false)]), "client": outcome(&c)})
+                }
+                Err(e) => json!({"error": e}),
+            }
+        };
+        let own_shm = confined_try("mps-own-shm", false);
+        let read_only = confined_try("mps-own-shm-ro-pipe", true);
+        report["confined_clients"] = json!({
+            "own_shm": own_shm, "own_shm_read_only_pipe": read_only,
+            "pipe_dir_after": entries(&m.layout.pipe(&m.uuid)),
+        });
     }
     // A tenant's env above the daemon's defaults: does the new server clamp it?
     let clamp = (|| -> Result<Value, String> {
