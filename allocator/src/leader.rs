@@ -232,7 +232,7 @@ pub struct Timing {
 
 impl Timing {
     /// How long one API call of the election may take.
-    fn call_limit(&self) -> Duration {
+    pub fn call_limit(&self) -> Duration {
         self.renew_deadline.min(self.lease / 2).max(Duration::from_millis(100))
     }
 }

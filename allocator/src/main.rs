@@ -338,6 +338,13 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 Some(pod) => watch::Newest::OwnPod(kube::Api::namespaced(client.clone(), &args.lease_namespace), pod.clone()),
                 None => watch::Newest::List(kube::Api::all(client.clone())),
             });
+            // While it decides, a pod watch that shows nothing is checked with a write of its own.
+            if matches!(*newest, watch::Newest::OwnPod(..)) {
+                let (newest, view, leadership) = (newest.clone(), shared.view.clone(), shared.leader.clone());
+                let leads = move || leadership.is_leader();
+                let check = watch::check_pod_watch(newest, view, leads, watch::POD_WATCH_CHECK, timing.call_limit());
+                tokio::spawn(check);
+            }
             let view = shared.view.clone();
             let catch_up: leader::CatchUp = Box::new(move |limit| {
                 let (newest, view) = (newest.clone(), view.clone());

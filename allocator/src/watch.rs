@@ -333,6 +333,34 @@ pub async fn caught_up(how: &Newest, view: &SharedView, limit: Duration) -> bool
     }
 }
 
+/// How often a deciding replica checks a pod watch that showed nothing ([`check_pod_watch`]).
+pub const POD_WATCH_CHECK: Duration = Duration::from_secs(30);
+
+/// Keeps a deciding replica's pod watch honest: after every `every` in which the watch showed no pod
+/// while `leads()`, checks it with [`caught_up`] (`newest`: one write on the replica's own pod), which
+/// drops and lists again a stream that shows not even that write. A stream that died without closing
+/// is so replaced within two periods and `limit` (the first whole period after its last pod), where
+/// kube's watcher notices it only at its idle timeout (about 5 minutes), all the while the leader
+/// misses every pod deletion (their cards look used). A quiet period costs one small write; a watch
+/// that shows pods, none. Never returns.
+pub async fn check_pod_watch(
+    newest: Arc<Newest>,
+    view: Arc<SharedView>,
+    leads: impl Fn() -> bool,
+    every: Duration,
+    limit: Duration,
+) {
+    let mut shown = view.lock().pod_events();
+    loop {
+        tokio::time::sleep(every).await;
+        let quiet = view.lock().pod_events() == shown;
+        if quiet && view.synced() && leads() && caught_up(&newest, &view, limit).await {
+            tracing::debug!("the pod watch is alive: it showed this replica's own write");
+        }
+        shown = view.lock().pod_events();
+    }
+}
+
 /// The resourceVersion of a write of [`CAUGHT_UP_ANNOTATION`] on pod `me`, made now.
 async fn written_now(
     pods: &Api<Pod>,
@@ -717,6 +745,115 @@ mod tests {
         assert!(!caught_up(&own, &view, Duration::from_secs(5)).await, "the watch showed nothing");
         assert!(caught_up(&own, &view, Duration::from_secs(5)).await, "listed again, it shows the write");
         let _open = apiserver.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deciding_replicas_pod_watch_that_went_silent_is_listed_again_within_two_periods() {
+        use crate::api_replies::respond;
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (watch_svc, mut watch_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (write_svc, mut write_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let view = Arc::new(SharedView::new(state()));
+        view.set_listed(Listed::Nodes);
+        let (events, _warnings) = mpsc::channel(8);
+        let (unconfirmed, _look_ups) = mpsc::unbounded_channel();
+        let pods = Api::<Pod>::all(kube::Client::new(watch_svc, "default"));
+        tokio::spawn(run_watch(Watch::new(pods, Listing::Paged), view.clone(), events, unconfirmed));
+        let list = |pods: &[(&str, &str)], version: &str| {
+            let items: Vec<_> = pods.iter().map(|(name, v)| versioned_pod(name, v)).collect();
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})
+        };
+        let started = tokio::time::Instant::now();
+        let apiserver = tokio::spawn(async move {
+            let (_, send) = watch_api.next_request().await.unwrap();
+            send.send_response(respond(200, list(&[("a", "5"), ("me", "6")], "6")));
+            // The watch, silent from then on (the pod "a" is deleted meanwhile, unseen).
+            let (_, silent) = watch_api.next_request().await.unwrap();
+            let (req, send) = watch_api.next_request().await.unwrap();
+            assert!(!req.uri().query().unwrap_or("").contains("watch="), "listed again: {:?}", req.uri());
+            let relisted = started.elapsed();
+            send.send_response(respond(200, list(&[("me", "12")], "12")));
+            let (_, open) = watch_api.next_request().await.unwrap();
+            (relisted, silent, open)
+        });
+        let writes = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some((_, send)) = write_api.next_request().await {
+                n += 1;
+                send.send_response(respond(
+                    200,
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": {"name": "me", "namespace": "system", "resourceVersion": "12"}}),
+                ));
+            }
+            n
+        });
+        let own = Arc::new(Newest::OwnPod(
+            Api::namespaced(kube::Client::new(write_svc, "default"), "system"),
+            "me".into(),
+        ));
+        let check = tokio::spawn(check_pod_watch(
+            own,
+            view.clone(),
+            || true,
+            POD_WATCH_CHECK,
+            Duration::from_secs(5),
+        ));
+        let (relisted, _silent, _open) = apiserver.await.unwrap();
+        assert!(
+            relisted >= POD_WATCH_CHECK && relisted <= 2 * POD_WATCH_CHECK + Duration::from_secs(6),
+            "listed again {relisted:?} after the watch went silent"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(view.lock().has_pods_up_to(12), "the view holds what the list showed");
+        check.abort();
+        assert_eq!(writes.await.unwrap(), 1, "one write: the check that found the watch dead");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_or_a_watch_that_shows_pods_makes_no_write_to_check_it() {
+        let (write_svc, mut write_api) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let view = Arc::new(SharedView::new(state()));
+        view.set_listed(Listed::Nodes);
+        view.set_listed(Listed::Pods);
+        let own = Arc::new(Newest::OwnPod(
+            Api::namespaced(kube::Client::new(write_svc, "default"), "system"),
+            "me".into(),
+        ));
+        let leads = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let leading = leads.clone();
+        let every = POD_WATCH_CHECK;
+        let check = tokio::spawn(check_pod_watch(
+            own,
+            view.clone(),
+            move || leading.load(std::sync::atomic::Ordering::SeqCst),
+            every,
+            Duration::from_secs(5),
+        ));
+        // A quiet follower: no write (the phases change between two checks).
+        let none = tokio::time::timeout(every * 3 + every / 2, write_api.next_request()).await;
+        assert!(none.is_err(), "a follower wrote");
+        // A leader whose watch shows a pod every 20 s: no write.
+        leads.store(true, std::sync::atomic::Ordering::SeqCst);
+        let feeder = view.clone();
+        let feed = tokio::spawn(async move {
+            for v in 10.. {
+                feeder.lock().apply_pod(&versioned_pod("b", &v.to_string()));
+                tokio::time::sleep(every / 3).await;
+            }
+        });
+        let none = tokio::time::timeout(every * 5, write_api.next_request()).await;
+        assert!(none.is_err(), "a leader whose watch shows pods wrote");
+        feed.abort();
+        // The same leader, its watch quiet: a write within the next check.
+        let (req, _send) = tokio::time::timeout(every * 2 + Duration::from_secs(1), write_api.next_request())
+            .await
+            .expect("a write once the watch was quiet for a whole period")
+            .unwrap();
+        assert_eq!(req.method(), "PATCH");
+        check.abort();
     }
 
     /// A pod with `uid` asking `percent` of a card, pending.
