@@ -627,6 +627,58 @@ async fn the_system_works_on_real_nodes() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("names no node"), "an unbound token: {args:?}: {err}");
     }
+    // Its Events (the same policy): recorded as nano-gpu-agent node-1, about node-1 or a pod; not
+    // about node-2 or another kind, not in another controller's name, and no change to an Event it
+    // did not record.
+    type Recorded = k8s_openapi::api::events::v1::Event;
+    let event = |name: &str, controller: &str, (kind, about, namespace): (&str, &str, &str)| -> Recorded {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "eventTime": "2026-11-28T00:00:00.000000Z", "action": "Allocate", "reason": "E2E",
+            "type": "Warning", "note": "e2e", "reportingController": controller, "reportingInstance": "node-1",
+            "regarding": {"apiVersion": "v1", "kind": kind, "name": about,
+                          "namespace": (namespace != "default").then_some(namespace)},
+        }))
+        .unwrap()
+    };
+    let agent_client = nano_gpu_runtime::connect(Some(&bound)).await.unwrap();
+    let params = PostParams::default();
+    let recorded: [(Recorded, Option<&str>); 5] = [
+        (event("e2e-node", "nano-gpu-agent", ("Node", "node-1", "default")), None),
+        (event("e2e-pod", "nano-gpu-agent", ("Pod", "t4", NS)), None),
+        (
+            event("e2e-other-node", "nano-gpu-agent", ("Node", "node-2", "default")),
+            Some("may record Events only as nano-gpu-agent node-1, about its own Node or a pod"),
+        ),
+        (
+            event("e2e-kind", "nano-gpu-agent", ("Namespace", NS, "default")),
+            Some("about its own Node or a pod"),
+        ),
+        (event("e2e-as", "default-scheduler", ("Node", "node-1", "default")), Some("only as nano-gpu-agent")),
+    ];
+    for (e, refused) in recorded {
+        let namespace = e.metadata.namespace.clone().unwrap();
+        let created = Api::<Recorded>::namespaced(agent_client.clone(), &namespace).create(&params, &e).await;
+        match (created, refused) {
+            (Ok(_), None) => {}
+            (Err(kube::Error::Api(err)), Some(reason)) => {
+                assert!(err.message.contains(reason), "{}", err.message)
+            }
+            (other, _) => panic!("node-1's agent recording {:?}: {other:?}", e.metadata.name),
+        }
+    }
+    let admins: Api<Recorded> = Api::namespaced(client.clone(), "default");
+    admins.create(&params, &event("e2e-kubelet", "kubelet", ("Node", "node-1", "default"))).await.unwrap();
+    let note = json!({"series": {"count": 9, "lastObservedTime": "2026-11-28T00:01:00.000000Z"}});
+    match Api::<Recorded>::namespaced(agent_client, "default")
+        .patch("e2e-kubelet", &PatchParams::default(), &Patch::Merge(&note))
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.message.contains("only the Events it recorded"), "{}", e.message)
+        }
+        other => panic!("node-1's agent changed the kubelet's Event: {other:?}"),
+    }
     // On its own node, only nano-gpu's keys (deploy/own-keys-policy.yaml): no other annotation, no
     // node-restriction label, no taint or other spec, no condition or other resource in the status.
     let deadline = r#"[{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 315360000}]"#;
