@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
@@ -163,9 +164,9 @@ where
 /// The label of the agent pods, as the shipped install's `serve --require-ready-agent` names it.
 const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
 
-/// The allocator's view of the cluster, built as the shipped service builds it (every node and pod
-/// listed, a node serving only with a Ready agent in `agent_namespace`), with what it found wrong on
-/// stderr.
+/// The allocator's view of the cluster, built as the shipped service builds it (every node, pod and
+/// ResourceClaim listed, a node serving only with a Ready agent in `agent_namespace`), with what it
+/// found wrong on stderr. An API server without `resource.k8s.io/v1` has no claims to count.
 async fn view(
     client: &kube::Client,
     gpushare: Option<GpushareUnitArg>,
@@ -182,6 +183,12 @@ async fn view(
     .require_ready_agents(AGENT_LABEL.0, AGENT_LABEL.1, agent_namespace);
     state.reset_nodes(&nodes);
     state.reset_pods(&pods);
+    // What DRA allocations hold counts on their cards as assignments do.
+    match list_all(&Api::<ResourceClaim>::all(client.clone())).await {
+        Ok(claims) => claims.iter().for_each(|c| state.apply_claim(c)),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => eprintln!("warning: ResourceClaims not counted (their cards look free): listing them: {e}"),
+    }
     for w in state.take_warnings() {
         let namespace = if w.namespace.is_empty() { String::new() } else { format!("{}/", w.namespace) };
         eprintln!("warning: {} {namespace}{}: {}", w.kind, w.name, w.message);

@@ -12,7 +12,8 @@ pub fn only_node(mut view: Value, node: Option<&str>) -> Value {
     view
 }
 
-/// One line per card: node, card index, model, percent used and free, memory, pods.
+/// One line per card: node, card index, model, percent used and free, memory, pods (and the
+/// ResourceClaims allocated on it, as `claim:namespace/name`).
 pub fn table(view: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -29,8 +30,11 @@ pub fn table(view: &Value) -> String {
         for (i, c) in cards.iter().enumerate() {
             let total = c["memoryMiB"].as_u64().unwrap_or(0);
             let used = total.saturating_sub(c["memoryFreeMiB"].as_u64().unwrap_or(0));
-            let pods: Vec<&str> =
-                c["pods"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            let pods =
+                c["pods"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
+            let claims = c["claims"].as_array().into_iter().flatten();
+            let claims = claims.filter_map(|c| c["claim"].as_str()).map(|name| format!("claim:{name}"));
+            let pods: Vec<String> = pods.chain(claims).collect();
             let _ = writeln!(
                 out,
                 "{:<24} {:>4} {:<28} {:>5} {:>5} {:>18} {:>7}  {}",
@@ -58,7 +62,8 @@ mod tests {
         json!({"nodes": [
             {"name": "n1", "cards": [
                 {"index": 0, "uuid": "GPU-a", "model": "Tesla T4", "healthy": true, "percentUsed": 60, "percentFree": 40,
-                 "memoryMiB": 15360, "memoryFreeMiB": 11264, "pods": ["default/a", "default/b"]},
+                 "memoryMiB": 15360, "memoryFreeMiB": 11264, "pods": ["default/a", "default/b"],
+                 "claims": [{"claim": "ml/c1", "percent": 20, "memoryMiB": 3072}]},
                 {"index": 1, "uuid": "GPU-b", "model": "Tesla T4", "healthy": false, "percentUsed": 0, "percentFree": 100,
                  "memoryMiB": 15360, "memoryFreeMiB": 15360, "pods": []}]},
             {"name": "cpu", "cards": []}
@@ -66,14 +71,14 @@ mod tests {
     }
 
     #[test]
-    fn the_table_has_a_line_per_card_and_names_the_pods() {
+    fn the_table_has_a_line_per_card_and_names_the_pods_and_claims() {
         let t = table(&view());
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4, "{t}");
         assert!(
             lines[1].starts_with("n1")
                 && lines[1].contains("4096/15360")
-                && lines[1].ends_with("default/a,default/b"),
+                && lines[1].ends_with("default/a,default/b,claim:ml/c1"),
             "{t}"
         );
         assert!(lines[2].starts_with(' ') && lines[2].contains(" no "), "{t}");

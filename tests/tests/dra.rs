@@ -176,6 +176,28 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     assert_eq!(cards["two"].len(), 2);
     assert_ne!(cards["share-30"], cards["share-80"]);
     assert_eq!(cards["share-20"], cards["share-80"], "the 20 % share did not go where the policy packs it");
+    // `kubectl nano-gpu inspect` counts the claims and names each on its card.
+    let out = cluster.kubectl_plugin(&["inspect", "--node", "node-2", "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let on_cards: Vec<(Vec<String>, u64)> = view["nodes"][0]["cards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let names =
+                c["claims"].as_array().unwrap().iter().map(|h| h["claim"].as_str().unwrap().to_owned());
+            (names.collect(), c["percentUsed"].as_u64().unwrap())
+        })
+        .collect();
+    let packed = on_cards.iter().find(|(names, _)| names.contains(&format!("{NS}/share-80")));
+    assert_eq!(
+        packed,
+        Some(&(vec![format!("{NS}/share-20"), format!("{NS}/share-80")], 100)),
+        "inspect: {on_cards:?}"
+    );
+    let named: usize = on_cards.iter().map(|(names, _)| names.len()).sum();
+    assert_eq!(named, 5, "share-30, share-80, two (2 cards), share-20: {on_cards:?}");
     let log = cluster.ok(&[
         "-n",
         SYSTEM,

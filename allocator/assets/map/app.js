@@ -45,7 +45,7 @@ function nodeMatches(node, query, filter) {
   if (query) {
     const q = query.toLowerCase();
     const named = node.name.toLowerCase().includes(q) ||
-      node.cards.some((c) => c.pods.some((p) => p.toLowerCase().includes(q)));
+      node.cards.some((c) => holders(c).some((p) => p.toLowerCase().includes(q)));
     if (!named) return false;
   }
   const free = node.cards.reduce((s, c) => s + (c.healthy ? c.percentFree : 0), 0);
@@ -59,17 +59,27 @@ function nodeMatches(node, query, filter) {
   }
 }
 
+// What holds a card: its pods' shares, then its ResourceClaims' allocations ("claim ns/name").
+function held(c) {
+  const claims = (c.claims || []).map((h) => ({ pod: `claim ${h.claim}`, percent: h.percent, memoryMiB: h.memoryMiB }));
+  return c.shares.concat(claims);
+}
+
+function holders(c) {
+  return c.pods.concat((c.claims || []).map((h) => `claim ${h.claim}`));
+}
+
 function drawCard(node, c) {
   const bar = el("div", { class: "bar", title: `${c.percentUsed}% used, ${c.percentFree}% free` });
   const mem = el("div", { class: "bar mem", title: `${mib(c.memoryMiB - c.memoryFreeMiB)} of ${mib(c.memoryMiB)} used` });
-  for (const s of c.shares) {
+  for (const s of held(c)) {
     const tip = `${s.pod}: ${s.percent}%, ${mib(s.memoryMiB)}`;
     bar.append(el("div", { class: "seg", title: tip, style: `width:${Math.min(s.percent, 100)}%;background:${colour(s.pod)}` }));
     const w = c.memoryMiB ? (100 * s.memoryMiB) / c.memoryMiB : 0;
     mem.append(el("div", { class: "seg", title: tip, style: `width:${Math.min(w, 100)}%;background:${colour(s.pod)}` }));
   }
   const health = c.healthy ? "" : " unhealthy";
-  const attrs = { class: `card${health}`, "data-uuid": c.uuid, "data-pods": c.pods.join(" "), "data-used": String(c.percentUsed) };
+  const attrs = { class: `card${health}`, "data-uuid": c.uuid, "data-pods": holders(c).join(" "), "data-used": String(c.percentUsed) };
   let load = null;
   if (c.load !== null && c.load !== undefined) {
     // What the card really does (Prometheus, last minute), beside what is granted on it.

@@ -1,7 +1,8 @@
 //! The `/inspect` document: per node its CPU and memory and its fragmentation under the workload the
-//! policy expects, per card its model, health, percent and memory used and free, and the pods holding
-//! it (`namespace/name`, sorted; pods gpushare placed included), each with what it holds there, and
-//! its load (utilisation in percent, averaged over the last minute) when the allocator reads one.
+//! policy expects, per card its model, health, percent and memory used and free, the pods holding
+//! it (`namespace/name`, sorted; pods gpushare placed included) and the ResourceClaims allocated on
+//! it, each with what it holds there, and its load (utilisation in percent, averaged over the last
+//! minute) when the allocator reads one.
 
 use super::ClusterState;
 use super::decode::{Holding, PodRecord};
@@ -51,7 +52,18 @@ struct CardDoc {
     memory_free_mib: MiB,
     pods: Vec<String>,
     shares: Vec<ShareDoc>,
+    claims: Vec<ClaimDoc>,
     load: Option<u32>,
+}
+
+/// What one ResourceClaim's allocation holds of a [`CardDoc`].
+#[derive(Debug, Serialize)]
+struct ClaimDoc {
+    /// `namespace/name`.
+    claim: String,
+    percent: Percent,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: MiB,
 }
 
 /// What one pod holds of a [`CardDoc`].
@@ -79,6 +91,10 @@ impl ClusterState {
             let n = cluster.node(id);
             let on_node: Vec<&PodRecord> =
                 self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid)).collect();
+            // Claims whose allocation cannot be trusted here (devices of other nodes too) count the
+            // node as full and are named by the Overcommitted warning, not here.
+            let claims: Vec<((String, String), crate::claim::Held)> =
+                self.claims_held_on(name).into_iter().filter_map(|(key, held)| Some((key, held?))).collect();
             let cards = n
                 .cards
                 .iter()
@@ -93,6 +109,18 @@ impl ClusterState {
                     shares.sort_by(|a, b| {
                         (&a.pod, a.percent, a.memory_mib).cmp(&(&b.pod, b.percent, b.memory_mib))
                     });
+                    let mut held: Vec<ClaimDoc> = claims
+                        .iter()
+                        .flat_map(|(key, h)| {
+                            let here = h.devices.iter().filter(|d| d.card.as_ref().ok() == Some(&c.index));
+                            here.map(move |d| ClaimDoc {
+                                claim: format!("{}/{}", key.0, key.1),
+                                percent: d.percent,
+                                memory_mib: d.memory.unwrap_or_else(|| d.percent.of(c.mem_total)),
+                            })
+                        })
+                        .collect();
+                    held.sort_by(|a, b| a.claim.cmp(&b.claim));
                     CardDoc {
                         index: c.index,
                         uuid: c.uuid.clone(),
@@ -104,6 +132,7 @@ impl ClusterState {
                         memory_free_mib: c.mem_free,
                         pods: shares.iter().map(|s| s.pod.clone()).collect(),
                         shares,
+                        claims: held,
                         load: engine.load().and_then(|l| l.of(c)).map(whole_percent),
                     }
                 })

@@ -32,6 +32,12 @@ impl ClusterState {
     pub fn why(&mut self, pod: &Pod) -> Result<Vec<NodeVerdict>, String> {
         let (demand, _) = self.extender.request(pod)?;
         if !demand.wants_gpu() {
+            if !crate::claim::pod_claims(pod).is_empty() {
+                return Err("the pod uses ResourceClaims, which `why` does not judge node by node yet; the \
+                            allocator's ClaimNotAllocated Events on the pod say why its claims wait, and \
+                            `inspect` shows the claims already allocated"
+                    .into());
+            }
             return Err("the pod asks no nano-gpu resource: the nano-gpu scheduler does not place it".into());
         }
         let names: Vec<String> = self.nodes.keys().cloned().collect();

@@ -321,3 +321,31 @@ fn a_snapshot_forgets_claims_it_did_not_show_unless_the_watch_showed_them_later(
     s.end_claim_snapshot(&seen, 8);
     assert_eq!(free(&s, "dra"), vec![100, 50]);
 }
+
+#[test]
+fn inspect_names_each_claim_on_the_card_its_allocation_holds() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    s.apply_claim(&allocated("a", 1, 1, 60));
+    s.apply_claim(&allocated("b", 2, 1, 30));
+    let cards = &s.inspect()["nodes"][0]["cards"];
+    assert_eq!(cards[0]["claims"], json!([]));
+    assert_eq!(
+        cards[1]["claims"],
+        json!([{"claim": "t/a", "percent": 60, "memoryMiB": 9216}, {"claim": "t/b", "percent": 30, "memoryMiB": 4608}])
+    );
+    assert_eq!(cards[1]["percentUsed"], 90);
+    s.delete_claim(&allocated("a", 1, 1, 60));
+    assert_eq!(
+        s.inspect()["nodes"][0]["cards"][1]["claims"],
+        json!([{"claim": "t/b", "percent": 30, "memoryMiB": 4608}])
+    );
+}
+
+#[test]
+fn why_says_it_does_not_judge_a_pod_that_waits_on_claims() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    let said = s.why(&claim_pod("waits", &["c"], json!({}))).unwrap_err();
+    assert!(said.contains("ResourceClaims") && said.contains("ClaimNotAllocated"), "{said}");
+}
