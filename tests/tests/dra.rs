@@ -235,6 +235,10 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     })
     .await;
     assert!(claims.get("cel").await.unwrap().status.and_then(|s| s.allocation).is_none());
+    // `kubectl nano-gpu why` gives the same reason for the pod.
+    let out = cluster.kubectl_plugin(&["why", "cel", "-n", NS]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("is not one nano-gpu allocates"), "why: {said}");
     let phase = pods.get("cel").await.unwrap().status.and_then(|s| s.phase);
     assert_eq!(phase.as_deref(), Some("Pending"));
 

@@ -14,7 +14,7 @@
 //! failed one of its own checks, e.g. a host port), that node is not picked for the pod again.
 
 use super::ClusterState;
-use super::decode::host_requests;
+use super::decode::{NodeRecord, host_requests};
 use crate::claim::{
     ClaimRecord, ClaimSlot, Given, Held, Placement, PodClaim, allocation, pod_claims, template_shape,
 };
@@ -54,6 +54,30 @@ pub struct ClaimWrite {
     pub node: String,
     /// `status.allocation`.
     pub allocation: Value,
+}
+
+/// What a waiting pod's claims still to be placed ask ([`ClusterState::claim_ask`]).
+struct ClaimAsk {
+    pod: ClaimPod,
+    /// The claims to place: uid, record, slots.
+    todo: Vec<(String, ClaimRecord, Vec<ClaimSlot>)>,
+    /// Their request to the engine.
+    req: Request,
+    /// The node the pod's claims already allocated (or in flight) fix, if any.
+    fixed: Option<String>,
+}
+
+/// A node's verdict for a pod's claims (`why`): fits, or why not and whether no pod's end could help.
+pub(super) type ClaimVerdict = Result<(), (String, bool)>;
+
+/// Whether a pod's claims may go to a node ([`ClusterState::node_for_claims`]).
+enum ClaimNode {
+    /// Its cards are judged.
+    Open,
+    /// Not by the pod's node rules, or kube-scheduler refused the pod there.
+    Excluded(String),
+    /// Not at all: not a DRA node, or the pod's other claims are on another node.
+    Outside(String),
 }
 
 impl ClusterState {
@@ -254,6 +278,83 @@ impl ClusterState {
 
     /// The writes for one pod; `Err(None)`: nothing to do now; `Err(Some(why))`: it cannot be done.
     fn plan_pod(&mut self, pod_uid: &str) -> Result<Vec<ClaimWrite>, Option<String>> {
+        let ask = self.claim_ask(pod_uid)?;
+        let refused = self.refused_nodes.get(pod_uid);
+        let cluster = self.extender.engine().cluster();
+        let mut excluded = Vec::new();
+        let mut candidates: Vec<NodeId> = Vec::new();
+        for (name, record) in &self.nodes {
+            match self.node_for_claims(&ask, pod_uid, name, record) {
+                ClaimNode::Outside(_) => continue,
+                ClaimNode::Excluded(why) => excluded.push(format!("{name}: {why}")),
+                ClaimNode::Open => candidates.extend(cluster.id(name)),
+            }
+        }
+        if candidates.is_empty() && refused.is_some_and(|r| !r.is_empty()) {
+            // Every node was refused once: what refused may have changed; try them all again.
+            self.refused_nodes.remove(pod_uid);
+            return Err(None);
+        }
+        let ClaimAsk { pod, todo, req, .. } = ask;
+        let decision = self.extender.place(&req, &candidates).map_err(|no| {
+            let mut why = format!(
+                "no node takes the claims of pod {}/{}: {no} (nodes whose nano-gpu agent serves DRA)",
+                pod.key.0, pod.key.1
+            );
+            if !excluded.is_empty() {
+                why.push_str(&format!("; not considered: {}", excluded.join(", ")));
+            }
+            Some(why)
+        })?;
+        let node = self.extender.engine().cluster().node(decision.node);
+        let name = node.name.clone();
+        let indexes: Vec<u32> = node.cards.iter().map(|c| c.index).collect();
+        let mut writes = Vec::new();
+        let mut slot = 0;
+        for (uid, c, slots) in todo {
+            let mut given = Vec::new();
+            for s in &slots {
+                for g in decision.eval.grants.iter().filter(|g| g.slot == slot) {
+                    given.push(Given {
+                        request: s.request.clone(),
+                        card: indexes[g.card],
+                        percent: g.percent,
+                        memory: s.memory_asked.then_some(g.mem),
+                    });
+                }
+                slot += 1;
+            }
+            let held = Held {
+                node: name.clone(),
+                devices: given
+                    .iter()
+                    .map(|g| crate::claim::HeldDevice {
+                        card: Ok(g.card),
+                        percent: g.percent,
+                        memory: g.memory,
+                    })
+                    .collect(),
+                other_pools: Vec::new(),
+            };
+            writes.push(ClaimWrite {
+                pod: pod.key.clone(),
+                pod_uid: pod_uid.to_owned(),
+                claim: c.key.clone(),
+                claim_uid: uid.clone(),
+                resource_version: c.resource_version.clone(),
+                node: name.clone(),
+                allocation: allocation(&uid, &name, &given),
+            });
+            self.in_flight.insert(uid.clone(), held);
+            self.reindex_claim(&uid, c.held.as_ref());
+        }
+        self.claim_notes.remove(pod_uid);
+        Ok(writes)
+    }
+
+    /// What the claims of the waiting pod `pod_uid` still to be placed ask; `Err(None)`: nothing to
+    /// place now; `Err(Some(why))`: they cannot be placed.
+    fn claim_ask(&mut self, pod_uid: &str) -> Result<ClaimAsk, Option<String>> {
         let pod = self.claim_pods.get(pod_uid).ok_or(None)?.clone();
         let mut claims: Vec<(String, ClaimRecord)> = Vec::new();
         let mut waiting = false;
@@ -358,84 +459,67 @@ impl ClusterState {
         });
         let slots = todo.iter().flat_map(|(_, _, s)| s.iter().map(|s| s.demand)).collect();
         let req = Request { models: allowed, ..Request::new(cpu, mem, slots).through(FrontEnd::Dra) };
-        let refused = self.refused_nodes.get(pod_uid);
-        let mut excluded = Vec::new();
-        let mut candidates: Vec<NodeId> = Vec::new();
+        Ok(ClaimAsk { pod, todo, req, fixed })
+    }
+
+    /// Whether the claims of `ask` (of pod `pod_uid`) may go to node `name` at all, before the
+    /// policy judges its cards.
+    fn node_for_claims(&self, ask: &ClaimAsk, pod_uid: &str, name: &str, record: &NodeRecord) -> ClaimNode {
+        if !record.dra {
+            return ClaimNode::Outside("its nano-gpu agent does not serve DRA".into());
+        }
+        if let Some(f) = ask.fixed.as_ref().filter(|f| *f != name) {
+            return ClaimNode::Outside(format!("the pod's other claims are allocated on {f}"));
+        }
+        let facts = record.facts.as_ref().cloned().unwrap_or_default();
+        if let Err(why) = ask.pod.placement.allows(name, &facts) {
+            return ClaimNode::Excluded(why);
+        }
+        if self.refused_nodes.get(pod_uid).is_some_and(|r| r.contains(name)) {
+            return ClaimNode::Excluded("kube-scheduler refused the pod there".into());
+        }
+        ClaimNode::Open
+    }
+
+    /// Every node's verdict for the claims of the waiting pod `pod_uid` (for `why`), as
+    /// [`ClusterState::plan_claims`] would judge them now; `None`: it is not a pod waiting on claims.
+    pub(super) fn why_claims(
+        &mut self,
+        pod_uid: &str,
+    ) -> Option<Result<Vec<(String, ClaimVerdict)>, String>> {
+        if !self.claim_pods.contains_key(pod_uid) {
+            return None;
+        }
+        let ask = match self.claim_ask(pod_uid) {
+            Ok(ask) => ask,
+            Err(Some(why)) => return Some(Err(why)),
+            Err(None) => {
+                return Some(Err(
+                    "nothing to place: its claims do not all exist yet, are allocated, or are \
+                                 not all nano-gpu's"
+                        .into(),
+                ));
+            }
+        };
+        let mut verdicts = Vec::new();
+        let mut open = Vec::new();
         for (name, record) in &self.nodes {
-            if !record.dra || fixed.as_ref().is_some_and(|f| f != name) {
-                continue;
-            }
-            let Some(id) = cluster.id(name) else { continue };
-            let facts = record.facts.as_ref().cloned().unwrap_or_default();
-            if let Err(why) = pod.placement.allows(name, &facts) {
-                excluded.push(format!("{name}: {why}"));
-                continue;
-            }
-            if refused.is_some_and(|r| r.contains(name)) {
-                excluded.push(format!("{name}: kube-scheduler refused the pod there"));
-                continue;
-            }
-            candidates.push(id);
-        }
-        if candidates.is_empty() && refused.is_some_and(|r| !r.is_empty()) {
-            // Every node was refused once: what refused may have changed; try them all again.
-            self.refused_nodes.remove(pod_uid);
-            return Err(None);
-        }
-        let decision = self.extender.place(&req, &candidates).map_err(|no| {
-            let mut why = format!(
-                "no node takes the claims of pod {}/{}: {no} (nodes whose nano-gpu agent serves DRA)",
-                pod.key.0, pod.key.1
-            );
-            if !excluded.is_empty() {
-                why.push_str(&format!("; not considered: {}", excluded.join(", ")));
-            }
-            Some(why)
-        })?;
-        let node = self.extender.engine().cluster().node(decision.node);
-        let name = node.name.clone();
-        let indexes: Vec<u32> = node.cards.iter().map(|c| c.index).collect();
-        let mut writes = Vec::new();
-        let mut slot = 0;
-        for (uid, c, slots) in todo {
-            let mut given = Vec::new();
-            for s in &slots {
-                for g in decision.eval.grants.iter().filter(|g| g.slot == slot) {
-                    given.push(Given {
-                        request: s.request.clone(),
-                        card: indexes[g.card],
-                        percent: g.percent,
-                        memory: s.memory_asked.then_some(g.mem),
-                    });
+            match self.node_for_claims(&ask, pod_uid, name, record) {
+                ClaimNode::Outside(why) | ClaimNode::Excluded(why) => {
+                    verdicts.push((name.clone(), Err((why, true))))
                 }
-                slot += 1;
+                ClaimNode::Open => open.push(name.clone()),
             }
-            let held = Held {
-                node: name.clone(),
-                devices: given
-                    .iter()
-                    .map(|g| crate::claim::HeldDevice {
-                        card: Ok(g.card),
-                        percent: g.percent,
-                        memory: g.memory,
-                    })
-                    .collect(),
-                other_pools: Vec::new(),
-            };
-            writes.push(ClaimWrite {
-                pod: pod.key.clone(),
-                pod_uid: pod_uid.to_owned(),
-                claim: c.key.clone(),
-                claim_uid: uid.clone(),
-                resource_version: c.resource_version.clone(),
-                node: name.clone(),
-                allocation: allocation(&uid, &name, &given),
-            });
-            self.in_flight.insert(uid.clone(), held);
-            self.reindex_claim(&uid, c.held.as_ref());
         }
-        self.claim_notes.remove(pod_uid);
-        Ok(writes)
+        self.extender.judge(&ask.req, open, |name, judged| {
+            let verdict = match judged {
+                Ok(()) => Ok(()),
+                Err(None) => Err(("no nano-gpu inventory".to_owned(), true)),
+                Err(Some(reason)) => Err((reason.to_string(), false)),
+            };
+            verdicts.push((name, verdict));
+        });
+        Some(Ok(verdicts))
     }
 
     /// The templates of nano-gpu's form ([`crate::claim::template_name`]) that waiting pods use and

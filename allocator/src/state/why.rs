@@ -30,12 +30,30 @@ impl ClusterState {
     /// are in the way, then those where nothing helps. Err: the pod's GPU request cannot be read, or
     /// it asks none.
     pub fn why(&mut self, pod: &Pod) -> Result<Vec<NodeVerdict>, String> {
+        // A pod that waits for nano-gpu to allocate its claims: each node as the claims' planner
+        // judges it (no pod's end is weighed: claims are not preempted).
+        if let Some(judged) = pod.metadata.uid.clone().and_then(|uid| self.why_claims(&uid)) {
+            let mut verdicts: Vec<NodeVerdict> = judged?
+                .into_iter()
+                .map(|(node, verdict)| {
+                    let (fits, reason, unresolvable) = match verdict {
+                        Ok(()) => (true, String::new(), false),
+                        Err((reason, unresolvable)) => (false, reason, unresolvable),
+                    };
+                    NodeVerdict { node, fits, reason, unresolvable, freed_by: vec![] }
+                })
+                .collect();
+            verdicts.sort_by(|a, b| {
+                let rank = |v: &NodeVerdict| (!v.fits, v.unresolvable);
+                rank(a).cmp(&rank(b)).then_with(|| a.node.cmp(&b.node))
+            });
+            return Ok(verdicts);
+        }
         let (demand, _) = self.extender.request(pod)?;
         if !demand.wants_gpu() {
             if !crate::claim::pod_claims(pod).is_empty() {
-                return Err("the pod uses ResourceClaims, which `why` does not judge node by node yet; the \
-                            allocator's ClaimNotAllocated Events on the pod say why its claims wait, and \
-                            `inspect` shows the claims already allocated"
+                return Err("the pod uses ResourceClaims and does not wait for nano-gpu to allocate them \
+                            (it is bound to a node)"
                     .into());
             }
             return Err("the pod asks no nano-gpu resource: the nano-gpu scheduler does not place it".into());

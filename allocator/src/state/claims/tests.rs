@@ -343,9 +343,34 @@ fn inspect_names_each_claim_on_the_card_its_allocation_holds() {
 }
 
 #[test]
-fn why_says_it_does_not_judge_a_pod_that_waits_on_claims() {
+fn why_judges_a_pod_waiting_on_claims_node_by_node_as_the_planner_would() {
     let mut s = state();
-    s.apply_node(&node("dra", 2, true));
-    let said = s.why(&claim_pod("waits", &["c"], json!({}))).unwrap_err();
-    assert!(said.contains("ResourceClaims") && said.contains("ClaimNotAllocated"), "{said}");
+    s.apply_node(&node("full", 1, true));
+    s.apply_node(&node("room", 1, true));
+    s.apply_node(&node("plugin", 1, false));
+    // 90 % of "full"'s card allocated to another claim.
+    let mut busy = share("busy", 2, 90);
+    let given = [Given { request: "gpu".into(), card: 0, percent: Percent(90), memory: None }];
+    busy.status =
+        Some(serde_json::from_value(json!({"allocation": allocation("u-busy", "full", &given)})).unwrap());
+    s.apply_claim(&busy);
+    s.apply_claim(&share("want", 3, 50));
+    let pod = claim_pod("waits", &["want"], json!({}));
+    s.apply_pod(&pod);
+    let verdicts = s.why(&pod).unwrap();
+    let seen: Vec<(&str, bool, bool)> =
+        verdicts.iter().map(|v| (v.node.as_str(), v.fits, v.unresolvable)).collect();
+    assert_eq!(
+        seen,
+        [("room", true, false), ("full", false, false), ("plugin", false, true)],
+        "{verdicts:?}"
+    );
+    assert!(verdicts[2].reason.contains("does not serve DRA"), "{verdicts:?}");
+    assert!(!verdicts[1].reason.is_empty());
+    // Bound, it waits no more: `why` says so.
+    let mut bound = pod.clone();
+    bound.spec.as_mut().unwrap().node_name = Some("room".into());
+    s.apply_pod(&bound);
+    let said = s.why(&bound).unwrap_err();
+    assert!(said.contains("ResourceClaims") && said.contains("bound"), "{said}");
 }
