@@ -694,27 +694,52 @@ mod tests {
         server.await.unwrap();
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_pod_watch_that_shows_nothing_not_even_the_leaders_own_write_lists_again() {
-        use crate::api_replies::respond;
-        use http::{Request, Response};
-        use kube::client::Body;
-        let (watch_svc, mut watch_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let (write_svc, mut write_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    type ApiHandle =
+        tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>;
+
+    /// A pod list of `pods` (name, resourceVersion) at `version`.
+    fn pod_list(pods: &[(&str, &str)], version: &str) -> serde_json::Value {
+        let items: Vec<_> = pods.iter().map(|(name, v)| versioned_pod(name, v)).collect();
+        json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})
+    }
+
+    /// A view whose nodes are listed and whose pod watch runs against the returned fake API server.
+    fn watching_pods() -> (Arc<SharedView>, ApiHandle) {
+        let (svc, api) = tower_test::mock::pair();
         let view = Arc::new(SharedView::new(state()));
         view.set_listed(Listed::Nodes);
         let (events, _warnings) = mpsc::channel(8);
         let (unconfirmed, _look_ups) = mpsc::unbounded_channel();
-        let pods = Api::<Pod>::all(kube::Client::new(watch_svc, "default"));
+        let pods = Api::<Pod>::all(kube::Client::new(svc, "default"));
         tokio::spawn(run_watch(Watch::new(pods, Listing::Paged), view.clone(), events, unconfirmed));
-        let list = |pods: &[(&str, &str)], version: &str| {
-            let items: Vec<_> = pods.iter().map(|(name, v)| versioned_pod(name, v)).collect();
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})
-        };
+        (view, api)
+    }
+
+    /// This replica's pod "me" in "system" as [`Newest::OwnPod`], and the count of its writes, each
+    /// answered with resourceVersion `version` (the count ends when the [`Newest`] is dropped).
+    fn own_pod_written_at(version: &str) -> (Newest, tokio::task::JoinHandle<usize>) {
+        let (svc, mut api): (_, ApiHandle) = tower_test::mock::pair();
+        let answer = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "me", "namespace": "system", "resourceVersion": version}});
+        let writes = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some((_, send)) = api.next_request().await {
+                n += 1;
+                send.send_response(crate::api_replies::respond(200, answer.clone()));
+            }
+            n
+        });
+        (Newest::OwnPod(Api::namespaced(kube::Client::new(svc, "default"), "system"), "me".into()), writes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_watch_that_shows_nothing_not_even_the_leaders_own_write_lists_again() {
+        use crate::api_replies::respond;
+        let (view, mut watch_api) = watching_pods();
         let apiserver = tokio::spawn(async move {
             let (req, send) = watch_api.next_request().await.unwrap();
             assert!(!req.uri().query().unwrap_or("").contains("watch="), "a list first: {:?}", req.uri());
-            send.send_response(respond(200, list(&[("a", "5"), ("me", "6")], "6")));
+            send.send_response(respond(200, pod_list(&[("a", "5"), ("me", "6")], "6")));
             // The watch from there: open, and silent from then on (a connection that died unseen).
             let (req, silent) = watch_api.next_request().await.unwrap();
             let query = req.uri().query().unwrap_or("").to_owned();
@@ -722,26 +747,16 @@ mod tests {
             // Asked to list again: the list shows the leader's write.
             let (req, send) = watch_api.next_request().await.unwrap();
             assert!(!req.uri().query().unwrap_or("").contains("watch="), "listed again: {:?}", req.uri());
-            send.send_response(respond(200, list(&[("a", "5"), ("me", "12")], "12")));
+            send.send_response(respond(200, pod_list(&[("a", "5"), ("me", "12")], "12")));
             let (req, open) = watch_api.next_request().await.unwrap();
             assert!(req.uri().query().unwrap_or("").contains("resourceVersion=12"), "{:?}", req.uri());
             (silent, open)
         });
-        tokio::spawn(async move {
-            // Both writes of the leader are answered with the version the second list shows.
-            while let Some((_, send)) = write_api.next_request().await {
-                send.send_response(respond(
-                    200,
-                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                        "metadata": {"name": "me", "namespace": "system", "resourceVersion": "12"}}),
-                ));
-            }
-        });
+        // Both writes of the leader are answered with the version the second list shows.
+        let (own, _writes) = own_pod_written_at("12");
         while !view.synced() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let own =
-            Newest::OwnPod(Api::namespaced(kube::Client::new(write_svc, "default"), "system"), "me".into());
         assert!(!caught_up(&own, &view, Duration::from_secs(5)).await, "the watch showed nothing");
         assert!(caught_up(&own, &view, Duration::from_secs(5)).await, "listed again, it shows the write");
         let _open = apiserver.await.unwrap();
@@ -750,51 +765,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_deciding_replicas_pod_watch_that_went_silent_is_listed_again_within_two_periods() {
         use crate::api_replies::respond;
-        use http::{Request, Response};
-        use kube::client::Body;
-        let (watch_svc, mut watch_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let (write_svc, mut write_api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let view = Arc::new(SharedView::new(state()));
-        view.set_listed(Listed::Nodes);
-        let (events, _warnings) = mpsc::channel(8);
-        let (unconfirmed, _look_ups) = mpsc::unbounded_channel();
-        let pods = Api::<Pod>::all(kube::Client::new(watch_svc, "default"));
-        tokio::spawn(run_watch(Watch::new(pods, Listing::Paged), view.clone(), events, unconfirmed));
-        let list = |pods: &[(&str, &str)], version: &str| {
-            let items: Vec<_> = pods.iter().map(|(name, v)| versioned_pod(name, v)).collect();
-            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": items})
-        };
+        let (view, mut watch_api) = watching_pods();
         let started = tokio::time::Instant::now();
         let apiserver = tokio::spawn(async move {
             let (_, send) = watch_api.next_request().await.unwrap();
-            send.send_response(respond(200, list(&[("a", "5"), ("me", "6")], "6")));
+            send.send_response(respond(200, pod_list(&[("a", "5"), ("me", "6")], "6")));
             // The watch, silent from then on (the pod "a" is deleted meanwhile, unseen).
             let (_, silent) = watch_api.next_request().await.unwrap();
             let (req, send) = watch_api.next_request().await.unwrap();
             assert!(!req.uri().query().unwrap_or("").contains("watch="), "listed again: {:?}", req.uri());
             let relisted = started.elapsed();
-            send.send_response(respond(200, list(&[("me", "12")], "12")));
+            send.send_response(respond(200, pod_list(&[("me", "12")], "12")));
             let (_, open) = watch_api.next_request().await.unwrap();
             (relisted, silent, open)
         });
-        let writes = tokio::spawn(async move {
-            let mut n = 0;
-            while let Some((_, send)) = write_api.next_request().await {
-                n += 1;
-                send.send_response(respond(
-                    200,
-                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                        "metadata": {"name": "me", "namespace": "system", "resourceVersion": "12"}}),
-                ));
-            }
-            n
-        });
-        let own = Arc::new(Newest::OwnPod(
-            Api::namespaced(kube::Client::new(write_svc, "default"), "system"),
-            "me".into(),
-        ));
+        let (own, writes) = own_pod_written_at("12");
         let check = tokio::spawn(check_pod_watch(
-            own,
+            Arc::new(own),
             view.clone(),
             || true,
             POD_WATCH_CHECK,
@@ -835,7 +822,7 @@ mod tests {
         // A quiet follower: no write (the phases change between two checks).
         let none = tokio::time::timeout(every * 3 + every / 2, write_api.next_request()).await;
         assert!(none.is_err(), "a follower wrote");
-        // A leader whose watch shows a pod every 20 s: no write.
+        // A leader whose watch shows a pod every 10 s: no write.
         leads.store(true, std::sync::atomic::Ordering::SeqCst);
         let feeder = view.clone();
         let feed = tokio::spawn(async move {

@@ -15,9 +15,11 @@
 
 use super::ClusterState;
 use super::decode::{NodeRecord, host_requests};
+use super::why::NodeVerdict;
 use crate::claim::{
     ClaimRecord, ClaimSlot, Given, Held, Placement, PodClaim, allocation, pod_claims, template_shape,
 };
+use crate::extender::NO_INVENTORY;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_engine::model::NodeId;
@@ -66,9 +68,6 @@ struct ClaimAsk {
     /// The node the pod's claims already allocated (or in flight) fix, if any.
     fixed: Option<String>,
 }
-
-/// A node's verdict for a pod's claims (`why`): fits, or why not and whether no pod's end could help.
-pub(super) type ClaimVerdict = Result<(), (String, bool)>;
 
 /// Whether a pod's claims may go to a node ([`ClusterState::node_for_claims`]).
 enum ClaimNode {
@@ -482,11 +481,9 @@ impl ClusterState {
     }
 
     /// Every node's verdict for the claims of the waiting pod `pod_uid` (for `why`), as
-    /// [`ClusterState::plan_claims`] would judge them now; `None`: it is not a pod waiting on claims.
-    pub(super) fn why_claims(
-        &mut self,
-        pod_uid: &str,
-    ) -> Option<Result<Vec<(String, ClaimVerdict)>, String>> {
+    /// [`ClusterState::plan_claims`] would judge them now, unsorted; `None`: it is not a pod waiting on
+    /// claims. No pod's end is weighed: claims are not preempted.
+    pub(super) fn why_claims(&mut self, pod_uid: &str) -> Option<Result<Vec<NodeVerdict>, String>> {
         if !self.claim_pods.contains_key(pod_uid) {
             return None;
         }
@@ -501,23 +498,29 @@ impl ClusterState {
                 ));
             }
         };
+        let verdict = |node: String, reason: Option<String>, unresolvable: bool| NodeVerdict {
+            node,
+            fits: reason.is_none(),
+            reason: reason.unwrap_or_default(),
+            unresolvable,
+            freed_by: vec![],
+        };
         let mut verdicts = Vec::new();
         let mut open = Vec::new();
         for (name, record) in &self.nodes {
             match self.node_for_claims(&ask, pod_uid, name, record) {
                 ClaimNode::Outside(why) | ClaimNode::Excluded(why) => {
-                    verdicts.push((name.clone(), Err((why, true))))
+                    verdicts.push(verdict(name.clone(), Some(why), true))
                 }
                 ClaimNode::Open => open.push(name.clone()),
             }
         }
         self.extender.judge(&ask.req, open, |name, judged| {
-            let verdict = match judged {
-                Ok(()) => Ok(()),
-                Err(None) => Err(("no nano-gpu inventory".to_owned(), true)),
-                Err(Some(reason)) => Err((reason.to_string(), false)),
-            };
-            verdicts.push((name, verdict));
+            verdicts.push(match judged {
+                Ok(()) => verdict(name, None, false),
+                Err(None) => verdict(name, Some(NO_INVENTORY.to_owned()), true),
+                Err(Some(reason)) => verdict(name, Some(reason.to_string()), false),
+            })
         });
         Some(Ok(verdicts))
     }

@@ -31,23 +31,9 @@ impl ClusterState {
     /// it asks none.
     pub fn why(&mut self, pod: &Pod) -> Result<Vec<NodeVerdict>, String> {
         // A pod that waits for nano-gpu to allocate its claims: each node as the claims' planner
-        // judges it (no pod's end is weighed: claims are not preempted).
+        // judges it.
         if let Some(judged) = pod.metadata.uid.clone().and_then(|uid| self.why_claims(&uid)) {
-            let mut verdicts: Vec<NodeVerdict> = judged?
-                .into_iter()
-                .map(|(node, verdict)| {
-                    let (fits, reason, unresolvable) = match verdict {
-                        Ok(()) => (true, String::new(), false),
-                        Err((reason, unresolvable)) => (false, reason, unresolvable),
-                    };
-                    NodeVerdict { node, fits, reason, unresolvable, freed_by: vec![] }
-                })
-                .collect();
-            verdicts.sort_by(|a, b| {
-                let rank = |v: &NodeVerdict| (!v.fits, v.unresolvable);
-                rank(a).cmp(&rank(b)).then_with(|| a.node.cmp(&b.node))
-            });
-            return Ok(verdicts);
+            return judged.map(ranked);
         }
         let (demand, _) = self.extender.request(pod)?;
         if !demand.wants_gpu() {
@@ -98,14 +84,19 @@ impl ClusterState {
         for (node, reason) in filtered.failed_and_unresolvable_nodes {
             verdicts.push(NodeVerdict { node, fits: false, reason, unresolvable: true, freed_by: vec![] });
         }
-        // Fits; then room that ending pods makes, fewest first; then busy with no such room; then never.
-        let rank = |v: &NodeVerdict| match (v.fits, v.unresolvable, v.freed_by.len()) {
-            (true, _, _) => (0, 0),
-            (false, false, n) if n > 0 => (1, n),
-            (false, false, _) => (2, 0),
-            (false, true, _) => (3, 0),
-        };
-        verdicts.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.node.cmp(&b.node)));
-        Ok(verdicts)
+        Ok(ranked(verdicts))
     }
+}
+
+/// `verdicts` in `why`'s order: fits; then room that ending pods makes, fewest first; then busy with
+/// no such room; then never; by node within each.
+fn ranked(mut verdicts: Vec<NodeVerdict>) -> Vec<NodeVerdict> {
+    let rank = |v: &NodeVerdict| match (v.fits, v.unresolvable, v.freed_by.len()) {
+        (true, _, _) => (0, 0),
+        (false, false, n) if n > 0 => (1, n),
+        (false, false, _) => (2, 0),
+        (false, true, _) => (3, 0),
+    };
+    verdicts.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.node.cmp(&b.node)));
+    verdicts
 }
