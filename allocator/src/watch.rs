@@ -4,16 +4,20 @@
 //! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
 //! most 4 s). The service is ready once both have listed. A reserved pod a re-list did not show is
 //! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
+//! Pods and Nodes are decoded with only the fields the view reads ([`slim`]).
+
+pub mod slim;
 
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use slim::{ViewNode, ViewPod};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -27,13 +31,13 @@ trait Feed: Clone + Send + 'static {
     fn end_relist(state: &mut ClusterState);
 }
 
-impl Feed for Node {
+impl Feed for ViewNode {
     const KIND: Listed = Listed::Nodes;
     fn apply(state: &mut ClusterState, obj: &Self) {
-        state.apply_node(obj);
+        state.apply_node(&obj.0);
     }
     fn delete(state: &mut ClusterState, obj: &Self) {
-        if let Some(name) = obj.metadata.name.as_deref() {
+        if let Some(name) = obj.0.metadata.name.as_deref() {
             state.delete_node(name);
         }
     }
@@ -45,13 +49,13 @@ impl Feed for Node {
     }
 }
 
-impl Feed for Pod {
+impl Feed for ViewPod {
     const KIND: Listed = Listed::Pods;
     fn apply(state: &mut ClusterState, obj: &Self) {
-        state.apply_pod(obj);
+        state.apply_pod(&obj.0);
     }
     fn delete(state: &mut ClusterState, obj: &Self) {
-        state.delete_pod(obj);
+        state.delete_pod(&obj.0);
     }
     fn begin_relist(state: &mut ClusterState) {
         state.begin_pod_relist();
@@ -444,16 +448,17 @@ pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>
     let recorder = Recorder::new(client.clone(), reporter);
     let (events, warnings) = mpsc::channel(EVENT_QUEUE);
     let (unconfirmed, look_ups) = mpsc::unbounded_channel();
-    let nodes = Watch::new(Api::<Node>::all(client.clone()), listing);
+    let nodes = Watch::new(Api::<ViewNode>::all(client.clone()), listing);
     let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone());
-    let pods =
-        run_watch(Watch::new(Api::<Pod>::all(client.clone()), listing), view.clone(), events, unconfirmed);
+    let pods = Watch::new(Api::<ViewPod>::all(client.clone()), listing);
+    let pods = run_watch(pods, view.clone(), events, unconfirmed);
     futures::join!(nodes, pods, post_events(recorder, warnings), look_up_unconfirmed(client, view, look_ups));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use nano_gpu_engine::engine::Engine;
     use nano_gpu_engine::policy;
     use nano_gpu_engine::workload::Workload;
@@ -485,10 +490,10 @@ mod tests {
     #[test]
     fn a_relist_replaces_the_nodes_and_reports_completion() {
         let mut state = state();
-        assert!(!apply_event(&mut state, Event::Apply(node("old"))));
-        assert!(!apply_event(&mut state, Event::<Node>::Init));
-        assert!(!apply_event(&mut state, Event::InitApply(node("new"))));
-        assert!(apply_event(&mut state, Event::<Node>::InitDone));
+        assert!(!apply_event(&mut state, Event::Apply(ViewNode(node("old")))));
+        assert!(!apply_event(&mut state, Event::<ViewNode>::Init));
+        assert!(!apply_event(&mut state, Event::InitApply(ViewNode(node("new")))));
+        assert!(apply_event(&mut state, Event::<ViewNode>::InitDone));
         let names: Vec<_> =
             state.inspect()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect();
         assert_eq!(names, vec![json!("new")]);
@@ -518,7 +523,8 @@ mod tests {
         use http::{Request, Response};
         use kube::client::Body;
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let mut watch = Watch::new(Api::<Node>::all(kube::Client::new(svc, "default")), Listing::Streamed);
+        let mut watch =
+            Watch::new(Api::<ViewNode>::all(kube::Client::new(svc, "default")), Listing::Streamed);
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
             let query = req.uri().query().unwrap_or("").to_owned();
@@ -554,7 +560,7 @@ mod tests {
             loop {
                 match watch.next().await {
                     Ok(Some(Event::Init)) => {}
-                    Ok(Some(Event::InitApply(n))) => listed.push(n.metadata.name.unwrap()),
+                    Ok(Some(Event::InitApply(n))) => listed.push(n.0.metadata.name.unwrap()),
                     Ok(Some(Event::InitDone)) => break,
                     other => panic!("{other:?}"),
                 }
@@ -604,11 +610,11 @@ mod tests {
             // A re-list shows the newest write, but is not done yet.
             {
                 let mut state = feeder.lock();
-                apply_event(&mut state, Event::<Pod>::Init);
-                apply_event(&mut state, Event::InitApply(versioned_pod("b", "8")));
+                apply_event(&mut state, Event::<ViewPod>::Init);
+                apply_event(&mut state, Event::InitApply(ViewPod(versioned_pod("b", "8"))));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
-            apply_event(&mut feeder.lock(), Event::<Pod>::InitDone);
+            apply_event(&mut feeder.lock(), Event::<ViewPod>::InitDone);
         });
         let started = tokio::time::Instant::now();
         assert!(caught_up(&pods, &view, Duration::from_secs(5)).await);
@@ -710,7 +716,7 @@ mod tests {
         view.set_listed(Listed::Nodes);
         let (events, _warnings) = mpsc::channel(8);
         let (unconfirmed, _look_ups) = mpsc::unbounded_channel();
-        let pods = Api::<Pod>::all(kube::Client::new(svc, "default"));
+        let pods = Api::<ViewPod>::all(kube::Client::new(svc, "default"));
         tokio::spawn(run_watch(Watch::new(pods, Listing::Paged), view.clone(), events, unconfirmed));
         (view, api)
     }
@@ -867,8 +873,8 @@ mod tests {
             state.apply_node(&n);
             state.reserve(&gpu_pod("gone", "60"), "n1", std::time::SystemTime::UNIX_EPOCH).unwrap();
             state.reserve(&gpu_pod("kept", "30"), "n1", std::time::SystemTime::UNIX_EPOCH).unwrap();
-            apply_event(&mut state, Event::<Pod>::Init);
-            apply_event(&mut state, Event::<Pod>::InitDone);
+            apply_event(&mut state, Event::<ViewPod>::Init);
+            apply_event(&mut state, Event::<ViewPod>::InitDone);
             for u in state.take_unconfirmed() {
                 tx.send(u).unwrap();
             }
@@ -915,10 +921,10 @@ mod tests {
     fn the_view_is_synced_only_once_both_kinds_listed_not_after_two_node_lists() {
         let view = SharedView::new(state());
         // The node watch lists, breaks and lists again before the pod list completes.
-        view.set_listed(<Node as Feed>::KIND);
-        view.set_listed(<Node as Feed>::KIND);
+        view.set_listed(<ViewNode as Feed>::KIND);
+        view.set_listed(<ViewNode as Feed>::KIND);
         assert!(!view.synced());
-        view.set_listed(<Pod as Feed>::KIND);
+        view.set_listed(<ViewPod as Feed>::KIND);
         assert!(view.synced());
     }
 

@@ -10,6 +10,17 @@ use nano_gpu_proto::units::{MiB, Percent};
 use serde_json::json;
 use std::time::SystemTime;
 
+/// `value` decoded as the pod watch decodes pods, with only what the view reads: every test of the
+/// view so also checks that it reads nothing the watch drops.
+pub(super) fn watched_pod(value: serde_json::Value) -> Pod {
+    serde_json::from_value::<crate::watch::slim::ViewPod>(value).unwrap().0
+}
+
+/// `value` decoded as the node watch decodes nodes (see [`watched_pod`]).
+pub(super) fn watched_node(value: serde_json::Value) -> KubeNode {
+    serde_json::from_value::<crate::watch::slim::ViewNode>(value).unwrap().0
+}
+
 fn state() -> ClusterState {
     state_with("fgd-balance", DemandOptions::default())
 }
@@ -28,11 +39,10 @@ fn node(name: &str, cards: usize) -> KubeNode {
     let gpus: Vec<_> = (0..cards)
         .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 15360, "healthy": true}))
         .collect();
-    serde_json::from_value(json!({
+    watched_node(json!({
         "metadata": {"name": name, "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
         "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
     }))
-    .unwrap()
 }
 
 fn pod(uid: &str, percent: &str, node: Option<&str>, assignment: Option<String>) -> Pod {
@@ -40,11 +50,10 @@ fn pod(uid: &str, percent: &str, node: Option<&str>, assignment: Option<String>)
     if let Some(a) = assignment {
         annotations.insert("nano-gpu/assignment".into(), a.into());
     }
-    serde_json::from_value(json!({
+    watched_pod(json!({
         "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": annotations},
         "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": percent, "cpu": "1"}}}]}
     }))
-    .unwrap()
 }
 
 fn free(s: &ClusterState, node: &str) -> Vec<u32> {
@@ -122,11 +131,10 @@ fn a_card_over_100_percent_closes_its_node_until_the_repairs_land() {
 
 /// A pod that asks no GPU, as anyone who may create pods can write one.
 fn plain_pod(uid: &str, node: Option<&str>, assignment: String) -> Pod {
-    serde_json::from_value(json!({
+    watched_pod(json!({
         "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": {"nano-gpu/assignment": assignment}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
     }))
-    .unwrap()
 }
 
 #[test]
@@ -415,11 +423,10 @@ mod properties {
             .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "T4", "memoryMiB": 16384, "healthy": true}))
             .collect();
         let inv = if broken { "{".to_string() } else { json!({"v": 1, "gpus": gpus}).to_string() };
-        serde_json::from_value(json!({
+        watched_node(json!({
             "metadata": {"name": format!("n{name}"), "annotations": {"nano-gpu/gpus": inv}},
             "status": {"allocatable": {"cpu": "32", "memory": "64Gi"}}
         }))
-        .unwrap()
     }
 
     fn kube_pod(
@@ -437,14 +444,13 @@ mod properties {
                 format!(r#"{{"v":1,"node":"n{n}","at":"t","containers":{{"c":[{{"uuid":"GPU-{n}-{card}","index":{card},"percent":{percent}}}]}}}}"#)
             }
         });
-        serde_json::from_value(json!({
+        watched_pod(json!({
             "metadata": {"name": format!("p{uid}"), "namespace": "ns", "uid": format!("u{uid}"),
                          "annotations": assignment.map(|a| json!({"nano-gpu/assignment": a})).unwrap_or(json!({}))},
             "spec": {"nodeName": node.map(|n| format!("n{n}")),
                      "containers": [{"name": "c", "resources": {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": "1"}}}]},
             "status": {"phase": if done { "Succeeded" } else { "Running" }}
         }))
-        .unwrap()
     }
 
     /// A schedulable node: name, schedulable, free CPU, each card's free percent.
@@ -509,11 +515,10 @@ mod properties {
 /// A pod gpushare placed before nano-gpu took over: `aliyun.com/gpu-mem` (GiB), bound, with
 /// gpushare's own annotations and no assignment.
 fn gpushare_pod(uid: &str, gib: &str, node: Option<&str>, annotations: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({
+    watched_pod(json!({
         "metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": annotations},
         "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": gib}}}]}
     }))
-    .unwrap()
 }
 
 fn gpushare_state() -> ClusterState {
@@ -669,15 +674,14 @@ fn a_share_asking_no_memory_holds_its_percent_of_the_cards_memory_everywhere() {
 /// An agent pod on `node`: Ready or not, going away or not.
 fn agent(uid: &str, node: &str, ready: bool, deleting: bool) -> Pod {
     let status = if ready { "True" } else { "False" };
-    let mut p: Pod = serde_json::from_value(json!({
+    let mut p = watched_pod(json!({
         "metadata": {"name": uid, "namespace": "nano-gpu-system", "uid": uid,
                      "labels": {"app.kubernetes.io/name": "nano-gpu-agent"},
                      "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nano-gpu-agent",
                                           "uid": "ds-1", "controller": true}]},
         "spec": {"nodeName": node, "containers": [{"name": "agent"}]},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}
-    }))
-    .unwrap();
+    }));
     if deleting {
         p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             "2026-01-01T00:00:00Z".parse().unwrap(),

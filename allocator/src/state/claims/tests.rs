@@ -31,12 +31,11 @@ fn node_of(model: &str, name: &str, cards: usize, dra: bool) -> KubeNode {
         .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": model, "memoryMiB": 15360, "healthy": true}))
         .collect();
     let labels = if dra { json!({"nano-gpu/front-end": "dra", "zone": name}) } else { json!({"zone": name}) };
-    serde_json::from_value(json!({
+    crate::state::tests::watched_node(json!({
         "metadata": {"name": name, "labels": labels,
             "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
         "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
     }))
-    .unwrap()
 }
 
 /// Claim `name` (uid `u-<name>`, resourceVersion `version`) with one request `gpu`.
@@ -76,10 +75,9 @@ fn claim_pod(name: &str, claims: &[&str], extra: serde_json::Value) -> Pod {
     for (k, v) in extra.as_object().unwrap() {
         spec[k] = v.clone();
     }
-    serde_json::from_value(
+    crate::state::tests::watched_pod(
         json!({"metadata": {"name": name, "namespace": "t", "uid": format!("p-{name}")}, "spec": spec}),
     )
-    .unwrap()
 }
 
 fn free(s: &ClusterState, node: &str) -> Vec<u32> {
