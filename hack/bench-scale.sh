@@ -11,6 +11,8 @@
 #                            [--replicas 2]  (allocator + kube-scheduler pairs, as the Deployment runs)
 #                            [--keep]   (leave the last size's cluster running; its dir is printed)
 # Env:   NANO_GPU_TRACE  the pod list (default: openb's default list in ../shared, where it lies)
+#        NANO_GPU_ALLOCATOR_BIN  the allocator binary to measure (default: the one built here; for a
+#                                baseline, e.g. one built from an earlier commit)
 # The shipped kube-scheduler configuration leaves its client at 50 QPS (burst 100), which caps binds at
 # about 50/s: here both QPS and burst are raised (1,000 and 2,000), for the GPU and CPU-only bursts alike.
 set -euo pipefail
@@ -39,6 +41,7 @@ if [[ -f $TRACE ]]; then trace_flag=(--trace "$TRACE"); else log "no $TRACE: a s
 cd "$ROOT"
 cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nano-gpu-allocator --bin bench-scale >&2
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+ALLOCATOR=${NANO_GPU_ALLOCATOR_BIN:-$BIN/nano-gpu-allocator}
 K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
 
 # The shipped scheduler configuration, with this run's extender address and a faster client.
@@ -63,7 +66,7 @@ spec:
 EOF
   free_port ap; free_port sp
   scheduler_config "$ap" >"$DIR/scheduler-$name.yaml"
-  launch "allocator-$name" env POD_NAME="$name" POD_NAMESPACE=nano-gpu-system "$BIN/nano-gpu-allocator" \
+  launch "allocator-$name" env POD_NAME="$name" POD_NAMESPACE=nano-gpu-system "$ALLOCATOR" \
     --kubeconfig "$ADMIN_KUBECONFIG" serve --listen "127.0.0.1:$ap" --leader-elect \
     --follow-scheduler-lease nano-gpu-scheduler
   # shellcheck disable=SC2016 # expanded by the inner shell

@@ -8,7 +8,8 @@
 //! 3. the ResourceSlices the agents published for the DRA driver, once no agent is left;
 //! 4. the nodes' files: one pod per node that has nano-gpu's keys and none of its pods left, in a
 //!    namespace of its own ([`CLEAN_NAMESPACE`], removed after), runs `nano-gpu-agent clean-node`
-//!    (the agent's image) with the host's directories mounted;
+//!    (the agent's image, pulled with copies of the agents' image pull Secrets) with the host's
+//!    directories mounted;
 //! 5. every `nano-gpu/` label and annotation of the nodes whose files were removed (a node whose
 //!    files were not keeps them, so a second run finds it again);
 //! 6. an Event [`Reason::Uninstalled`] on every pod still waiting for `nano-gpu-scheduler`, which no
@@ -20,7 +21,7 @@
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::Resource;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, Patch,
@@ -48,6 +49,11 @@ pub struct UninstallArgs {
     /// image. Default: the agent DaemonSet's, read before it is deleted.
     #[arg(long)]
     pub image: Option<String>,
+    /// A Secret the cleanup pods pull their image with, `NAMESPACE/NAME` (`NAME`: in nano-gpu's
+    /// namespace), copied into their namespace; repeat for more. The agent DaemonSet's image pull
+    /// Secrets, its pods' and its ServiceAccount's, are copied too while they are there.
+    #[arg(long = "image-pull-secret", value_name = "[NAMESPACE/]NAME")]
+    pub image_pull_secrets: Vec<String>,
     /// The kubelet's root directory on the nodes (its `--root-dir`).
     #[arg(long, default_value = "/var/lib/kubelet")]
     pub kubelet_root: String,
@@ -105,9 +111,10 @@ fn keys_patch(node: &GpuNode) -> Value {
     json!({"metadata": {"labels": nulls(&node.labels), "annotations": nulls(&node.annotations)}})
 }
 
-/// The cleanup pod of `node`: `nano-gpu-agent clean-node` in `image`, the host's `/run`, the
-/// kubelet's root and `/var/run/cdi` mounted, on that node whatever its taints, run once.
-fn clean_pod(node: &str, image: &str, kubelet_root: &str) -> Value {
+/// The cleanup pod of `node`: `nano-gpu-agent clean-node` in `image` (pulled with the Secrets named
+/// `pull`), the host's `/run`, the kubelet's root and `/var/run/cdi` mounted, on that node whatever
+/// its taints, run once.
+fn clean_pod(node: &str, image: &str, pull: &[String], kubelet_root: &str) -> Value {
     let mounts = [
         ("run", "/run", "/host/run"),
         ("kubelet", kubelet_root, "/host/kubelet"),
@@ -126,6 +133,7 @@ fn clean_pod(node: &str, image: &str, kubelet_root: &str) -> Value {
             "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
             "automountServiceAccountToken": false,
+            "imagePullSecrets": pull.iter().map(|name| json!({"name": name})).collect::<Vec<_>>(),
             "containers": [{
                 "name": "clean-node",
                 "image": image,
@@ -208,13 +216,54 @@ async fn delete_namespace(client: &kube::Client, name: &str, timeout: Duration) 
     }
 }
 
-/// The image of the agent DaemonSet's container `agent` (else its first), if the DaemonSet is there.
-async fn agent_image(client: &kube::Client, namespace: &str) -> Result<Option<String>> {
+/// What the agent DaemonSet runs: its container `agent`'s image (else its first container's), and
+/// the image pull Secrets its pods use (theirs, then their ServiceAccount's); `None` when the
+/// DaemonSet is not there.
+async fn agent_image(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Option<(Option<String>, Vec<String>)>> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let ds = api.get_opt(AGENT_DAEMONSET).await.context("reading the agent DaemonSet")?;
-    let containers = ds.and_then(|d| d.spec?.template.spec).map(|s| s.containers).unwrap_or_default();
-    let agent = containers.iter().find(|c| c.name == "agent").or(containers.first());
-    Ok(agent.and_then(|c| c.image.clone()))
+    let Some(pod) = ds.and_then(|d| d.spec?.template.spec) else { return Ok(None) };
+    let agent = pod.containers.iter().find(|c| c.name == "agent").or(pod.containers.first());
+    let mut pull: Vec<String> = pod.image_pull_secrets.iter().flatten().map(|r| r.name.clone()).collect();
+    let account = pod.service_account_name.as_deref().filter(|a| !a.is_empty()).unwrap_or("default");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account = accounts.get_opt(account).await.context("reading the agents' ServiceAccount")?;
+    pull.extend(account.and_then(|a| a.image_pull_secrets).into_iter().flatten().map(|r| r.name));
+    Ok(Some((agent.and_then(|c| c.image.clone()), pull)))
+}
+
+/// The Secrets `--image-pull-secret` names (`NAMESPACE/NAME`, or `NAME` in `namespace`) and then the
+/// agents' (`agents`, in `namespace`), each once: `(namespace, name)`.
+fn pull_secret_names(asked: &[String], agents: &[String], namespace: &str) -> Vec<(String, String)> {
+    let mut names: Vec<(String, String)> = Vec::new();
+    let named = asked.iter().map(|a| match a.split_once('/') {
+        Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+        None => (namespace.to_owned(), a.clone()),
+    });
+    for n in named.chain(agents.iter().map(|a| (namespace.to_owned(), a.clone()))) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    names
+}
+
+/// A copy of image pull Secret `secret` for the cleanup pods' namespace: its name, type and data.
+fn pull_secret_copy(secret: &Secret) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: secret.metadata.name.clone(),
+            namespace: Some(CLEAN_NAMESPACE.into()),
+            labels: Some([("app.kubernetes.io/name".to_owned(), "nano-gpu-uninstall".to_owned())].into()),
+            ..Default::default()
+        },
+        type_: secret.type_.clone(),
+        data: secret.data.clone(),
+        ..Default::default()
+    }
 }
 
 /// The ResourceSlices of nano-gpu's DRA driver: deleted (or, dry, counted); none where the API
@@ -267,9 +316,10 @@ fn pod_detail(pod: &Pod) -> String {
     parts.join(": ")
 }
 
-/// Makes [`CLEAN_NAMESPACE`] (Pod Security `privileged`), after an earlier one of ours has gone, and
-/// waits for its ServiceAccount `default`, without which the API server refuses its pods.
-async fn clean_namespace(client: &kube::Client, timeout: Duration) -> Result<(), String> {
+/// Makes [`CLEAN_NAMESPACE`] (Pod Security `privileged`), after an earlier one of ours has gone, with
+/// copies of the image pull Secrets `pull`, and waits for its ServiceAccount `default`, without which
+/// the API server refuses its pods.
+async fn clean_namespace(client: &kube::Client, timeout: Duration, pull: &[Secret]) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ours = |n: &Namespace| {
         n.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/name")).map(String::as_str)
@@ -308,6 +358,15 @@ async fn clean_namespace(client: &kube::Client, timeout: Duration) -> Result<(),
         Err(kube::Error::Api(a)) if a.code == 409 => {}
         Err(e) => return Err(format!("creating namespace {CLEAN_NAMESPACE}: {e}")),
     }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
+    for secret in pull {
+        let name = secret.metadata.name.as_deref().unwrap_or_default();
+        match secrets.create(&PostParams::default(), &pull_secret_copy(secret)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(a)) if a.code == 409 => {}
+            Err(e) => return Err(format!("copying image pull secret {name} to {CLEAN_NAMESPACE}: {e}")),
+        }
+    }
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
     let since = Instant::now();
     while !matches!(accounts.get_opt("default").await, Ok(Some(_))) {
@@ -320,24 +379,27 @@ async fn clean_namespace(client: &kube::Client, timeout: Duration) -> Result<(),
 }
 
 /// Runs the cleanup pod of every node in `nodes` and waits for them, each for at most `--timeout`;
-/// removes [`CLEAN_NAMESPACE`] after, whatever happened. The nodes cleaned.
+/// removes [`CLEAN_NAMESPACE`] after, whatever happened. The pods pull `image` with copies of the
+/// Secrets `pull`. The nodes cleaned.
 async fn clean_nodes(
     client: &kube::Client,
     nodes: &[String],
     image: &str,
+    pull: &[Secret],
     args: &UninstallArgs,
     out: &mut Out,
 ) -> Vec<String> {
     let timeout = Duration::from_secs(args.timeout);
     let line = |out: &mut Out, node: &str, result| out.line("files", &format!("node/{node}"), result);
-    if let Err(e) = clean_namespace(client, timeout).await {
+    if let Err(e) = clean_namespace(client, timeout, pull).await {
         nodes.iter().for_each(|n| line(out, n, Err(e.clone())));
         return Vec::new();
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
     let mut waiting = Vec::new();
     for node in nodes {
-        let pod: Pod = match serde_json::from_value(clean_pod(node, image, &args.kubelet_root)) {
+        let names: Vec<String> = pull.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        let pod: Pod = match serde_json::from_value(clean_pod(node, image, &names, &args.kubelet_root)) {
             Ok(p) => p,
             Err(e) => {
                 line(out, node, Err(e.to_string()));
@@ -421,12 +483,30 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
     let mut out = Out { failed: 0 };
     let dry_run = args.dry_run;
     let timeout = Duration::from_secs(args.timeout);
-    // The image first: the agent DaemonSet goes with the namespace.
-    let image = match &args.image {
-        Some(image) => Some(image.clone()),
-        None => agent_image(client, &args.namespace).await.unwrap_or(None),
-    };
+    // The image and its pull Secrets first: the agent DaemonSet goes with the namespace.
+    let agents = agent_image(client, &args.namespace).await.unwrap_or(None);
+    let (agent_image, agent_pull) = agents.unwrap_or_default();
+    let image = args.image.clone().or(agent_image);
     println!("{:<10} {:<68} RESULT", "STEP", "OBJECT");
+    let mut pull = Vec::new();
+    for (ns, name) in pull_secret_names(&args.image_pull_secrets, &agent_pull, &args.namespace) {
+        let object = format!("secret/{name} -n {ns}");
+        let asked = args.image_pull_secrets.iter().any(|a| *a == name || *a == format!("{ns}/{name}"));
+        let result = match Api::<Secret>::namespaced(client.clone(), &ns).get_opt(&name).await {
+            Ok(Some(secret)) => {
+                pull.push(secret);
+                Ok(if dry_run {
+                    format!("would be copied to {CLEAN_NAMESPACE} for the cleanup pods' image pull")
+                } else {
+                    format!("read: the cleanup pods pull with a copy of it in {CLEAN_NAMESPACE}")
+                })
+            }
+            Ok(None) if asked => Err("not found".to_owned()),
+            Ok(None) => Ok("not found: the agents name it; the cleanup pods pull without it".to_owned()),
+            Err(e) => Err(format!("reading it: {e}")),
+        };
+        out.line("copy", &object, result);
+    }
 
     // 1. The namespace and its pods: the agents stop (each removes its sockets) and mps-control stops
     // its daemons. The webhook stays until then, so a GPU pod made meanwhile is refused, not placed on
@@ -513,7 +593,7 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
     } else if ready.is_empty() {
         ready
     } else {
-        clean_nodes(client, &ready, &image, args, &mut out).await
+        clean_nodes(client, &ready, &image, &pull, args, &mut out).await
     };
     let node_api: Api<Node> = Api::all(client.clone());
     for name in &cleaned {
@@ -616,14 +696,18 @@ mod tests {
 
     #[test]
     fn the_cleanup_pod_runs_the_agents_clean_node_on_its_node_with_the_host_directories() {
+        let pull = ["regcred".to_owned()];
         let pod: Pod = serde_json::from_value(clean_pod(
             "gpu-1",
             "registry.example/nano-gpu/agent:0.1.0",
+            &pull,
             "/data/kubelet",
         ))
         .expect("a valid pod");
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("gpu-1"));
+        let secrets: Vec<_> = spec.image_pull_secrets.iter().flatten().map(|r| r.name.as_str()).collect();
+        assert_eq!(secrets, ["regcred"]);
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let c = &spec.containers[0];
         assert_eq!(c.image.as_deref(), Some("registry.example/nano-gpu/agent:0.1.0"));
@@ -643,6 +727,78 @@ mod tests {
         }
         // It tolerates every taint: an uninstall cleans tainted GPU nodes too.
         assert_eq!(spec.tolerations.unwrap()[0].operator.as_deref(), Some("Exists"));
+    }
+
+    #[test]
+    fn the_pull_secrets_asked_come_first_then_the_agents_each_once() {
+        let asked = ["other/mirror".to_owned(), "regcred".to_owned()];
+        let agents = ["regcred".to_owned(), "ghcr".to_owned(), "ghcr".to_owned()];
+        let pair = |ns: &str, name: &str| (ns.to_owned(), name.to_owned());
+        assert_eq!(
+            pull_secret_names(&asked, &agents, "nano-gpu-system"),
+            [pair("other", "mirror"), pair("nano-gpu-system", "regcred"), pair("nano-gpu-system", "ghcr")]
+        );
+    }
+
+    #[test]
+    fn a_pull_secret_is_copied_with_its_type_and_data_into_the_cleanup_namespace() {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "regcred", "namespace": "nano-gpu-system", "uid": "u", "resourceVersion": "9",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "ServiceAccount", "name": "a", "uid": "o"}]},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": "e30="}
+        }))
+        .unwrap();
+        let copy = serde_json::to_value(pull_secret_copy(&secret)).unwrap();
+        assert_eq!(
+            copy,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "regcred", "namespace": CLEAN_NAMESPACE,
+                             "labels": {"app.kubernetes.io/name": "nano-gpu-uninstall"}},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": "e30="}
+            })
+        );
+    }
+
+    /// The agent DaemonSet's image and pull Secrets are read from its pod template and from the
+    /// ServiceAccount its pods run as.
+    #[tokio::test]
+    async fn the_agents_image_and_pull_secrets_are_read_from_the_daemonset_and_its_service_account() {
+        use crate::api_replies::{failure, respond};
+        let (svc, mut api) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = kube::Client::new(svc, "default");
+        let server = tokio::spawn(async move {
+            let (req, send) = api.next_request().await.unwrap();
+            assert_eq!(req.uri().path(), "/apis/apps/v1/namespaces/ns/daemonsets/nano-gpu-agent");
+            send.send_response(respond(200, json!({
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nano-gpu-agent"},
+                "spec": {"selector": {}, "template": {"spec": {
+                    "serviceAccountName": "nano-gpu-agent", "imagePullSecrets": [{"name": "pod-level"}],
+                    "containers": [{"name": "keeper", "image": "k"}, {"name": "agent", "image": "reg/agent:1"}]}}}
+            })));
+            let (req, send) = api.next_request().await.unwrap();
+            assert_eq!(req.uri().path(), "/api/v1/namespaces/ns/serviceaccounts/nano-gpu-agent");
+            send.send_response(respond(
+                200,
+                json!({
+                    "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nano-gpu-agent"},
+                    "imagePullSecrets": [{"name": "account-level"}]
+                }),
+            ));
+            // No DaemonSet: nothing to read.
+            let (_, send) = api.next_request().await.unwrap();
+            send.send_response(failure(404, "NotFound"));
+        });
+        let read = agent_image(&client, "ns").await.unwrap();
+        assert_eq!(
+            read,
+            Some((Some("reg/agent:1".to_owned()), vec!["pod-level".to_owned(), "account-level".to_owned()]))
+        );
+        assert_eq!(agent_image(&client, "ns").await.unwrap(), None);
+        server.await.unwrap();
     }
 
     #[test]

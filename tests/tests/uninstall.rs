@@ -1,5 +1,6 @@
 //! `kubectl nano-gpu uninstall` on a real node: with a share running, a GPU pod Pending for
-//! `nano-gpu-scheduler` and a socket a killed agent left behind, `--dry-run` changes nothing; the
+//! `nano-gpu-scheduler`, a socket a killed agent left behind and an image pull Secret on the agents'
+//! ServiceAccount (copied for the cleanup pods), `--dry-run` changes nothing; the
 //! uninstall then leaves no object of the install (inside or outside its namespace), no `nano-gpu/`
 //! key on the Node, none of nano-gpu's files on the node, and no cleanup pod or namespace of its
 //! own; the running share keeps running; the Pending pod gets an Event saying why it waits. A second
@@ -43,6 +44,22 @@ async fn uninstall_leaves_nothing_and_running_shares_keep_their_cards() {
             .collect()
     };
     assert!(!keys(&nodes.get("node-1").await.unwrap()).is_empty(), "node-1 has no nano-gpu keys");
+    // A private registry's Secret, as an operator gives the agents' ServiceAccount (the harness's
+    // images are on the node already: nothing is pulled with it).
+    cluster.ok(&[
+        "create",
+        "secret",
+        "docker-registry",
+        "nano-gpu-pull",
+        "-n",
+        NAMESPACE,
+        "--docker-server=registry.invalid",
+        "--docker-username=u",
+        "--docker-password=p",
+    ]);
+    let pull = r#"{"imagePullSecrets":[{"name":"nano-gpu-pull"}]}"#;
+    cluster.ok(&["patch", "serviceaccount", "nano-gpu-agent", "-n", NAMESPACE, "-p", pull]);
+    let pull_line = format!("secret/nano-gpu-pull -n {NAMESPACE}");
 
     // --dry-run: says what would go, and nothing goes.
     let out = cluster.kubectl_plugin(&["uninstall", "--dry-run"]);
@@ -53,6 +70,7 @@ async fn uninstall_leaves_nothing_and_running_shares_keep_their_cards() {
         text.contains("would be deleted") && text.contains("would run nano-gpu-agent clean-node"),
         "{text}"
     );
+    assert!(text.lines().any(|l| l.contains(&pull_line) && l.contains("would be copied")), "{text}");
     assert!(
         cluster.kubectl(&["get", "namespace", NAMESPACE]).status.success(),
         "the dry run deleted the namespace"
@@ -65,6 +83,7 @@ async fn uninstall_leaves_nothing_and_running_shares_keep_their_cards() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("uninstall:\n{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "uninstall failed");
+    assert!(text.lines().any(|l| l.contains(&pull_line) && l.contains("pull with a copy of it")), "{text}");
 
     // No object of the install is left, inside its namespace or out of it.
     for o in OUTSIDE {
