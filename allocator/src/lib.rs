@@ -10,7 +10,7 @@
 //!
 //! The service (`nano-gpu-allocator serve`), in the order a request flows:
 //! - [`watch`] feeds [`state`] (the cluster view: decode, index, rebuild, reservations, preemption,
-//!   `/inspect`) from Node and Pod watches;
+//!   `/inspect`) from Node and Pod watches, which decode only what the view reads ([`slim`]);
 //! - [`server`] decodes HTTP requests and answers them from the view; `/bind` runs [`bind`] (the bind
 //!   protocol: reserve, one binding that carries the assignment, read back) through [`binder`] (the API calls behind a port);
 //! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod requeue;
 pub mod server;
 pub mod sim;
+pub mod slim;
 pub mod state;
 pub mod tls;
 pub mod top;

@@ -4,10 +4,9 @@
 //! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
 //! most 4 s). The service is ready once both have listed. A reserved pod a re-list did not show is
 //! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
-//! Pods and Nodes are decoded with only the fields the view reads ([`slim`]).
+//! Pods and Nodes are decoded with only the fields the view reads ([`crate::slim`]).
 
-pub mod slim;
-
+use crate::slim::{ViewNode, ViewPod};
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -17,7 +16,6 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use slim::{ViewNode, ViewPod};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
