@@ -28,11 +28,11 @@ const KEPT_ANNOTATIONS: [&str; 5] =
     [ASSIGNMENT_ANNOTATION, GPU_MODEL_ANNOTATION, gpushare::ALLOCATION, gpushare::IDX, GPUS_ANNOTATION];
 
 /// A Pod with only what the view reads (see the module's documentation).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ViewPod(pub Pod);
 
 /// A Node with only what the view reads: its name, labels, inventory, taints, cordon and allocatable.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ViewNode(pub Node);
 
 impl<'de> Deserialize<'de> for ViewPod {

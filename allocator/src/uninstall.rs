@@ -230,25 +230,35 @@ async fn agent_image(
     let mut pull: Vec<String> = pod.image_pull_secrets.iter().flatten().map(|r| r.name.clone()).collect();
     let account = pod.service_account_name.as_deref().filter(|a| !a.is_empty()).unwrap_or("default");
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let account = accounts.get_opt(account).await.context("reading the agents' ServiceAccount")?;
+    // An unreadable ServiceAccount costs only its pull Secrets, not the image.
+    let account = accounts.get_opt(account).await.ok().flatten();
     pull.extend(account.and_then(|a| a.image_pull_secrets).into_iter().flatten().map(|r| r.name));
     Ok(Some((agent.and_then(|c| c.image.clone()), pull)))
 }
 
+/// An image pull Secret for the cleanup pods.
+#[derive(Debug, PartialEq)]
+struct PullSecret {
+    namespace: String,
+    name: String,
+    /// Named with `--image-pull-secret` (else only the agents name it).
+    asked: bool,
+}
+
 /// The Secrets `--image-pull-secret` names (`NAMESPACE/NAME`, or `NAME` in `namespace`) and then the
-/// agents' (`agents`, in `namespace`), each once: `(namespace, name)`.
-fn pull_secret_names(asked: &[String], agents: &[String], namespace: &str) -> Vec<(String, String)> {
-    let mut names: Vec<(String, String)> = Vec::new();
+/// agents' (`agents`, in `namespace`), each once.
+fn pull_secret_names(asked: &[String], agents: &[String], namespace: &str) -> Vec<PullSecret> {
     let named = asked.iter().map(|a| match a.split_once('/') {
-        Some((ns, name)) => (ns.to_owned(), name.to_owned()),
-        None => (namespace.to_owned(), a.clone()),
+        Some((ns, name)) => (ns, name, true),
+        None => (namespace, a.as_str(), true),
     });
-    for n in named.chain(agents.iter().map(|a| (namespace.to_owned(), a.clone()))) {
-        if !names.contains(&n) {
-            names.push(n);
+    let mut secrets: Vec<PullSecret> = Vec::new();
+    for (ns, name, asked) in named.chain(agents.iter().map(|a| (namespace, a.as_str(), false))) {
+        if !secrets.iter().any(|s| s.namespace == ns && s.name == name) {
+            secrets.push(PullSecret { namespace: ns.to_owned(), name: name.to_owned(), asked });
         }
     }
-    names
+    secrets
 }
 
 /// A copy of image pull Secret `secret` for the cleanup pods' namespace: its name, type and data.
@@ -396,9 +406,9 @@ async fn clean_nodes(
         return Vec::new();
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), CLEAN_NAMESPACE);
+    let names: Vec<String> = pull.iter().filter_map(|s| s.metadata.name.clone()).collect();
     let mut waiting = Vec::new();
     for node in nodes {
-        let names: Vec<String> = pull.iter().filter_map(|s| s.metadata.name.clone()).collect();
         let pod: Pod = match serde_json::from_value(clean_pod(node, image, &names, &args.kubelet_root)) {
             Ok(p) => p,
             Err(e) => {
@@ -489,9 +499,10 @@ pub async fn run(client: &kube::Client, args: &UninstallArgs) -> Result<usize> {
     let image = args.image.clone().or(agent_image);
     println!("{:<10} {:<68} RESULT", "STEP", "OBJECT");
     let mut pull = Vec::new();
-    for (ns, name) in pull_secret_names(&args.image_pull_secrets, &agent_pull, &args.namespace) {
+    for PullSecret { namespace: ns, name, asked } in
+        pull_secret_names(&args.image_pull_secrets, &agent_pull, &args.namespace)
+    {
         let object = format!("secret/{name} -n {ns}");
-        let asked = args.image_pull_secrets.iter().any(|a| *a == name || *a == format!("{ns}/{name}"));
         let result = match Api::<Secret>::namespaced(client.clone(), &ns).get_opt(&name).await {
             Ok(Some(secret)) => {
                 pull.push(secret);
@@ -733,10 +744,18 @@ mod tests {
     fn the_pull_secrets_asked_come_first_then_the_agents_each_once() {
         let asked = ["other/mirror".to_owned(), "regcred".to_owned()];
         let agents = ["regcred".to_owned(), "ghcr".to_owned(), "ghcr".to_owned()];
-        let pair = |ns: &str, name: &str| (ns.to_owned(), name.to_owned());
+        let secret = |ns: &str, name: &str, asked| PullSecret {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            asked,
+        };
         assert_eq!(
             pull_secret_names(&asked, &agents, "nano-gpu-system"),
-            [pair("other", "mirror"), pair("nano-gpu-system", "regcred"), pair("nano-gpu-system", "ghcr")]
+            [
+                secret("other", "mirror", true),
+                secret("nano-gpu-system", "regcred", true),
+                secret("nano-gpu-system", "ghcr", false)
+            ]
         );
     }
 
@@ -763,40 +782,40 @@ mod tests {
     }
 
     /// The agent DaemonSet's image and pull Secrets are read from its pod template and from the
-    /// ServiceAccount its pods run as.
+    /// ServiceAccount its pods run as; a ServiceAccount that cannot be read costs only its Secrets.
     #[tokio::test]
     async fn the_agents_image_and_pull_secrets_are_read_from_the_daemonset_and_its_service_account() {
         use crate::api_replies::{failure, respond};
         let (svc, mut api) =
             tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
         let client = kube::Client::new(svc, "default");
+        let daemon_set = json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nano-gpu-agent"},
+            "spec": {"selector": {}, "template": {"spec": {
+                "serviceAccountName": "nano-gpu-agent", "imagePullSecrets": [{"name": "pod-level"}],
+                "containers": [{"name": "keeper", "image": "k"}, {"name": "agent", "image": "reg/agent:1"}]}}}
+        });
+        let account = json!({
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nano-gpu-agent"},
+            "imagePullSecrets": [{"name": "account-level"}]
+        });
         let server = tokio::spawn(async move {
-            let (req, send) = api.next_request().await.unwrap();
-            assert_eq!(req.uri().path(), "/apis/apps/v1/namespaces/ns/daemonsets/nano-gpu-agent");
-            send.send_response(respond(200, json!({
-                "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nano-gpu-agent"},
-                "spec": {"selector": {}, "template": {"spec": {
-                    "serviceAccountName": "nano-gpu-agent", "imagePullSecrets": [{"name": "pod-level"}],
-                    "containers": [{"name": "keeper", "image": "k"}, {"name": "agent", "image": "reg/agent:1"}]}}}
-            })));
-            let (req, send) = api.next_request().await.unwrap();
-            assert_eq!(req.uri().path(), "/api/v1/namespaces/ns/serviceaccounts/nano-gpu-agent");
-            send.send_response(respond(
-                200,
-                json!({
-                    "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nano-gpu-agent"},
-                    "imagePullSecrets": [{"name": "account-level"}]
-                }),
-            ));
+            for account in [respond(200, account), failure(403, "Forbidden")] {
+                let (req, send) = api.next_request().await.unwrap();
+                assert_eq!(req.uri().path(), "/apis/apps/v1/namespaces/ns/daemonsets/nano-gpu-agent");
+                send.send_response(respond(200, daemon_set.clone()));
+                let (req, send) = api.next_request().await.unwrap();
+                assert_eq!(req.uri().path(), "/api/v1/namespaces/ns/serviceaccounts/nano-gpu-agent");
+                send.send_response(account);
+            }
             // No DaemonSet: nothing to read.
             let (_, send) = api.next_request().await.unwrap();
             send.send_response(failure(404, "NotFound"));
         });
-        let read = agent_image(&client, "ns").await.unwrap();
-        assert_eq!(
-            read,
-            Some((Some("reg/agent:1".to_owned()), vec!["pod-level".to_owned(), "account-level".to_owned()]))
-        );
+        let image = Some("reg/agent:1".to_owned());
+        let both = vec!["pod-level".to_owned(), "account-level".to_owned()];
+        assert_eq!(agent_image(&client, "ns").await.unwrap(), Some((image.clone(), both)));
+        assert_eq!(agent_image(&client, "ns").await.unwrap(), Some((image, vec!["pod-level".to_owned()])));
         assert_eq!(agent_image(&client, "ns").await.unwrap(), None);
         server.await.unwrap();
     }
