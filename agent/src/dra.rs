@@ -7,18 +7,21 @@
 //! - [`cdi`]: prepared claims as CDI spec files, the front end's only state.
 //! - here: the kubelet's plugin registration and the DRA gRPC service, on unix sockets.
 //!
-//! Not yet: the allocator does not write claims' allocations (kube-scheduler's own DRA allocator
-//! picks the card, first fit) and does not count DRA claims beside the device plugin's shares, so a
-//! node's cards must be served by one of the two front ends only; the driver's per-pod memory limit
-//! (set at the device plugin's PreStartContainer) is not set for claims.
+//! - [`limit`]: the driver's per-pod memory limit for a prepared claim's pod.
+//!
+//! A node's cards are served by one of the two front ends only (the Node's `nano-gpu/front-end`
+//! label says which), so a card is never counted both as a share and as a claim.
 
 pub mod authority;
 pub mod cdi;
+pub mod limit;
 pub mod prepare;
 pub mod slice;
 
+use crate::enforce::driver::{MemoryLimit, PodLimit};
 use crate::plugin::{Edits, Snapshot};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::{WatchStreamExt, watcher};
 use nano_gpu_proto::kubelet::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
@@ -33,6 +36,7 @@ use nano_gpu_proto::kubelet::pluginregistration::{
 use nano_gpu_proto::kubelet::{DRA_PLUGIN_TYPE, DRA_SERVICE};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tonic::service::Routes;
@@ -83,10 +87,13 @@ impl Paths {
     }
 }
 
-/// How the front end reads a claim the kubelet names.
+/// How the front end reads a claim the kubelet names, and the pod it was made for.
 pub trait Claims: Send + Sync + 'static {
     /// The claim `namespace/name`, or why it cannot be read.
     fn get(&self, namespace: &str, name: &str) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+
+    /// The pod `namespace/name`, or why it cannot be read.
+    fn pod(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Pod, String>> + Send;
 }
 
 /// Claims read from the API server.
@@ -96,6 +103,11 @@ impl Claims for ApiClaims {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
         api.get(name).await.map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+    }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.0.clone(), namespace);
+        api.get(name).await.map_err(|e| format!("reading pod {namespace}/{name}: {e}"))
     }
 }
 
@@ -111,6 +123,8 @@ pub struct Driver<C> {
     pub edits: Edits,
     /// Where the CDI specs go.
     pub cdi_dir: PathBuf,
+    /// The driver's per-pod memory limit, when the node sets it (`--memory-limit driver`).
+    pub limit: Option<Arc<dyn PodLimit>>,
 }
 
 impl<C: Claims> Driver<C> {
@@ -127,6 +141,10 @@ impl<C: Claims> Driver<C> {
         let cards = self.cards.borrow().clone();
         let grants = prepare::grants(&read, &self.node, &cards)?;
         let prepared = prepare::prepare(&grants, &cards, &self.edits)?;
+        // Before the spec: no container can be given the card until its pod's limit is set.
+        if let Some(limit) = &self.limit {
+            limit::set(&self.claims, limit, &read, &grants, &self.node, &cards).await?;
+        }
         cdi::write(&self.cdi_dir, uid, &cdi::spec(uid, &prepared))
             .map_err(|e| format!("writing the CDI spec in {}: {e}", self.cdi_dir.display()))?;
         let mut devices = Vec::new();
@@ -387,12 +405,17 @@ impl FrontEnd {
         label_front_end(&nodes, &self.node, true).await;
         let publisher =
             slice::Publisher::new(kube::Api::all(self.client.clone()), self.node.clone(), node_uid);
+        let limit = match &edits.memory {
+            MemoryLimit::Driver(d) => Some(d.clone() as Arc<dyn PodLimit>),
+            _ => None,
+        };
         let driver = Driver {
             claims: ApiClaims(self.client),
             node: self.node,
             cards,
             edits,
             cdi_dir: self.paths.cdi_dir.clone(),
+            limit,
         };
         if let Err(e) = run(self.paths, driver, Some(publisher), shutdown).await {
             tracing::error!(error = %e, "the DRA plugin stopped");

@@ -23,7 +23,7 @@ pub use edits::{Claimed, DEVICE_LIST_MOUNTS, DeviceList, Edits, allocate, contai
 pub use identity::{Identity, Report};
 pub use socket::{bind, options, register, serve, serve_on};
 
-use crate::enforce::driver::{DriverLimit, MemoryLimit};
+use crate::enforce::driver::{DriverLimit, MemoryLimit, PodLimit};
 use crate::inventory::Card;
 use crate::resource::Resource;
 use futures::Stream;

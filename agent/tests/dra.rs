@@ -2,8 +2,10 @@
 //! the plugin watcher reads, then NodePrepareResources and NodeUnprepareResources on the driver's
 //! socket, with claims as the API server has them and the CDI specs a runtime would read.
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_agent::dra::{self, Claims, Driver, Paths, cdi};
+use nano_gpu_agent::enforce::driver::PodLimit;
 use nano_gpu_agent::inventory::Card;
 use nano_gpu_agent::plugin::{DeviceList, Edits, Snapshot};
 use nano_gpu_proto::kubelet::dra::dra_plugin_client::DraPluginClient;
@@ -20,9 +22,9 @@ use tonic::transport::Channel;
 
 const NODE: &str = "node-1";
 
-/// Claims as the API server has them, by namespace and name.
+/// Claims (and pods) as the API server has them, by namespace and name.
 #[derive(Clone, Default)]
-struct Store(Arc<Mutex<HashMap<(String, String), ResourceClaim>>>);
+struct Store(Arc<Mutex<HashMap<(String, String), ResourceClaim>>>, Arc<Mutex<HashMap<String, Pod>>>);
 
 impl Claims for Store {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
@@ -31,6 +33,11 @@ impl Claims for Store {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .ok_or_else(|| format!("claim {name} not found"))
+    }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
+        assert_eq!(namespace, "team-a");
+        self.1.lock().unwrap().get(name).cloned().ok_or_else(|| format!("pod {name} not found"))
     }
 }
 
@@ -45,6 +52,44 @@ impl Store {
         .unwrap();
         self.0.lock().unwrap().insert(("team-a".into(), name.into()), claim);
         Claim { namespace: "team-a".into(), uid: format!("uid-{name}"), name: name.into() }
+    }
+
+    /// Adds the claim `name` as [`Store::add`] does, made for pod `pod` (UID `uid-<pod>`) from a
+    /// template, as Kubernetes' claim controller makes it.
+    fn add_for(&self, pod: &str, name: &str, results: Value) -> Claim {
+        let claim = self.add(name, results);
+        let owner = json!([{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": format!("uid-{pod}"),
+                            "controller": true, "blockOwnerDeletion": true}]);
+        let mut all = self.0.lock().unwrap();
+        all.get_mut(&("team-a".into(), name.into())).unwrap().metadata.owner_references =
+            Some(serde_json::from_value(owner).unwrap());
+        claim
+    }
+
+    /// Adds pod `name` (UID `uid`) using the claims `claims` made for it from templates.
+    fn add_pod(&self, name: &str, uid: &str, claims: &[&str]) {
+        let spec: Vec<Value> =
+            claims.iter().map(|c| json!({"name": c, "resourceClaimTemplateName": "nano-gpu-p30"})).collect();
+        let made: Vec<Value> = claims.iter().map(|c| json!({"name": c, "resourceClaimName": c})).collect();
+        let pod = json!({"metadata": {"name": name, "namespace": "team-a", "uid": uid},
+                         "spec": {"containers": [], "resourceClaims": spec},
+                         "status": {"resourceClaimStatuses": made}});
+        self.1.lock().unwrap().insert(name.into(), serde_json::from_value(pod).unwrap());
+    }
+}
+
+/// The driver's memory limit as a test sees it: each limit set, in order; a pod without a cgroup
+/// (`uid-nocgroup`) fails as the driver's does.
+#[derive(Default)]
+struct Limits(Mutex<Vec<(String, String, u64)>>);
+
+impl PodLimit for Limits {
+    fn limit_pod(&self, uuid: &str, uid: &str, memory: MiB) -> Result<PathBuf, String> {
+        if uid == "uid-nocgroup" {
+            return Err(format!("no cgroup of pod {uid} under /sys/fs/cgroup"));
+        }
+        self.0.lock().unwrap().push((uuid.to_owned(), uid.to_owned(), memory.0));
+        Ok(PathBuf::from(format!("/sys/fs/cgroup/kubepods/pod{uid}")))
     }
 }
 
@@ -76,11 +121,18 @@ impl Running {
     }
 
     async fn start_in(dir: PathBuf, store: Store, edits: Edits) -> Running {
-        Running::start_as(dir, "", store, edits).await
+        Running::start_as(dir, "", store, edits, None).await
     }
 
-    /// The front end of the agent `instance` (its pod's name) in `dir`.
-    async fn start_as(dir: PathBuf, instance: &str, store: Store, edits: Edits) -> Running {
+    /// The front end of the agent `instance` (its pod's name) in `dir`, setting the driver's memory
+    /// limit through `limit` when given.
+    async fn start_as(
+        dir: PathBuf,
+        instance: &str,
+        store: Store,
+        edits: Edits,
+        limit: Option<Arc<dyn PodLimit>>,
+    ) -> Running {
         let paths = Paths {
             registry_dir: dir.join("plugins_registry"),
             plugin_dir: dir.join("plugins").join(dra::DRIVER),
@@ -94,6 +146,7 @@ impl Running {
             cards: rx,
             edits,
             cdi_dir: paths.cdi_dir.clone(),
+            limit,
         };
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(dra::run(paths.clone(), driver, None, stopped));
@@ -277,8 +330,8 @@ async fn in_a_rollout_the_new_agent_registers_beside_the_old_and_a_dead_ones_soc
     let unrelated = registry.join("other.example.com-reg.sock");
     drop(std::os::unix::net::UnixListener::bind(&unrelated).unwrap());
 
-    let old = Running::start_as(dir.clone(), "agent-old", Store::default(), Edits::default()).await;
-    let new = Running::start_as(dir.clone(), "agent-new", Store::default(), Edits::default()).await;
+    let old = Running::start_as(dir.clone(), "agent-old", Store::default(), Edits::default(), None).await;
+    let new = Running::start_as(dir.clone(), "agent-new", Store::default(), Edits::default(), None).await;
     for running in [&old, &new] {
         let mut registration = RegistrationClient::new(channel(&running.paths.registration_socket()).await);
         let info = registration.get_info(InfoRequest {}).await.unwrap().into_inner();
@@ -524,4 +577,52 @@ fn each_card_is_one_device_shared_by_percent_and_memory() {
     assert_eq!(t4["capacity"]["memory"]["value"], "15Gi");
     assert_eq!(t4["attributes"]["numaNode"], json!({"int": 1}));
     assert_eq!(t4["taints"], json!([{"key": "gpu.nano-gpu.io/unhealthy", "effect": "NoSchedule"}]));
+}
+
+#[tokio::test]
+async fn with_the_drivers_memory_limit_a_claims_pod_is_limited_before_its_spec_is_written() {
+    let store = Store::default();
+    let limits = Arc::new(Limits::default());
+    let dir = std::env::temp_dir().join(format!("nano-gpu-dra-limit-{}", std::process::id()));
+    let limit: Arc<dyn PodLimit> = limits.clone();
+    let running = Running::start_as(dir, "", store.clone(), Edits::default(), Some(limit)).await;
+    // Pod p uses three claims made for it: 30 % of gpu-0 asking 2 GiB, 20 % of gpu-0 asking no
+    // memory (20 % of its 80 GiB by the one memory rule) and the whole gpu-1.
+    store.add_pod("p", "uid-p", &["p-gpu", "p-more", "p-whole"]);
+    let gpu = store.add_for(
+        "p",
+        "p-gpu",
+        json!([result("gpu", "gpu-0", json!({"percent": "30", "memory": "2Gi"}))]),
+    );
+    store.add_for("p", "p-more", json!([result("gpu", "gpu-0", json!({"percent": "20"}))]));
+    let whole = store.add_for("p", "p-whole", json!([result("gpu", "gpu-1", json!({}))]));
+    // A claim anyone may name and join (made by hand, owned by no pod): a share is refused, a whole
+    // card is not (it needs no limit).
+    let shared = store.add("shared", json!([result("gpu", "gpu-2", json!({"percent": "10"}))]));
+    let shared_whole = store.add("shared-whole", json!([result("gpu", "gpu-2", json!({}))]));
+    // A pod whose cgroup is not there, and a claim whose pod was deleted and made again.
+    store.add_pod("nocgroup", "uid-nocgroup", &["n-gpu"]);
+    let nocgroup =
+        store.add_for("nocgroup", "n-gpu", json!([result("gpu", "gpu-0", json!({"percent": "10"}))]));
+    store.add_pod("again", "uid-again-2", &["a-gpu"]);
+    let again = store.add_for("again", "a-gpu", json!([result("gpu", "gpu-0", json!({"percent": "10"}))]));
+
+    let mut client = running.client().await;
+    let claims = vec![gpu, whole, shared, shared_whole, nocgroup, again];
+    let answer =
+        client.node_prepare_resources(NodePrepareResourcesRequest { claims }).await.unwrap().into_inner();
+    let error = |uid: &str| answer.claims[uid].error.clone();
+    assert_eq!((error("uid-p-gpu"), error("uid-p-whole"), error("uid-shared-whole")), Default::default());
+    assert!(error("uid-shared").contains("only a claim made for one pod"), "{}", error("uid-shared"));
+    assert!(
+        error("uid-n-gpu").contains("pod team-a/nocgroup: the driver's memory limit was not set: no cgroup")
+    );
+    assert!(error("uid-a-gpu").contains("pod team-a/again, which claim a-gpu was made for, is gone"));
+    // The pod's limit on gpu-0 is what all its claims hold there; the whole card gets none.
+    assert_eq!(*limits.0.lock().unwrap(), vec![("GPU-aaaa".to_owned(), "uid-p".to_owned(), 2048 + 16384)]);
+    let mut written = cdi::prepared(&running.paths.cdi_dir).unwrap();
+    written.sort();
+    assert_eq!(written, vec!["uid-p-gpu", "uid-p-whole", "uid-shared-whole"], "a refused claim has no spec");
+    drop(client);
+    let _ = std::fs::remove_dir_all(running.stop().await);
 }

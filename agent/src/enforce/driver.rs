@@ -123,10 +123,15 @@ impl MemoryLimit {
     }
 }
 
-impl DriverLimit {
-    /// Limits pod `uid` to `memory` on card `uuid` (soft and hard: the allocator never promises
-    /// the same memory twice); returns the cgroup. Blocks.
-    pub fn limit_pod(&self, uuid: &str, uid: &str, memory: MiB) -> Result<PathBuf, String> {
+/// Sets a pod's memory limit on one card: the driver's ([`DriverLimit`]), or a test's record of it.
+pub trait PodLimit: Send + Sync {
+    /// Limits pod `uid` to `memory` on card `uuid`; returns the pod's cgroup. Blocks.
+    fn limit_pod(&self, uuid: &str, uid: &str, memory: MiB) -> Result<PathBuf, String>;
+}
+
+impl PodLimit for DriverLimit {
+    /// Soft and hard limit both `memory`: the allocator never promises the same memory twice.
+    fn limit_pod(&self, uuid: &str, uid: &str, memory: MiB) -> Result<PathBuf, String> {
         let cgroup = pod_cgroup(&self.cgroup_root, uid)?;
         let bytes = memory.0.saturating_mul(1 << 20);
         self.lib.set(uuid, &cgroup, bytes, bytes)?;
