@@ -606,9 +606,22 @@ async fn with_the_drivers_memory_limit_a_claims_pod_is_limited_before_its_spec_i
         store.add_for("nocgroup", "n-gpu", json!([result("gpu", "gpu-0", json!({"percent": "10"}))]));
     store.add_pod("again", "uid-again-2", &["a-gpu"]);
     let again = store.add_for("again", "a-gpu", json!([result("gpu", "gpu-0", json!({"percent": "10"}))]));
+    // A claim made for pod q that another pod (naming it) was reserved for too.
+    store.add_pod("q", "uid-q", &["q-gpu"]);
+    let joined = store.add_for("q", "q-gpu", json!([result("gpu", "gpu-0", json!({"percent": "10"}))]));
+    {
+        let mut all = store.0.lock().unwrap();
+        let status = all.get_mut(&("team-a".into(), "q-gpu".into())).unwrap().status.as_mut().unwrap();
+        status.reserved_for = Some(
+            serde_json::from_value(json!([
+            {"resource": "pods", "name": "q", "uid": "uid-q"},
+            {"resource": "pods", "name": "intruder", "uid": "uid-intruder"}]))
+            .unwrap(),
+        );
+    }
 
     let mut client = running.client().await;
-    let claims = vec![gpu, whole, shared, shared_whole, nocgroup, again];
+    let claims = vec![gpu, whole, shared, shared_whole, nocgroup, again, joined];
     let answer =
         client.node_prepare_resources(NodePrepareResourcesRequest { claims }).await.unwrap().into_inner();
     let error = |uid: &str| answer.claims[uid].error.clone();
@@ -618,6 +631,7 @@ async fn with_the_drivers_memory_limit_a_claims_pod_is_limited_before_its_spec_i
         error("uid-n-gpu").contains("pod team-a/nocgroup: the driver's memory limit was not set: no cgroup")
     );
     assert!(error("uid-a-gpu").contains("pod team-a/again, which claim a-gpu was made for, is gone"));
+    assert!(error("uid-q-gpu").contains("reserved for pods intruder too"), "{}", error("uid-q-gpu"));
     // The pod's limit on gpu-0 is what all its claims hold there; the whole card gets none.
     assert_eq!(*limits.0.lock().unwrap(), vec![("GPU-aaaa".to_owned(), "uid-p".to_owned(), 2048 + 16384)]);
     let mut written = cdi::prepared(&running.paths.cdi_dir).unwrap();

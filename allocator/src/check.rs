@@ -68,13 +68,25 @@ pub struct Snapshot {
     pub policy_bindings: Result<BTreeMap<String, ValidatingAdmissionPolicyBinding>, String>,
 }
 
-/// nano-gpu's admission policy bindings, whether the base install has them (the DRA component adds
-/// the last), and what is open while one judges nothing.
-pub const POLICY_BINDINGS: [(&str, bool, &str); 4] = [
-    ("nano-gpu-assignments", true, "anyone who may write a pod can set its nano-gpu/assignment"),
-    ("nano-gpu-own-keys", true, "the allocator's and the agents' tokens may change any annotation or label"),
-    ("nano-gpu-agent-own-node", true, "an agent's token may change any node"),
-    ("nano-gpu-agent-own-slice", false, "an agent's token may write any node's ResourceSlices"),
+/// nano-gpu's admission policy bindings: name, whether the base install has it (the DRA component
+/// adds the last two), whether its policy reads nano-gpu's Namespace as its parameter, and what is
+/// open while it judges nothing.
+pub const POLICY_BINDINGS: [(&str, bool, bool, &str); 5] = [
+    ("nano-gpu-assignments", true, true, "anyone who may write a pod can set its nano-gpu/assignment"),
+    (
+        "nano-gpu-own-keys",
+        true,
+        true,
+        "the allocator's and the agents' tokens may change any annotation or label",
+    ),
+    ("nano-gpu-agent-own-node", true, true, "an agent's token may change any node"),
+    ("nano-gpu-agent-own-slice", false, true, "an agent's token may write any node's ResourceSlices"),
+    (
+        "nano-gpu-claim-for-its-pod",
+        false,
+        false,
+        "any pod may join a claim made for another pod, and escapes the driver's memory limit",
+    ),
 ];
 
 /// A check's verdict.
@@ -267,7 +279,7 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
     };
     let ns = &s.namespace;
     let mut out = Vec::new();
-    for (name, required, open) in POLICY_BINDINGS {
+    for (name, required, params, open) in POLICY_BINDINGS {
         let Some(binding) = bindings.get(name) else {
             if required {
                 out.push(line(
@@ -284,7 +296,7 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
         let denies = spec
             .and_then(|s| s.validation_actions.as_ref())
             .is_some_and(|actions| actions.iter().any(|a| a == "Deny"));
-        out.push(if param != *ns {
+        out.push(if params && param != *ns {
             line(
                 "policy-binding",
                 name,
@@ -303,8 +315,10 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
                 Status::Fail,
                 format!("its validationActions do not include Deny, so it refuses nothing: {open}"),
             )
-        } else {
+        } else if params {
             line("policy-binding", name, Status::Ok, format!("denies, with the parameter {ns}"))
+        } else {
+            line("policy-binding", name, Status::Ok, "denies".to_owned())
         })
     }
     out
@@ -670,7 +684,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .await
         .map(|l| l.items.into_iter().map(|c| (c.metadata.name.clone().unwrap_or_default(), c)).collect())
         .map_err(|e| e.to_string());
-    let ours = |name: &str| POLICY_BINDINGS.iter().any(|(n, _, _)| *n == name);
+    let ours = |name: &str| POLICY_BINDINGS.iter().any(|(n, ..)| *n == name);
     let policy_bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
         .list(&lp)
         .await
@@ -787,8 +801,8 @@ mod tests {
             runtime_classes: Ok(BTreeMap::new()),
             policy_bindings: Ok(POLICY_BINDINGS
                 .iter()
-                .filter(|(_, required, _)| *required)
-                .map(|(name, _, _)| (name.to_string(), binding(name, "nano-gpu-system", "Deny")))
+                .filter(|(_, required, ..)| *required)
+                .map(|(name, ..)| (name.to_string(), binding(name, "nano-gpu-system", "Deny")))
                 .collect()),
         }
     }
@@ -912,6 +926,15 @@ mod tests {
         let slices = binding("nano-gpu-agent-own-slice", "nano-gpu-system", "Warn");
         s.policy_bindings.as_mut().unwrap().insert("nano-gpu-agent-own-slice".into(), slices);
         assert!(only(&s, "nano-gpu-agent-own-slice").contains("refuses nothing"));
+        // A policy that reads no parameter is judged by its action only.
+        let mut s = healthy();
+        let mut claims = binding("nano-gpu-claim-for-its-pod", "", "Deny");
+        claims.spec.as_mut().unwrap().param_ref = None;
+        s.policy_bindings.as_mut().unwrap().insert("nano-gpu-claim-for-its-pod".into(), claims.clone());
+        assert!(failing(&s).is_empty());
+        claims.spec.as_mut().unwrap().validation_actions = Some(vec!["Audit".into()]);
+        s.policy_bindings.as_mut().unwrap().insert("nano-gpu-claim-for-its-pod".into(), claims);
+        assert!(only(&s, "nano-gpu-claim-for-its-pod").contains("escapes the driver's memory limit"));
         let mut s = healthy();
         s.policy_bindings = Err("forbidden".into());
         assert_eq!(failing(&s), [("policy-binding", "policies".to_owned(), Status::Warn)]);
@@ -924,7 +947,7 @@ mod tests {
             .filter(|o| o.kind == "ValidatingAdmissionPolicyBinding")
             .map(|o| o.name)
             .collect();
-        let judged: BTreeSet<&str> = POLICY_BINDINGS.iter().map(|(name, _, _)| *name).collect();
+        let judged: BTreeSet<&str> = POLICY_BINDINGS.iter().map(|(name, ..)| *name).collect();
         assert_eq!(judged, installed);
     }
 

@@ -81,6 +81,9 @@ pub struct ClaimRecord {
     pub allocated: bool,
     /// What the driver's devices in its allocation hold.
     pub held: Option<Held>,
+    /// Whether it was made for one pod (its controlling owner is a Pod: made from a
+    /// ResourceClaimTemplate), which alone may use it; else any pod of its namespace may join it.
+    pub for_one_pod: bool,
 }
 
 impl ClaimRecord {
@@ -98,6 +101,12 @@ impl ClaimRecord {
             class: class(claim),
             allocated: allocation.is_some(),
             held: held(claim),
+            for_one_pod: claim
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1"),
         }
     }
 

@@ -29,6 +29,8 @@ pub const ENFORCEMENT_LABEL: &str = "nano-gpu/enforcement";
 /// Node label set by the agent: the driver's per-cgroup memory limit on the node (`driver`: set on
 /// every share's pod, `available`: the driver could, `unavailable`).
 pub const MEMORY_LIMIT_LABEL: &str = "nano-gpu/memory-limit";
+/// [`MEMORY_LIMIT_LABEL`]'s value where the agent sets the driver's limit on every share's pod.
+pub const MEMORY_LIMIT_DRIVER: &str = "driver";
 /// Node label: the number of cards.
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.

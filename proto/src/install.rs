@@ -44,7 +44,7 @@ const ADMISSION: &str = "admissionregistration.k8s.io";
 
 /// Every object of the install (base and components) outside [`NAMESPACE`]: the webhook first, then
 /// the admission policies, the DeviceClass and the rights.
-pub const OUTSIDE: [Object; 20] = [
+pub const OUTSIDE: [Object; 22] = [
     object(
         ADMISSION,
         "MutatingWebhookConfiguration",
@@ -95,6 +95,20 @@ pub const OUTSIDE: [Object; 20] = [
         "validatingadmissionpolicies",
         "",
         "nano-gpu-agent-own-slice",
+    ),
+    object(
+        ADMISSION,
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "",
+        "nano-gpu-claim-for-its-pod",
+    ),
+    object(
+        ADMISSION,
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        "",
+        "nano-gpu-claim-for-its-pod",
     ),
     object("resource.k8s.io", "DeviceClass", "deviceclasses", "", crate::dra::DRIVER),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-agent"),

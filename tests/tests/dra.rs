@@ -16,7 +16,8 @@
 //! does not read is refused with the reason in an Event and stays unallocated (kube-scheduler does
 //! not allocate it either), one that selects its cards' model runs; a pod asking
 //! `nano-gpu/gpu-percent` annotated for DRA gets a claim from nano-gpu's template and runs unchanged
-//! on node-2 with exactly its claim's card; after the agent and then the kubelet of node-2 restart
+//! on node-2 with exactly its claim's card, and another pod naming that claim directly is refused
+//! where kube-scheduler would reserve the claim for it; after the agent and then the kubelet of node-2 restart
 //! the running pods keep running (no container restart) and a new claim is prepared; after the
 //! leading allocator is deleted the next leader allocates a new claim without over-committing a
 //! card; a deleted pod's claim is unprepared (its CDI spec goes).
@@ -279,6 +280,25 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     assert_eq!(seen.cards, cards);
     assert_eq!(devices.iter().map(|d| d.2).collect::<Vec<_>>(), vec![20]);
     assert_eq!(seen.env.get("NANO_GPU_PERCENT").map(String::as_str), Some("20"));
+    // A claim made for a pod is that pod's alone: another pod naming it directly (kube-scheduler
+    // checks the owner only of a pod that names the template) is refused where kube-scheduler
+    // reserves the claim for it (the policy nano-gpu-claim-for-its-pod), and waits with the reason.
+    let mut intruder = claim_pod("intruder");
+    intruder.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0].resource_claim_name =
+        Some(made.clone());
+    create(&pods, &intruder).await;
+    let refusal = "was made for pod converted from a ResourceClaimTemplate, so only that pod may use it";
+    wait_until("the intruder refused with the policy's reason", Duration::from_secs(60), || async {
+        let status = pods.get("intruder").await.unwrap().status.unwrap_or_default();
+        let conditions = status.conditions.unwrap_or_default();
+        conditions
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.message.as_deref().is_some_and(|m| m.contains(refusal)))
+    })
+    .await;
+    let reserved = claims.get(&made).await.unwrap().status.unwrap().reserved_for.unwrap_or_default();
+    assert_eq!(reserved.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), vec!["converted"]);
+    cluster.ok(&["-n", NS, "delete", "pod", "intruder", "--wait=true"]);
     let over_capacity = || async {
         let mut per_device: BTreeMap<String, u32> = BTreeMap::new();
         for c in claims.list(&ListParams::default()).await.unwrap().items {

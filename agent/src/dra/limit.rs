@@ -71,6 +71,12 @@ pub fn owner_pod(claim: &ResourceClaim) -> Option<(String, String)> {
         .map(|o| (o.name.clone(), o.uid.clone()))
 }
 
+/// A consumer the claim is reserved for other than the pod `owner` (its UID), as `kind name`.
+fn other_consumer(claim: &ResourceClaim, owner: &str) -> Option<String> {
+    let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_deref()).unwrap_or_default();
+    reserved.iter().find(|r| r.uid != owner).map(|r| format!("{} {}", r.resource, r.name))
+}
+
 /// The names of the ResourceClaims `pod` uses: those it names, and those made for it from templates
 /// (as its status records them; one not made yet is left out).
 pub fn pod_claim_names(pod: &Pod) -> Vec<String> {
@@ -112,6 +118,12 @@ pub async fn set<C: Claims>(
         )
     })?;
     let key = format!("{namespace}/{pod_name}");
+    if let Some(other) = other_consumer(claim, &pod_uid) {
+        return Err(format!(
+            "claim {namespace}/{name} was made for pod {key} and is reserved for {other} too: the driver's \
+             memory limit is set for the pod a claim was made for only"
+        ));
+    }
     let pod = claims.pod(namespace, &pod_name).await?;
     if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
         return Err(format!("pod {key}, which claim {name} was made for, is gone (another has its name)"));

@@ -105,7 +105,7 @@ impl MemoryLimit {
         match self {
             MemoryLimit::Off { available: true } => "available",
             MemoryLimit::Off { available: false } | MemoryLimit::Unavailable(_) => "unavailable",
-            MemoryLimit::Driver(_) => "driver",
+            MemoryLimit::Driver(_) => nano_gpu_proto::annotations::MEMORY_LIMIT_DRIVER,
         }
     }
 

@@ -23,7 +23,8 @@ use crate::extender::NO_INVENTORY;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_engine::model::NodeId;
-use nano_gpu_engine::request::{FrontEnd, Request};
+use nano_gpu_engine::request::{FrontEnd, Request, SlotDemand};
+use nano_gpu_proto::annotations::{MEMORY_LIMIT_DRIVER, MEMORY_LIMIT_LABEL};
 use nano_gpu_proto::demand::pod_demand;
 use nano_gpu_proto::events::Reason;
 use serde_json::Value;
@@ -476,6 +477,18 @@ impl ClusterState {
         }
         if self.refused_nodes.get(pod_uid).is_some_and(|r| r.contains(name)) {
             return ClaimNode::Excluded("kube-scheduler refused the pod there".into());
+        }
+        if facts.labels.get(MEMORY_LIMIT_LABEL).is_some_and(|v| v == MEMORY_LIMIT_DRIVER)
+            && let Some((_, c, _)) = ask.todo.iter().find(|(_, c, slots)| {
+                !c.for_one_pod && slots.iter().any(|s| matches!(s.demand, SlotDemand::Share { .. }))
+            })
+        {
+            return ClaimNode::Excluded(format!(
+                "it sets the driver's memory limit per pod ({MEMORY_LIMIT_LABEL}={MEMORY_LIMIT_DRIVER}), and \
+                 claim {} holds a share without being made for one pod (from a ResourceClaimTemplate): a pod \
+                 joining it would not get the limit",
+                c.key.1
+            ));
         }
         ClaimNode::Open
     }

@@ -232,6 +232,43 @@ fn the_pods_node_rules_are_kept_and_a_node_kube_scheduler_refused_is_not_picked_
 }
 
 #[test]
+fn a_node_with_the_drivers_memory_limit_takes_only_shares_made_for_one_pod() {
+    let mut s = state();
+    let mut limited = node("limited", 1, true);
+    limited.metadata.labels.as_mut().unwrap().insert("nano-gpu/memory-limit".into(), "driver".into());
+    s.apply_node(&limited);
+    // A share anyone may join: no node takes it, and the reason says why.
+    s.apply_claim(&share("open", 1, 30));
+    s.apply_pod(&claim_pod("open", &["open"], json!({})));
+    assert!(s.plan_claims().is_empty());
+    let said = warnings(&mut s);
+    assert!(
+        said.len() == 1
+            && said[0].contains("limited: it sets the driver's memory limit per pod")
+            && said[0].contains("claim open holds a share"),
+        "{said:?}"
+    );
+    // The same share made for its pod from a template, and a whole card anyone may join, go there.
+    let mut mine = share("mine", 1, 30);
+    mine.metadata.owner_references = Some(vec![
+        serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Pod", "name": "mine", "uid": "p-mine", "controller": true}),
+        )
+        .unwrap(),
+    ]);
+    s.apply_claim(&mine);
+    s.apply_pod(&claim_pod("mine", &["mine"], json!({})));
+    let planned: Vec<String> =
+        s.plan_claims().into_iter().map(|w| format!("{}/{}", w.claim.1, w.node)).collect();
+    assert_eq!(planned, vec!["mine/limited"]);
+    let mut s = state();
+    s.apply_node(&limited);
+    s.apply_claim(&claim("whole", 1, json!({})));
+    s.apply_pod(&claim_pod("whole", &["whole"], json!({})));
+    assert_eq!(s.plan_claims().pop().map(|w| w.node).as_deref(), Some("limited"));
+}
+
+#[test]
 fn an_allocation_nano_gpu_could_not_have_written_fills_its_node() {
     let mut s = state();
     s.apply_node(&node("dra", 2, true));
