@@ -325,9 +325,8 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
 }
 
 /// The RuntimeClass the allocator's webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS` of its container),
-/// if it gives one: it must exist (the API server refuses a pod naming a missing class); one with an
-/// `overhead` or `scheduling` is worth a look (the API server applies those in its own admission
-/// plugin, and a class given by a webhook after it was not tried).
+/// if it gives one: it must exist (the API server refuses a pod naming a missing class). Its
+/// `overhead` and `scheduling` the webhook applies as the API server would ([`crate::runtime_class`]).
 fn runtime_class(s: &Snapshot) -> Option<Line> {
     let class = s.deployment.as_ref().and_then(|d| {
         let spec = d.spec.as_ref()?.template.spec.as_ref()?;
@@ -356,18 +355,12 @@ fn runtime_class(s: &Snapshot) -> Option<Line> {
                  create it (handler: the NVIDIA runtime's, e.g. nvidia) or unset NANO_GPU_RUNTIME_CLASS"
             ),
         ),
-        Some(rc) if rc.overhead.is_some() || rc.scheduling.is_some() => line(
-            "runtime-class",
-            object,
-            Status::Warn,
-            format!(
-                "the RuntimeClass {class} has an overhead or scheduling constraints, which the API server applies \
-                 in its own admission step; nano-gpu gives GPU pods the class in its webhook, after that step, \
-                 and was not tried with such a class: create one GPU pod and check it is admitted and placed"
-            ),
-        ),
         Some(rc) => {
-            line("runtime-class", object, Status::Ok, format!("GPU pods run under handler {}", rc.handler))
+            let mut message = format!("GPU pods run under handler {}", rc.handler);
+            if rc.overhead.is_some() || rc.scheduling.is_some() {
+                message.push_str(", with the class's overhead and scheduling (the webhook applies them)");
+            }
+            line("runtime-class", object, Status::Ok, message)
         }
     })
 }
@@ -1079,10 +1072,13 @@ mod tests {
         let missing = with_class(Ok(BTreeMap::new()));
         assert_eq!(failing(&missing), vec![("runtime-class", object.clone(), Status::Fail)]);
         assert!(evaluate(&missing, now()).iter().any(|l| l.message.contains("does not exist")));
+        // A class's overhead and scheduling are applied by the webhook: nothing to warn about.
         let overhead = with_class(class(json!({"overhead": {"podFixed": {"memory": "64Mi"}}})));
-        assert_eq!(failing(&overhead), vec![("runtime-class", object.clone(), Status::Warn)]);
+        assert!(failing(&overhead).is_empty());
         let scheduling = with_class(class(json!({"scheduling": {"nodeSelector": {"gpu": "true"}}})));
-        assert_eq!(failing(&scheduling), vec![("runtime-class", object.clone(), Status::Warn)]);
+        let lines = evaluate(&scheduling, now());
+        let ok = lines.iter().find(|l| l.check == "runtime-class").unwrap();
+        assert!(ok.status == Status::Ok && ok.message.contains("the webhook applies them"), "{}", ok.message);
         let unreadable = with_class(Err("runtimeclasses is forbidden".into()));
         assert_eq!(failing(&unreadable), vec![("runtime-class", object, Status::Warn)]);
     }

@@ -42,6 +42,7 @@ pub mod load;
 pub mod map;
 pub mod metrics;
 pub mod requeue;
+pub mod runtime_class;
 pub mod server;
 pub mod sim;
 pub mod slim;

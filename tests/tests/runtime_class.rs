@@ -5,8 +5,9 @@
 //! runtime holding; a GPU pod that names no class is given `nvidia` by the webhook and sees exactly its
 //! card; a GPU pod that names plain runc itself keeps it and sees none, though the agent handed it its
 //! card (so the class is what gives containers their cards); a pod asking no GPU whose image says
-//! `NVIDIA_VISIBLE_DEVICES=all` sees none; `kubectl nano-gpu check` finds the class; then the card and
-//! accounting checks.
+//! `NVIDIA_VISIBLE_DEVICES=all` sees none; once the class has an overhead and a toleration, a GPU pod
+//! the webhook gives it is admitted with both and runs on its card; `kubectl nano-gpu check` finds the
+//! class; then the card and accounting checks.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -75,6 +76,34 @@ async fn a_runtime_class_gives_gpu_pods_their_cards_and_nothing_else_gets_any() 
     let seen = report(&pods, "no-gpu", "c").await;
     assert!(seen.cards.is_empty() && seen.mounts.is_empty(), "a pod asking no GPU got a card: {seen:?}");
 
+    // The class gets an overhead and a toleration. The API server applies those only to a pod that
+    // names the class at creation, and refuses a pod whose overhead is not its class's: the webhook
+    // applies them to the pods it gives the class (once its watch has seen the change).
+    cluster.ok(&[
+        "patch",
+        "runtimeclass",
+        "nvidia",
+        "--type=merge",
+        "-p",
+        r#"{"overhead": {"podFixed": {"cpu": "10m", "memory": "8Mi"}},
+            "scheduling": {"tolerations": [{"key": "nano-gpu/test", "operator": "Exists"}]}}"#,
+    ]);
+    let dry = kube::api::PostParams { dry_run: true, ..Default::default() };
+    let with_overhead = percent_pod("overhead", 20);
+    wait_until("a GPU pod admitted with the class's overhead", Duration::from_secs(30), || async {
+        pods.create(&dry, &with_overhead).await.is_ok()
+    })
+    .await;
+    let pod = create(&pods, &with_overhead).await;
+    let spec = pod.spec.unwrap();
+    let overhead = spec.overhead.unwrap_or_default();
+    assert_eq!((overhead["cpu"].0.as_str(), overhead["memory"].0.as_str()), ("10m", "8Mi"));
+    assert!(spec.tolerations.unwrap_or_default().iter().any(|t| t.key.as_deref() == Some("nano-gpu/test")));
+    wait_running(&pods, &["overhead".into()], Duration::from_secs(120)).await;
+    let seen = report(&pods, "overhead", "c").await;
+    let cards = assigned(pods.get("overhead").await.unwrap());
+    assert_eq!((cards.len(), &seen.cards), (1, &cards), "{seen:?}");
+
     // `kubectl nano-gpu check` finds the class the webhook gives.
     let out = cluster.kubectl_plugin(&["check", "-o", "json"]);
     let lines: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -83,5 +112,5 @@ async fn a_runtime_class_gives_gpu_pods_their_cards_and_nothing_else_gets_any() 
 
     // The card and accounting checks, over the pods a runtime gave their cards.
     cluster.ok(&["-n", NS, "delete", "pod", "plain-runc", "no-gpu", "--wait=true"]);
-    assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &client).await, 1);
+    assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &client).await, 2);
 }
