@@ -36,9 +36,6 @@ pub struct Admission {
     /// The RuntimeClass that gives containers their cards (the NVIDIA runtime's, where it is not the
     /// nodes' default runtime): GPU pods that name none get it.
     pub runtime_class: Option<String>,
-    /// That class as last read: GPU pods given it get its overhead and scheduling too
-    /// ([`crate::runtime_class`]).
-    pub runtime_class_known: crate::runtime_class::Known,
     /// Which pods asking nano-gpu resources are turned into pods with claims.
     pub shares: Shares,
 }
@@ -131,13 +128,6 @@ impl Admission {
             };
             if let Some(op) = op {
                 ops.push(serde_json::json!({"op": op, "path": "/spec/runtimeClassName", "value": class}));
-                let known = self.runtime_class_known.read().unwrap_or_else(|e| e.into_inner());
-                if let (Some(known), Some(spec)) = (known.as_ref(), spec) {
-                    match crate::runtime_class::ops(spec, known) {
-                        Ok(mut more) => ops.append(&mut more),
-                        Err(e) => return AdmissionReview::reply(deny(uid, format!("nano-gpu: {e}"))),
-                    }
-                }
             }
         }
         if ops.is_empty() {
@@ -233,7 +223,6 @@ mod tests {
             scheduler_name: "nano-gpu-scheduler".into(),
             demand: DemandOptions::default(),
             runtime_class: None,
-            runtime_class_known: Default::default(),
             shares: Shares::DevicePlugin,
         }
     }
@@ -341,27 +330,6 @@ mod tests {
         assert_eq!(
             decoded_patch(&r),
             json!([{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}])
-        );
-        // Once the class is read, a pod given it gets its overhead and scheduling too; a pod whose
-        // node selector contradicts the class's is refused with the reason.
-        let class = json!({"metadata": {"name": "nvidia"}, "handler": "nvidia",
-            "overhead": {"podFixed": {"cpu": "50m"}}, "scheduling": {"nodeSelector": {"gpu": "nvidia"}}});
-        *nvidia.runtime_class_known.write().unwrap() = Some(serde_json::from_value(class).unwrap());
-        let r = nvidia.review(&review(gpu("30"))).response.unwrap();
-        assert_eq!(
-            decoded_patch(&r),
-            json!([{"op": "add", "path": "/spec/schedulerName", "value": "nano-gpu-scheduler"},
-                   {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"},
-                   {"op": "add", "path": "/spec/overhead", "value": {"cpu": "50m"}},
-                   {"op": "add", "path": "/spec/nodeSelector", "value": {"gpu": "nvidia"}}])
-        );
-        let mut spec = gpu("30");
-        spec["nodeSelector"] = json!({"gpu": "amd"});
-        let r = nvidia.review(&review(spec)).response.unwrap();
-        let message = r.status.unwrap().message;
-        assert!(
-            !r.allowed && message.contains("conflict: runtimeClass.scheduling.nodeSelector[gpu]"),
-            "{message}"
         );
     }
 

@@ -326,7 +326,8 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
 
 /// The RuntimeClass the allocator's webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS` of its container),
 /// if it gives one: it must exist (the API server refuses a pod naming a missing class). Its
-/// `overhead` and `scheduling` the webhook applies as the API server would ([`crate::runtime_class`]).
+/// `overhead` and `scheduling` hold for those pods too: the API server runs its own admission steps
+/// (RuntimeClass's among them) again after a webhook changed a pod.
 fn runtime_class(s: &Snapshot) -> Option<Line> {
     let class = s.deployment.as_ref().and_then(|d| {
         let spec = d.spec.as_ref()?.template.spec.as_ref()?;
@@ -358,7 +359,7 @@ fn runtime_class(s: &Snapshot) -> Option<Line> {
         Some(rc) => {
             let mut message = format!("GPU pods run under handler {}", rc.handler);
             if rc.overhead.is_some() || rc.scheduling.is_some() {
-                message.push_str(", with the class's overhead and scheduling (the webhook applies them)");
+                message.push_str(", with the class's overhead and scheduling");
             }
             line("runtime-class", object, Status::Ok, message)
         }
@@ -1072,13 +1073,18 @@ mod tests {
         let missing = with_class(Ok(BTreeMap::new()));
         assert_eq!(failing(&missing), vec![("runtime-class", object.clone(), Status::Fail)]);
         assert!(evaluate(&missing, now()).iter().any(|l| l.message.contains("does not exist")));
-        // A class's overhead and scheduling are applied by the webhook: nothing to warn about.
+        // A class's overhead and scheduling hold for the pods the webhook gives it: nothing to warn
+        // about.
         let overhead = with_class(class(json!({"overhead": {"podFixed": {"memory": "64Mi"}}})));
         assert!(failing(&overhead).is_empty());
         let scheduling = with_class(class(json!({"scheduling": {"nodeSelector": {"gpu": "true"}}})));
         let lines = evaluate(&scheduling, now());
         let ok = lines.iter().find(|l| l.check == "runtime-class").unwrap();
-        assert!(ok.status == Status::Ok && ok.message.contains("the webhook applies them"), "{}", ok.message);
+        assert!(
+            ok.status == Status::Ok && ok.message.contains("with the class's overhead and scheduling"),
+            "{}",
+            ok.message
+        );
         let unreadable = with_class(Err("runtimeclasses is forbidden".into()));
         assert_eq!(failing(&unreadable), vec![("runtime-class", object, Status::Warn)]);
     }

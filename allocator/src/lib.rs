@@ -42,7 +42,6 @@ pub mod load;
 pub mod map;
 pub mod metrics;
 pub mod requeue;
-pub mod runtime_class;
 pub mod server;
 pub mod sim;
 pub mod slim;

@@ -299,15 +299,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         if let Some((key, value)) = &args.require_ready_agent {
             view = view.require_ready_agents(key, value, &args.lease_namespace);
         }
-        // The class GPU pods are given, watched for its overhead and scheduling.
-        let class_known = nano_gpu_allocator::runtime_class::Known::default();
-        if let Some(class) = args.runtime_class.clone() {
-            tokio::spawn(nano_gpu_allocator::runtime_class::watch(client.clone(), class, class_known.clone()));
-        }
         let mut shared =
             server::Shared::new(view, KubeBinder::new(client.clone()))
             .with_scheduler_name(&args.scheduler_name)
-            .with_runtime_class(args.runtime_class.as_deref(), class_known)
+            .with_runtime_class(args.runtime_class.as_deref())
             .with_filter_answers(match args.filter_answers {
                 FilterAnswersArg::One => server::FilterAnswers::One,
                 FilterAnswersArg::Fitting => server::FilterAnswers::Fitting,

@@ -75,16 +75,10 @@ impl<B: Binder> Shared<B> {
         self
     }
 
-    /// GPU pods that name no RuntimeClass get `class` at admission (call before sharing), with its
-    /// overhead and scheduling as `known` holds them.
-    pub fn with_runtime_class(
-        mut self: Arc<Self>,
-        class: Option<&str>,
-        known: crate::runtime_class::Known,
-    ) -> Arc<Self> {
+    /// GPU pods that name no RuntimeClass get `class` at admission (call before sharing).
+    pub fn with_runtime_class(mut self: Arc<Self>, class: Option<&str>) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
             s.admission.runtime_class = class.map(str::to_owned);
-            s.admission.runtime_class_known = known;
         }
         self
     }
@@ -119,7 +113,6 @@ impl<B: Binder> Shared<B> {
             scheduler_name: SCHEDULER_NAME.to_owned(),
             demand: *state.extender().demand_options(),
             runtime_class: None,
-            runtime_class_known: Default::default(),
             shares: crate::admission::Shares::DevicePlugin,
         };
         Arc::new(Shared {
