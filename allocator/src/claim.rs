@@ -101,12 +101,7 @@ impl ClaimRecord {
             class: class(claim),
             allocated: allocation.is_some(),
             held: held(claim),
-            for_one_pod: claim
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1"),
+            for_one_pod: nano_gpu_proto::dra::made_for_pod(&claim.metadata).is_some(),
         }
     }
 

@@ -16,6 +16,17 @@ pub const DEVICE_PREFIX: &str = "gpu-";
 /// with it, the ResourceClaim controller clears the allocation once no pod uses the claim.
 pub const ALLOCATED_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 
+/// The pod a ResourceClaim was made for from a ResourceClaimTemplate: its controlling owner of kind
+/// Pod (as Kubernetes' claim controller writes it). Only that pod may use such a claim; a claim
+/// without one may be named, and joined, by any pod of its namespace.
+#[cfg(feature = "k8s")]
+pub fn made_for_pod(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    let owners = meta.owner_references.as_deref().unwrap_or_default();
+    owners.iter().find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
+}
+
 /// The device name of the card of `index`.
 pub fn device_name(index: u32) -> String {
     format!("{DEVICE_PREFIX}{index}")
@@ -41,5 +52,22 @@ mod tests {
         for bad in ["gpu-", "gpu-01", "gpu-+1", "gpu--1", "card-1", "gpu-1x", "gpu-4294967296"] {
             assert_eq!(card_index(bad), None, "{bad}");
         }
+    }
+
+    #[cfg(feature = "k8s")]
+    #[test]
+    fn a_claim_is_made_for_its_controlling_pod_owner_only() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let meta = |owners: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(serde_json::json!({"name": "c", "ownerReferences": owners})).unwrap()
+        };
+        let made = meta(serde_json::json!([
+            {"apiVersion": "v1", "kind": "Pod", "name": "other", "uid": "u0"},
+            {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u1", "controller": true}]));
+        assert_eq!(made_for_pod(&made).map(|o| (o.name.as_str(), o.uid.as_str())), Some(("p", "u1")));
+        let not_a_pod = meta(serde_json::json!([
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "r", "uid": "u2", "controller": true}]));
+        assert!(made_for_pod(&not_a_pod).is_none());
+        assert!(made_for_pod(&ObjectMeta::default()).is_none());
     }
 }

@@ -20,23 +20,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::units::{MiB, Percent};
-use std::path::PathBuf;
 use std::sync::Arc;
-
-/// One limit set: the pod, the card and what it may use there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodMemory {
-    /// The pod (`namespace/name`).
-    pub pod: String,
-    /// Its UID.
-    pub uid: String,
-    /// The card's UUID.
-    pub uuid: String,
-    /// What the pod's claims hold on the card.
-    pub memory: MiB,
-    /// The pod's cgroup the limit was set on (empty until set).
-    pub cgroup: PathBuf,
-}
 
 /// Whether `grant` is a share of an NVIDIA card among `cards`: what the driver limits.
 fn is_limited_share(grant: &Grant, cards: &[Card]) -> bool {
@@ -60,15 +44,6 @@ pub fn pod_limits(grants: &[Grant], cards: &[Card]) -> Vec<(String, MiB)> {
         out.push((g.uuid.clone(), MiB(memory)));
     }
     out
-}
-
-/// The pod `claim` was made for (its controlling owner, of kind Pod): name and UID.
-pub fn owner_pod(claim: &ResourceClaim) -> Option<(String, String)> {
-    let owners = claim.metadata.owner_references.as_deref().unwrap_or_default();
-    owners
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
-        .map(|o| (o.name.clone(), o.uid.clone()))
 }
 
 /// A consumer the claim is reserved for other than the pod `owner` (its UID), as `kind name`.
@@ -103,13 +78,13 @@ pub async fn set<C: Claims>(
     grants: &[Grant],
     node: &str,
     cards: &[Card],
-) -> Result<Vec<PodMemory>, String> {
+) -> Result<(), String> {
     if !grants.iter().any(|g| is_limited_share(g, cards)) {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let namespace = claim.metadata.namespace.as_deref().unwrap_or("");
     let name = claim.metadata.name.as_deref().unwrap_or("");
-    let (pod_name, pod_uid) = owner_pod(claim).ok_or_else(|| {
+    let owner = nano_gpu_proto::dra::made_for_pod(&claim.metadata).ok_or_else(|| {
         format!(
             "claim {namespace}/{name} holds a share, and this node sets the driver's memory limit per pod \
              (--memory-limit driver): only a claim made for one pod from a ResourceClaimTemplate may hold \
@@ -117,15 +92,16 @@ pub async fn set<C: Claims>(
              unlimited); use a ResourceClaimTemplate, or whole cards"
         )
     })?;
+    let (pod_name, pod_uid) = (&owner.name, &owner.uid);
     let key = format!("{namespace}/{pod_name}");
-    if let Some(other) = other_consumer(claim, &pod_uid) {
+    if let Some(other) = other_consumer(claim, pod_uid) {
         return Err(format!(
             "claim {namespace}/{name} was made for pod {key} and is reserved for {other} too: the driver's \
              memory limit is set for the pod a claim was made for only"
         ));
     }
-    let pod = claims.pod(namespace, &pod_name).await?;
-    if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
+    let pod = claims.pod(namespace, pod_name).await?;
+    if pod.metadata.uid.as_ref() != Some(pod_uid) {
         return Err(format!("pod {key}, which claim {name} was made for, is gone (another has its name)"));
     }
     let mut all = grants.to_vec();
@@ -135,7 +111,6 @@ pub async fn set<C: Claims>(
         // prepared fails its own preparation, and the pod starts with neither.
         all.extend(super::prepare::grants(&read, node, cards).unwrap_or_default());
     }
-    let mut set = Vec::new();
     for (uuid, memory) in pod_limits(&all, cards) {
         let (limit, card, uid) = (limit.clone(), uuid.clone(), pod_uid.clone());
         let cgroup = tokio::task::spawn_blocking(move || limit.limit_pod(&card, &uid, memory))
@@ -143,9 +118,8 @@ pub async fn set<C: Claims>(
             .map_err(|e| format!("setting the memory limit: {e}"))?
             .map_err(|e| format!("pod {key}: the driver's memory limit was not set: {e}"))?;
         tracing::info!(pod = %key, card = %uuid, memory_mib = memory.0, cgroup = %cgroup.display(), claim = %format!("{namespace}/{name}"), "driver memory limit set");
-        set.push(PodMemory { pod: key.clone(), uid: pod_uid.clone(), uuid, memory, cgroup });
     }
-    Ok(set)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,17 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claims_pod_is_its_controlling_pod_owner_and_a_pods_claims_include_its_templates() {
-        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p-gpu-x", "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": "other", "uid": "u0"},
-                {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u1", "controller": true}]},
-            "spec": {}}))
-        .unwrap();
-        assert_eq!(owner_pod(&claim), Some(("p".into(), "u1".into())));
-        let shared: ResourceClaim =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": {}})).unwrap();
-        assert_eq!(owner_pod(&shared), None);
+    fn a_pods_claims_include_those_made_from_its_templates() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p"},
             "spec": {"containers": [], "resourceClaims": [
