@@ -177,6 +177,10 @@ fn serve(flags: &Flags) -> ExitCode {
                 grace: Duration::from_secs(flags.overrun_grace_seconds),
                 residents: residents.unwrap_or_else(|| tokio::sync::watch::channel(Default::default()).1),
                 reports: reports_tx,
+                claims: dra.as_ref().map(|front| usage::ClaimSource {
+                    client: front.client.clone(),
+                    node: front.node.clone(),
+                }),
             };
             (sampling, latest)
         });

@@ -109,6 +109,9 @@ pub struct Resident {
     pub containers: BTreeMap<String, String>,
     /// Its card grants per container, from a well-formed assignment (none without one).
     pub grants: BTreeMap<String, Vec<CardGrant>>,
+    /// The ResourceClaims each container names (`resources.claims`), init containers included: the
+    /// grants of a pod placed through DRA ([`crate::usage::claims`]).
+    pub claims: BTreeMap<String, Vec<ClaimUse>>,
     /// Its `nano-gpu/overrun` mark: none when it has neither the label nor the annotation; empty when
     /// it has only one of them or the annotation does not decode (to be rewritten or removed).
     pub mark: Option<Vec<Overrun>>,
@@ -138,6 +141,7 @@ impl Resident {
             .and_then(|a| Assignment::decode(a.get(ASSIGNMENT_ANNOTATION)?).ok())
             .map(|a| a.containers)
             .unwrap_or_default();
+        let claims = claim_uses(pod);
         let labelled = pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(OVERRUN));
         let annotated = pod.metadata.annotations.as_ref().and_then(|a| a.get(OVERRUN));
         let mark = match (labelled, annotated) {
@@ -151,9 +155,55 @@ impl Resident {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             containers,
             grants,
+            claims,
             mark,
         })
     }
+}
+
+/// A ResourceClaim a container names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimUse {
+    /// The claim's name, in the pod's namespace.
+    pub claim: String,
+    /// The one request of the claim the container takes; `None`: all of them.
+    pub request: Option<String>,
+}
+
+impl ClaimUse {
+    /// Whether the container takes what the allocation gave request `request` (`name` or
+    /// `name/subrequest`).
+    pub fn takes(&self, request: &str) -> bool {
+        self.request.as_deref().is_none_or(|r| request.split('/').next() == Some(r))
+    }
+}
+
+/// The claims each container of `pod` names, by container: a pod's entry names its claim directly or
+/// through a template, whose claim's name the pod's status gives once the claim is made (an entry
+/// with no claim yet is left out).
+fn claim_uses(pod: &Pod) -> BTreeMap<String, Vec<ClaimUse>> {
+    let Some(spec) = pod.spec.as_ref() else { return BTreeMap::new() };
+    let made = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    let claim_of = |entry: &str| -> Option<String> {
+        let own = spec.resource_claims.iter().flatten().find(|c| c.name == entry)?;
+        if let Some(name) = &own.resource_claim_name {
+            return Some(name.clone());
+        }
+        made.into_iter().flatten().find(|s| s.name == entry)?.resource_claim_name.clone()
+    };
+    let mut uses = BTreeMap::new();
+    for c in spec.init_containers.iter().flatten().chain(spec.containers.iter()) {
+        let named = c.resources.as_ref().and_then(|r| r.claims.as_ref());
+        let list: Vec<ClaimUse> = named
+            .into_iter()
+            .flatten()
+            .filter_map(|n| Some(ClaimUse { claim: claim_of(&n.name)?, request: n.request.clone() }))
+            .collect();
+        if !list.is_empty() {
+            uses.insert(c.name.clone(), list);
+        }
+    }
+    uses
 }
 
 /// A pod whose mark must change: `namespace/name`, UID, and the overruns it should name (none: remove
@@ -518,6 +568,35 @@ mod tests {
         assert_eq!(resident(json!({}), json!({OVERRUN: mark.encode()})), Some(vec![]));
         assert_eq!(resident(marked.clone(), json!({})), Some(vec![]));
         assert_eq!(resident(marked, json!({OVERRUN: "{"})), Some(vec![]));
+    }
+
+    #[test]
+    fn a_resident_names_the_claims_its_containers_use_directly_or_through_a_template() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "resourceClaims": [
+                    {"name": "direct", "resourceClaimName": "shared-claim"},
+                    {"name": "made", "resourceClaimTemplateName": "nano-gpu-p30"},
+                    {"name": "not-yet", "resourceClaimTemplateName": "nano-gpu-w1"}],
+                "initContainers": [{"name": "init", "resources": {"claims": [{"name": "direct"}]}}],
+                "containers": [
+                    {"name": "a", "resources": {"claims": [{"name": "made", "request": "gpu"}, {"name": "direct"}]}},
+                    {"name": "b", "resources": {"claims": [{"name": "not-yet"}, {"name": "unknown"}]}},
+                    {"name": "c"}]},
+            "status": {"resourceClaimStatuses": [{"name": "made", "resourceClaimName": "p-made-x7k2"}]}}))
+        .unwrap();
+        let r = Resident::from_pod(&p).unwrap();
+        let uses = |c: &str| -> Vec<(String, Option<String>)> {
+            r.claims.get(c).into_iter().flatten().map(|u| (u.claim.clone(), u.request.clone())).collect()
+        };
+        assert_eq!(uses("init"), [("shared-claim".into(), None)]);
+        assert_eq!(uses("a"), [("p-made-x7k2".into(), Some("gpu".into())), ("shared-claim".into(), None)]);
+        // A claim not made yet, or an entry the pod does not have, names nothing.
+        assert!(!r.claims.contains_key("b") && !r.claims.contains_key("c"), "{:?}", r.claims);
+        let gpu = ClaimUse { claim: "x".into(), request: Some("gpu".into()) };
+        assert!(gpu.takes("gpu") && gpu.takes("gpu/small") && !gpu.takes("other") && !gpu.takes("gpux"));
+        assert!(ClaimUse { claim: "x".into(), request: None }.takes("other"));
     }
 
     #[test]

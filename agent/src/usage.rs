@@ -6,6 +6,7 @@
 //! watched for memory overruns ([`watchdog`]).
 
 pub mod cgroup;
+pub mod claims;
 pub mod metrics;
 pub mod procs;
 pub mod watchdog;
@@ -19,7 +20,7 @@ use crate::plugin::Snapshot;
 use crate::pods::{Resident, Residents, pod_key};
 use nano_gpu_proto::units::{MiB, Percent};
 use procs::Procs;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -121,12 +122,17 @@ pub fn attribute(
     samples: &[CardSample],
     cards: &[Card],
     residents: &BTreeMap<String, Resident>,
+    claims: &claims::Held,
     procs: &mut Procs,
     xids: impl Fn(&str) -> u64,
 ) -> Report {
     let card_memory = |uuid: &str| cards.iter().find(|c| c.info.uuid == uuid).map(|c| c.info.memory_mib);
     // Every grant, keyed by pod UID, container and card.
     let mut rows: BTreeMap<(String, String, String), ContainerUsage> = BTreeMap::new();
+    // Each card's granted percent: an assignment's grants per container, a claim's devices once
+    // however many containers (or pods) name the claim.
+    let mut card_granted: BTreeMap<String, u32> = BTreeMap::new();
+    let mut claim_devices: BTreeSet<(&str, &str, usize)> = BTreeSet::new();
     for r in residents.values() {
         for (container, grants) in &r.grants {
             for g in grants {
@@ -137,6 +143,24 @@ pub fn attribute(
                     ..ContainerUsage::of(r, container, &g.uuid, g.index)
                 };
                 rows.insert((r.uid.clone(), container.clone(), g.uuid.clone()), row);
+                *card_granted.entry(g.uuid.clone()).or_default() += g.percent.0;
+            }
+        }
+        for (container, uses) in &r.claims {
+            for u in uses {
+                let Some(held) = claims.get(&(r.namespace.clone(), u.claim.clone())) else { continue };
+                for (n, c) in held.iter().enumerate().filter(|(_, c)| u.takes(&c.request)) {
+                    let g = &c.grant;
+                    let memory = g.memory_held(card_memory(&g.uuid).unwrap_or_default());
+                    let row = rows
+                        .entry((r.uid.clone(), container.clone(), g.uuid.clone()))
+                        .or_insert_with(|| ContainerUsage::of(r, container, &g.uuid, g.index));
+                    row.granted = Percent(row.granted.0 + g.percent.0);
+                    row.granted_memory = MiB(row.granted_memory.0 + memory.0);
+                    if claim_devices.insert((r.namespace.as_str(), u.claim.as_str(), n)) {
+                        *card_granted.entry(g.uuid.clone()).or_default() += g.percent.0;
+                    }
+                }
             }
         }
     }
@@ -171,7 +195,7 @@ pub fn attribute(
                 model: served.map(|c| c.info.model.clone()).unwrap_or_default(),
                 healthy: served.is_some_and(|c| c.info.healthy),
                 xids: xids(&s.uuid),
-                granted: rows.values().filter(|r| r.uuid == s.uuid).map(|r| r.granted.0).sum(),
+                granted: card_granted.get(&s.uuid).copied().unwrap_or(0),
             }
         })
         .collect();
@@ -190,6 +214,38 @@ pub struct Sampling {
     pub residents: watch::Receiver<Residents>,
     /// Where overruns are reported (the Event worker), when there is one.
     pub reports: Option<mpsc::Sender<crate::plugin::Report>>,
+    /// Where the claims of pods placed through DRA are read, when the node serves DRA.
+    pub claims: Option<ClaimSource>,
+}
+
+/// The API server, for the claims the node's pods name, and the node (the pool of its devices).
+pub struct ClaimSource {
+    /// A client whose rights include reading ResourceClaims (the DRA component gives the agent's).
+    pub client: kube::Client,
+    /// This node.
+    pub node: String,
+}
+
+impl ClaimSource {
+    /// Reads every claim `grants` has to read now, each within a few seconds.
+    async fn refresh(
+        &self,
+        grants: &mut claims::ClaimGrants,
+        pods: &BTreeMap<String, Resident>,
+        cards: &[Card],
+    ) {
+        use crate::dra::Claims;
+        let reader = crate::dra::ApiClaims(self.client.clone());
+        for (namespace, name) in grants.to_read(pods, std::time::Instant::now()) {
+            let read = tokio::time::timeout(Duration::from_secs(5), reader.get(&namespace, &name))
+                .await
+                .unwrap_or_else(|_| Err(format!("reading claim {namespace}/{name}: no answer in 5 s")));
+            let key = (namespace, name);
+            if let Err(error) = grants.learn(key.clone(), read, cards, std::time::Instant::now()) {
+                tracing::debug!(claim = %format!("{}/{}", key.0, key.1), %error, "claim's grants not known yet");
+            }
+        }
+    }
 }
 
 /// The newest report and when it was taken (seconds since the epoch), shared with `/metrics`.
@@ -205,7 +261,8 @@ pub async fn run(
     health: Arc<Health>,
     latest: Latest,
 ) {
-    let Sampling { every, proc_root, grace, residents, reports } = sampling;
+    let Sampling { every, proc_root, grace, residents, reports, claims: source } = sampling;
+    let mut grants = source.as_ref().map(|s| claims::ClaimGrants::new(s.node.clone()));
     let mut procs = Procs::new(proc_root.clone());
     let mut dog = Watchdog::new(grace);
     let mut tick = tokio::time::interval(every);
@@ -213,8 +270,13 @@ pub async fn run(
     loop {
         tick.tick().await;
         let pods = residents.borrow().clone();
+        let now_cards = cards.borrow().clone();
+        if let (Some(source), Some(grants)) = (&source, grants.as_mut()) {
+            source.refresh(grants, &pods, &now_cards).await;
+        }
+        let held = grants.as_ref().map(|g| g.held().clone()).unwrap_or_default();
         let (backends, cards, residents, health) =
-            (backends.clone(), cards.borrow().clone(), pods.clone(), health.clone());
+            (backends.clone(), now_cards, pods.clone(), health.clone());
         // The cache goes to the blocking thread and comes back with the report (a fresh one if the
         // pass panicked).
         let mut p = std::mem::replace(&mut procs, Procs::new(proc_root.clone()));
@@ -223,7 +285,7 @@ pub async fn run(
             for (backend, e) in errors {
                 tracing::debug!(backend, error = %e, "backend not sampled");
             }
-            let report = attribute(&samples, &cards, &residents, &mut p, |uuid| health.xids(uuid));
+            let report = attribute(&samples, &cards, &residents, &held, &mut p, |uuid| health.xids(uuid));
             (report, p)
         })
         .await;

@@ -50,6 +50,7 @@ fn resident(
             vec![CardGrant { uuid: uuid.into(), index, percent: Percent(percent), memory_mib: None }],
         )]
         .into(),
+        claims: Default::default(),
         mark: None,
     }
 }
@@ -119,7 +120,7 @@ fn processes_on_fake_cards_are_sampled_and_attributed_to_their_containers() {
     .map(|r| (r.uid.clone(), r))
     .collect();
     let mut procs = Procs::new(&proc_root);
-    let report = attribute(&samples, &cards, &residents, &mut procs, |_| 0);
+    let report = attribute(&samples, &cards, &residents, &Default::default(), &mut procs, |_| 0);
     // The MPS server runs in no pod with a share (the MPS daemons' own): its memory is nobody's.
     assert_eq!(report.unattributed.iter().map(|u| (u.pid, u.memory)).collect::<Vec<_>>(), [(4343, MiB(66))]);
     let text = metrics::render(&report, "node-1", 0.0);

@@ -26,7 +26,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
-use nano_gpu_tests::cluster::{Cluster, NS, create, gpu_pod, percent_pod, report, wait_running, wait_until};
+use nano_gpu_tests::cluster::{
+    Cluster, NS, create, gpu_pod, percent_pod, percent_pod_then, report, wait_running, wait_until,
+};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -259,7 +261,8 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     // A pod asking nano-gpu/gpu-percent, annotated for DRA: the webhook gives it a claim from
     // nano-gpu's template of its shape (the allocator makes the template), and it runs unchanged on
     // node-2, seeing exactly its claim's card.
-    let mut converted = percent_pod("converted", 20);
+    // Its CUDA process (tests/src/bin/gpu-use.rs) uses 1,000 MiB of the card.
+    let mut converted = percent_pod_then("converted", 20, "exec gpu-use --memory-mib 1000 --sm 10");
     converted.metadata.annotations = Some([("nano-gpu/front-end".to_owned(), "dra".to_owned())].into());
     create(&pods, &converted).await;
     wait_running(&pods, &["converted".into()], Duration::from_secs(120)).await;
@@ -280,6 +283,42 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     assert_eq!(seen.cards, cards);
     assert_eq!(devices.iter().map(|d| d.2).collect::<Vec<_>>(), vec![20]);
     assert_eq!(seen.env.get("NANO_GPU_PERCENT").map(String::as_str), Some("20"));
+    // node-2's agent reads the claim as the pod's grant: the usage metrics put the process's memory
+    // beside 20 % of the card (so the watchdog sees no overrun), not beside a card it was not given.
+    let card = cards.iter().next().unwrap().clone();
+    let system: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
+    let series = |name: &str, value: &str| -> String {
+        let index = card.rsplit('-').next().unwrap();
+        format!(
+            "{name}{{node=\"node-2\",namespace=\"{NS}\",pod=\"converted\",container=\"c\",gpu=\"{index}\",\
+             uuid=\"{card}\"}} {value}"
+        )
+    };
+    let granted = series("nano_gpu_container_granted_percent", "20");
+    let used = series("nano_gpu_container_memory_used_bytes", &(1000u64 << 20).to_string());
+    let start = std::time::Instant::now();
+    loop {
+        let text = cluster.agent_metrics(&system, "node-2").await;
+        if [&granted, &used].iter().all(|w| text.lines().any(|l| l == w.as_str())) {
+            let memory = text
+                .lines()
+                .find(|l| {
+                    l.starts_with("nano_gpu_container_granted_memory_bytes")
+                        && l.contains("pod=\"converted\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+            assert!(
+                memory.is_some_and(|m| m > f64::from(1000u32 << 20)),
+                "converted's granted memory: {memory:?}"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "converted's grant and use not in node-2's agent metrics within 60 s: {granted}, {used}\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // A claim made for a pod is that pod's alone: another pod naming it directly (kube-scheduler
     // checks the owner only of a pod that names the template) is refused where kube-scheduler
     // reserves the claim for it (the policy nano-gpu-claim-for-its-pod), and waits with the reason.

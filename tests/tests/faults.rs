@@ -459,9 +459,13 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
             None
         },
         "failed by a kubelet while the node's agent container was dead (no plugin to hold its calls)",
-        // No plugin at the kubelet's call, or the plugin killed during it.
+        // No plugin at the kubelet's call, or the plugin killed during it (the kubelet passes the
+        // gRPC error on: "Allocate failed due to rpc error: code = Unavailable desc = error reading
+        // from server: EOF").
         |f| {
-            let unserved = f.why.contains("no healthy devices present") || f.why.contains("rpc failed");
+            let unserved = f.why.contains("no healthy devices present")
+                || f.why.contains("rpc failed")
+                || f.why.contains("rpc error: code = Unavailable");
             Some(unserved && killed.borrow().contains(&f.node))
         },
     )

@@ -49,14 +49,10 @@ pub struct Prepared {
 /// has, or more than one card's worth of one card across the claim is an error that names it.
 pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<Grant>, String> {
     let name = claim.metadata.name.as_deref().unwrap_or("");
-    let allocation = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .ok_or_else(|| format!("claim {name} is not allocated"))?;
     // The driver takes no parameters: a configuration for it (from the claim or its DeviceClass)
     // would be silently ignored, so it is refused.
-    let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
+    let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
+    let configs = allocation.and_then(|a| a.devices.as_ref()).and_then(|d| d.config.as_ref());
     if let Some(c) =
         configs.into_iter().flatten().find(|c| c.opaque.as_ref().is_some_and(|o| o.driver == DRIVER))
     {
@@ -66,6 +62,25 @@ pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<G
             if c.source == "FromClass" { "DeviceClass" } else { "claim" }
         ));
     }
+    read(claim, node, cards, true)
+}
+
+/// What a claim prepared earlier holds on `node` (for the usage metrics and the memory watchdog):
+/// [`grants`] without its refusals of what preparing must not start, so a card that turned
+/// unhealthy since still counts what its containers were given.
+pub fn held(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<Grant>, String> {
+    read(claim, node, cards, false)
+}
+
+/// The claim's devices on `node`, each read against `cards` (which must be healthy when
+/// `healthy` is set).
+fn read(claim: &ResourceClaim, node: &str, cards: &[Card], healthy: bool) -> Result<Vec<Grant>, String> {
+    let name = claim.metadata.name.as_deref().unwrap_or("");
+    let allocation = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .ok_or_else(|| format!("claim {name} is not allocated"))?;
     let results = allocation.devices.as_ref().and_then(|d| d.results.as_ref());
     let ours: Vec<&DeviceRequestAllocationResult> =
         results.into_iter().flatten().filter(|r| r.driver == DRIVER).collect();
@@ -80,7 +95,7 @@ pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<G
                 result.device, result.pool
             ));
         }
-        let card = card_of(cards, &result.device).map_err(|e| format!("claim {name}: {e}"))?;
+        let card = card_of(cards, &result.device, healthy).map_err(|e| format!("claim {name}: {e}"))?;
         let consumed = result.consumed_capacity.as_ref();
         let percent = match consumed.and_then(|c| c.get(PERCENT)) {
             // Without consumable capacity the device is the whole card.
@@ -120,8 +135,9 @@ pub fn grants(claim: &ResourceClaim, node: &str, cards: &[Card]) -> Result<Vec<G
     Ok(grants)
 }
 
-/// The card a device name (`gpu-<index>`) stands for, if it may take work.
-fn card_of<'a>(cards: &'a [Card], device: &str) -> Result<&'a Card, String> {
+/// The card a device name (`gpu-<index>`) stands for, if it may take work (or, unless `healthy`, if
+/// the node has it).
+fn card_of<'a>(cards: &'a [Card], device: &str, healthy: bool) -> Result<&'a Card, String> {
     let index = nano_gpu_proto::dra::card_index(device).ok_or_else(|| {
         format!("device {device:?} is not one of this driver's names ({DEVICE_PREFIX}<index>)")
     })?;
@@ -129,7 +145,7 @@ fn card_of<'a>(cards: &'a [Card], device: &str) -> Result<&'a Card, String> {
         .iter()
         .find(|c| c.info.index == index)
         .ok_or_else(|| format!("device {device}: this node has no card {index}"))?;
-    if !card.info.healthy {
+    if healthy && !card.info.healthy {
         let why = card.fault.as_deref().unwrap_or("unhealthy");
         return Err(format!("device {device} ({}): {why}", card.info.uuid));
     }

@@ -23,6 +23,7 @@ fn resident(
         uid: uid.into(),
         containers: containers.iter().map(|(c, n)| (id(*c), (*n).to_owned())).collect(),
         grants: BTreeMap::new(),
+        claims: BTreeMap::new(),
         mark: None,
     };
     for (container, uuid, percent, memory) in grants {
@@ -92,7 +93,9 @@ fn processes_are_put_beside_their_containers_grants() {
         sample("GPU-1", &[(102, 700, Some(1)), (200, 2500, Some(40))]),
     ];
     let mut procs = procs::Procs::new(&root);
-    let report = attribute(&samples, &cards, &residents, &mut procs, |u| if u == "GPU-1" { 2 } else { 0 });
+    let report = attribute(&samples, &cards, &residents, &Default::default(), &mut procs, |u| {
+        if u == "GPU-1" { 2 } else { 0 }
+    });
     let rows: Vec<Row> = report
         .containers
         .iter()
@@ -131,6 +134,70 @@ fn processes_are_put_beside_their_containers_grants() {
 }
 
 #[test]
+fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
+    use crate::pods::ClaimUse;
+    use crate::usage::claims::{ClaimGrant, Held};
+    let root = temp_dir("claims");
+    // Pod A (DRA): its trainer names both requests of claim `c1` (a 30 % share of card 0 with 2,000
+    // MiB, a whole card 1), its sidecar only the share; pod B's server names the share too (a claim
+    // reserved for two pods). Pod A's trainer uses 1,500 MiB of card 0: within what the claim holds.
+    write_process(&root, 100, 1, &format!("0::/kubepods/pod{POD_A}/{}\n", id('a')));
+    let mut a = resident(POD_A, "train", &[('a', "trainer"), ('c', "sidecar")], &[]);
+    let all = ClaimUse { claim: "c1".into(), request: None };
+    let share = ClaimUse { claim: "c1".into(), request: Some("share".into()) };
+    a.claims = [("trainer".to_owned(), vec![all]), ("sidecar".to_owned(), vec![share.clone()])].into();
+    let mut b = resident(POD_B, "serve", &[('b', "server")], &[]);
+    b.claims = [("server".to_owned(), vec![share])].into();
+    let residents: BTreeMap<String, Resident> = [a, b].into_iter().map(|r| (r.uid.clone(), r)).collect();
+    let grant = |request: &str, uuid: &str, index: u32, percent: u32, memory: Option<u64>| ClaimGrant {
+        request: request.into(),
+        grant: CardGrant { uuid: uuid.into(), index, percent: Percent(percent), memory_mib: memory.map(MiB) },
+    };
+    let held: Held = [(
+        ("ml".to_owned(), "c1".to_owned()),
+        vec![grant("share/small", "GPU-0", 0, 30, Some(2000)), grant("whole", "GPU-1", 1, 100, None)],
+    )]
+    .into();
+    let cards = vec![
+        Card::nvidia(0, "GPU-0", "Tesla T4", MiB(15_360), None),
+        Card::nvidia(1, "GPU-1", "Tesla T4", MiB(15_360), None),
+    ];
+    let samples = [sample("GPU-0", &[(100, 1500, Some(10))]), sample("GPU-1", &[])];
+    let report = attribute(&samples, &cards, &residents, &held, &mut procs::Procs::new(&root), |_| 0);
+    let rows: Vec<(&str, &str, &str, u32, u64, u64)> = report
+        .containers
+        .iter()
+        .map(|r| {
+            (
+                r.pod.as_str(),
+                r.container.as_str(),
+                r.uuid.as_str(),
+                r.granted.0,
+                r.granted_memory.0,
+                r.memory_used.0,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("train", "sidecar", "GPU-0", 30, 2000, 0),
+            ("train", "trainer", "GPU-0", 30, 2000, 1500),
+            ("train", "trainer", "GPU-1", 100, 15_360, 0),
+            ("serve", "server", "GPU-0", 30, 2000, 0),
+        ]
+    );
+    assert!(!report.containers.iter().any(|r| r.over_memory()), "{:?}", report.containers);
+    // Each device of the claim counts once on its card.
+    assert_eq!(report.cards.iter().map(|c| c.granted).collect::<Vec<_>>(), [30, 100]);
+    // Without the claim read (another node's agent, or not read yet), the trainer's use is of a card
+    // it was not given.
+    let unread = attribute(&samples, &cards, &residents, &Held::new(), &mut procs::Procs::new(&root), |_| 0);
+    assert!(unread.containers.iter().any(|r| r.container == "trainer" && r.over_memory()));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
 fn a_grant_without_processes_shows_zero_use_and_the_metrics_name_it() {
     let root = temp_dir("idle");
     let residents: BTreeMap<String, Resident> =
@@ -139,7 +206,14 @@ fn a_grant_without_processes_shows_zero_use_and_the_metrics_name_it() {
             .map(|r| (r.uid.clone(), r))
             .collect();
     let cards = vec![Card::nvidia(0, "GPU-0", "NVIDIA \"A10\"", MiB(23_028), None)];
-    let report = attribute(&[sample("GPU-0", &[])], &cards, &residents, &mut procs::Procs::new(&root), |_| 0);
+    let report = attribute(
+        &[sample("GPU-0", &[])],
+        &cards,
+        &residents,
+        &Default::default(),
+        &mut procs::Procs::new(&root),
+        |_| 0,
+    );
     assert_eq!(report.containers.len(), 1);
     assert_eq!(
         (report.containers[0].granted_memory, report.containers[0].memory_used),

@@ -38,9 +38,14 @@ impl ClusterState {
         let (demand, _) = self.extender.request(pod)?;
         if !demand.wants_gpu() {
             if !crate::claim::pod_claims(pod).is_empty() {
-                return Err("the pod uses ResourceClaims and does not wait for nano-gpu to allocate them \
-                            (it is bound to a node)"
-                    .into());
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                return Err(match node {
+                    Some(node) => format!("the pod uses ResourceClaims and is bound to node {node}"),
+                    None => "the pod uses ResourceClaims and does not wait for nano-gpu to allocate them: \
+                             they are not all of nano-gpu's class (kube-scheduler allocates them), or nano-gpu \
+                             has not seen the pod or its claims yet"
+                        .into(),
+                });
             }
             return Err("the pod asks no nano-gpu resource: the nano-gpu scheduler does not place it".into());
         }

@@ -407,5 +407,9 @@ fn why_judges_a_pod_waiting_on_claims_node_by_node_as_the_planner_would() {
     bound.spec.as_mut().unwrap().node_name = Some("room".into());
     s.apply_pod(&bound);
     let said = s.why(&bound).unwrap_err();
-    assert!(said.contains("ResourceClaims") && said.contains("bound"), "{said}");
+    assert!(said.contains("ResourceClaims") && said.contains("bound to node room"), "{said}");
+    // A pending pod whose claims kube-scheduler allocates is not said to be bound.
+    let theirs = claim_pod("theirs", &["someone-elses"], json!({}));
+    let said = s.why(&theirs).unwrap_err();
+    assert!(said.contains("not all of nano-gpu's class") && !said.contains("bound"), "{said}");
 }
