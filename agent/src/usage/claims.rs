@@ -144,8 +144,7 @@ mod tests {
     }
 
     fn card(index: u32, healthy: bool) -> Card {
-        let mut c =
-            Card::nvidia(index, &format!("GPU-{index}"), "m", nano_gpu_proto::units::MiB(16384), None);
+        let mut c = Card::nvidia(index, format!("GPU-{index}"), "m", nano_gpu_proto::units::MiB(16384), None);
         c.info.healthy = healthy;
         c
     }
