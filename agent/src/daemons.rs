@@ -7,7 +7,8 @@ use crate::enforce::mps;
 use crate::health::Health;
 use crate::plugin::{Report, Snapshot};
 use crate::pods::{Resident, Residents, pod_key};
-use nano_gpu_proto::annotations::Vendor;
+use crate::usage::claims::{Held, SharedHeld};
+use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::events::Reason;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 pub async fn watch(
     layout: mps::Layout,
     cards: watch::Receiver<Snapshot>,
-    told: Option<(watch::Receiver<Residents>, mpsc::Sender<Report>)>,
+    told: Option<(watch::Receiver<Residents>, mpsc::Sender<Report>, SharedHeld)>,
     reread: Arc<Health>,
     every: Duration,
 ) {
@@ -57,8 +58,9 @@ pub async fn watch(
                 None => format!("stopped (PID {pid}); the card takes no new share until it runs again"),
             };
             tracing::warn!(card = %uuid, "MPS control daemon {what}");
-            let Some((residents, reports)) = &told else { continue };
-            let pods = holders(&residents.borrow(), &uuid);
+            let Some((residents, reports, claims)) = &told else { continue };
+            let held = claims.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let pods = holders(&residents.borrow(), &held, &uuid);
             for pod in pods {
                 let message = format!(
                     "the MPS control daemon of card {uuid} {what}: this pod's CUDA processes on that card \
@@ -74,11 +76,19 @@ pub async fn watch(
     }
 }
 
-/// The pods (`namespace/name`) with a share (less than the whole card) of card `uuid`.
-pub fn holders(residents: &BTreeMap<String, Resident>, uuid: &str) -> Vec<String> {
+/// The pods (`namespace/name`) with a share (less than the whole card) of card `uuid`: in their
+/// assignment, or in a claim one of their containers names (`claims`, as the usage loop read them).
+pub fn holders(residents: &BTreeMap<String, Resident>, claims: &Held, uuid: &str) -> Vec<String> {
+    let share = |g: &CardGrant| g.uuid == uuid && g.percent.0 < 100;
+    let by_claim = |r: &Resident| {
+        r.claims.values().flatten().any(|u| {
+            let held = claims.get(&(r.namespace.clone(), u.claim.clone()));
+            held.into_iter().flatten().any(|c| u.takes(&c.request) && share(&c.grant))
+        })
+    };
     residents
         .values()
-        .filter(|r| r.grants.values().flatten().any(|g| g.uuid == uuid && g.percent.0 < 100))
+        .filter(|r| r.grants.values().flatten().any(share) || by_claim(r))
         .map(|r| pod_key(&r.namespace, &r.name))
         .collect()
 }
@@ -89,7 +99,8 @@ mod tests {
 
     #[test]
     fn only_pods_with_a_share_of_the_card_hold_it() {
-        use nano_gpu_proto::annotations::CardGrant;
+        use crate::pods::ClaimUse;
+        use crate::usage::claims::ClaimGrant;
         use nano_gpu_proto::units::Percent;
         let grant = |uuid: &str, p: u32| CardGrant {
             index: 0,
@@ -103,12 +114,32 @@ mod tests {
             grants: [("main".to_owned(), grants)].into(),
             ..Default::default()
         };
+        // Pods d and e (DRA) name claim c1, a 20 % share of GPU-a and a whole GPU-b; e takes only
+        // its whole card.
+        let with_claim = |name: &str, request: Option<&str>| {
+            let mut r = resident(name, vec![]);
+            let u = ClaimUse { claim: "c1".into(), request: request.map(String::from) };
+            r.claims = [("main".to_owned(), vec![u])].into();
+            r
+        };
         let residents: BTreeMap<String, Resident> = [
             ("ml/a".to_owned(), resident("a", vec![grant("GPU-a", 30)])),
             ("ml/b".to_owned(), resident("b", vec![grant("GPU-a", 100)])),
             ("ml/c".to_owned(), resident("c", vec![grant("GPU-b", 50)])),
+            ("ml/d".to_owned(), with_claim("d", None)),
+            ("ml/e".to_owned(), with_claim("e", Some("whole"))),
         ]
         .into();
-        assert_eq!(holders(&residents, "GPU-a"), ["ml/a"]);
+        let claims: Held = [(
+            ("ml".to_owned(), "c1".to_owned()),
+            vec![
+                ClaimGrant { request: "share".into(), grant: grant("GPU-a", 20) },
+                ClaimGrant { request: "whole".into(), grant: grant("GPU-b", 100) },
+            ],
+        )]
+        .into();
+        assert_eq!(holders(&residents, &claims, "GPU-a"), ["ml/a", "ml/d"]);
+        assert_eq!(holders(&residents, &Held::new(), "GPU-a"), ["ml/a"]);
+        assert_eq!(holders(&residents, &claims, "GPU-b"), ["ml/c"]);
     }
 }

@@ -169,7 +169,8 @@ fn serve(flags: &Flags) -> ExitCode {
                 Duration::from_secs(10),
             ));
         }
-        let told = residents.clone().zip(reports_tx.clone());
+        let held = usage::claims::SharedHeld::default();
+        let told = residents.clone().zip(reports_tx.clone()).map(|(r, t)| (r, t, held.clone()));
         let usage = (flags.usage_seconds > 0).then(|| {
             let sampling = usage::Sampling {
                 every: Duration::from_secs(flags.usage_seconds),
@@ -180,6 +181,7 @@ fn serve(flags: &Flags) -> ExitCode {
                 claims: dra.as_ref().map(|front| usage::ClaimSource {
                     client: front.client.clone(),
                     node: front.node.clone(),
+                    held: held.clone(),
                 }),
             };
             (sampling, latest)

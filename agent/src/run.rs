@@ -224,8 +224,12 @@ pub struct Agent {
     pub usage: Option<(crate::usage::Sampling, crate::usage::Latest)>,
     /// The node's pods and where Events about them go (absent without a node name): under MPS,
     /// the pods of a card whose daemon stopped are told.
-    pub told:
-        Option<(watch::Receiver<crate::pods::Residents>, tokio::sync::mpsc::Sender<crate::plugin::Report>)>,
+    /// On a node that serves DRA, the pods' claims as the usage loop read them tell who shares a card.
+    pub told: Option<(
+        watch::Receiver<crate::pods::Residents>,
+        tokio::sync::mpsc::Sender<crate::plugin::Report>,
+        crate::usage::claims::SharedHeld,
+    )>,
     /// The kubelet's device checkpoint kept free of pods that left (absent without a node name).
     pub sweep: Option<crate::checkpoint::Sweep>,
     /// The kubelet's pod-resources API, asked which cards other device plugins serve

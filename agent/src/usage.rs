@@ -55,6 +55,9 @@ pub struct ContainerUsage {
     /// Since when it has been over its memory grant, once the watchdog holds it so past the grace
     /// period.
     pub overrun: Option<SystemTime>,
+    /// It names a claim whose grants the agent has not read (yet): its grant is not known, so its
+    /// use is not judged.
+    pub grant_unread: bool,
 }
 
 impl ContainerUsage {
@@ -71,9 +74,9 @@ impl ContainerUsage {
         }
     }
 
-    /// Whether it uses more memory than it was granted now.
+    /// Whether it uses more memory than it was granted now (never while its grant is unread).
     pub fn over_memory(&self) -> bool {
-        self.memory_used > self.granted_memory
+        !self.grant_unread && self.memory_used > self.granted_memory
     }
 }
 
@@ -186,6 +189,19 @@ pub fn attribute(
         }
     }
     procs.end_pass();
+    // Containers that name a claim not read: their grant is not known.
+    let unread: BTreeSet<(&str, &str)> = residents
+        .values()
+        .flat_map(|r| {
+            let named = r.claims.iter().filter(|(_, uses)| {
+                uses.iter().any(|u| !claims.contains_key(&(r.namespace.clone(), u.claim.clone())))
+            });
+            named.map(move |(container, _)| (r.uid.as_str(), container.as_str()))
+        })
+        .collect();
+    for row in rows.values_mut() {
+        row.grant_unread = unread.contains(&(row.pod_uid.as_str(), row.container.as_str()));
+    }
     let cards = samples
         .iter()
         .map(|s| {
@@ -224,6 +240,8 @@ pub struct ClaimSource {
     pub client: kube::Client,
     /// This node.
     pub node: String,
+    /// Where each pass leaves what the claims hold, for the MPS daemons' watcher.
+    pub held: claims::SharedHeld,
 }
 
 impl ClaimSource {
@@ -275,6 +293,9 @@ pub async fn run(
             source.refresh(grants, &pods, &now_cards).await;
         }
         let held = grants.as_ref().map(|g| g.held().clone()).unwrap_or_default();
+        if let Some(source) = &source {
+            *source.held.write().unwrap_or_else(|e| e.into_inner()) = held.clone();
+        }
         let (backends, cards, residents, health) =
             (backends.clone(), now_cards, pods.clone(), health.clone());
         // The cache goes to the blocking thread and comes back with the report (a fresh one if the

@@ -33,6 +33,9 @@ pub struct ClaimGrant {
 /// (none for a claim of another driver or node).
 pub type Held = BTreeMap<(String, String), Vec<ClaimGrant>>;
 
+/// [`Held`] as the usage loop last read it, for the MPS daemons' watcher ([`crate::daemons`]).
+pub type SharedHeld = std::sync::Arc<std::sync::RwLock<Held>>;
+
 /// The claims the node's pods name, read or waiting to be.
 #[derive(Debug)]
 pub struct ClaimGrants {

@@ -188,12 +188,15 @@ fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
         ]
     );
     assert!(!report.containers.iter().any(|r| r.over_memory()), "{:?}", report.containers);
+    assert!(report.containers.iter().all(|r| !r.grant_unread), "{:?}", report.containers);
     // Each device of the claim counts once on its card.
     assert_eq!(report.cards.iter().map(|c| c.granted).collect::<Vec<_>>(), [30, 100]);
-    // Without the claim read (another node's agent, or not read yet), the trainer's use is of a card
-    // it was not given.
+    // Before the claim is read, the trainer's grant is not known: 0 shown, its use not judged (were it
+    // judged, it would be use of a card it was not given).
     let unread = attribute(&samples, &cards, &residents, &Held::new(), &mut procs::Procs::new(&root), |_| 0);
-    assert!(unread.containers.iter().any(|r| r.container == "trainer" && r.over_memory()));
+    let trainer = unread.containers.iter().find(|r| r.container == "trainer").unwrap();
+    assert!(trainer.grant_unread && trainer.granted == Percent(0) && trainer.memory_used == MiB(1500));
+    assert!(!trainer.over_memory() && trainer.memory_used > trainer.granted_memory);
     let _ = std::fs::remove_dir_all(&root);
 }
 
