@@ -69,9 +69,10 @@ pub fn unserved_windows(log: &str) -> Vec<Duration> {
     windows
 }
 
-/// How long after the kubelet of `log` started its eviction manager our plugin registered.
+/// How long after the kubelet of `log` started its eviction manager our plugin registered: zero when
+/// it registered before (the kubelet's plugin registration may start first).
 pub fn registration_lag(log: &str) -> Option<Duration> {
-    registered(log)?.checked_sub(first(log, "Eviction manager: starting control loop")?)
+    Some(registered(log)?.saturating_sub(first(log, "Eviction manager: starting control loop")?))
 }
 
 /// How long after our registration the kubelet of `log` had our devices.
@@ -125,6 +126,11 @@ mod tests {
         let lag = registration_lag(log).unwrap();
         assert!(lag > Duration::from_micros(1_800) && lag < Duration::from_micros(1_900), "{lag:?}");
         assert_eq!(registration_lag("I1124 23:38:12.558785 no such lines"), None);
+        // Registered before the eviction manager started (seen on a landing CI's restarted kubelet):
+        // no wait at all.
+        let early = "I1129 00:55:01.100000   17506 server.go:161] \"Got registration request from device plugin with resource\" resourceName=\"nano-gpu/gpu-percent\"\n\
+                     I1129 00:55:01.200000   17506 eviction_manager.go:193] \"Eviction manager: starting control loop\"\n";
+        assert_eq!(registration_lag(early), Some(Duration::ZERO));
     }
 
     #[test]
