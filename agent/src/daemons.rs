@@ -7,7 +7,7 @@ use crate::enforce::mps;
 use crate::health::Health;
 use crate::plugin::{Report, Snapshot};
 use crate::pods::{Resident, Residents, pod_key};
-use crate::usage::claims::{Held, SharedHeld};
+use crate::usage::claims::{Held, SharedHeld, taken};
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::events::Reason;
 use std::collections::{BTreeMap, HashMap};
@@ -81,10 +81,8 @@ pub async fn watch(
 pub fn holders(residents: &BTreeMap<String, Resident>, claims: &Held, uuid: &str) -> Vec<String> {
     let share = |g: &CardGrant| g.uuid == uuid && g.percent.0 < 100;
     let by_claim = |r: &Resident| {
-        r.claims.values().flatten().any(|u| {
-            let held = claims.get(&(r.namespace.clone(), u.claim.clone()));
-            held.into_iter().flatten().any(|c| u.takes(&c.request) && share(&c.grant))
-        })
+        let mut uses = r.claims.values().flatten();
+        uses.any(|u| taken(claims, &r.namespace, u).into_iter().flatten().any(|(_, c)| share(&c.grant)))
     };
     residents
         .values()

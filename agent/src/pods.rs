@@ -183,14 +183,7 @@ impl ClaimUse {
 /// with no claim yet is left out).
 fn claim_uses(pod: &Pod) -> BTreeMap<String, Vec<ClaimUse>> {
     let Some(spec) = pod.spec.as_ref() else { return BTreeMap::new() };
-    let made = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
-    let claim_of = |entry: &str| -> Option<String> {
-        let own = spec.resource_claims.iter().flatten().find(|c| c.name == entry)?;
-        if let Some(name) = &own.resource_claim_name {
-            return Some(name.clone());
-        }
-        made.into_iter().flatten().find(|s| s.name == entry)?.resource_claim_name.clone()
-    };
+    let claim_of = |entry: &str| nano_gpu_proto::dra::claim_of_entry(pod, entry);
     let mut uses = BTreeMap::new();
     for c in spec.init_containers.iter().flatten().chain(spec.containers.iter()) {
         let named = c.resources.as_ref().and_then(|r| r.claims.as_ref());

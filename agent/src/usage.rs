@@ -136,6 +136,8 @@ pub fn attribute(
     // however many containers (or pods) name the claim.
     let mut card_granted: BTreeMap<String, u32> = BTreeMap::new();
     let mut claim_devices: BTreeSet<(&str, &str, usize)> = BTreeSet::new();
+    // Containers that name a claim not read: their grant is not known.
+    let mut unread: BTreeSet<(&str, &str)> = BTreeSet::new();
     for r in residents.values() {
         for (container, grants) in &r.grants {
             for g in grants {
@@ -151,8 +153,11 @@ pub fn attribute(
         }
         for (container, uses) in &r.claims {
             for u in uses {
-                let Some(held) = claims.get(&(r.namespace.clone(), u.claim.clone())) else { continue };
-                for (n, c) in held.iter().enumerate().filter(|(_, c)| u.takes(&c.request)) {
+                let Some(devices) = claims::taken(claims, &r.namespace, u) else {
+                    unread.insert((r.uid.as_str(), container.as_str()));
+                    continue;
+                };
+                for (n, c) in devices {
                     let g = &c.grant;
                     let memory = g.memory_held(card_memory(&g.uuid).unwrap_or_default());
                     let row = rows
@@ -189,16 +194,6 @@ pub fn attribute(
         }
     }
     procs.end_pass();
-    // Containers that name a claim not read: their grant is not known.
-    let unread: BTreeSet<(&str, &str)> = residents
-        .values()
-        .flat_map(|r| {
-            let named = r.claims.iter().filter(|(_, uses)| {
-                uses.iter().any(|u| !claims.contains_key(&(r.namespace.clone(), u.claim.clone())))
-            });
-            named.map(move |(container, _)| (r.uid.as_str(), container.as_str()))
-        })
-        .collect();
     for row in rows.values_mut() {
         row.grant_unread = unread.contains(&(row.pod_uid.as_str(), row.container.as_str()));
     }

@@ -293,21 +293,17 @@ pub struct PodClaim {
 
 /// The claims a pod uses.
 pub fn pod_claims(pod: &Pod) -> Vec<PodClaim> {
-    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
     let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
     entries
         .into_iter()
         .flatten()
-        .map(|c| match &c.resource_claim_name {
-            Some(name) => PodClaim { name: Some(name.clone()), template: None },
-            None => PodClaim {
-                name: statuses
-                    .into_iter()
-                    .flatten()
-                    .find(|s| s.name == c.name)
-                    .and_then(|s| s.resource_claim_name.clone()),
-                template: c.resource_claim_template_name.clone(),
-            },
+        .map(|c| PodClaim {
+            name: nano_gpu_proto::dra::claim_of_entry(pod, &c.name),
+            template: c
+                .resource_claim_name
+                .is_none()
+                .then(|| c.resource_claim_template_name.clone())
+                .flatten(),
         })
         .collect()
 }

@@ -27,6 +27,20 @@ pub fn made_for_pod(
     owners.iter().find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
 }
 
+/// The ResourceClaim a pod's `resourceClaims` entry `entry` stands for: the claim it names, or the
+/// one made for it from its template, as the pod's status records it (`None` until then, or for an
+/// entry the pod does not have).
+#[cfg(feature = "k8s")]
+pub fn claim_of_entry(pod: &k8s_openapi::api::core::v1::Pod, entry: &str) -> Option<String> {
+    let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
+    let own = entries.iter().find(|c| c.name == entry)?;
+    if let Some(name) = &own.resource_claim_name {
+        return Some(name.clone());
+    }
+    let made = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_deref()).unwrap_or_default();
+    made.iter().find(|m| m.name == entry)?.resource_claim_name.clone()
+}
+
 /// The device name of the card of `index`.
 pub fn device_name(index: u32) -> String {
     format!("{DEVICE_PREFIX}{index}")

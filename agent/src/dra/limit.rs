@@ -56,14 +56,7 @@ fn other_consumer(claim: &ResourceClaim, owner: &str) -> Option<String> {
 /// (as its status records them; one not made yet is left out).
 pub fn pod_claim_names(pod: &Pod) -> Vec<String> {
     let spec = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
-    let made = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_deref()).unwrap_or_default();
-    spec.iter()
-        .filter_map(|c| {
-            c.resource_claim_name.clone().or_else(|| {
-                made.iter().find(|m| m.name == c.name).and_then(|m| m.resource_claim_name.clone())
-            })
-        })
-        .collect()
+    spec.iter().filter_map(|c| nano_gpu_proto::dra::claim_of_entry(pod, &c.name)).collect()
 }
 
 /// Sets the limits `claim` (whose devices here are `grants`) calls for: for its pod, what all the

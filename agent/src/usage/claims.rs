@@ -10,9 +10,10 @@
 
 use crate::dra::prepare;
 use crate::inventory::Card;
-use crate::pods::Resident;
+use crate::pods::{ClaimUse, Resident};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::CardGrant;
+use nano_gpu_proto::dra::card_index;
 use nano_gpu_proto::units::Percent;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -81,51 +82,58 @@ impl ClaimGrants {
         cards: &[Card],
         now: Instant,
     ) -> Result<(), String> {
-        let claim = read.inspect_err(|_| {
-            self.failed.insert(key.clone(), now);
-        })?;
-        if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
-            self.failed.insert(key.clone(), now);
-            return Err(format!("claim {}/{} is not allocated yet", key.0, key.1));
-        }
-        let ours = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some_and(|a| {
-            let mut results = a.devices.iter().flat_map(|d| d.results.iter().flatten());
-            results.any(|r| r.driver == crate::dra::DRIVER && r.pool == self.node)
-        });
-        let grants = if ours {
-            match prepare::held(&claim, &self.node, cards) {
-                Ok(grants) => grants,
-                Err(e) => {
-                    self.failed.insert(key.clone(), now);
-                    return Err(e);
-                }
+        match read.and_then(|claim| self.grants_of(&claim, cards)) {
+            Ok(held) => {
+                self.failed.remove(&key);
+                self.held.insert(key, held);
+                Ok(())
             }
-        } else {
-            Vec::new()
-        };
-        let index = |uuid: &str| cards.iter().find(|c| c.info.uuid == uuid).map(|c| c.info.index);
-        let held = grants
-            .into_iter()
-            .filter_map(|g| {
-                let grant = CardGrant {
-                    index: index(&g.uuid)?,
-                    uuid: g.uuid,
-                    percent: Percent(g.percent),
-                    memory_mib: g.memory,
-                };
-                Some(ClaimGrant { request: g.request, grant })
-            })
-            .collect();
-        self.failed.remove(&key);
-        self.held.insert(key, held);
-        Ok(())
+            Err(e) => {
+                self.failed.insert(key, now);
+                Err(e)
+            }
+        }
     }
+
+    /// What `claim` holds on this node's `cards`: nothing when it has no device of nano-gpu's driver
+    /// here (another driver's, or another node's), an error while it is not allocated.
+    fn grants_of(&self, claim: &ResourceClaim, cards: &[Card]) -> Result<Vec<ClaimGrant>, String> {
+        let name = claim.metadata.name.as_deref().unwrap_or("");
+        let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
+        let allocation = allocation.ok_or_else(|| format!("claim {name} is not allocated yet"))?;
+        let mut results = allocation.devices.iter().flat_map(|d| d.results.iter().flatten());
+        if !results.any(|r| r.driver == crate::dra::DRIVER && r.pool == self.node) {
+            return Ok(Vec::new());
+        }
+        let grants = prepare::held(claim, &self.node, cards)?;
+        let held = grants.into_iter().filter_map(|g| {
+            let grant = CardGrant {
+                index: card_index(&g.device)?,
+                uuid: g.uuid,
+                percent: Percent(g.percent),
+                memory_mib: g.memory,
+            };
+            Some(ClaimGrant { request: g.request, grant })
+        });
+        Ok(held.collect())
+    }
+}
+
+/// What claim use `u` of a container of a pod in `namespace` takes, each device with its position
+/// in the claim (the same device, however many containers name it); `None` while the claim is not
+/// read.
+pub fn taken<'a>(
+    held: &'a Held,
+    namespace: &str,
+    u: &'a ClaimUse,
+) -> Option<impl Iterator<Item = (usize, &'a ClaimGrant)>> {
+    let devices = held.get(&(namespace.to_owned(), u.claim.clone()))?;
+    Some(devices.iter().enumerate().filter(|(_, c)| u.takes(&c.request)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::ClaimUse;
     use serde_json::json;
 
     fn resident(ns: &str, uid: &str, claims: &[(&str, &str)]) -> Resident {

@@ -55,6 +55,20 @@ fn sample(uuid: &str, processes: &[(u32, u64, Option<u32>)]) -> CardSample {
 /// A row as compared: pod, container, card, granted percent and MiB, used MiB, utilisation, PIDs.
 type Row<'a> = (&'a str, &'a str, &'a str, u32, u64, u64, u32, Vec<u32>);
 
+fn rows(report: &Report) -> Vec<Row<'_>> {
+    let row = |r: &ContainerUsage| {
+        (r.granted.0, r.granted_memory.0, r.memory_used.0, r.utilization, r.pids.clone())
+    };
+    report
+        .containers
+        .iter()
+        .map(|r| {
+            let (granted, granted_mib, used, sm, pids) = row(r);
+            (r.pod.as_str(), r.container.as_str(), r.uuid.as_str(), granted, granted_mib, used, sm, pids)
+        })
+        .collect()
+}
+
 #[test]
 fn processes_are_put_beside_their_containers_grants() {
     let root = temp_dir("attribute");
@@ -96,24 +110,8 @@ fn processes_are_put_beside_their_containers_grants() {
     let report = attribute(&samples, &cards, &residents, &Default::default(), &mut procs, |u| {
         if u == "GPU-1" { 2 } else { 0 }
     });
-    let rows: Vec<Row> = report
-        .containers
-        .iter()
-        .map(|r| {
-            (
-                r.pod.as_str(),
-                r.container.as_str(),
-                r.uuid.as_str(),
-                r.granted.0,
-                r.granted_memory.0,
-                r.memory_used.0,
-                r.utilization,
-                r.pids.clone(),
-            )
-        })
-        .collect();
     assert_eq!(
-        rows,
+        rows(&report),
         [
             // Percent-only: holds 30 % of 15,360 MiB.
             ("train", "sidecar", "GPU-1", 0, 0, 700, 1, vec![102]),
@@ -164,27 +162,13 @@ fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
     ];
     let samples = [sample("GPU-0", &[(100, 1500, Some(10))]), sample("GPU-1", &[])];
     let report = attribute(&samples, &cards, &residents, &held, &mut procs::Procs::new(&root), |_| 0);
-    let rows: Vec<(&str, &str, &str, u32, u64, u64)> = report
-        .containers
-        .iter()
-        .map(|r| {
-            (
-                r.pod.as_str(),
-                r.container.as_str(),
-                r.uuid.as_str(),
-                r.granted.0,
-                r.granted_memory.0,
-                r.memory_used.0,
-            )
-        })
-        .collect();
     assert_eq!(
-        rows,
+        rows(&report),
         [
-            ("train", "sidecar", "GPU-0", 30, 2000, 0),
-            ("train", "trainer", "GPU-0", 30, 2000, 1500),
-            ("train", "trainer", "GPU-1", 100, 15_360, 0),
-            ("serve", "server", "GPU-0", 30, 2000, 0),
+            ("train", "sidecar", "GPU-0", 30, 2000, 0, 0, vec![]),
+            ("train", "trainer", "GPU-0", 30, 2000, 1500, 10, vec![100]),
+            ("train", "trainer", "GPU-1", 100, 15_360, 0, 0, vec![]),
+            ("serve", "server", "GPU-0", 30, 2000, 0, 0, vec![]),
         ]
     );
     assert!(!report.containers.iter().any(|r| r.over_memory()), "{:?}", report.containers);
