@@ -84,6 +84,9 @@ pub struct ClaimRecord {
     /// Whether it was made for one pod (its controlling owner is a Pod: made from a
     /// ResourceClaimTemplate), which alone may use it; else any pod of its namespace may join it.
     pub for_one_pod: bool,
+    /// The uids of the pods it is reserved for (`status.reservedFor`); `None` when a consumer is not
+    /// a pod (its end cannot be told from the pods).
+    pub users: Option<Vec<String>>,
 }
 
 impl ClaimRecord {
@@ -102,6 +105,7 @@ impl ClaimRecord {
             allocated: allocation.is_some(),
             held: held(claim),
             for_one_pod: nano_gpu_proto::dra::made_for_pod(&claim.metadata).is_some(),
+            users: users(claim),
         }
     }
 
@@ -112,6 +116,19 @@ impl ClaimRecord {
             Class::Other => None,
         }
     }
+}
+
+/// The pods a claim is reserved for; `None` when a consumer is anything else.
+fn users(claim: &ResourceClaim) -> Option<Vec<String>> {
+    let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_ref());
+    reserved
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+                .then(|| r.uid.clone())
+        })
+        .collect()
 }
 
 /// Whose claim it is, and what it asks when it is ours.

@@ -162,29 +162,37 @@ impl Evictor {
         }
     }
 
-    /// Posts the Eviction of `pod` (only the pod with `uid`). The body is built here: kube's
-    /// `Api::evict` (kube-core 5.0) writes its delete options as `delete_options`, a field the API
-    /// server does not know and ignores, so a uid precondition would silently not apply.
+    /// Posts the Eviction of `pod` ([`evict`]).
     async fn evict(&self, pod: &Pod, uid: &str) -> Outcome {
-        let (namespace, name) = (pod.metadata.namespace.clone(), pod.metadata.name.clone());
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace.as_deref().unwrap_or_default());
-        let eviction = Eviction {
-            metadata: ObjectMeta { name: name.clone(), namespace, ..Default::default() },
-            delete_options: Some(DeleteOptions {
-                preconditions: Some(Preconditions { uid: Some(uid.to_owned()), resource_version: None }),
-                ..Default::default()
-            }),
-        };
-        let name = name.unwrap_or_default();
-        let post = PostParams::default();
-        let call = api.create_subresource::<_, serde_json::Value>("eviction", &name, &post, &eviction);
-        match tokio::time::timeout(CALL_TIMEOUT, call).await {
-            Ok(Ok(_)) => Outcome::Evicted,
-            Ok(Err(kube::Error::Api(e))) if e.code == 429 => Outcome::Blocked(e.message),
-            Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Outcome::Gone,
-            Ok(Err(e)) => Outcome::Failed(e.to_string()),
-            Err(_) => Outcome::Failed(format!("no answer within {} s", CALL_TIMEOUT.as_secs())),
-        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        evict(&self.client, namespace, pod.metadata.name.as_deref().unwrap_or_default(), uid).await
+    }
+}
+
+/// Posts the Eviction of pod `namespace/name` (only the pod with `uid`). The body is built here:
+/// kube's `Api::evict` (kube-core 5.0) writes its delete options as `delete_options`, a field the
+/// API server does not know and ignores, so a uid precondition would silently not apply.
+pub async fn evict(client: &kube::Client, namespace: &str, name: &str, uid: &str) -> Outcome {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let eviction = Eviction {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        delete_options: Some(DeleteOptions {
+            preconditions: Some(Preconditions { uid: Some(uid.to_owned()), resource_version: None }),
+            ..Default::default()
+        }),
+    };
+    let post = PostParams::default();
+    let call = api.create_subresource::<_, serde_json::Value>("eviction", name, &post, &eviction);
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(_)) => Outcome::Evicted,
+        Ok(Err(kube::Error::Api(e))) if e.code == 429 => Outcome::Blocked(e.message),
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Outcome::Gone,
+        Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        Err(_) => Outcome::Failed(format!("no answer within {} s", CALL_TIMEOUT.as_secs())),
     }
 }
 

@@ -205,6 +205,8 @@ struct RawPodSpec {
     node_selector: Option<BTreeMap<String, String>>,
     affinity: Option<RawAffinity>,
     tolerations: Option<Vec<Toleration>>,
+    priority: Option<i32>,
+    preemption_policy: Option<String>,
 }
 
 impl RawPodSpec {
@@ -222,6 +224,8 @@ impl RawPodSpec {
                 ..Default::default()
             }),
             tolerations: self.tolerations,
+            priority: self.priority,
+            preemption_policy: self.preemption_policy,
             ..Default::default()
         }
     }
@@ -320,6 +324,7 @@ mod tests {
             },
             "spec": {
                 "nodeName": "n1", "schedulerName": "nano-gpu-scheduler", "priority": 5,
+                "preemptionPolicy": "Never",
                 "containers": [{"name": "app", "image": "cuda", "command": ["python", "train.py"],
                                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                                 "volumeMounts": [{"name": "v", "mountPath": "/data"}], "resources": resources}],
@@ -359,7 +364,7 @@ mod tests {
             "ALIYUN_COM_GPU_MEM_IDX": "1", "scheduler.framework.gpushare.allocation": "{}"
         });
         let spec = full["spec"].as_object_mut().unwrap();
-        for dropped in ["schedulerName", "priority", "volumes"] {
+        for dropped in ["schedulerName", "volumes"] {
             spec.remove(dropped);
         }
         spec["affinity"].as_object_mut().unwrap().remove("podAntiAffinity");

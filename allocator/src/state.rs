@@ -35,7 +35,8 @@ mod reserve;
 mod tests;
 mod why;
 
-pub use claims::ClaimWrite;
+pub use claims::preempt::RETRY as PREEMPT_RETRY;
+pub use claims::{ClaimWrite, Preemption, Victim};
 pub use inspect::InspectDoc;
 pub use map::MapDoc;
 pub use reserve::Reservation;
@@ -82,6 +83,13 @@ pub struct Warning {
     pub reason: Reason,
     /// What is wrong.
     pub message: String,
+}
+
+impl Warning {
+    /// A warning on pod `(namespace, name)`.
+    pub fn on_pod(pod: &(String, String), reason: Reason, message: String) -> Self {
+        Warning { kind: "Pod", namespace: pod.0.clone(), name: pod.1.clone(), reason, message }
+    }
 }
 
 /// A pod reserved for that a re-list did not show ([`ClusterState::take_unconfirmed`]).
@@ -149,6 +157,12 @@ pub struct ClusterState {
     /// Pods whose cards a filter reserved when it chose their node ([`ClusterState::choose_names`]),
     /// until their bind takes the reservation, and when.
     filter_holds: HashMap<String, FilterHold>,
+    /// Waiting pods that preempted pods for their claims, by uid: where, and whom they wait for;
+    /// when a pod whose victims' eviction was refused may preempt again; the evictions decided and
+    /// not yet taken ([`ClusterState::take_preemptions`]).
+    nominations: HashMap<String, claims::preempt::Nomination>,
+    preempt_after: HashMap<String, Instant>,
+    preemptions: Vec<Preemption>,
 }
 
 /// What makes a pod one of the node agents: its label, its namespace, a DaemonSet as its controller.
@@ -292,6 +306,9 @@ impl ClusterState {
             claim_notes: HashMap::new(),
             templates_wanted: Default::default(),
             filter_holds: HashMap::new(),
+            nominations: HashMap::new(),
+            preempt_after: HashMap::new(),
+            preemptions: Vec::new(),
         }
     }
 

@@ -40,6 +40,9 @@ pub enum Reason {
     /// allocated (none of the nodes whose agent serves DRA takes them, or a claim asks what nano-gpu
     /// does not allocate); the message says why.
     ClaimNotAllocated,
+    /// Allocator's leader, on a pod: evicted to make room for a pod of higher priority whose claims
+    /// nano-gpu allocates (kube-scheduler's preemption never sees such a pod).
+    Preempted,
     /// Allocator, on a ResourceClaim: its allocation names a device of nano-gpu's driver that is no
     /// card of its node, or devices of several nodes; that node's cards count as full.
     InvalidAllocation,
@@ -53,7 +56,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
         Reason::InvalidInventory,
@@ -66,6 +69,7 @@ impl Reason {
         Reason::GpuMemoryOverrun,
         Reason::MpsDaemonLost,
         Reason::ClaimNotAllocated,
+        Reason::Preempted,
         Reason::InvalidAllocation,
         Reason::RuntimeHonoursPodEnv,
         Reason::Uninstalled,
@@ -86,6 +90,7 @@ impl Reason {
             Reason::GpuMemoryOverrun => "GpuMemoryOverrun",
             Reason::MpsDaemonLost => "MpsDaemonLost",
             Reason::ClaimNotAllocated => "ClaimNotAllocated",
+            Reason::Preempted => "Preempted",
             Reason::InvalidAllocation => "InvalidAllocation",
             Reason::RuntimeHonoursPodEnv => "RuntimeHonoursPodEnv",
             Reason::Uninstalled => "Uninstalled",

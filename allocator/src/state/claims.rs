@@ -38,6 +38,10 @@ pub(super) struct ClaimPod {
     /// Host CPU (milli) and memory (MiB), and the card models it allows (its `nano-gpu/gpu-model`).
     host: Result<(u64, u64, Vec<String>), String>,
     placement: Placement,
+    /// Its priority, and whether it may preempt pods of lower priority (its `preemptionPolicy` is
+    /// not `Never`).
+    priority: i32,
+    may_preempt: bool,
 }
 
 /// An allocation to write: the claim, the pod it is for, and what to write.
@@ -222,9 +226,7 @@ impl ClusterState {
     pub(super) fn note_claim_pod(&mut self, uid: &str, pod: &Pod, pending: bool) {
         let claims = pod_claims(pod);
         if !pending || claims.is_empty() {
-            self.claim_pods.remove(uid);
-            self.refused_nodes.remove(uid);
-            self.claim_notes.remove(uid);
+            self.forget_claim_pod(uid);
             return;
         }
         let key = (
@@ -242,7 +244,12 @@ impl ClusterState {
             }
             Err(e) => Err(e.to_string()),
         };
-        self.claim_pods.insert(uid.to_owned(), ClaimPod { key, claims, host, placement: Placement::of(pod) });
+        let spec = pod.spec.as_ref();
+        let may_preempt = spec.and_then(|s| s.preemption_policy.as_deref()) != Some("Never");
+        let priority = super::decode::priority(pod);
+        let placement = Placement::of(pod);
+        self.claim_pods
+            .insert(uid.to_owned(), ClaimPod { key, claims, host, placement, priority, may_preempt });
     }
 
     /// Forgets pod `uid` as one waiting for claims.
@@ -250,15 +257,21 @@ impl ClusterState {
         self.claim_pods.remove(uid);
         self.refused_nodes.remove(uid);
         self.claim_notes.remove(uid);
+        self.end_nomination(uid);
     }
 
     /// Picks node and cards for every waiting pod whose claims are all nano-gpu's, exist and are not
     /// allocated (or allocated in part, by an earlier write that failed half-way: the rest then goes
     /// to the same node), holds them in flight and returns the writes. A pod that cannot be placed,
-    /// or whose claims nano-gpu cannot allocate, gets a warning (once per distinct message).
+    /// or whose claims nano-gpu cannot allocate, gets a warning (once per distinct message); one that
+    /// pods of lower priority are in the way of preempts them ([`preempt`]). Pods of higher priority
+    /// are planned first.
     pub fn plan_claims(&mut self) -> Vec<ClaimWrite> {
         let mut writes = Vec::new();
-        let uids: Vec<String> = self.claim_pods.keys().cloned().collect();
+        let mut uids: Vec<(i32, String)> =
+            self.claim_pods.iter().map(|(uid, p)| (p.priority, uid.clone())).collect();
+        uids.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let uids = uids.into_iter().map(|(_, uid)| uid);
         for pod_uid in uids {
             match self.plan_pod(&pod_uid) {
                 Ok(mut w) => writes.append(&mut w),
@@ -296,16 +309,21 @@ impl ClusterState {
             return Err(None);
         }
         let ClaimAsk { pod, todo, req, .. } = ask;
-        let decision = self.extender.place(&req, &candidates).map_err(|no| {
-            let mut why = format!(
-                "no node takes the claims of pod {}/{}: {no} (nodes whose nano-gpu agent serves DRA)",
-                pod.key.0, pod.key.1
-            );
-            if !excluded.is_empty() {
-                why.push_str(&format!("; not considered: {}", excluded.join(", ")));
+        let decision = match self.extender.place(&req, &candidates) {
+            Ok(decision) => decision,
+            Err(no) => {
+                let mut why = format!(
+                    "no node takes the claims of pod {}/{}: {no} (nodes whose nano-gpu agent serves DRA)",
+                    pod.key.0, pod.key.1
+                );
+                if !excluded.is_empty() {
+                    why.push_str(&format!("; not considered: {}", excluded.join(", ")));
+                }
+                why.extend(self.preempt_for_claims(pod_uid, &pod, &req, &candidates));
+                return Err(Some(why));
             }
-            Some(why)
-        })?;
+        };
+        self.end_nomination(pod_uid);
         let node = self.extender.engine().cluster().node(decision.node);
         let name = node.name.clone();
         let indexes: Vec<u32> = node.cards.iter().map(|c| c.index).collect();
@@ -478,6 +496,9 @@ impl ClusterState {
         if self.refused_nodes.get(pod_uid).is_some_and(|r| r.contains(name)) {
             return ClaimNode::Excluded("kube-scheduler refused the pod there".into());
         }
+        if let Some(held) = self.nominated_elsewhere(name, pod_uid, ask.pod.priority) {
+            return ClaimNode::Excluded(held);
+        }
         if facts.labels.get(MEMORY_LIMIT_LABEL).is_some_and(|v| v == MEMORY_LIMIT_DRIVER)
             && let Some((_, c, _)) = ask.todo.iter().find(|(_, c, slots)| {
                 !c.for_one_pod && slots.iter().any(|s| matches!(s.demand, SlotDemand::Share { .. }))
@@ -494,8 +515,9 @@ impl ClusterState {
     }
 
     /// Every node's verdict for the claims of the waiting pod `pod_uid` (for `why`), as
-    /// [`ClusterState::plan_claims`] would judge them now, unsorted; `None`: it is not a pod waiting on
-    /// claims. No pod's end is weighed: claims are not preempted.
+    /// [`ClusterState::plan_claims`] would judge them now, unsorted, with the fewest pods whose end
+    /// would make room where other pods are in the way (of any priority, as `why` says for other
+    /// pods); `None`: it is not a pod waiting on claims.
     pub(super) fn why_claims(&mut self, pod_uid: &str) -> Option<Result<Vec<NodeVerdict>, String>> {
         if !self.claim_pods.contains_key(pod_uid) {
             return None;
@@ -535,6 +557,9 @@ impl ClusterState {
                 Err(Some(reason)) => verdict(name, Some(reason.to_string()), false),
             })
         });
+        for v in verdicts.iter_mut().filter(|v| !v.fits && !v.unresolvable) {
+            v.freed_by = self.freed_by(&v.node, &ask.req);
+        }
         Some(Ok(verdicts))
     }
 
@@ -565,6 +590,9 @@ impl ClusterState {
         }
     }
 }
+
+pub(super) mod preempt;
+pub use preempt::{Preemption, Victim};
 
 #[cfg(test)]
 mod tests;

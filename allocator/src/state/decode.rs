@@ -82,10 +82,19 @@ pub(super) struct PodRecord {
     pub(super) holding: Holding,
     /// Made by our bind and not yet seen annotated in a watch event.
     pub(super) reserved: bool,
+    /// Its priority (`spec.priority`; 0 when none is set), which preemption weighs.
+    pub(super) priority: i32,
+    /// Being deleted: what it holds is freed soon without anyone preempting it.
+    pub(super) terminating: bool,
 }
 
 pub(super) fn pod_uid(pod: &Pod) -> Option<&str> {
     pod.metadata.uid.as_deref()
+}
+
+/// A pod's priority (`spec.priority`, which admission sets from its PriorityClass; 0 when none).
+pub(super) fn priority(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
 pub(super) fn is_terminal(pod: &Pod) -> bool {

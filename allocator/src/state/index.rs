@@ -4,7 +4,9 @@
 //! (but keeps the reservations, to be looked up: a bind in flight, or a pod deleted while the watch
 //! was broken). Every change rebuilds only the nodes it touches.
 
-use super::decode::{Holding, PodRecord, holding, host_requests, is_terminal, node_record, pod_uid};
+use super::decode::{
+    Holding, PodRecord, holding, host_requests, is_terminal, node_record, pod_uid, priority,
+};
 use super::{ClusterState, Unconfirmed, Waiting};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_proto::demand::pod_demand;
@@ -135,7 +137,16 @@ impl ClusterState {
             );
         }
         let (cpu, mem) = host_requests(pod, read.as_ref());
-        let record = PodRecord { key: (ns, name), node: node.clone(), cpu, mem, holding, reserved: false };
+        let record = PodRecord {
+            key: (ns, name),
+            node: node.clone(),
+            cpu,
+            mem,
+            holding,
+            reserved: false,
+            priority: priority(pod),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        };
         let previous = self.insert_pod(uid, record.clone());
         if previous.as_ref() != Some(&record) {
             if let Some(p) = previous.filter(|p| p.node != node) {

@@ -40,6 +40,8 @@ impl ClusterState {
             mem: req.mem,
             holding: Holding::Cards(assignment.clone()),
             reserved: true,
+            priority: super::decode::priority(pod),
+            terminating: false,
         };
         self.insert_pod(uid.clone(), record);
         self.rebuild(node);

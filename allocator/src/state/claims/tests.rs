@@ -413,3 +413,144 @@ fn why_judges_a_pod_waiting_on_claims_node_by_node_as_the_planner_would() {
     let said = s.why(&theirs).unwrap_err();
     assert!(said.contains("not all of nano-gpu's class") && !said.contains("bound"), "{said}");
 }
+
+/// `c` (allocated) reserved for the pods `users` (by name; their uids are `p-<name>`).
+fn reserved(mut c: ResourceClaim, users: &[&str]) -> ResourceClaim {
+    let entries: Vec<_> =
+        users.iter().map(|u| json!({"resource": "pods", "name": u, "uid": format!("p-{u}")})).collect();
+    c.status.as_mut().unwrap().reserved_for = Some(serde_json::from_value(json!(entries)).unwrap());
+    c
+}
+
+/// A pod `name` running on node `dra` with priority `priority`, using claim `claim`, which holds
+/// `percent` of card `card` for it.
+fn running(s: &mut ClusterState, name: &str, priority: i32, card: u32, percent: u32) {
+    s.apply_claim(&reserved(allocated(name, 1, card, percent), &[name]));
+    s.apply_pod(&claim_pod(name, &[name], json!({"nodeName": "dra", "priority": priority})));
+}
+
+fn victims(s: &mut ClusterState) -> Vec<(String, Vec<String>)> {
+    s.take_preemptions()
+        .into_iter()
+        .map(|p| (format!("{} on {}", p.pod.1, p.node), p.victims.into_iter().map(|v| v.pod.1).collect()))
+        .collect()
+}
+
+#[test]
+fn a_waiting_pod_preempts_the_fewest_pods_of_the_lowest_priority_and_the_node_is_held_for_it() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    running(&mut s, "low", 0, 0, 60);
+    running(&mut s, "mid", 5, 1, 60);
+    assert_eq!(free(&s, "dra"), vec![40, 40]);
+    // 80 % fits nowhere; ending `low` alone makes room (not `mid`, whose priority is higher).
+    s.apply_claim(&share("high", 1, 80));
+    s.apply_pod(&claim_pod("high", &["high"], json!({"priority": 100})));
+    assert!(s.plan_claims().is_empty());
+    assert_eq!(victims(&mut s), [("high on dra".to_owned(), vec!["low".to_owned()])]);
+    let said = warnings(&mut s);
+    assert!(
+        said.len() == 1 && said[0].contains("preempting pods of lower priority on dra to make room: t/low"),
+        "{said:?}"
+    );
+    // Nothing more while it waits; a pod of lower priority is not placed where it is nominated,
+    // though 40 % is free there now.
+    s.apply_claim(&share("other", 1, 30));
+    s.apply_pod(&claim_pod("other", &["other"], json!({"priority": 50})));
+    assert!(s.plan_claims().is_empty());
+    assert!(victims(&mut s).is_empty());
+    let said = warnings(&mut s);
+    assert!(
+        said.iter().any(|w| w.contains("t/other") && w.contains("held for pod t/high (priority 100)")),
+        "{said:?}"
+    );
+    assert!(said.iter().any(|w| w.contains("t/high") && w.contains("waiting for them to end")), "{said:?}");
+    // `low` ends; its claim is still allocated until the ResourceClaim controller deallocates it.
+    s.delete_pod(&claim_pod("low", &["low"], json!({"nodeName": "dra"})));
+    assert!(s.plan_claims().is_empty());
+    assert!(victims(&mut s).is_empty());
+    s.delete_claim(&allocated("low", 1, 0, 60));
+    // Then `high` takes card 0, first, and `other` the rest of card 1.
+    let writes = s.plan_claims();
+    let placed: Vec<(&str, &str)> = writes
+        .iter()
+        .map(|w| (w.pod.1.as_str(), w.allocation["devices"]["results"][0]["device"].as_str().unwrap()))
+        .collect();
+    assert_eq!(placed, [("high", "gpu-0"), ("other", "gpu-1")]);
+    assert_eq!(free(&s, "dra"), vec![20, 10]);
+}
+
+#[test]
+fn no_one_is_preempted_by_an_equal_priority_a_never_policy_a_shared_claim_or_a_refused_eviction() {
+    let mut s = state();
+    s.apply_node(&node("dra", 1, true));
+    running(&mut s, "a", 10, 0, 100);
+    // Same priority as the pod in the way: no preemption.
+    s.apply_claim(&share("same", 1, 50));
+    s.apply_pod(&claim_pod("same", &["same"], json!({"priority": 10})));
+    // Higher, but it may not preempt.
+    s.apply_claim(&share("never", 1, 50));
+    s.apply_pod(&claim_pod("never", &["never"], json!({"priority": 20, "preemptionPolicy": "Never"})));
+    assert!(s.plan_claims().is_empty());
+    assert!(victims(&mut s).is_empty());
+    // A claim also reserved for a pod of higher priority is not freed by ending `a`.
+    s.apply_claim(&reserved(allocated("a", 2, 0, 100), &["a", "vip"]));
+    s.apply_pod(&claim_pod("vip", &["a"], json!({"nodeName": "dra", "priority": 1000})));
+    s.apply_claim(&share("high", 1, 50));
+    s.apply_pod(&claim_pod("high", &["high"], json!({"priority": 100})));
+    assert!(s.plan_claims().is_empty());
+    assert!(victims(&mut s).is_empty());
+    // Reserved for `a` alone again: `high` preempts it; the eviction is refused (a
+    // PodDisruptionBudget), so it does not preempt again before the retry.
+    s.apply_claim(&reserved(allocated("a", 3, 0, 100), &["a"]));
+    assert!(s.plan_claims().is_empty());
+    assert_eq!(victims(&mut s), [("high on dra".to_owned(), vec!["a".to_owned()])]);
+    s.preemption_failed("p-high", std::time::Instant::now());
+    assert!(s.plan_claims().is_empty());
+    assert!(victims(&mut s).is_empty());
+    s.preempt_after.insert("p-high".into(), std::time::Instant::now());
+    assert!(s.plan_claims().is_empty());
+    assert_eq!(victims(&mut s).len(), 1);
+}
+
+#[test]
+fn a_pod_being_deleted_is_waited_for_not_preempted_and_higher_priority_pods_are_planned_first() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    running(&mut s, "going", 0, 0, 100);
+    let mut going = claim_pod("going", &["going"], json!({"nodeName": "dra"}));
+    going.metadata.deletion_timestamp = Some(serde_json::from_value(json!("2026-11-29T00:00:00Z")).unwrap());
+    s.apply_pod(&going);
+    // Two pods want the one free card: the higher priority gets it, whatever their order.
+    s.apply_claim(&claim("a-low", 1, json!({})));
+    s.apply_pod(&claim_pod("a-low", &["a-low"], json!({"priority": 1})));
+    s.apply_claim(&claim("b-high", 1, json!({})));
+    s.apply_pod(&claim_pod("b-high", &["b-high"], json!({"priority": 2})));
+    let writes = s.plan_claims();
+    assert_eq!(writes.iter().map(|w| w.pod.1.as_str()).collect::<Vec<_>>(), ["b-high"]);
+    // `a-low` preempts no one: the pod in its way is being deleted already.
+    assert!(victims(&mut s).is_empty());
+    let said = warnings(&mut s);
+    assert!(
+        said.iter().any(|w| w.contains("t/a-low") && w.contains("waiting for pods being deleted on dra")),
+        "{said:?}"
+    );
+}
+
+#[test]
+fn why_names_the_pods_whose_end_would_make_room_for_a_pod_waiting_on_claims() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    running(&mut s, "x", 0, 0, 70);
+    running(&mut s, "y", 100, 1, 50);
+    // Ending either makes room: the one of lower priority is named.
+    s.apply_claim(&share("want", 1, 60));
+    let pod = claim_pod("want", &["want"], json!({}));
+    s.apply_pod(&pod);
+    let verdicts = s.why(&pod).unwrap();
+    assert_eq!(
+        (verdicts[0].fits, verdicts[0].freed_by.clone()),
+        (false, vec!["t/x".to_owned()]),
+        "{verdicts:?}"
+    );
+}

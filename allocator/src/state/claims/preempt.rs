@@ -1,0 +1,277 @@
+//! Preemption for pods waiting on claims. kube-scheduler does not see such a pod while nano-gpu
+//! places its claims (the webhook's scheduling gate holds it), so kube-scheduler's own preemption never
+//! runs for it. When no node takes a waiting pod's claims, the planner does what kube-scheduler's
+//! default preemption does, over the same nodes the pod may go to:
+//!
+//! - on each node, the pods of lower priority are the candidates; ending all of them (and the pods
+//!   being deleted there already) must make room for the claims, judged by the engine's own fit on the
+//!   node with what they hold given back (a claim is given back once every pod it is reserved for
+//!   ends: the ResourceClaim controller deallocates it then);
+//! - then as many candidates as can be are spared, the highest priority first;
+//! - the node chosen is the one whose victims' highest priority is lowest, then the smallest sum of
+//!   priorities, then the fewest victims, then the name.
+//!
+//! The victims are evicted through the Eviction API by the leader ([`crate::dra`]), so
+//! PodDisruptionBudgets hold (where kube-scheduler only prefers nodes that violate fewer); a refused
+//! eviction gives the node up for [`RETRY`]. Until the victims are gone and their claims
+//! deallocated, the pod is nominated to the node: no pod of its priority or lower is placed there.
+//! A pod whose `preemptionPolicy` is `Never` preempts no one.
+
+use super::ClaimPod;
+use crate::state::ClusterState;
+use crate::state::decode::PodRecord;
+use nano_gpu_engine::model::{Node, NodeId};
+use nano_gpu_engine::request::{Request, Tightest, fit};
+use nano_gpu_proto::units::Percent;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// How long a pod whose victims' eviction was refused waits before preempting again.
+pub const RETRY: Duration = Duration::from_secs(30);
+
+/// Pods to evict so that a waiting pod's claims fit on a node ([`ClusterState::take_preemptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    /// The waiting pod (namespace, name).
+    pub pod: (String, String),
+    /// Its uid.
+    pub pod_uid: String,
+    /// Its priority.
+    pub priority: i32,
+    /// The node it is nominated to.
+    pub node: String,
+    /// The pods to evict, highest priority first.
+    pub victims: Vec<Victim>,
+}
+
+/// A pod to evict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Victim {
+    /// Its uid.
+    pub uid: String,
+    /// (namespace, name).
+    pub pod: (String, String),
+    /// Its priority.
+    pub priority: i32,
+}
+
+/// A waiting pod nominated to a node where pods were preempted for it: the pods it waits for to end
+/// (victims and those being deleted anyway) and the claims their end frees.
+#[derive(Clone, Debug)]
+pub(in crate::state) struct Nomination {
+    node: String,
+    priority: i32,
+    key: (String, String),
+    ending: Vec<String>,
+    claims: Vec<String>,
+}
+
+/// What ending some pods on a node frees: the pods (victims and pods being deleted anyway), and the
+/// claims given back with them.
+struct Freed {
+    ending: BTreeSet<String>,
+    claims: Vec<String>,
+}
+
+impl ClusterState {
+    /// Preemption for waiting pod `pod_uid` (`pod`), whose claims (`req`) no node of `candidates`
+    /// takes now: what it does, to be added to the pod's warning (`None`: nothing).
+    pub(super) fn preempt_for_claims(
+        &mut self,
+        pod_uid: &str,
+        pod: &ClaimPod,
+        req: &Request,
+        candidates: &[NodeId],
+    ) -> Option<String> {
+        if let Some(n) = self.nominations.get(pod_uid) {
+            let waiting = n.ending.iter().any(|uid| self.pods.contains_key(uid))
+                || n.claims.iter().any(|uid| self.claim_held(uid).is_some());
+            if waiting {
+                return Some(format!(
+                    "; pods of lower priority on {} were preempted for it: waiting for them to end",
+                    n.node
+                ));
+            }
+            self.nominations.remove(pod_uid);
+        }
+        if !pod.may_preempt || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t) {
+            return None;
+        }
+        let cluster = self.extender.engine().cluster();
+        let mut best: Option<((i32, i64, usize, String), Freed)> = None;
+        for id in candidates {
+            let name = cluster.node(*id).name.clone();
+            let Some(freed) = self.freed_on(&name, req, Some(pod.priority)) else { continue };
+            let victims: Vec<&PodRecord> = self.victims(&freed).map(|(_, p)| p).collect();
+            let rank = (
+                victims.iter().map(|p| p.priority).max().unwrap_or(i32::MIN),
+                victims.iter().map(|p| i64::from(p.priority)).sum(),
+                victims.len(),
+                name,
+            );
+            if best.as_ref().is_none_or(|(b, _)| rank < *b) {
+                best = Some((rank, freed));
+            }
+        }
+        let ((_, _, _, node), freed) = best?;
+        let mut victims: Vec<Victim> = self
+            .victims(&freed)
+            .map(|(uid, p)| Victim { uid: uid.clone(), pod: p.key.clone(), priority: p.priority })
+            .collect();
+        victims.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.pod.cmp(&b.pod)));
+        let names: Vec<String> = victims.iter().map(|v| format!("{}/{}", v.pod.0, v.pod.1)).collect();
+        self.nominations.insert(
+            pod_uid.to_owned(),
+            Nomination {
+                node: node.clone(),
+                priority: pod.priority,
+                key: pod.key.clone(),
+                ending: freed.ending.into_iter().collect(),
+                claims: freed.claims,
+            },
+        );
+        if victims.is_empty() {
+            return Some(format!("; waiting for pods being deleted on {node} to end"));
+        }
+        self.preemptions.push(Preemption {
+            pod: pod.key.clone(),
+            pod_uid: pod_uid.to_owned(),
+            priority: pod.priority,
+            node: node.clone(),
+            victims,
+        });
+        Some(format!("; preempting pods of lower priority on {node} to make room: {}", names.join(", ")))
+    }
+
+    /// The pods of `freed` that are not being deleted already, with their records.
+    fn victims<'a>(&'a self, freed: &'a Freed) -> impl Iterator<Item = (&'a String, &'a PodRecord)> {
+        freed
+            .ending
+            .iter()
+            .filter_map(|uid| self.pods.get(uid).map(|p| (uid, p)))
+            .filter(|(_, p)| !p.terminating)
+    }
+
+    /// The fewest pods on `node` (of priority below `below`, any when `None`) whose end, with the
+    /// pods being deleted there, makes room for `req`: the pods of the highest priority are spared
+    /// first. `None`: ending them all would not make room, or the node's claims cannot be trusted.
+    fn freed_on(&self, node: &str, req: &Request, below: Option<i32>) -> Option<Freed> {
+        let cluster = self.extender.engine().cluster();
+        let base = cluster.node(cluster.id(node)?);
+        if self.claims_held_on(node).iter().any(|(_, held)| held.is_none()) {
+            return None;
+        }
+        let here: Vec<(&String, &PodRecord)> = self
+            .by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| self.pods.get(uid).map(|p| (uid, p)))
+            .collect();
+        let mut candidates: Vec<(&String, &PodRecord)> = here
+            .iter()
+            .copied()
+            .filter(|(_, p)| !p.terminating && below.is_none_or(|b| p.priority < b))
+            .collect();
+        let mut ending: BTreeSet<String> = here
+            .iter()
+            .filter(|(_, p)| p.terminating)
+            .chain(&candidates)
+            .map(|(uid, _)| (*uid).clone())
+            .collect();
+        if ending.is_empty() || !self.fits_without(base, node, &ending, req) {
+            return None;
+        }
+        candidates.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then_with(|| a.0.cmp(b.0)));
+        for (uid, _) in candidates {
+            ending.remove(uid);
+            if !self.fits_without(base, node, &ending, req) {
+                ending.insert(uid.clone());
+            }
+        }
+        let claims = self.claims_freed(node, &ending);
+        Some(Freed { ending, claims })
+    }
+
+    /// Whether `req` fits on `base` (node `name`) once the pods `ending` and the claims their end
+    /// frees give back what they hold.
+    fn fits_without(&self, base: &Node, name: &str, ending: &BTreeSet<String>, req: &Request) -> bool {
+        let mut n = base.clone();
+        for p in ending.iter().filter_map(|uid| self.pods.get(uid)) {
+            n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
+            n.mem_free = (n.mem_free + p.mem).min(n.mem_total);
+        }
+        for uid in self.claims_freed(name, ending) {
+            for d in self.claim_held(&uid).into_iter().flat_map(|h| &h.devices) {
+                let Some(c) = d.card.as_ref().ok().and_then(|i| n.cards.iter_mut().find(|c| c.index == *i))
+                else {
+                    continue;
+                };
+                let memory = d.memory.unwrap_or_else(|| d.percent.of(c.mem_total));
+                c.free = (c.free + d.percent).min(Percent::FULL);
+                c.mem_free = (c.mem_free + memory).min(c.mem_total);
+            }
+        }
+        fit(&n, req, &mut Tightest).is_ok()
+    }
+
+    /// The claims on `node` that every pod they are reserved for is among `ending` (a claim reserved
+    /// for no pod, or for something else than pods, is not freed by ending pods).
+    fn claims_freed(&self, node: &str, ending: &BTreeSet<String>) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .claims_on
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter(|uid| {
+                let users = self.claims.get(*uid).and_then(|c| c.users.as_ref());
+                users.is_some_and(|u| !u.is_empty() && u.iter().all(|p| ending.contains(p)))
+            })
+            .cloned()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The pods (`namespace/name`, sorted) on `node` whose end would make room for `req`, of any
+    /// priority, for `why`.
+    pub(super) fn freed_by(&self, node: &str, req: &Request) -> Vec<String> {
+        let Some(freed) = self.freed_on(node, req, None) else { return Vec::new() };
+        let mut names: Vec<String> =
+            self.victims(&freed).map(|(_, p)| format!("{}/{}", p.key.0, p.key.1)).collect();
+        names.sort();
+        names
+    }
+
+    /// Whether node `node` is held for a pod other than `pod_uid` (of priority `priority` or more)
+    /// that preempted pods there: that pod, as a reason not to place there.
+    pub(super) fn nominated_elsewhere(&self, node: &str, pod_uid: &str, priority: i32) -> Option<String> {
+        self.nominations
+            .iter()
+            .find(|(uid, n)| *uid != pod_uid && n.node == node && n.priority >= priority)
+            .map(|(_, n)| {
+                format!(
+                    "held for pod {}/{} (priority {}), which preempted pods there and waits for them to end",
+                    n.key.0, n.key.1, n.priority
+                )
+            })
+    }
+
+    /// The waiting pod `pod_uid` was placed or is gone: it is nominated nowhere.
+    pub(super) fn end_nomination(&mut self, pod_uid: &str) {
+        self.nominations.remove(pod_uid);
+        self.preempt_after.remove(pod_uid);
+    }
+
+    /// The evictions a plan decided, to be carried out by the leader.
+    pub fn take_preemptions(&mut self) -> Vec<Preemption> {
+        std::mem::take(&mut self.preemptions)
+    }
+
+    /// Evicting a victim for waiting pod `pod_uid` was refused or failed: its nomination ends, and it
+    /// preempts again after [`RETRY`] (at `now`).
+    pub fn preemption_failed(&mut self, pod_uid: &str, now: Instant) {
+        self.nominations.remove(pod_uid);
+        self.preempt_after.insert(pod_uid.to_owned(), now + RETRY);
+    }
+}
