@@ -20,7 +20,8 @@
 //! where kube-scheduler would reserve the claim for it; after the agent and then the kubelet of node-2 restart
 //! the running pods keep running (no container restart) and a new claim is prepared; after the
 //! leading allocator is deleted the next leader allocates a new claim without over-committing a
-//! card; a deleted pod's claim is unprepared (its CDI spec goes).
+//! card; on the full node, a pod of higher priority preempts the one pod whose end frees a card (a
+//! Preempted Event on it) and runs there; a deleted pod's claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -177,6 +178,7 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
         cards.insert(name, seen);
     }
     assert_eq!(cards["two"].len(), 2);
+    let two = cards["two"].clone();
     assert_ne!(cards["share-30"], cards["share-80"]);
     assert_eq!(cards["share-20"], cards["share-80"], "the 20 % share did not go where the policy packs it");
     // `kubectl nano-gpu inspect` counts the claims and names each on its card.
@@ -399,6 +401,31 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     claims.create(&post, &claim("after-failover", 1, Some(30))).await.unwrap();
     create(&pods, &claim_pod("after-failover")).await;
     run_and_check(&pods, &claims, &slices, "after-failover").await;
+    assert_eq!(over_capacity().await, vec![]);
+
+    // node-2's four cards are full now. A pod of higher priority asking a whole card: kube-scheduler
+    // never preempts for it (it cannot allocate the class), nano-gpu does: the fewest pods of lower
+    // priority whose end frees a card, here `two` alone (its claim holds two whole cards), evicted
+    // with a Preempted Event; its claim is deallocated once it is gone, and the pod runs on one of
+    // those cards.
+    assert!(cluster.apply(
+        r#"{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": "nano-gpu-e2e-high"}, "value": 1000}"#
+    ));
+    claims.create(&post, &claim("urgent", 1, None)).await.unwrap();
+    let mut urgent = claim_pod("urgent");
+    urgent.spec.as_mut().unwrap().priority_class_name = Some("nano-gpu-e2e-high".into());
+    create(&pods, &urgent).await;
+    let (_, seen) = run_and_check(&pods, &claims, &slices, "urgent").await;
+    assert!(seen.is_subset(&two), "urgent runs on {seen:?}, not on one of two's cards {:?}", two);
+    assert!(pods.get_opt("two").await.unwrap().is_none(), "two still there");
+    let preempted = events.list(&ListParams::default()).await.unwrap().items.into_iter().find(|e| {
+        e.reason.as_deref() == Some("Preempted") && e.involved_object.name.as_deref() == Some("two")
+    });
+    let said = preempted.and_then(|e| e.message).unwrap_or_default();
+    assert!(said.contains(&format!("for pod {NS}/urgent (priority 1000")), "Preempted on two: {said:?}");
+    let others = ["share-30", "share-80", "share-20", "by-model", "converted", "share-10", "after-failover"];
+    wait_running(&pods, &others.map(String::from), Duration::from_secs(10)).await;
     assert_eq!(over_capacity().await, vec![]);
 
     // A pod that goes: the kubelet unprepares its claim, and its CDI spec is gone from node-2.

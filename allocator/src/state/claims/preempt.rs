@@ -7,7 +7,8 @@
 //!   being deleted there already) must make room for the claims, judged by the engine's own fit on the
 //!   node with what they hold given back (a claim is given back once every pod it is reserved for
 //!   ends: the ResourceClaim controller deallocates it then);
-//! - then as many candidates as can be are spared, the highest priority first;
+//! - then as many candidates as can be are spared, the highest priority first, and among equals
+//!   those holding the least of the cards first (so that the victims are few);
 //! - the node chosen is the one whose victims' highest priority is lowest, then the smallest sum of
 //!   priorities, then the fewest victims, then the name.
 //!
@@ -168,7 +169,7 @@ impl ClusterState {
             .flatten()
             .filter_map(|uid| self.pods.get(uid).map(|p| (uid, p)))
             .collect();
-        let mut candidates: Vec<(&String, &PodRecord)> = here
+        let candidates: Vec<(&String, &PodRecord)> = here
             .iter()
             .copied()
             .filter(|(_, p)| !p.terminating && below.is_none_or(|b| p.priority < b))
@@ -182,8 +183,11 @@ impl ClusterState {
         if ending.is_empty() || !self.fits_without(base, node, &ending, req) {
             return None;
         }
-        candidates.sort_by(|a, b| b.1.priority.cmp(&a.1.priority).then_with(|| a.0.cmp(b.0)));
-        for (uid, _) in candidates {
+        // Spared first: the highest priority, then (to keep the victims few) those holding least.
+        let mut candidates: Vec<(i32, u32, &String)> =
+            candidates.into_iter().map(|(uid, p)| (p.priority, self.percent_held(node, uid), uid)).collect();
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then_with(|| a.2.cmp(b.2)));
+        for (_, _, uid) in candidates {
             ending.remove(uid);
             if !self.fits_without(base, node, &ending, req) {
                 ending.insert(uid.clone());
@@ -213,6 +217,14 @@ impl ClusterState {
             }
         }
         fit(&n, req, &mut Tightest).is_ok()
+    }
+
+    /// Percent of cards pod `uid` holds on `node`, through the claims reserved for it there.
+    fn percent_held(&self, node: &str, uid: &str) -> u32 {
+        let mine = self.claims_on.get(node).into_iter().flatten().filter(|c| {
+            self.claims.get(*c).and_then(|c| c.users.as_ref()).is_some_and(|u| u.iter().any(|p| p == uid))
+        });
+        mine.filter_map(|c| self.claim_held(c)).flat_map(|h| &h.devices).map(|d| d.percent.0).sum()
     }
 
     /// The claims on `node` that every pod they are reserved for is among `ending` (a claim reserved

@@ -554,3 +554,17 @@ fn why_names_the_pods_whose_end_would_make_room_for_a_pod_waiting_on_claims() {
         "{verdicts:?}"
     );
 }
+
+#[test]
+fn among_pods_of_one_priority_the_fewest_are_preempted() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    // Card 0 holds two halves, card 1 one whole card (its pod first in uid order).
+    running(&mut s, "x", 0, 0, 50);
+    running(&mut s, "y", 0, 0, 50);
+    running(&mut s, "a-whole", 0, 1, 100);
+    s.apply_claim(&claim("high", 1, json!({})));
+    s.apply_pod(&claim_pod("high", &["high"], json!({"priority": 1})));
+    assert!(s.plan_claims().is_empty());
+    assert_eq!(victims(&mut s), [("high on dra".to_owned(), vec!["a-whole".to_owned()])]);
+}
