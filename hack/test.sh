@@ -50,6 +50,8 @@ step "containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
 bash hack/containerd-build.sh >/dev/null
 step "gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
 bash hack/gpushare-inspect-build.sh >/dev/null
+step "the Prometheus Operator, for its component's test (hack/prometheus-operator-build.sh)"
+bash hack/prometheus-operator-build.sh >/dev/null
 # The upgrade test starts from the previous version: built once per commit (a cold build of its
 # binaries takes some minutes), here rather than inside the test.
 step "the previous version, for the upgrade test (hack/previous-build.sh)"

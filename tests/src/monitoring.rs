@@ -43,13 +43,21 @@ impl Prometheus {
         let mut config: Value = serde_saphyr::from_str(&text).unwrap();
         config["global"]["scrape_interval"] = interval.into();
         config["global"]["evaluation_interval"] = interval.into();
+        std::fs::copy(kit().join("alerts.yml"), dir.join("alerts.yml")).unwrap();
+        Prometheus::run(cluster, client, dir, config).await
+    }
+
+    /// Starts Prometheus in `dir` with `config` (its rule files already in place), every job's
+    /// Kubernetes discovery replaced by a file of what it would discover in `nano-gpu-system`, after
+    /// `promtool check config` accepted it.
+    pub async fn run(cluster: &Cluster, client: &kube::Client, dir: &Path, mut config: Value) -> Prometheus {
+        std::fs::create_dir_all(dir).unwrap();
         let targets = dir.join("targets.json");
         for job in config["scrape_configs"].as_array_mut().unwrap() {
             let job = job.as_object_mut().unwrap();
             assert!(job.remove("kubernetes_sd_configs").is_some(), "every job discovers pods: {job:?}");
             job.insert("file_sd_configs".into(), json!([{"files": [targets.display().to_string()]}]));
         }
-        std::fs::copy(kit().join("alerts.yml"), dir.join("alerts.yml")).unwrap();
         let file = dir.join("prometheus.json");
         std::fs::write(&file, config.to_string()).unwrap();
         std::fs::write(&targets, discovered(client).await.to_string()).unwrap();
@@ -109,7 +117,8 @@ impl Prometheus {
 }
 
 /// What Kubernetes discovery (role `pod`) would give for every container port of every pod in
-/// `nano-gpu-system`: the address and the `__meta_kubernetes_*` labels the kit's relabelling reads.
+/// `nano-gpu-system`: the address and the `__meta_kubernetes_*` labels the kit's relabelling and the
+/// Prometheus Operator's read (not the annotations, owners and host IP, which neither reads).
 async fn discovered(client: &kube::Client) -> Value {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "nano-gpu-system");
     let mut groups = Vec::new();
@@ -120,18 +129,31 @@ async fn discovered(client: &kube::Client) -> Value {
         };
         for c in &spec.containers {
             for port in c.ports.iter().flatten() {
+                let status = p.status.as_ref();
+                let ready = status
+                    .and_then(|s| s.conditions.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
                 let mut labels = json!({
                     "__meta_kubernetes_namespace": "nano-gpu-system",
                     "__meta_kubernetes_pod_name": p.metadata.name,
+                    "__meta_kubernetes_pod_uid": p.metadata.uid,
+                    "__meta_kubernetes_pod_ip": ip,
                     "__meta_kubernetes_pod_node_name": spec.node_name,
+                    "__meta_kubernetes_pod_phase": status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+                    "__meta_kubernetes_pod_ready": ready.to_string(),
                     "__meta_kubernetes_pod_container_name": c.name,
+                    "__meta_kubernetes_pod_container_init": "false",
                     "__meta_kubernetes_pod_container_port_name": port.name.clone().unwrap_or_default(),
                     "__meta_kubernetes_pod_container_port_number": port.container_port.to_string(),
+                    "__meta_kubernetes_pod_container_port_protocol": port.protocol.clone().unwrap_or("TCP".into()),
                 });
                 for (k, v) in p.metadata.labels.iter().flatten() {
                     let key: String =
                         k.chars().map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' }).collect();
                     labels[format!("__meta_kubernetes_pod_label_{key}")] = v.clone().into();
+                    labels[format!("__meta_kubernetes_pod_labelpresent_{key}")] = "true".into();
                 }
                 groups.push(json!({"targets": [format!("{ip}:{}", port.container_port)], "labels": labels}));
             }
