@@ -1,5 +1,6 @@
 //! End to end on the local cluster (`hack/cluster.sh`): three real nodes (a kubelet on its own
-//! containerd each, fake NVML cards through the real driver-library path), kube-controller-manager,
+//! containerd each: node-1 and node-2 Debian's containerd 1.6, node-3 containerd 2 with CDI; fake
+//! NVML cards through the real driver-library path), kube-controller-manager,
 //! kube-proxy, and nano-gpu installed as shipped (`kubectl apply -f deploy/`: the allocator
 //! Deployment with kube-scheduler in its pod, the agent DaemonSet, the webhook through its Service).
 //! One cluster for the whole test, the steps in order; each step says what it proves.
@@ -405,7 +406,7 @@ fn workers(replicas: u32, percent: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_system_works_on_real_nodes() {
-    let cluster = Cluster::up("e2e", 3);
+    let cluster = Cluster::up_with_containerd2("e2e", 3, 1);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
     // The tenants' namespace under Pod Security baseline, as the README asks.
