@@ -127,10 +127,46 @@ pub struct Driver<C> {
     pub limit: Option<Arc<dyn PodLimit>>,
 }
 
+/// One request's reads: each claim and pod is read from `C` once. The kubelet prepares a pod's
+/// claims of a driver in one request, and with the driver's memory limit each claim's preparation
+/// reads the pod and its other claims: without this, k claims of a pod cost k² reads.
+struct Memo<'a, C> {
+    inner: &'a C,
+    claims: std::sync::Mutex<std::collections::HashMap<(String, String), ResourceClaim>>,
+    pods: std::sync::Mutex<std::collections::HashMap<(String, String), Pod>>,
+}
+
+impl<'a, C: Claims> Memo<'a, C> {
+    fn new(inner: &'a C) -> Self {
+        Memo { inner, claims: Default::default(), pods: Default::default() }
+    }
+
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        let key = (namespace.to_owned(), name.to_owned());
+        if let Some(c) = self.claims.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(c.clone());
+        }
+        let c = self.inner.get(namespace, name).await?;
+        self.claims.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c.clone());
+        Ok(c)
+    }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
+        let key = (namespace.to_owned(), name.to_owned());
+        if let Some(p) = self.pods.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let p = self.inner.pod(namespace, name).await?;
+        self.pods.lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+        Ok(p)
+    }
+}
+
 impl<C: Claims> Driver<C> {
-    /// Prepares one claim: reads it, checks its allocation against the cards, writes its CDI spec.
-    async fn prepare(&self, claim: &Claim) -> Result<Vec<Device>, String> {
-        let read = self.claims.get(&claim.namespace, &claim.name).await?;
+    /// Prepares one claim: reads it (through `reads`, the request's), checks its allocation against
+    /// the cards, writes its CDI spec.
+    async fn prepare(&self, reads: &Memo<'_, C>, claim: &Claim) -> Result<Vec<Device>, String> {
+        let read = reads.get(&claim.namespace, &claim.name).await?;
         let uid = read.metadata.uid.as_deref().unwrap_or("");
         if uid != claim.uid {
             return Err(format!(
@@ -143,7 +179,7 @@ impl<C: Claims> Driver<C> {
         let prepared = prepare::prepare(&grants, &cards, &self.edits)?;
         // Before the spec: no container can be given the card until its pod's limit is set.
         if let Some(limit) = &self.limit {
-            limit::set(&self.claims, limit, &read, &grants, &self.node, &cards).await?;
+            limit::set(reads, limit, &read, &grants, &self.node, &cards).await?;
         }
         cdi::write(&self.cdi_dir, uid, &cdi::spec(uid, &prepared))
             .map_err(|e| format!("writing the CDI spec in {}: {e}", self.cdi_dir.display()))?;
@@ -181,8 +217,9 @@ impl<C: Claims> DraPlugin for Driver<C> {
         request: Request<NodePrepareResourcesRequest>,
     ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
         let mut response = NodePrepareResourcesResponse::default();
+        let reads = Memo::new(&self.claims);
         for claim in request.into_inner().claims {
-            let answer = match self.prepare(&claim).await {
+            let answer = match self.prepare(&reads, &claim).await {
                 Ok(devices) => NodePrepareResourceResponse { devices, error: String::new() },
                 Err(error) => {
                     tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error, "claim not prepared");

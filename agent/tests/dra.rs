@@ -22,12 +22,18 @@ use tonic::transport::Channel;
 
 const NODE: &str = "node-1";
 
-/// Claims (and pods) as the API server has them, by namespace and name.
+/// Claims (and pods) as the API server has them, by namespace and name, and every read made
+/// (`claim <name>`, `pod <name>`).
 #[derive(Clone, Default)]
-struct Store(Arc<Mutex<HashMap<(String, String), ResourceClaim>>>, Arc<Mutex<HashMap<String, Pod>>>);
+struct Store(
+    Arc<Mutex<HashMap<(String, String), ResourceClaim>>>,
+    Arc<Mutex<HashMap<String, Pod>>>,
+    Arc<Mutex<Vec<String>>>,
+);
 
 impl Claims for Store {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        self.2.lock().unwrap().push(format!("claim {name}"));
         let claims = self.0.lock().unwrap();
         claims
             .get(&(namespace.to_owned(), name.to_owned()))
@@ -37,6 +43,7 @@ impl Claims for Store {
 
     async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
         assert_eq!(namespace, "team-a");
+        self.2.lock().unwrap().push(format!("pod {name}"));
         self.1.lock().unwrap().get(name).cloned().ok_or_else(|| format!("pod {name} not found"))
     }
 }
@@ -634,6 +641,11 @@ async fn with_the_drivers_memory_limit_a_claims_pod_is_limited_before_its_spec_i
     assert!(error("uid-q-gpu").contains("reserved for pods intruder too"), "{}", error("uid-q-gpu"));
     // The pod's limit on gpu-0 is what all its claims hold there; the whole card gets none.
     assert_eq!(*limits.0.lock().unwrap(), vec![("GPU-aaaa".to_owned(), "uid-p".to_owned(), 2048 + 16384)]);
+    // One request reads each claim and pod once, however many of the pod's claims it prepares.
+    let reads = store.2.lock().unwrap().clone();
+    for read in ["claim p-gpu", "claim p-more", "claim p-whole", "pod p"] {
+        assert_eq!(reads.iter().filter(|r| *r == read).count(), 1, "{read}: {reads:?}");
+    }
     let mut written = cdi::prepared(&running.paths.cdi_dir).unwrap();
     written.sort();
     assert_eq!(written, vec!["uid-p-gpu", "uid-p-whole", "uid-shared-whole"], "a refused claim has no spec");

@@ -64,8 +64,8 @@ pub fn pod_claim_names(pod: &Pod) -> Vec<String> {
 /// NVIDIA card. A claim not made for one pod, a pod that cannot be read, or a limit that cannot be
 /// set is an error that names it: the kubelet then prepares the claim again later, and starts no
 /// container of the pod unlimited meanwhile.
-pub async fn set<C: Claims>(
-    claims: &C,
+pub(super) async fn set<C: Claims>(
+    claims: &super::Memo<'_, C>,
     limit: &Arc<dyn PodLimit>,
     claim: &ResourceClaim,
     grants: &[Grant],
