@@ -162,6 +162,8 @@ pub struct ClusterState {
     /// not yet taken ([`ClusterState::take_preemptions`]).
     nominations: HashMap<String, claims::preempt::Nomination>,
     preempt_after: HashMap<String, Instant>,
+    /// Per waiting pod, the generation of the view its last search for victims was made on.
+    preempt_searched: HashMap<String, u64>,
     preemptions: Vec<Preemption>,
 }
 
@@ -308,6 +310,7 @@ impl ClusterState {
             filter_holds: HashMap::new(),
             nominations: HashMap::new(),
             preempt_after: HashMap::new(),
+            preempt_searched: HashMap::new(),
             preemptions: Vec::new(),
         }
     }

@@ -98,6 +98,12 @@ impl ClusterState {
         if !pod.may_preempt || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t) {
             return None;
         }
+        // The search weighs every pod of every node the pod may go to: done again only once the
+        // view changed since it last found nothing for this pod.
+        if self.preempt_searched.get(pod_uid) == Some(&self.generation) {
+            return None;
+        }
+        self.preempt_searched.insert(pod_uid.to_owned(), self.generation);
         let cluster = self.extender.engine().cluster();
         let mut best: Option<((i32, i64, usize, String), Freed)> = None;
         for id in candidates {
@@ -273,6 +279,7 @@ impl ClusterState {
     pub(super) fn end_nomination(&mut self, pod_uid: &str) {
         self.nominations.remove(pod_uid);
         self.preempt_after.remove(pod_uid);
+        self.preempt_searched.remove(pod_uid);
     }
 
     /// The evictions a plan decided, to be carried out by the leader.
@@ -284,6 +291,7 @@ impl ClusterState {
     /// preempts again after [`RETRY`] (at `now`).
     pub fn preemption_failed(&mut self, pod_uid: &str, now: Instant) {
         self.nominations.remove(pod_uid);
+        self.preempt_searched.remove(pod_uid);
         self.preempt_after.insert(pod_uid.to_owned(), now + RETRY);
     }
 }
