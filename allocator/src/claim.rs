@@ -8,7 +8,9 @@
 //! capacity `percent` (1 to 100; default the whole card) and/or `memory`. A share (less than a whole
 //! card, or memory only) is one card (`count` 1). Card models are chosen with CEL selectors of one
 //! form only, `device.attributes["gpu.nano-gpu.io"].model == "<model>"`, several joined by `||`
-//! ([`selected_models`]), or with the pod's `nano-gpu/gpu-model` annotation. Refused with the reason,
+//! ([`selected_models`]), or with the pod's `nano-gpu/gpu-model` annotation; whole cards also by
+//! their memory, `device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("<q>")) >= 0`
+//! ([`least_card_memory`]). Refused with the reason,
 //! never silently changed: any other CEL selector, `All` mode,
 //! `firstAvailable`, constraints, admin access, an opaque configuration for the driver, a claim that
 //! mixes this class with others.
@@ -176,13 +178,20 @@ fn slot(claim: &str, request: &str, exactly: Option<&ExactDeviceRequest>) -> Res
         return Err(format!("{at}: firstAvailable is not supported for {CLASS}; use exactly"));
     };
     let mut models: Option<Vec<String>> = None;
+    // The least memory a card must have (its `memory` capacity), from selectors.
+    let mut card_memory: Option<MiB> = None;
     for selector in e.selectors.iter().flatten() {
         let expression = selector.cel.as_ref().map(|c| c.expression.as_str()).unwrap_or_default();
+        if let Some(least) = least_card_memory(expression) {
+            card_memory = card_memory.max(Some(least));
+            continue;
+        }
         let allowed = selected_models(expression).ok_or_else(|| {
             format!(
                 "{at}: the CEL selector {expression:?} is not one nano-gpu allocates (it chooses the card); \
                  select models as device.attributes[\"{DRIVER}\"].model == \"<model>\" (several joined by ||) \
-                 or with the pod's annotation nano-gpu/gpu-model"
+                 or with the pod's annotation nano-gpu/gpu-model, and whole cards by their memory as \
+                 device.capacity[\"{DRIVER}\"].memory.compareTo(quantity(\"<quantity>\")) >= 0"
             )
         })?;
         // Selectors all hold: the models each allows, together.
@@ -223,9 +232,16 @@ fn slot(claim: &str, request: &str, exactly: Option<&ExactDeviceRequest>) -> Res
         }
     }
     let memory_asked = memory.is_some();
+    let whole = matches!(percent, Some(Percent::FULL)) || (percent.is_none() && memory.is_none());
+    if card_memory.is_some() && !whole {
+        return Err(format!(
+            "{at}: a selector on the card's memory is read for whole cards only; a share asks the \
+             memory it holds as capacity ({MEMORY}), and the card must have that much free"
+        ));
+    }
     let demand = match percent {
-        None if memory.is_none() => SlotDemand::Whole { cards: count as u32, mem: None },
-        Some(Percent::FULL) => SlotDemand::Whole { cards: count as u32, mem: memory },
+        None if memory.is_none() => SlotDemand::Whole { cards: count as u32, mem: card_memory },
+        Some(Percent::FULL) => SlotDemand::Whole { cards: count as u32, mem: memory.max(card_memory) },
         _ if count > 1 => {
             return Err(format!(
                 "{at}: a share (less than a whole card) is one card: count 1, or ask whole cards"
@@ -260,6 +276,30 @@ pub fn selected_models(expression: &str) -> Option<Vec<String>> {
         models.push(model.to_owned());
     }
     Some(models)
+}
+
+/// The least card memory a CEL selector of the one memory form nano-gpu reads asks:
+/// `device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("<quantity>")) >= 0` (or `> 0`:
+/// one MiB more; either quote, any spacing); `None` for any other expression.
+pub fn least_card_memory(expression: &str) -> Option<MiB> {
+    let text: String = expression.chars().filter(|c| !c.is_whitespace()).collect();
+    let rest =
+        [format!("device.capacity[\"{DRIVER}\"].{MEMORY}"), format!("device.capacity['{DRIVER}'].{MEMORY}")]
+            .iter()
+            .find_map(|prefix| text.strip_prefix(prefix.as_str()))?;
+    let rest = rest.strip_prefix(".compareTo(quantity(")?;
+    let quote = rest.chars().next().filter(|q| *q == '"' || *q == '\'')?;
+    let (q, rest) = rest[1..].split_once(quote)?;
+    let strictly = match rest.strip_prefix("))")? {
+        ">=0" => false,
+        ">0" => true,
+        _ => return None,
+    };
+    // Cards' memory is whole MiB: at least the quantity rounded up, or one MiB more than a quantity
+    // of whole MiB when it must be more.
+    let mib = quantity::mebibytes(q).ok()?;
+    let whole_mib = quantity::bytes(q).ok()? % (1 << 20) == 0;
+    Some(MiB(mib + u64::from(strictly && whole_mib)))
 }
 
 /// What the driver's devices in the claim's allocation hold.

@@ -106,6 +106,11 @@ pub fn mebibytes(text: &str) -> Result<u64, QuantityError> {
     scaled_ceil(text, 0, 20)
 }
 
+/// Memory quantity in bytes, rounded up (`"1Ki"` → 1024, `"1.5"` → 2).
+pub fn bytes(text: &str) -> Result<u64, QuantityError> {
+    scaled_ceil(text, 0, 0)
+}
+
 /// A count that must be a whole number (extended resources): `"30"` → 30; `"1.5"` and `"500m"` are errors.
 pub fn whole(text: &str) -> Result<u64, QuantityError> {
     let milli = scaled_ceil(text, 3, 0)?;

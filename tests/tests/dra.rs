@@ -20,8 +20,8 @@
 //! where kube-scheduler would reserve the claim for it; after the agent and then the kubelet of node-2 restart
 //! the running pods keep running (no container restart) and a new claim is prepared; after the
 //! leading allocator is deleted the next leader allocates a new claim without over-committing a
-//! card; on the full node, a pod of higher priority preempts the one pod whose end frees a card (a
-//! Preempted Event on it) and runs there; a deleted pod's claim is unprepared (its CDI spec goes).
+//! card; on the full node, a pod of higher priority whose claim also selects its card's memory
+//! preempts the one pod whose end frees a card (a Preempted Event on it) and runs there; a deleted pod's claim is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -412,7 +412,13 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
         r#"{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
             "metadata": {"name": "nano-gpu-e2e-high"}, "value": 1000}"#
     ));
-    claims.create(&post, &claim("urgent", 1, None)).await.unwrap();
+    // It chooses its card by memory too (node-2's cards have 22.5 GiB).
+    let mut urgent_claim = claim("urgent", 1, None);
+    let request = &mut urgent_claim.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0];
+    let expression = format!("device.capacity[\"{CLASS}\"].memory.compareTo(quantity(\"20Gi\")) >= 0");
+    request.exactly.as_mut().unwrap().selectors =
+        Some(vec![serde_json::from_value(json!({"cel": {"expression": expression}})).unwrap()]);
+    claims.create(&post, &urgent_claim).await.unwrap();
     let mut urgent = claim_pod("urgent");
     urgent.spec.as_mut().unwrap().priority_class_name = Some("nano-gpu-e2e-high".into());
     create(&pods, &urgent).await;

@@ -304,3 +304,58 @@ fn template_names_stand_for_their_slot_and_the_template_asks_exactly_it() {
 fn slots_of(c: &ResourceClaim) -> Result<Vec<SlotDemand>, String> {
     slots(c)
 }
+
+#[test]
+fn a_memory_selector_of_the_one_form_asks_whole_cards_that_have_that_much() {
+    let least = |e: &str| least_card_memory(e);
+    assert_eq!(
+        least(r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40Gi")) >= 0"#),
+        Some(MiB(40960))
+    );
+    assert_eq!(
+        least(r#"device.capacity['gpu.nano-gpu.io'].memory.compareTo(quantity('40Gi'))>0"#),
+        Some(MiB(40961))
+    );
+    // A quantity between whole MiB: the next MiB up, whether it must be more or at least as much.
+    assert_eq!(
+        least(r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40G")) >= 0"#),
+        Some(MiB(38147))
+    );
+    assert_eq!(
+        least(r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40G")) > 0"#),
+        Some(MiB(38147))
+    );
+    for other in [
+        r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40Gi")) <= 0"#,
+        r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40Gi")) >= 1"#,
+        r#"device.capacity["gpu.nano-gpu.io"].percent.compareTo(quantity("40")) >= 0"#,
+        r#"device.capacity["other.io"].memory.compareTo(quantity("40Gi")) >= 0"#,
+        r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("lots")) >= 0"#,
+        r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40Gi')) >= 0"#,
+        r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("40Gi")) >= 0 || true"#,
+    ] {
+        assert_eq!(least(other), None, "{other}");
+    }
+    let selector = |e: &str| json!({"cel": {"expression": e}});
+    let at_least = |q: &str| {
+        selector(&format!(r#"device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("{q}")) >= 0"#))
+    };
+    // Whole cards: each must have that much (the highest of several selectors and of asked memory),
+    // beside a model selector; the allocation asks no memory of its own.
+    let c = claim(exactly(json!({"count": 2, "selectors": [
+        at_least("40Gi"), at_least("80Gi"),
+        selector(r#"device.attributes["gpu.nano-gpu.io"].model == "A100""#),
+    ]})));
+    let Class::Ours(Ok(read)) = ClaimRecord::of(&c).class else { panic!() };
+    assert_eq!(read[0].demand, SlotDemand::Whole { cards: 2, mem: Some(MiB(81920)) });
+    assert_eq!((read[0].models.clone(), read[0].memory_asked), (Some(vec!["A100".to_owned()]), false));
+    let c = claim(exactly(
+        json!({"capacity": {"requests": {"percent": "100", "memory": "90Gi"}}, "selectors": [at_least("80Gi")]}),
+    ));
+    assert_eq!(slots(&c), Ok(vec![SlotDemand::Whole { cards: 1, mem: Some(MiB(92160)) }]));
+    // A share: refused with the reason.
+    let c =
+        claim(exactly(json!({"capacity": {"requests": {"percent": "30"}}, "selectors": [at_least("40Gi")]})));
+    let why = slots(&c).unwrap_err();
+    assert!(why.contains("read for whole cards only") && why.contains("capacity (memory)"), "{why}");
+}
