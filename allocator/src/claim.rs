@@ -48,6 +48,14 @@ pub struct HeldDevice {
     pub memory: Option<MiB>,
 }
 
+impl HeldDevice {
+    /// The memory it holds on a card of `mem_total`: what the allocation says, else its percent's
+    /// part of the card (the one memory rule).
+    pub fn memory_on(&self, mem_total: MiB) -> MiB {
+        self.memory.unwrap_or_else(|| self.percent.of(mem_total))
+    }
+}
+
 /// What an allocation of the driver holds, on which node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {

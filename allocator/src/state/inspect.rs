@@ -116,7 +116,7 @@ impl ClusterState {
                             here.map(move |d| ClaimDoc {
                                 claim: format!("{}/{}", key.0, key.1),
                                 percent: d.percent,
-                                memory_mib: d.memory.unwrap_or_else(|| d.percent.of(c.mem_total)),
+                                memory_mib: d.memory_on(c.mem_total),
                             })
                         })
                         .collect();

@@ -4,10 +4,10 @@
 use super::ClusterState;
 use super::decode::{Holding, PodRecord};
 use k8s_openapi::api::core::v1::Pod;
-use nano_gpu_engine::model::Node;
+use nano_gpu_engine::model::{Card, Node};
 use nano_gpu_engine::request::{Tightest, fit};
 use nano_gpu_proto::extender::MetaVictims;
-use nano_gpu_proto::units::Percent;
+use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;
 
 impl ClusterState {
@@ -68,15 +68,21 @@ fn held_percent(p: &PodRecord) -> u32 {
 
 /// Gives a pod's CPU, memory and cards back to a copy of its node. (The memory of a pod gpushare
 /// placed is not given back: a node where only its eviction would make room is not proposed.)
-fn free_record(n: &mut Node, p: &PodRecord) {
+pub(super) fn free_record(n: &mut Node, p: &PodRecord) {
     n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
     n.mem_free = (n.mem_free + p.mem).min(n.mem_total);
     if let Holding::Cards(a) = &p.holding {
         for g in a.held() {
             if let Some(c) = n.cards.iter_mut().find(|c| c.uuid == g.uuid) {
-                c.free = (c.free + g.percent).min(Percent::FULL);
-                c.mem_free = (c.mem_free + super::rebuild::held_memory(g, c)).min(c.mem_total);
+                let memory = super::rebuild::held_memory(g, c);
+                give_back(c, g.percent, memory);
             }
         }
     }
+}
+
+/// Gives `percent` and `memory` back to a copy of `card`.
+pub(super) fn give_back(card: &mut Card, percent: Percent, memory: MiB) {
+    card.free = (card.free + percent).min(Percent::FULL);
+    card.mem_free = (card.mem_free + memory).min(card.mem_total);
 }

@@ -112,7 +112,7 @@ impl ClusterState {
                     ));
                     continue;
                 };
-                let memory = d.memory.unwrap_or_else(|| d.percent.of(c.mem_total));
+                let memory = d.memory_on(c.mem_total);
                 if !take(c, d.percent, memory) {
                     overcommit_claims.push((key.clone(), c.uuid.clone()));
                 }

@@ -21,9 +21,9 @@
 use super::ClaimPod;
 use crate::state::ClusterState;
 use crate::state::decode::PodRecord;
+use crate::state::preempt::{free_record, give_back};
 use nano_gpu_engine::model::{Node, NodeId};
 use nano_gpu_engine::request::{Request, Tightest, fit};
-use nano_gpu_proto::units::Percent;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -208,18 +208,14 @@ impl ClusterState {
     fn fits_without(&self, base: &Node, name: &str, ending: &BTreeSet<String>, req: &Request) -> bool {
         let mut n = base.clone();
         for p in ending.iter().filter_map(|uid| self.pods.get(uid)) {
-            n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
-            n.mem_free = (n.mem_free + p.mem).min(n.mem_total);
+            free_record(&mut n, p);
         }
         for uid in self.claims_freed(name, ending) {
             for d in self.claim_held(&uid).into_iter().flat_map(|h| &h.devices) {
-                let Some(c) = d.card.as_ref().ok().and_then(|i| n.cards.iter_mut().find(|c| c.index == *i))
-                else {
-                    continue;
-                };
-                let memory = d.memory.unwrap_or_else(|| d.percent.of(c.mem_total));
-                c.free = (c.free + d.percent).min(Percent::FULL);
-                c.mem_free = (c.mem_free + memory).min(c.mem_total);
+                let card = d.card.as_ref().ok().and_then(|i| n.cards.iter_mut().find(|c| c.index == *i));
+                if let Some(c) = card {
+                    give_back(c, d.percent, d.memory_on(c.mem_total));
+                }
             }
         }
         fit(&n, req, &mut Tightest).is_ok()
