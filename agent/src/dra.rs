@@ -142,24 +142,28 @@ impl<'a, C: Claims> Memo<'a, C> {
     }
 
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
-        let key = (namespace.to_owned(), name.to_owned());
-        if let Some(c) = self.claims.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(c.clone());
-        }
-        let c = self.inner.get(namespace, name).await?;
-        self.claims.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c.clone());
-        Ok(c)
+        once(&self.claims, namespace, name, self.inner.get(namespace, name)).await
     }
 
     async fn pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
-        let key = (namespace.to_owned(), name.to_owned());
-        if let Some(p) = self.pods.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(p.clone());
-        }
-        let p = self.inner.pod(namespace, name).await?;
-        self.pods.lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
-        Ok(p)
+        once(&self.pods, namespace, name, self.inner.pod(namespace, name)).await
     }
+}
+
+/// `namespace/name` from `cache`, else what `read` gives (then kept there).
+async fn once<T: Clone>(
+    cache: &std::sync::Mutex<std::collections::HashMap<(String, String), T>>,
+    namespace: &str,
+    name: &str,
+    read: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    let key = (namespace.to_owned(), name.to_owned());
+    if let Some(kept) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(kept.clone());
+    }
+    let read = read.await?;
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, read.clone());
+    Ok(read)
 }
 
 impl<C: Claims> Driver<C> {
