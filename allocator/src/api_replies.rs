@@ -1,6 +1,7 @@
 //! Answers of a fake API server for the tower-test scenarios of the real kube adapters (binder,
 //! leader election, the shared certificate): a JSON body with a status code, the `Status` object
-//! the API server sends with an error, and the JSON body of what a client sent.
+//! the API server sends with an error, the JSON body of what a client sent, and a server that
+//! answers and records every request.
 
 use http::{Request, Response};
 use kube::client::Body;
@@ -23,4 +24,25 @@ pub fn failure(code: u16, reason: &str) -> Response<Body> {
         code,
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code}),
     )
+}
+
+/// The requests a [`recording`] server saw: path and JSON body, in order.
+pub type Seen = Vec<(String, Value)>;
+
+/// A fake API server on `handle`: answers each request with `answer(path, body, seen before it)`,
+/// and once the client is gone returns every request it saw.
+pub fn recording(
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    answer: impl Fn(&str, &Value, &Seen) -> Response<Body> + Send + 'static,
+) -> tokio::task::JoinHandle<Seen> {
+    tokio::spawn(async move {
+        let mut seen = Seen::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_owned();
+            let body = body_json(req).await;
+            send.send_response(answer(&path, &body, &seen));
+            seen.push((path, body));
+        }
+        seen
+    })
 }

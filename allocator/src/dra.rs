@@ -433,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn victims_are_evicted_each_with_an_event_and_a_refusal_stops_the_rest_and_is_said_on_the_pod() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(svc, "default");
         let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
         let recorder = Recorder::new(client.clone(), reporter);
@@ -455,20 +455,13 @@ mod tests {
             node: "n1".into(),
             victims: vec![victim("a", 5), victim("b", 0), victim("c", 0)],
         };
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some((req, send)) = handle.next_request().await {
-                let path = req.uri().path().to_owned();
-                let body = body_json(req).await;
-                // `a` is evicted, `b` refused by a PodDisruptionBudget: `c` is not tried.
-                send.send_response(if path.ends_with("/b/eviction") {
-                    failure(429, "Cannot evict pod as it would violate the pod's disruption budget.")
-                } else {
-                    respond(201, body.clone())
-                });
-                seen.push((path, body));
+        // `a` is evicted, `b` refused by a PodDisruptionBudget: `c` is not tried.
+        let server = crate::api_replies::recording(handle, |path, body, _| {
+            if path.ends_with("/b/eviction") {
+                failure(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+            } else {
+                respond(201, body.clone())
             }
-            seen
         });
         preempt(&client, &view, &Leadership::always(), &recorder, &p).await;
         drop((client, recorder));

@@ -199,7 +199,7 @@ pub async fn evict(client: &kube::Client, namespace: &str, name: &str, uid: &str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_replies::{body_json, failure, respond};
+    use crate::api_replies::{failure, recording, respond};
     use http::{Request, Response};
     use kube::client::Body;
     use kube::runtime::events::Reporter;
@@ -263,29 +263,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_leader_evicts_that_pod_only_and_a_refusal_is_said_once_and_tried_again_later() {
-        let (mut e, mut handle) = evictor(Leadership::always());
+        let (mut e, handle) = evictor(Leadership::always());
         let pods = [pod("hog", json!({}))];
         let t0 = Instant::now();
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some((req, reply)) = handle.next_request().await {
-                let path = req.uri().path().to_owned();
-                let body = body_json(req).await;
-                if path.ends_with("/eviction") {
-                    // The first is refused by a PodDisruptionBudget, the second accepted.
-                    let evictions =
-                        seen.iter().filter(|(p, _): &&(String, Value)| p.ends_with("/eviction")).count();
-                    reply.send_response(if evictions == 0 {
-                        failure(429, "TooManyRequests")
-                    } else {
-                        respond(201, json!({"kind": "Status", "status": "Success"}))
-                    });
-                } else {
-                    reply.send_response(respond(201, body.clone()));
-                }
-                seen.push((path, body));
+        let server = recording(handle, |path, body, seen| {
+            if !path.ends_with("/eviction") {
+                return respond(201, body.clone());
             }
-            seen
+            // The first is refused by a PodDisruptionBudget, the second accepted.
+            match seen.iter().filter(|(p, _)| p.ends_with("/eviction")).count() {
+                0 => failure(429, "TooManyRequests"),
+                _ => respond(201, json!({"kind": "Status", "status": "Success"})),
+            }
         });
         e.pass(&pods, t0).await;
         e.pass(&pods, t0 + EVERY).await; // not yet due
