@@ -288,7 +288,8 @@ pub fn selected_models(expression: &str) -> Option<Vec<String>> {
 
 /// The least card memory a CEL selector of the one memory form nano-gpu reads asks:
 /// `device.capacity["gpu.nano-gpu.io"].memory.compareTo(quantity("<quantity>")) >= 0` (or `> 0`:
-/// one MiB more; either quote, any spacing); `None` for any other expression.
+/// more than the quantity; either quote, any spacing), in whole MiB; `None` for any other
+/// expression.
 pub fn least_card_memory(expression: &str) -> Option<MiB> {
     let text: String = expression.chars().filter(|c| !c.is_whitespace()).collect();
     let rest =

@@ -82,9 +82,12 @@ async fn the_real_operator_turns_the_component_into_scrapes_of_every_nano_gpu_po
     cluster.launch("prometheus-operator", &argv);
     // A Prometheus selecting every PodMonitor and PrometheusRule of the namespace, for Debian's
     // Prometheus version (the operator writes the configuration that version reads).
-    let version = String::from_utf8(Command::new("prometheus").arg("--version").output().unwrap().stderr)
-        .unwrap_or_default();
-    let version = version.split_whitespace().nth(2).unwrap_or("2.42.0").split('+').next().unwrap().to_owned();
+    // `prometheus, version 2.42.0+ds (...)` on standard output.
+    let said = Command::new("prometheus").arg("--version").output().unwrap().stdout;
+    let said = String::from_utf8_lossy(&said);
+    let version = said.split_whitespace().nth(2).and_then(|v| v.split('+').next());
+    let version = version.filter(|v| v.split('.').all(|n| n.parse::<u32>().is_ok()));
+    let version = version.unwrap_or_else(|| panic!("prometheus --version: {said}")).to_owned();
     assert!(
         cluster.apply(
             &json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
