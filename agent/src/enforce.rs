@@ -145,13 +145,13 @@ impl Enforcement {
         }
     }
 
-    /// Under `mps`: makes the container a client of card `uuid`'s daemon (its pipe directory, the
-    /// daemons' `/dev/shm`), without limits of its own.
+    /// Under `mps`: makes the container a client of card `uuid`'s daemon (its pipe directory, its
+    /// `/dev/shm`), without limits of its own.
     pub fn mps_client(&self, uuid: &str, response: &mut ContainerAllocateResponse) {
         if let Enforcement::Mps(layout) = self {
             response.envs.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
             response.mounts.push(mount(&layout.pipe(uuid), mps::PIPE_IN_CONTAINER, false));
-            response.mounts.push(mount(&layout.shm(), "/dev/shm", false));
+            response.mounts.push(mount(&layout.shm(uuid), "/dev/shm", false));
         }
     }
 

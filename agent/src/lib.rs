@@ -164,7 +164,7 @@ pub struct Flags {
     /// The host's cgroup v2 root, where pods' cgroups are found and named to the driver.
     #[arg(long, env = "NANO_GPU_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
-    /// Host directory of the MPS daemons (one pipe and log directory per card, one shared shm).
+    /// Host directory of the MPS daemons (one pipe and log directory per card).
     #[arg(long, env = "NANO_GPU_MPS_ROOT", default_value = "/run/nano-gpu/mps")]
     pub mps_root: PathBuf,
     /// NVIDIA's MPS control program, which `mps-control` runs once per card.
@@ -178,9 +178,15 @@ pub struct Flags {
     pub mps_exclusive_process: bool,
     /// `mps-control`: the host directory of this container's `/dev/shm` (its pod's size-limited,
     /// memory-backed emptyDir: `<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<name>`),
-    /// which share containers get as theirs. Unset: `<mps root>/shm`, a host directory, not bounded.
+    /// which the share containers of its cards get as theirs. Unset: `<mps root>/shm`, a host
+    /// directory, not bounded.
     #[arg(long, env = "NANO_GPU_MPS_SHM_SOURCE")]
     pub mps_shm_source: Option<PathBuf>,
+    /// `mps-control`: run the daemon of one card only, the NVIDIA card of this NVML index (the
+    /// shipped DaemonSet runs one container per index, each with its own `/dev/shm`). Unset: every
+    /// card's daemon, all sharing this container's `/dev/shm`.
+    #[arg(long, env = "NANO_GPU_MPS_CARD_INDEX")]
+    pub mps_card_index: Option<u32>,
     /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
     #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,

@@ -218,6 +218,7 @@ fn mps_control(flags: &Flags) -> ExitCode {
         every: Duration::from_secs(2),
         exclusive: flags.mps_exclusive_process.then(|| flags.nvml_lib.clone()),
         shm_source: flags.mps_shm_source.clone(),
+        card_index: flags.mps_card_index,
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))
 }

@@ -96,18 +96,31 @@ async fn every_device(devices: &mut tonic::Streaming<ListAndWatchResponse>, heal
     tokio::time::timeout(Duration::from_secs(15), all).await.unwrap_or(false)
 }
 
-/// `nano-gpu-agent mps-control` over the fake cards, with the stand-in.
-fn supervisor(gpus: &Path, root: &Path, program: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
-        .arg("--fake-inventory")
-        .arg(gpus)
-        .arg("--mps-root")
-        .arg(root)
-        .arg("--mps-control")
-        .arg(program)
-        .arg("mps-control")
-        .spawn()
-        .unwrap()
+/// `nano-gpu-agent mps-control` over the fake cards, with the stand-in, as `deploy/mps.yaml` runs it:
+/// one supervisor per card index, each naming its own `/dev/shm` (here `<root>/../shm-N`).
+fn supervisors(gpus: &Path, root: &Path, program: &Path) -> Vec<Child> {
+    (0..2)
+        .map(|index| {
+            Command::new(env!("CARGO_BIN_EXE_nano-gpu-agent"))
+                .arg("--fake-inventory")
+                .arg(gpus)
+                .arg("--mps-root")
+                .arg(root)
+                .arg("--mps-control")
+                .arg(program)
+                .arg(format!("--mps-card-index={index}"))
+                .arg("--mps-shm-source")
+                .arg(shm_of(root, index))
+                .arg("mps-control")
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The `/dev/shm` the supervisor of card `index` names.
+fn shm_of(root: &Path, index: u32) -> std::path::PathBuf {
+    root.parent().unwrap().join(format!("shm-{index}"))
 }
 
 fn terminate(child: &mut Child) {
@@ -124,11 +137,14 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
     let root = dir.join("mps");
 
-    // The daemons first (their own DaemonSet in deploy/): one per card, each told its card.
-    let mut daemons = supervisor(&gpus, &root, &program);
+    // The daemons first (their own DaemonSet in deploy/): one per card, each told its card, each
+    // card's by the supervisor of its index only.
+    let mut daemons = supervisors(&gpus, &root, &program);
     eventually("both daemons", || pid_of(&root, "GPU-a").is_some() && pid_of(&root, "GPU-b").is_some()).await;
     for uuid in ["GPU-a", "GPU-b"] {
-        assert!(control_log(&root, uuid).contains(&format!("start CUDA_VISIBLE_DEVICES={uuid}")));
+        let log = control_log(&root, uuid);
+        assert_eq!(log.matches("start CUDA_VISIBLE_DEVICES=").count(), 1, "{uuid}: {log}");
+        assert!(log.contains(&format!("start CUDA_VISIBLE_DEVICES={uuid}")), "{uuid}: {log}");
     }
 
     let api = FakeApi::start(Objects {
@@ -161,7 +177,7 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     let first = devices.message().await.unwrap().unwrap();
     assert!(first.devices.iter().all(|d| d.health == "Healthy"), "both daemons run: every card is healthy");
 
-    // A 30 % share with 2 GiB: its own MPS limits, its card's pipe directory, the shared /dev/shm.
+    // A 30 % share with 2 GiB: its own MPS limits, its card's pipe directory and /dev/shm.
     let allocate = |ids: Vec<String>| AllocateRequest {
         container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
     };
@@ -179,7 +195,7 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
         [
             ("/dev/null".to_owned(), "/var/run/nvidia-container-devices/GPU-a"),
             (pipe, "/tmp/nvidia-mps"),
-            (root.join("shm").display().to_string(), "/dev/shm")
+            (shm_of(&root, 0).display().to_string(), "/dev/shm")
         ]
     );
     // A whole card bypasses MPS.
@@ -210,22 +226,22 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     );
     assert!(lost[0]["note"].as_str().unwrap().contains("card GPU-a"), "{lost:?}");
 
-    // The supervisor stops: it tells each daemon to quit, and no card takes a share while none runs.
-    terminate(&mut daemons);
+    // The supervisors stop: each tells its daemon to quit, and no card takes a share while none runs.
+    daemons.iter_mut().for_each(terminate);
     for uuid in ["GPU-a", "GPU-b"] {
         assert!(control_log(&root, uuid).contains("command quit"), "{uuid}: {}", control_log(&root, uuid));
         assert_eq!(pid_of(&root, uuid), None);
     }
     assert!(every_device(&mut devices, "Unhealthy").await, "the cards stayed healthy with no MPS daemon");
     // Back: healthy again.
-    let mut daemons = supervisor(&gpus, &root, &program);
+    let mut daemons = supervisors(&gpus, &root, &program);
     assert!(
         every_device(&mut devices, "Healthy").await,
         "the cards stayed unhealthy with their daemons back"
     );
 
     terminate(&mut agent);
-    terminate(&mut daemons);
+    daemons.iter_mut().for_each(terminate);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

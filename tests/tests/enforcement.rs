@@ -6,8 +6,9 @@
 //! - `mps`: the label also schedules `deploy/mps.yaml`; the node's runtime stand-in mounts the
 //!   stand-in `nvidia-cuda-mps-control` (`tests/src/bin/nvidia-cuda-mps-control.rs`) into it, as
 //!   NVIDIA's runtime mounts the real one. A share sees its percent and memory as MPS client limits,
-//!   the pipe directory of its own card's daemon (the daemon wrote its card there) and the daemons'
-//!   `/dev/shm` (the daemon wrote a file there); a whole card sees none of it. A CUDA process
+//!   the pipe directory of its own card's daemon (the daemon wrote its card there) and that daemon's
+//!   `/dev/shm`, bounded and no other card's (each daemon writes a file named after its card there);
+//!   a whole card sees none of it. A CUDA process
 //!   stand-in in a share finds its card's daemon and runs as an MPS client, held to its share's
 //!   percent; one whose process exports `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100` gets 100 %, until an
 //!   operator sets the daemon's default (a ceiling for every client of the card); the agent's metrics
@@ -38,8 +39,8 @@ const SYSTEM: &str = "nano-gpu-system";
 const NODE: &str = "node-1";
 
 /// What container `c` of pod `name` sees: its environment, and what its mounts hold as these
-/// names: `PIPE_CARD` (the card its MPS pipe directory's daemon serves), `DAEMONS_SHM` (`yes`: its
-/// `/dev/shm` is the MPS daemons'), `SHM_KB` (the size of its `/dev/shm`), `VGPU` and `PRELOAD` (HAMi-core's library and
+/// names: `PIPE_CARD` (the card its MPS pipe directory's daemon serves), `SHM_CARDS` (the cards
+/// whose MPS daemons share its `/dev/shm`), `SHM_KB` (the size of its `/dev/shm`), `VGPU` and `PRELOAD` (HAMi-core's library and
 /// `/etc/ld.so.preload`), `VGPULOCK` (`yes`: HAMi-core's lock directory); empty when absent.
 struct Inside {
     env: BTreeMap<String, String>,
@@ -58,7 +59,8 @@ impl Inside {
 
 fn inside(cluster: &Cluster, name: &str) -> Inside {
     let script = "env; echo PIPE_CARD=$(cat /tmp/nvidia-mps/card 2>/dev/null); \
-                  test -f /dev/shm/nano-gpu-mps-standin && echo DAEMONS_SHM=yes; \
+                  echo SHM_CARDS=$(cd /dev/shm && ls -d nano-gpu-mps-standin-* 2>/dev/null \
+                                   | sed s/nano-gpu-mps-standin-//); \
                   echo SHM_KB=$(df -k /dev/shm | tail -1 | awk '{print $2}'); \
                   echo VGPU=$(cat /usr/local/vgpu/libvgpu.so 2>/dev/null); \
                   echo PRELOAD=$(cat /etc/ld.so.preload 2>/dev/null); \
@@ -144,7 +146,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     assert_eq!(plain.get("NANO_GPU_PERCENT"), "30", "{:?}", plain.env);
     assert_eq!(plain.get("NVIDIA_VISIBLE_DEVICES"), card);
     assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
-    assert_eq!((plain.get("PIPE_CARD"), plain.get("DAEMONS_SHM"), plain.get("VGPU")), ("", "", ""));
+    assert_eq!((plain.get("PIPE_CARD"), plain.get("SHM_CARDS"), plain.get("VGPU")), ("", "", ""));
     pods.delete("plain-30", &DeleteParams::default()).await.unwrap();
 
     // mps: the agent restarts under the new mode; the daemons' DaemonSet comes to the node.
@@ -172,9 +174,10 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
         assert_eq!(seen.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), format!("0={memory}M"), "{name}");
         assert_eq!(seen.get("CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps", "{name}");
         assert_eq!(seen.get("PIPE_CARD"), card, "{name}: not its own card's daemon");
-        assert_eq!(seen.get("DAEMONS_SHM"), "yes", "{name}: not the daemons' /dev/shm");
-        // Bounded: the daemons' pod's 256 MiB memory-backed emptyDir, not a directory of the host.
-        assert_eq!(seen.get("SHM_KB"), "262144", "{name}: /dev/shm of {} KiB", seen.get("SHM_KB"));
+        // Its card's daemon's, and no other card's: a share can fill only its own card's.
+        assert_eq!(seen.get("SHM_CARDS"), card, "{name}: the /dev/shm of the daemons of these cards");
+        // Bounded: the card's container's 64 MiB memory-backed emptyDir, not a directory of the host.
+        assert_eq!(seen.get("SHM_KB"), "65536", "{name}: /dev/shm of {} KiB", seen.get("SHM_KB"));
     }
     // Its use shows under its own pod: NVML lists MPS clients apart (the stand-in driver does too).
     let (card, index, _) = grant(&pods, &nodes, "mps-30").await;
@@ -219,7 +222,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     }
     let whole = inside(&cluster, "mps-whole");
     assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
-    assert_eq!((whole.get("PIPE_CARD"), whole.get("DAEMONS_SHM")), ("", ""), "a whole card bypasses MPS");
+    assert_eq!((whole.get("PIPE_CARD"), whole.get("SHM_CARDS")), ("", ""), "a whole card bypasses MPS");
 
     // The daemon of mps-30's card is killed: started again, and the pod is told.
     let pid_file = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");

@@ -155,10 +155,13 @@ fn each_component_changes_what_it_says_and_nothing_else() {
     );
     only_changed(&built, &[allocator.clone(), service]);
     let built = with("mps-exclusive", &["components/mps-exclusive-process"]);
-    let control = container(&built[&mps], "mps-control");
-    assert_eq!(env(control, "NANO_GPU_MPS_EXCLUSIVE_PROCESS"), Some("true"));
-    assert_eq!(control["securityContext"]["capabilities"]["add"], serde_json::json!(["SYS_ADMIN"]));
-    assert_eq!(control["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let controls = built[&mps]["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    assert_eq!(controls.len(), 8, "one container per card");
+    for control in controls {
+        assert_eq!(env(control, "NANO_GPU_MPS_EXCLUSIVE_PROCESS"), Some("true"), "{}", control["name"]);
+        assert_eq!(control["securityContext"]["capabilities"]["add"], serde_json::json!(["SYS_ADMIN"]));
+        assert_eq!(control["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    }
     only_changed(&built, std::slice::from_ref(&mps));
     let built = with("runtime-class", &["components/runtime-class-nvidia"]);
     assert_eq!(env(container(&built[&allocator], "allocator"), "NANO_GPU_RUNTIME_CLASS"), Some("nvidia"));
@@ -200,6 +203,35 @@ fn each_component_changes_what_it_says_and_nothing_else() {
 /// the policies' parameter, role bindings' subjects, the webhook's Service), and nothing names
 /// `nano-gpu-system` any more. The policies' CEL names no namespace (it reads the parameter's name),
 /// and kube-scheduler takes its Lease's namespace from its pod. The tenant suite installs this way.
+/// `deploy/mps.yaml` runs one MPS supervisor per card, each with a `/dev/shm` of its own that it
+/// names to the agent: container `card-N` supervises the card of index N, mounts the emptyDir
+/// `shm-N` (memory-backed, bounded) at `/dev/shm` and names that volume's host directory; no two
+/// share an index or a volume.
+#[test]
+fn each_mps_container_serves_one_card_with_a_bounded_shm_of_its_own() {
+    let base = files();
+    let spec = &base[&key("DaemonSet", "nano-gpu-mps")]["spec"]["template"]["spec"];
+    let volumes = spec["volumes"].as_array().unwrap();
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 8);
+    for (n, c) in containers.iter().enumerate() {
+        assert_eq!(c["name"], format!("card-{n}"));
+        assert_eq!(c["args"], serde_json::json!(["mps-control"]));
+        assert_eq!(env(c, "NANO_GPU_MPS_CARD_INDEX"), Some(n.to_string().as_str()), "card-{n}");
+        let shm = format!("shm-{n}");
+        let source = format!("/var/lib/kubelet/pods/$(POD_UID)/volumes/kubernetes.io~empty-dir/{shm}");
+        assert_eq!(env(c, "NANO_GPU_MPS_SHM_SOURCE"), Some(source.as_str()), "card-{n}");
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        let at_shm: Vec<&Value> = mounts.iter().filter(|m| m["mountPath"] == "/dev/shm").collect();
+        assert_eq!(at_shm.len(), 1, "card-{n}");
+        assert_eq!(at_shm[0]["name"], shm.as_str(), "card-{n}");
+        let volume = volumes.iter().find(|v| v["name"] == shm.as_str()).unwrap_or_else(|| panic!("no {shm}"));
+        assert_eq!(volume["emptyDir"]["medium"], "Memory", "{shm}");
+        assert!(volume["emptyDir"]["sizeLimit"].is_string(), "{shm} is not bounded");
+        assert!(c["resources"]["limits"]["memory"].is_string(), "card-{n}: no memory limit");
+    }
+}
+
 #[test]
 fn an_overlays_namespace_moves_every_mention_of_the_install_namespace() {
     use nano_gpu_proto::install::NAMESPACE;

@@ -16,7 +16,8 @@
 //! - in an MPS share: replacing the daemon's PID file in the pipe directory with a FIFO (which once
 //!   hung the agent, and then made the card unhealthy for everyone): the agent answers, the card
 //!   stays healthy, no neighbour is told its daemon was lost; `quit` to the daemon as a user other
-//!   than root: refused by the daemon.
+//!   than root: refused by the daemon; filling its `/dev/shm`: it holds 64 MiB at most, its card's,
+//!   and a neighbour on another card keeps all of its own.
 //!
 //! Not tried here because it is not held (README, "Enforcing each share"): a root container of an MPS
 //! share can stop its card's daemon, or remove the daemon's socket from the pipe directory; `export`
@@ -320,6 +321,34 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     create(&pods, &on("node-1", percent_pod("after-tamper", 20))).await;
     wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
+
+    // An MPS share fills its /dev/shm: it gets its card's, bounded, and the neighbour on another
+    // card of node-1 keeps all of its own. (80 % does not fit beside the neighbour's 30 %.)
+    let fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M 2>/dev/null; \
+                echo filled $(du -k /dev/shm/fill | cut -f1) KiB; exec sleep 86400";
+    create(&pods, &on("node-1", percent_pod_then("filler", 80, fill))).await;
+    says("filler", "filled ").await;
+    let out = cluster.kubectl(&["logs", "-n", NS, "filler"]);
+    let filled: u64 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "filled")
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .expect("the filler's count");
+    assert!(filled <= 65536, "a share wrote {filled} KiB in /dev/shm: not bounded at its card's 64 MiB");
+    let neighbour_card = assigned(&neighbours, "neighbour-node-1").await;
+    assert_ne!(assigned(&pods, "filler").await, neighbour_card, "the filler landed on the neighbour's card");
+    let script =
+        "test -e /dev/shm/fill && echo SEEN; echo FREE $(df -k /dev/shm | tail -1 | awk '{print $4}')";
+    let seen =
+        cluster.ok(&["exec", "-n", "default", "neighbour-node-1", "-c", "c", "--", "sh", "-c", script]);
+    assert!(!seen.contains("SEEN"), "the neighbour's /dev/shm holds the filler's file: {seen}");
+    let free: u64 = seen.split_whitespace().skip_while(|w| *w != "FREE").nth(1).unwrap().parse().unwrap();
+    assert!(
+        free > 60 * 1024,
+        "the neighbour's /dev/shm has {free} KiB free after another card's share filled its own"
+    );
+    pods.delete("filler", &DeleteParams::default()).await.unwrap();
 
     // A pod labelled as nano-gpu's agent (in the tenant's namespace) on node-2, whose agent is not
     // Ready (frozen: its kubelet's probes fail, its device plugin stays registered): a GPU pod is not

@@ -1,9 +1,11 @@
 //! NVIDIA MPS: one control daemon per card, each with its own pipe directory
-//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), all sharing one `/dev/shm`: the
-//! daemons' pod's own, a size-limited memory-backed emptyDir whose host directory the supervisor
-//! names in `<root>/shm-source` (`--mps-shm-source`), and which each client gets too, so what
-//! shares write there is bounded and goes with the daemons' pod (without it: `<root>/shm`, a
-//! directory of the host's `/run`, not bounded).
+//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), and the `/dev/shm` of the
+//! supervisor that runs it, which the card's clients get too: a size-limited memory-backed emptyDir
+//! whose host directory the supervisor names in `<root>/<uuid>/shm-source` (`--mps-shm-source`), so
+//! what shares write there is bounded and goes with the daemons' pod (without it: `<root>/shm`, a
+//! directory of the host's `/run`, not bounded). The shipped DaemonSet runs one supervisor per card
+//! (`--mps-card-index`), each in a container with its own `/dev/shm`: a share can fill only its own
+//! card's.
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
@@ -42,7 +44,8 @@ pub const RECORD: &str = "control-daemon.pid";
 const COMM: &str = "nvidia-cuda-mps";
 /// The file that says a card is in `EXCLUSIVE_PROCESS` mode with a server kept up, in its directory.
 pub const EXCLUSIVE_MARK: &str = "exclusive-process";
-/// The file in which the supervisor names the host directory of the daemons' `/dev/shm`, in the root.
+/// The file in which the supervisor names the host directory of a card's daemon's `/dev/shm`, in the
+/// card's directory (in the root: one for every card, as earlier supervisors wrote it).
 pub const SHM_SOURCE: &str = "shm-source";
 
 /// The host directories of the node's MPS daemons.
@@ -80,18 +83,36 @@ impl Layout {
         self.root.join(uuid).join(EXCLUSIVE_MARK).is_file()
     }
 
-    /// The host directory of the `/dev/shm` the daemons and their clients share: the one the
-    /// supervisor named in [`SHM_SOURCE`] (its pod's size-limited emptyDir), else `<root>/shm`.
-    pub fn shm(&self) -> PathBuf {
-        match read_small_file(&self.root.join(SHM_SOURCE), 4096) {
-            Ok(text) if text.trim().starts_with('/') => PathBuf::from(text.trim()),
-            _ => self.root.join("shm"),
+    /// The host directory of the `/dev/shm` card `uuid`'s daemon and its clients share: the one its
+    /// supervisor named in the card's [`SHM_SOURCE`] (its container's size-limited emptyDir), else
+    /// the one named in the root's (an earlier supervisor's, for every card), else `<root>/shm`.
+    pub fn shm(&self, uuid: &str) -> PathBuf {
+        for named in [self.root.join(uuid).join(SHM_SOURCE), self.root.join(SHM_SOURCE)] {
+            match read_small_file(&named, 4096) {
+                Ok(text) if text.trim().starts_with('/') => return PathBuf::from(text.trim()),
+                _ => {}
+            }
         }
+        self.root.join("shm")
     }
 
-    /// Names `source` as the host directory of the daemons' `/dev/shm` (replaced in one rename).
-    fn name_shm(&self, source: &Path) -> std::io::Result<()> {
-        replace_file(&self.root.join(SHM_SOURCE), &format!("{}\n", source.display()))
+    /// Names `source` as the host directory of card `uuid`'s daemon's `/dev/shm` (replaced in one
+    /// rename, and only when it names another), or with `None` takes the name away.
+    fn name_shm(&self, uuid: &str, source: Option<&Path>) -> std::io::Result<()> {
+        let named = self.root.join(uuid).join(SHM_SOURCE);
+        match source {
+            Some(source) => {
+                let text = format!("{}\n", source.display());
+                match read_small_file(&named, 4096) {
+                    Ok(was) if was == text => Ok(()),
+                    _ => replace_file(&named, &text),
+                }
+            }
+            None => match std::fs::remove_file(&named) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        }
     }
 
     /// Where the supervisor records the PID of card `uuid`'s daemon.
@@ -187,9 +208,11 @@ pub struct Supervisor {
     pub every: Duration,
     /// NVML's library, when each card is to be held in `EXCLUSIVE_PROCESS` mode with a server up.
     pub exclusive: Option<PathBuf>,
-    /// The host directory of this process's own `/dev/shm` (its pod's emptyDir), which clients are
-    /// to get; `None`: `<root>/shm`, made here.
+    /// The host directory of this process's own `/dev/shm` (its container's emptyDir), which its
+    /// cards' clients are to get; `None`: `<root>/shm`, made here.
     pub shm_source: Option<PathBuf>,
+    /// The one card to run a daemon for, by its NVML index; `None`: every card.
+    pub card_index: Option<u32>,
 }
 
 /// A daemon of ours, or the PID of one we found running.
@@ -209,15 +232,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
-    let Supervisor { layout, program, backends, every, exclusive, shm_source } = supervisor;
-    match &shm_source {
-        Some(source) => {
-            layout.name_shm(source).map_err(|e| format!("{}: {e}", layout.root.join(SHM_SOURCE).display()))?
-        }
-        None => {
-            let _ = std::fs::remove_file(layout.root.join(SHM_SOURCE));
-            std::fs::create_dir_all(layout.shm()).map_err(|e| format!("{}: {e}", layout.shm().display()))?
-        }
+    let Supervisor { layout, program, backends, every, exclusive, shm_source, card_index } = supervisor;
+    // Each card's daemon names its own; one for every card would be an earlier supervisor's.
+    let _ = std::fs::remove_file(layout.root.join(SHM_SOURCE));
+    if shm_source.is_none() {
+        let shm = layout.root.join("shm");
+        std::fs::create_dir_all(&shm).map_err(|e| format!("{}: {e}", shm.display()))?
     }
     let mut exclusive = exclusive.map(Exclusive::new);
     let backends = std::sync::Arc::new(backends);
@@ -236,9 +256,14 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
         let wanted: Vec<String> = cards
             .iter()
             .filter(|c| c.info.vendor == Vendor::Nvidia && !c.mig)
+            .filter(|c| card_index.is_none_or(|i| c.info.index == i))
             .map(|c| c.info.uuid.clone())
             .collect();
         for uuid in &wanted {
+            // Named before the daemon is recorded: the agent serves the card from then on.
+            if let Err(e) = layout.name_shm(uuid, shm_source.as_deref()) {
+                tracing::warn!(card = %uuid, error = %e, "cannot name the card's /dev/shm for its clients");
+            }
             let daemon = daemons.remove(uuid);
             let next = match daemon {
                 Some(Daemon::Ours(mut child)) => match child.try_wait() {
@@ -527,17 +552,26 @@ mod tests {
     }
 
     #[test]
-    fn the_daemons_shm_is_the_directory_the_supervisor_named_else_the_roots() {
+    fn a_cards_shm_is_the_directory_its_supervisor_named_else_the_roots() {
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-shm-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
-        assert_eq!(layout.shm(), root.join("shm"));
-        let source = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm");
-        layout.name_shm(source).unwrap();
-        assert_eq!(layout.shm(), source);
+        assert_eq!(layout.shm("GPU-a"), root.join("shm"));
+        // An earlier supervisor's, for every card.
+        let earlier = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm";
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join(SHM_SOURCE), format!("{earlier}\n")).unwrap();
+        assert_eq!(layout.shm("GPU-a"), Path::new(earlier));
+        // Each card's own, once its supervisor named it.
+        let (a, b) = (Path::new("/k/shm-0"), Path::new("/k/shm-1"));
+        layout.name_shm("GPU-a", Some(a)).unwrap();
+        layout.name_shm("GPU-b", Some(b)).unwrap();
+        assert_eq!((layout.shm("GPU-a"), layout.shm("GPU-b")), (a.to_path_buf(), b.to_path_buf()));
+        layout.name_shm("GPU-b", None).unwrap();
+        assert_eq!(layout.shm("GPU-b"), Path::new(earlier));
         // Only an absolute path counts.
         std::fs::write(root.join(SHM_SOURCE), "relative/shm\n").unwrap();
-        assert_eq!(layout.shm(), root.join("shm"));
+        assert_eq!(layout.shm("GPU-b"), root.join("shm"));
         let _ = std::fs::remove_dir_all(&root);
     }
 

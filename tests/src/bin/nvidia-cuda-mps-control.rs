@@ -6,8 +6,8 @@
 //!
 //! `-f` is the daemon: in `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) it writes its PID
 //! to `nvidia-cuda-mps-control.pid`, as NVIDIA's does, and the card it serves
-//! (`CUDA_VISIBLE_DEVICES`) to `card`, and in `/dev/shm` the file `nano-gpu-mps-standin`, so a
-//! client can show which pipe directory and `/dev/shm` it was given; it runs until a client tells
+//! (`CUDA_VISIBLE_DEVICES`) to `card`, and in `/dev/shm` the file `nano-gpu-mps-standin-<card>`, so
+//! a client can show which pipe directory and whose `/dev/shm` it was given; it runs until a client tells
 //! it to quit (or it is killed). Without `-f` it is the client: it reads commands from its input
 //! and passes `quit` on; `start_server`, `get_server_list` and `shutdown_server` keep one server
 //! name in the pipe directory; a caller that is not root is refused `quit`, `set_*`, `start_server`
@@ -47,8 +47,8 @@ fn main() -> std::io::Result<()> {
         let _ = std::fs::remove_file(pipe.join(QUIT));
         log(&logs, &format!("start CUDA_VISIBLE_DEVICES={card}"));
         std::fs::write(pipe.join("card"), &card)?;
-        // The daemons' shared /dev/shm, as their clients get it.
-        let _ = std::fs::write("/dev/shm/nano-gpu-mps-standin", "the MPS daemons' /dev/shm\n");
+        // The daemon's /dev/shm, as its clients get it: which cards' daemons share it.
+        let _ = std::fs::write(format!("/dev/shm/nano-gpu-mps-standin-{card}"), "an MPS daemon's /dev/shm\n");
         std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id()))?;
         while !pipe.join(QUIT).exists() {
             std::thread::sleep(Duration::from_millis(100));
