@@ -21,7 +21,7 @@
 #     gives the driver's.
 #
 # Usage: hack/cluster.sh up <dir> [--nodes N] [--containerd2 M] [--runtime-class] [--dra] [--bare]
-#                                [--namespace NS] [--apiserver-arg FLAG]...
+#                                [--namespace NS] [--network-policies] [--apiserver-arg FLAG]...
 #                                        (--bare: no nano-gpu; --apiserver-arg: one more kube-apiserver
 #                                        flag, e.g. --watch-cache-sizes=pods#0; --containerd2 M: the
 #                                        last M nodes run containerd 2 (hack/containerd-build.sh) with
@@ -33,6 +33,9 @@
 #                                        serve DRA where the runtime has CDI (containerd 2 nodes);
 #                                        --namespace NS: nano-gpu installed in NS, the overlay's
 #                                        `namespace:`, instead of nano-gpu-system;
+#                                        --network-policies: the install adds the component
+#                                        network-policies (the API server takes them; nothing here
+#                                        enforces them);
 #                                        writes <dir>/cluster.env)
 #        hack/cluster.sh install <dir>           (nano-gpu as shipped: images made here, deploy/ applied with
 #                                                kustomize; NANO_GPU_INSTALL_FROM: another version, below)
@@ -259,6 +262,7 @@ install_nano_gpu() {
     if [[ $version == v1.35.* ]]; then echo "  - $deploy/components/kube-scheduler-v1.35"; fi
     if ((RUNTIME_CLASS)); then echo "  - $deploy/components/runtime-class-nvidia"; fi
     if ((DRA)); then echo "  - $deploy/components/dra"; fi
+    if ((NETWORK_POLICIES)); then echo "  - $deploy/components/network-policies"; fi
     echo "patches:"
     echo "  - patch: |-"
     echo "      apiVersion: apps/v1"
@@ -573,6 +577,7 @@ CONTAINERD2=$CONTAINERD2
 CONTAINERD2_BIN=$CONTAINERD2_BIN
 RUNTIME_CLASS=$RUNTIME_CLASS
 DRA=$DRA
+NETWORK_POLICIES=$NETWORK_POLICIES
 NAMESPACE=$NAMESPACE
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
@@ -679,7 +684,7 @@ shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
 # The node kinds `up` chose (cluster.env says them for the other commands).
-CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0 NAMESPACE=nano-gpu-system
+CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0 NETWORK_POLICIES=0 NAMESPACE=nano-gpu-system
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
@@ -694,6 +699,7 @@ case $CMD in
         --runtime-class) RUNTIME_CLASS=1; shift ;;
         --dra) DRA=1; shift ;;
         --namespace) NAMESPACE=$2; shift 2 ;;
+        --network-policies) NETWORK_POLICIES=1; shift ;;
         --bare) bare=1; shift ;;
         --apiserver-arg) APISERVER_ARGS+=${APISERVER_ARGS:+$'\n'}$2; shift 2 ;;
         *) die "unknown flag $1" ;;

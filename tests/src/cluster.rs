@@ -84,6 +84,13 @@ impl Cluster {
         Cluster::start(name, nodes, &["--namespace", namespace])
     }
 
+    /// [`Cluster::up_in_namespace`] with the component `network-policies` too, as an operator
+    /// hosting tenants installs it (`hack/cluster.sh up --network-policies`): the API server takes
+    /// the policies, but nothing on these nodes enforces them.
+    pub fn up_for_tenants(name: &str, nodes: u32, namespace: &str) -> Cluster {
+        Cluster::start(name, nodes, &["--namespace", namespace, "--network-policies"])
+    }
+
     /// The namespace nano-gpu is installed in.
     pub fn namespace(&self) -> &str {
         self.env.get("NAMESPACE").map_or(nano_gpu_proto::install::NAMESPACE, String::as_str)

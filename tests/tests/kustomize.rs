@@ -198,11 +198,6 @@ fn each_component_changes_what_it_says_and_nothing_else() {
     only_changed(&built, &[allocator.clone(), agent.clone()]);
 }
 
-/// An overlay's `namespace:` moves the whole install, with every component: the build equals the
-/// one in `nano-gpu-system` with that name replaced wherever it appears (the webhook's exemption,
-/// the policies' parameter, role bindings' subjects, the webhook's Service), and nothing names
-/// `nano-gpu-system` any more. The policies' CEL names no namespace (it reads the parameter's name),
-/// and kube-scheduler takes its Lease's namespace from its pod. The tenant suite installs this way.
 /// `deploy/mps.yaml` runs one MPS supervisor per card, each with a `/dev/shm` of its own that it
 /// names to the agent: container `card-N` supervises the card of index N, mounts the emptyDir
 /// `shm-N` (memory-backed, bounded) at `/dev/shm` and names that volume's host directory; no two
@@ -232,6 +227,11 @@ fn each_mps_container_serves_one_card_with_a_bounded_shm_of_its_own() {
     }
 }
 
+/// An overlay's `namespace:` moves the whole install, with every component: the build equals the
+/// one in `nano-gpu-system` with that name replaced wherever it appears (the webhook's exemption,
+/// the policies' parameter, role bindings' subjects, the webhook's Service), and nothing names
+/// `nano-gpu-system` any more. The policies' CEL names no namespace (it reads the parameter's name),
+/// and kube-scheduler takes its Lease's namespace from its pod. The tenant suite installs this way.
 #[test]
 fn an_overlays_namespace_moves_every_mention_of_the_install_namespace() {
     use nano_gpu_proto::install::NAMESPACE;
@@ -307,6 +307,65 @@ fn an_overlays_namespace_moves_every_mention_of_the_install_namespace() {
 
 /// The PodMonitors scrape the ports the containers name, and the PrometheusRule carries exactly the
 /// alerts of `deploy/monitoring/alerts.yml`, which the end-to-end test runs on a real Prometheus.
+/// `components/network-policies` adds NetworkPolicies only: every pod of the namespace is closed to
+/// ingress but what the others open; those select the agent's and the allocator's pods by their
+/// templates' labels, and open ports those pods serve (8889 only with `deploy/default-scheduler`):
+/// the metrics ports to the namespace `monitoring` alone, the webhook and the mutual-TLS extender to
+/// any source.
+#[test]
+fn the_network_policies_component_opens_only_what_it_says() {
+    let built = with("network-policies", &["components/network-policies"]);
+    let base = files();
+    let policies: Vec<&Value> = built.values().filter(|o| o["kind"] == "NetworkPolicy").collect();
+    assert_eq!(policies.len(), 3);
+    let added: Vec<_> = built.keys().filter(|k| !base.contains_key(*k)).collect();
+    assert!(added.iter().all(|k| k.0 == "NetworkPolicy"), "{added:?}");
+    assert!(base.iter().all(|(k, v)| built.get(k) == Some(v)), "the component changed other objects");
+    let deny = &built[&key("NetworkPolicy", "nano-gpu-default-deny-ingress")]["spec"];
+    assert_eq!(deny["podSelector"], serde_json::json!({}));
+    assert_eq!(deny["policyTypes"], serde_json::json!(["Ingress"]));
+    assert!(deny.get("ingress").is_none(), "{deny}");
+    let with_scheduler =
+        with("network-policies-extender", &["default-scheduler", "components/network-policies"]);
+    let monitoring = serde_json::json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]);
+    for (policy, workload, open_to_all) in [
+        ("nano-gpu-agent-metrics", key("DaemonSet", "nano-gpu-agent"), vec![]),
+        ("nano-gpu-allocator", key("Deployment", "nano-gpu-allocator"), vec![8443, 8889]),
+    ] {
+        let spec = &built[&key("NetworkPolicy", policy)]["spec"];
+        let labels = &with_scheduler[&workload]["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in spec["podSelector"]["matchLabels"].as_object().unwrap() {
+            assert_eq!(&labels[k], v, "{policy} selects {k}={v}, which {workload:?} does not carry");
+        }
+        let served: Vec<u64> = with_scheduler[&workload]["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .map(|p| p["containerPort"].as_u64().unwrap())
+            .collect();
+        let (mut to_monitoring, mut to_all) = (vec![], vec![]);
+        for rule in spec["ingress"].as_array().unwrap() {
+            let ports = rule["ports"].as_array().unwrap().iter().map(|p| p["port"].as_u64().unwrap());
+            match rule.get("from") {
+                Some(from) => {
+                    assert_eq!(from, &monitoring, "{policy}");
+                    to_monitoring.extend(ports)
+                }
+                None => to_all.extend(ports),
+            }
+        }
+        for port in to_monitoring.iter().chain(&to_all) {
+            assert!(
+                served.contains(port),
+                "{policy} opens {port}, which {workload:?} does not serve: {served:?}"
+            );
+        }
+        assert_eq!(to_all, open_to_all, "{policy}: open to every source");
+        assert_eq!(to_monitoring.len(), 1, "{policy}: one metrics port for Prometheus");
+    }
+}
+
 #[test]
 fn the_prometheus_operator_component_scrapes_the_named_ports_with_the_shipped_alerts() {
     let built = with("prometheus-operator", &["components/prometheus-operator"]);

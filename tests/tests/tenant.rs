@@ -1,5 +1,6 @@
 //! A tenant's tries on the local cluster (`hack/cluster.sh`, two real nodes, nano-gpu installed as
-//! shipped but in the namespace `gpu-sharing`, node-1's shares enforced with MPS). The tenant is what the README asks an operator to
+//! shipped but in the namespace `gpu-sharing` with the NetworkPolicies component (which nothing here
+//! enforces), node-1's shares enforced with MPS). The tenant is what the README asks an operator to
 //! give one: a ServiceAccount with the `edit` ClusterRole in its own namespace, which is under Pod
 //! Security `baseline`. Every try is made with the tenant's token, as a pod or a write in its
 //! namespace; each is refused with the message the tenant sees, or is harmless. A neighbour share on
@@ -92,8 +93,15 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_elses() {
     clear_mps_dirs("node-1");
-    let cluster = Cluster::up_in_namespace("tenant", 2, SYSTEM);
+    let cluster = Cluster::up_for_tenants("tenant", 2, SYSTEM);
     let admin = cluster.client().await;
+    // The NetworkPolicies component, taken by the API server in the install's namespace (nothing
+    // here enforces them).
+    let policies = cluster.ok(&["get", "networkpolicy", "-n", SYSTEM, "-o", "name"]);
+    let policies: BTreeSet<&str> = policies.lines().collect();
+    let want = ["allocator", "agent-metrics", "default-deny-ingress"]
+        .map(|p| format!("networkpolicy.networking.k8s.io/nano-gpu-{p}"));
+    assert_eq!(policies, want.iter().map(String::as_str).collect(), "the NetworkPolicies in {SYSTEM}");
     let system: Api<Pod> = Api::namespaced(admin.clone(), SYSTEM);
     let nodes: Api<Node> = Api::all(admin.clone());
     let neighbours: Api<Pod> = Api::namespaced(admin.clone(), "default");
