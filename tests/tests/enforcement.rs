@@ -13,7 +13,8 @@
 //!   percent; one whose process exports `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100` gets 100 %, until an
 //!   operator sets the daemon's default (a ceiling for every client of the card); the agent's metrics
 //!   show its memory under its own pod. A daemon killed is started again and the share's pod gets
-//!   `MpsDaemonLost`.
+//!   `MpsDaemonLost`. A process of another user than root waits while its card's server serves
+//!   root's clients, as MPS serves one user at a time per card.
 //!
 //! - `hami-core`: HAMi-core "installed" in the node's own `/usr/local/vgpu` (a marker file, not
 //!   HAMi's library: nothing here runs CUDA): a share sees HAMi-core's env with its percent and
@@ -244,7 +245,44 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     .await;
     assert_eq!(check_consistency(&cluster, &client).await, shares.len());
 
+    // MPS serves one user at a time per card: a CUDA process of user 1000 in a share waits while its
+    // card's server serves root's clients (mps-30's, mps-20's), and is served once they have ended.
+    // The cards no share holds are taken whole first, so its share lands beside one of theirs.
+    let cards = card_memories(&nodes.list(&ListParams::default()).await.unwrap().items);
+    let mut held = std::collections::BTreeSet::new();
     for name in &names {
+        held.insert(grant(&pods, &nodes, name).await.0);
+    }
+    let blockers: Vec<String> = (0..cards.len() - held.len()).map(|k| format!("blocker-{k}")).collect();
+    for name in &blockers {
+        create(&pods, &percent_pod(name, 100)).await;
+    }
+    wait_running(&pods, &blockers, Duration::from_secs(60)).await;
+    let mut user = percent_pod_then("mps-user", 10, "exec gpu-use --memory-mib 100 --sm 100");
+    user.spec.as_mut().unwrap().security_context =
+        Some(serde_json::from_value(json!({"runAsUser": 1000})).unwrap());
+    create(&pods, &user).await;
+    wait_running(&pods, &["mps-user".to_string()], Duration::from_secs(60)).await;
+    let (card, _, _) = grant(&pods, &nodes, "mps-user").await;
+    let mut ended = Vec::new();
+    for name in ["mps-30", "mps-20"] {
+        if grant(&pods, &nodes, name).await.0 == card {
+            ended.push(name);
+        }
+    }
+    assert!(!ended.is_empty(), "mps-user's {card} holds neither mps-30 nor mps-20");
+    client_says(&cluster, "mps-user", "waiting: the card's MPS server serves UID 0").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let logs = cluster.ok(&["logs", "-n", NS, "mps-user"]);
+    assert!(!logs.contains("as an MPS client"), "served beside root's clients {ended:?}: {logs}");
+    for name in &ended {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    client_says(&cluster, "mps-user", &format!("using 100 MiB and 10 % of {card} as an MPS client")).await;
+    println!("mps-user, user 1000 on {card}: served after {ended:?} ended");
+
+    let rest = names.iter().chain(&blockers).map(String::as_str).chain(["mps-user"]);
+    for name in rest.filter(|n| !ended.contains(n)) {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
 

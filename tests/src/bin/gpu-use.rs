@@ -8,7 +8,9 @@
 //! client, as a CUDA process that finds one is (the driver lists it apart), held to the limits a
 //! real client gets (`nano_gpu_tests::mps_standin::client_limits`: the daemon's defaults, lowered by
 //! its own environment): its SM use is at most its active-thread percentage, and memory past its
-//! pinned limit fails as an allocation does (out of memory). It prints what it uses and its limits.
+//! pinned limit fails as an allocation does (out of memory); while the card's server serves another
+//! user's clients, it waits (`waiting: ...`), as a client of MPS does. It prints what it uses and its
+//! limits.
 
 use anyhow::{Context, Result, bail};
 use std::io::Write;
@@ -39,7 +41,18 @@ fn main() -> Result<()> {
     let mps = pipe.is_some();
     let mut limits = String::new();
     let mut sm = sm;
+    // Its place among the card's clients, held until it ends: MPS serves one user at a time.
+    let mut _client = None;
     if let Some(pipe) = &pipe {
+        let uid = nano_gpu_tests::own_uid().context("reading this process's user")?;
+        let tag = format!("{}.{}", hostname(), std::process::id());
+        _client = Some(
+            nano_gpu_tests::mps_standin::connect(pipe, uid, &tag, |other| {
+                println!("waiting: the card's MPS server serves UID {other}");
+                let _ = std::io::stdout().flush();
+            })
+            .context("connecting to the MPS control daemon")?,
+        );
         let var = |name: &str| std::env::var(name).ok();
         let (threads, memory_limit) = nano_gpu_tests::mps_standin::client_limits(
             pipe,

@@ -15,7 +15,9 @@
 //! and `set_default_device_pinned_mem_limit DEV VALUE` keep the daemon's defaults in the pipe
 //! directory (`nano_gpu_tests::mps_standin`), which `gpu-use`, as an MPS client, takes as
 //! ceilings its own environment may only lower, as NVIDIA documents and a real card showed;
-//! `get_default_active_thread_percentage` answers it. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
+//! `get_default_active_thread_percentage` answers it. It keeps its clients' record
+//! (`nano_gpu_tests::mps_standin::CLIENTS`), by which a client of another user than the one served
+//! waits, as with NVIDIA's. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
 //! (default `/var/log/nvidia-mps`). No MPS server is started: nothing here runs CUDA.
 
 use std::io::{BufRead, Write};
@@ -47,6 +49,10 @@ fn main() -> std::io::Result<()> {
         let _ = std::fs::remove_file(pipe.join(QUIT));
         log(&logs, &format!("start CUDA_VISIBLE_DEVICES={card}"));
         std::fs::write(pipe.join("card"), &card)?;
+        // Its record of its clients (`nano_gpu_tests::mps_standin::CLIENTS`): any user may be one.
+        let clients = pipe.join(nano_gpu_tests::mps_standin::CLIENTS);
+        std::fs::create_dir_all(&clients)?;
+        std::fs::set_permissions(&clients, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
         // The daemon's /dev/shm, as its clients get it: which cards' daemons share it.
         let _ = std::fs::write(format!("/dev/shm/nano-gpu-mps-standin-{card}"), "an MPS daemon's /dev/shm\n");
         std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id()))?;
