@@ -254,11 +254,8 @@ pub async fn watch(
 mod tests {
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("nano-gpu-canary-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn dir(name: &str) -> crate::Scratch {
+        crate::Scratch::new(&format!("canary-{name}"))
     }
 
     #[test]

@@ -280,6 +280,8 @@ mod tests {
     }
 
     struct Fixture {
+        /// The checkpoint's directory, removed with the fixture.
+        _dir: crate::Scratch,
         path: PathBuf,
         pods: watch::Sender<Residents>,
         lister: Arc<Counting>,
@@ -288,11 +290,12 @@ mod tests {
     }
 
     fn fixture(name: &str, fail: bool) -> Fixture {
-        let path = crate::usage::procs::tests::temp_dir(name).join(CHECKPOINT_FILE);
+        let dir = crate::usage::procs::tests::temp_dir(name);
+        let path = dir.join(CHECKPOINT_FILE);
         let (pods, seen) = watch::channel(residents(&[]));
         let lister = Arc::new(Counting { fail, ..Default::default() });
         let sweep = Sweep::new(path.clone(), vec!["nano-gpu/gpu-percent"], seen, lister.clone());
-        Fixture { path, pods, lister, sweep, resent: Arc::new(AtomicUsize::new(0)) }
+        Fixture { _dir: dir, path, pods, lister, sweep, resent: Arc::new(AtomicUsize::new(0)) }
     }
 
     impl Fixture {

@@ -107,6 +107,12 @@ struct Node {
     kubelet: FakeKubelet,
 }
 
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 async fn node(name: &str) -> Node {
     let (dir, gpus) = two_t4_node(name);
     let backend = dir.join("backend");

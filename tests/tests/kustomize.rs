@@ -396,7 +396,9 @@ fn the_install_pages_overlay_builds_into_what_it_promises() {
     let page = std::fs::read_to_string(root().join("docs/src/getting-started/install.md")).unwrap();
     let start = page.find("<!-- kustomize: example overlay -->").expect("the install page's overlay marker");
     let block = page[start..].split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
-    let built = build(&overlay("readme", &block.replace("../nano-gpu/deploy", "{deploy}")));
+    let dir = overlay("readme", &block.replace("../nano-gpu/deploy", "{deploy}"));
+    let built = build(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let mut images = Vec::new();
     for object in built.values() {
         let spec = &object["spec"]["template"]["spec"];
@@ -476,6 +478,7 @@ fn build_images_names_the_version_deploy_names_and_prints_the_overlay_that_insta
         ),
     );
     let built = build(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let mut installed: Vec<String> = built
         .values()
         .flat_map(|o| o["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default())

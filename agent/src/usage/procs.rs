@@ -74,11 +74,8 @@ pub(crate) mod tests {
         std::fs::write(dir.join("cgroup"), cgroup).unwrap();
     }
 
-    pub(crate) fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("nano-gpu-procs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    pub(crate) fn temp_dir(name: &str) -> crate::Scratch {
+        crate::Scratch::new(&format!("procs-{name}"))
     }
 
     const UID: &str = "0f3d6a1e-7b2c-4c1d-9e8f-1a2b3c4d5e6f";
