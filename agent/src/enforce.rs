@@ -173,7 +173,17 @@ impl Enforcement {
             Enforcement::Mps(_) if card.mig => {
                 Some("enforcement mps: the card is in MIG mode, which MPS shares do not support here".into())
             }
-            Enforcement::Mps(layout) => layout.daemon(&card.info.uuid).err(),
+            Enforcement::Mps(layout) => layout.daemon(&card.info.uuid).err().map(|why| {
+                if layout.root.join(&card.info.uuid).is_dir() {
+                    return why;
+                }
+                // No supervisor has ever run for it: the shipped pod has one container per index.
+                let index = card.info.index;
+                format!(
+                    "{why}; no MPS supervisor has run for this card yet: the MPS pod needs a container \
+                     with NANO_GPU_MPS_CARD_INDEX={index} (deploy/mps.yaml runs cards 0 to 7)"
+                )
+            }),
             Enforcement::HamiCore(hami) => hami.missing(),
         }
     }
@@ -348,8 +358,17 @@ mod tests {
         let mps = Enforcement::Mps(mps::Layout { root: dir.clone(), proc_root: dir.join("proc") });
         let mut cards = vec![nvidia("GPU-a"), Card { mig: true, ..nvidia("GPU-m") }];
         mps.apply(&mut cards);
-        assert!(cards[0].fault.as_deref().unwrap().contains("MPS control daemon"), "{:?}", cards[0].fault);
+        let fault = cards[0].fault.as_deref().unwrap();
+        assert!(fault.contains("MPS control daemon"), "{fault}");
+        // No supervisor ever ran for the card: which container it needs.
+        assert!(fault.contains("a container with NANO_GPU_MPS_CARD_INDEX=0"), "{fault}");
         assert!(cards[1].fault.as_deref().unwrap().contains("MIG mode"));
+        // One did (its directory is there): the daemon is down, nothing more to say.
+        std::fs::create_dir_all(dir.join("GPU-a")).unwrap();
+        let mut cards = vec![nvidia("GPU-a")];
+        mps.apply(&mut cards);
+        let fault = cards[0].fault.as_deref().unwrap();
+        assert!(fault.contains("MPS control daemon") && !fault.contains("CARD_INDEX"), "{fault}");
         let mut none = vec![nvidia("GPU-a")];
         Enforcement::None.apply(&mut none);
         assert!(none[0].info.healthy);
