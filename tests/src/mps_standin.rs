@@ -163,5 +163,6 @@ mod tests {
             (mib("2G"), mib("512M"), mib("1048576"), mib("lots")),
             (Some(2048), Some(512), Some(1), None)
         );
+        let _ = std::fs::remove_dir_all(&pipe);
     }
 }
