@@ -95,21 +95,8 @@ mod tests {
     use super::*;
 
     /// A fresh directory for test `name`, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Scratch {
-            let dir = std::env::temp_dir().join(format!("nano-gpu-clean-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Scratch(dir)
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn scratch(name: &str) -> crate::Scratch {
+        crate::Scratch::new(&format!("clean-{name}"))
     }
 
     fn dirs(root: &Path) -> Dirs {
@@ -123,8 +110,8 @@ mod tests {
 
     #[test]
     fn removes_nano_gpus_files_and_nothing_beside_them() {
-        let tmp = Scratch::new("ours");
-        let d = dirs(&tmp.0);
+        let tmp = scratch("ours");
+        let d = dirs(&tmp);
         let ours = [
             d.host_run.join(RUN_DIR).join("mps/GPU-1/pipe/control"),
             d.host_kubelet.join("device-plugins/nano-gpu.agent-x.sock"),
@@ -163,16 +150,16 @@ mod tests {
 
     #[test]
     fn a_node_without_nano_gpus_files_has_nothing_to_remove() {
-        let tmp = Scratch::new("none");
-        let d = dirs(&tmp.0);
+        let tmp = scratch("none");
+        let d = dirs(&tmp);
         touch(&d.host_kubelet.join("device-plugins/kubelet.sock"));
         assert_eq!(clean(&d).unwrap(), Vec::<PathBuf>::new());
     }
 
     #[test]
     fn a_kubelet_root_without_the_device_plugin_directory_is_refused() {
-        let tmp = Scratch::new("not-kubelet");
-        let d = dirs(&tmp.0);
+        let tmp = scratch("not-kubelet");
+        let d = dirs(&tmp);
         touch(&d.host_run.join(RUN_DIR).join("mps/x"));
         let err = clean(&d).unwrap_err();
         assert!(err.contains("is not a directory: is") && err.contains("--root-dir"), "{err}");
@@ -182,8 +169,8 @@ mod tests {
 
     #[test]
     fn a_directory_that_cannot_be_read_is_named_and_the_rest_still_goes() {
-        let tmp = Scratch::new("unreadable");
-        let d = dirs(&tmp.0);
+        let tmp = scratch("unreadable");
+        let d = dirs(&tmp);
         touch(&d.host_run.join(RUN_DIR).join("mps/x"));
         touch(&d.host_kubelet.join("device-plugins/kubelet.sock"));
         // The CDI "directory" is a file: reading it fails.

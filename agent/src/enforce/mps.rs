@@ -553,13 +553,11 @@ mod tests {
 
     #[test]
     fn a_cards_shm_is_the_directory_its_supervisor_named_else_the_roots() {
-        let root = std::env::temp_dir().join(format!("nano-gpu-mps-shm-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
+        let root = crate::Scratch::new("mps-shm");
+        let layout = Layout { root: root.to_path_buf(), proc_root: root.join("proc") };
         assert_eq!(layout.shm("GPU-a"), root.join("shm"));
         // An earlier supervisor's, for every card.
         let earlier = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm";
-        std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join(SHM_SOURCE), format!("{earlier}\n")).unwrap();
         assert_eq!(layout.shm("GPU-a"), Path::new(earlier));
         // Each card's own, once its supervisor named it.
@@ -572,7 +570,6 @@ mod tests {
         // Only an absolute path counts.
         std::fs::write(root.join(SHM_SOURCE), "relative/shm\n").unwrap();
         assert_eq!(layout.shm("GPU-b"), root.join("shm"));
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// A share's container can write in its card's pipe directory: what it puts in the PID file's

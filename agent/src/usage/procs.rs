@@ -89,7 +89,7 @@ pub(crate) mod tests {
         let root = temp_dir("reuse");
         write_process(&root, 42, 1000, &cgroup('a'));
         write_process(&root, 43, 1001, "0::/system.slice/sshd.service\n");
-        let mut procs = Procs::new(&root);
+        let mut procs = Procs::new(&*root);
         assert_eq!(procs.container_of(42).unwrap().container_id, "a".repeat(64));
         assert_eq!(procs.container_of(43), None);
         procs.end_pass();
@@ -105,6 +105,5 @@ pub(crate) mod tests {
         // A process that ended is in no container.
         std::fs::remove_dir_all(root.join("42")).unwrap();
         assert_eq!(procs.container_of(42), None);
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -106,7 +106,7 @@ fn processes_are_put_beside_their_containers_grants() {
         sample("GPU-0", &[(100, 3000, Some(20)), (101, 1000, None), (300, 500, Some(5)), (400, 100, None)]),
         sample("GPU-1", &[(102, 700, Some(1)), (200, 2500, Some(40))]),
     ];
-    let mut procs = procs::Procs::new(&root);
+    let mut procs = procs::Procs::new(&*root);
     let report = attribute(&samples, &cards, &residents, &Default::default(), &mut procs, |u| {
         if u == "GPU-1" { 2 } else { 0 }
     });
@@ -128,7 +128,6 @@ fn processes_are_put_beside_their_containers_grants() {
         report.cards.iter().map(|c| (c.granted, c.xids, c.healthy)).collect::<Vec<_>>(),
         [(30, 0, true), (50, 2, true)]
     );
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]
@@ -161,7 +160,7 @@ fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
         Card::nvidia(1, "GPU-1", "Tesla T4", MiB(15_360), None),
     ];
     let samples = [sample("GPU-0", &[(100, 1500, Some(10))]), sample("GPU-1", &[])];
-    let report = attribute(&samples, &cards, &residents, &held, &mut procs::Procs::new(&root), |_| 0);
+    let report = attribute(&samples, &cards, &residents, &held, &mut procs::Procs::new(&*root), |_| 0);
     assert_eq!(
         rows(&report),
         [
@@ -177,11 +176,10 @@ fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
     assert_eq!(report.cards.iter().map(|c| c.granted).collect::<Vec<_>>(), [30, 100]);
     // Before the claim is read, the trainer's grant is not known: 0 shown, its use not judged (were it
     // judged, it would be use of a card it was not given).
-    let unread = attribute(&samples, &cards, &residents, &Held::new(), &mut procs::Procs::new(&root), |_| 0);
+    let unread = attribute(&samples, &cards, &residents, &Held::new(), &mut procs::Procs::new(&*root), |_| 0);
     let trainer = unread.containers.iter().find(|r| r.container == "trainer").unwrap();
     assert!(trainer.grant_unread && trainer.granted == Percent(0) && trainer.memory_used == MiB(1500));
     assert!(!trainer.over_memory() && trainer.memory_used > trainer.granted_memory);
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]
@@ -198,7 +196,7 @@ fn a_grant_without_processes_shows_zero_use_and_the_metrics_name_it() {
         &cards,
         &residents,
         &Default::default(),
-        &mut procs::Procs::new(&root),
+        &mut procs::Procs::new(&*root),
         |_| 0,
     );
     assert_eq!(report.containers.len(), 1);
@@ -225,5 +223,4 @@ fn a_grant_without_processes_shows_zero_use_and_the_metrics_name_it() {
         line("nano_gpu_usage_sampled_timestamp_seconds{"),
         "nano_gpu_usage_sampled_timestamp_seconds{node=\"node-1\"} 1.5"
     );
-    let _ = std::fs::remove_dir_all(&root);
 }
