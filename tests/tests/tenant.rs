@@ -343,7 +343,11 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         .nth(1)
         .and_then(|w| w.parse().ok())
         .expect("the filler's count");
-    assert!(filled <= 65536, "a share wrote {filled} KiB in /dev/shm: not bounded at its card's 64 MiB");
+    // Stopped by its card's 64 MiB (less what the daemon keeps there), not before, not after.
+    assert!(
+        (60 * 1024..=64 * 1024).contains(&filled),
+        "a share wrote {filled} KiB in /dev/shm: not its card's 64 MiB"
+    );
     let neighbour_card = assigned(&neighbours, "neighbour-node-1").await;
     assert_ne!(assigned(&pods, "filler").await, neighbour_card, "the filler landed on the neighbour's card");
     let script =

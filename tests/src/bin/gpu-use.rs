@@ -42,17 +42,20 @@ fn main() -> Result<()> {
     let mut limits = String::new();
     let mut sm = sm;
     // Its place among the card's clients, held until it ends: MPS serves one user at a time.
-    let mut _client = None;
-    if let Some(pipe) = &pipe {
-        let uid = nano_gpu_tests::own_uid().context("reading this process's user")?;
-        let tag = format!("{}.{}", hostname(), std::process::id());
-        _client = Some(
-            nano_gpu_tests::mps_standin::connect(pipe, uid, &tag, |other| {
+    let _client = match &pipe {
+        Some(pipe) => {
+            let uid = nano_gpu_tests::own_uid().context("reading this process's user")?;
+            let tag = format!("{}.{}", hostname(), std::process::id());
+            let waiting = |other| {
                 println!("waiting: the card's MPS server serves UID {other}");
                 let _ = std::io::stdout().flush();
-            })
-            .context("connecting to the MPS control daemon")?,
-        );
+            };
+            let client = nano_gpu_tests::mps_standin::connect(pipe, uid, &tag, waiting);
+            Some(client.context("connecting to the MPS control daemon")?)
+        }
+        None => None,
+    };
+    if let Some(pipe) = &pipe {
         let var = |name: &str| std::env::var(name).ok();
         let (threads, memory_limit) = nano_gpu_tests::mps_standin::client_limits(
             pipe,

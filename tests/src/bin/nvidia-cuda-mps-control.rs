@@ -54,7 +54,8 @@ fn main() -> std::io::Result<()> {
         std::fs::create_dir_all(&clients)?;
         std::fs::set_permissions(&clients, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
         // The daemon's /dev/shm, as its clients get it: which cards' daemons share it.
-        let _ = std::fs::write(format!("/dev/shm/nano-gpu-mps-standin-{card}"), "an MPS daemon's /dev/shm\n");
+        let shm = format!("/dev/shm/nano-gpu-mps-standin-{card}");
+        let _ = std::fs::write(&shm, "an MPS daemon's /dev/shm\n");
         std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id()))?;
         while !pipe.join(QUIT).exists() {
             std::thread::sleep(Duration::from_millis(100));
@@ -62,6 +63,7 @@ fn main() -> std::io::Result<()> {
         let _ = std::fs::remove_file(pipe.join(PID_FILE));
         let _ = std::fs::remove_file(pipe.join(QUIT));
         let _ = std::fs::remove_file(pipe.join("server"));
+        let _ = std::fs::remove_file(&shm);
         log(&logs, "stopped");
         return Ok(());
     }
