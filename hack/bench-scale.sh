@@ -4,10 +4,12 @@
 # against kubelet-less nodes written as the agents would write them (tests/src/bin/bench-scale.rs).
 # For each size: a fresh control plane on this machine's loopback, the nodes and their placed pods,
 # then the allocator and kube-scheduler, then the bursts. Prints JSON lines (scale-fill, scale-rest,
-# scale-burst per burst kind), then stops the deciding replica (scale-failover, scale-probe), restarts
+# scale-burst per burst, scale-ratio: the GPU bursts' throughput over the others', the median of
+# --rounds rounds), then stops the deciding replica (scale-failover, scale-probe), restarts
 # the API server (scale-probe) and checks what must hold (scale-check: fails the script when it does
 # not). Not in CI: at 5,000 nodes it runs for long.
 # Usage: hack/bench-scale.sh [--sizes 500,1000,2000] [--pods-per-node 30] [--burst N] [--gpu-fill F]
+#                            [--rounds 3]   (rounds of the GPU, CPU-only and extended bursts)
 #                            [--replicas 2]  (allocator + kube-scheduler pairs, as the Deployment runs)
 #                            [--keep]   (leave the last size's cluster running; its dir is printed)
 # Env:   NANO_GPU_TRACE  the pod list (default: openb's default list in ../shared, where it lies)
@@ -22,7 +24,7 @@ source "$ROOT/hack/lib.sh"
 log() { echo "bench-scale: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2
+SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) SIZES=$2; shift 2 ;;
@@ -30,6 +32,7 @@ while [[ $# -gt 0 ]]; do
     --burst) BURST=$2; shift 2 ;;
     --gpu-fill) FILL=$2; shift 2 ;;
     --replicas) REPLICAS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     *) die "unknown flag $1" ;;
   esac
@@ -101,8 +104,8 @@ for nodes in "${sizes[@]}"; do
   REPLICA_FLAGS=()
   for ((r = 1; r <= REPLICAS; r++)); do replica "nano-gpu-allocator-$r"; done
   common=(--kubeconfig "$ADMIN_KUBECONFIG" --label "$nodes")
-  "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" "${trace_flag[@]}" \
-    --control-plane "$(cat "$DIR/etcd.pid"),$(cat "$DIR/kube-apiserver.pid")"
+  "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" --rounds "$ROUNDS" \
+    "${trace_flag[@]}" --control-plane "$(cat "$DIR/etcd.pid"),$(cat "$DIR/kube-apiserver.pid")"
   if ((REPLICAS > 1)); then "$BIN/bench-scale" failover "${common[@]}" "${REPLICA_FLAGS[@]}" --what failover; fi
   # The API server killed and started again 2 s later: the time until a new share, created from
   # 0.3 s after the kill on, is bound.

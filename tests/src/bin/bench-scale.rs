@@ -10,9 +10,12 @@
 //! node of openb's mix would ask three times the cards a node has: what is placed is printed.
 //!
 //! `bench-scale measure` then runs bursts against the allocator and kube-scheduler started by the
-//! script: `--burst` GPU pods (the trace's next GPU pods, on cards left free) and as many CPU-only
-//! pods through the same profile (kube-scheduler does not call the extender for them), then the GPU
-//! burst again while `/metrics` and `/map/data` are read every 2 s. Each prints one JSON line:
+//! script: `--burst` GPU pods (the trace's next GPU pods, on cards left free), as many CPU-only pods
+//! through the same profile (kube-scheduler does not call the extender for them) and as many asking
+//! an extended resource no extender manages; `--rounds` rounds of these three, each in another
+//! order, their pods deleted between rounds (one `scale-ratio` line: the GPU throughput over the
+//! others', per round and the median); then a GPU burst while `/metrics` and `/map/data` are read
+//! every 2 s. Each burst prints one JSON line:
 //! pods bound per second, creation → bound p50/p99 (as this driver sees the pod's `nodeName`), the
 //! extender calls' p50/p99 (the allocator's `nano_gpu_decision_seconds` histogram over the burst:
 //! the bucket's upper bound), the allocator's CPU and resident memory. Before the bursts: the
@@ -26,7 +29,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_engine::trace::{TracePod, parse_pods, synthetic};
 use nano_gpu_proto::annotations::{
@@ -72,6 +75,8 @@ struct Args {
     concurrency: usize,
     replicas: Vec<Replica>,
     burst: usize,
+    /// How many rounds of the `gpu`, `cpu` and `extended` bursts `measure` runs (`--rounds`).
+    rounds: usize,
     label: String,
     what: String,
     /// etcd's and kube-apiserver's PIDs (`--control-plane ETCD_PID,APISERVER_PID`), for the CPU each
@@ -122,6 +127,7 @@ fn args() -> Result<Args> {
         concurrency: 64,
         replicas: Vec::new(),
         burst: 1000,
+        rounds: 3,
         label: String::new(),
         what: "probe".into(),
         control_plane: None,
@@ -139,6 +145,7 @@ fn args() -> Result<Args> {
             "--replica" => a.replicas.push(value.parse()?),
             "--what" => a.what = value,
             "--burst" => a.burst = value.parse()?,
+            "--rounds" => a.rounds = value.parse()?,
             "--label" => a.label = value,
             "--control-plane" => {
                 let (etcd, apiserver) =
@@ -151,8 +158,9 @@ fn args() -> Result<Args> {
     if a.kubeconfig.as_os_str().is_empty() {
         bail!("--kubeconfig is required");
     }
-    if !(0.0..=1.0).contains(&a.gpu_fill) || a.cards == 0 || a.nodes == 0 || a.concurrency == 0 {
-        bail!("--gpu-fill must be in 0..=1; --cards, --nodes and --concurrency above 0");
+    let zero = a.cards == 0 || a.nodes == 0 || a.concurrency == 0 || a.rounds == 0;
+    if !(0.0..=1.0).contains(&a.gpu_fill) || zero {
+        bail!("--gpu-fill must be in 0..=1; --cards, --nodes, --concurrency and --rounds above 0");
     }
     Ok(a)
 }
@@ -772,11 +780,9 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
             .collect()
     };
     let gpu = gpu_pods("gpu", "bench-burst-gpu", trace.gpu.len() / 2)?;
-    println!("{}", burst(a, &r, client, "gpu", "bench-burst-gpu", gpu, false).await?);
     let cpu = (0..a.burst)
         .map(|i| pod(&format!("cpu-{i}"), "bench-burst-cpu", &trace.cpu[i % trace.cpu.len()]))
         .collect::<Result<Vec<_>>>()?;
-    println!("{}", burst(a, &r, client, "cpu", "bench-burst-cpu", cpu, false).await?);
     // The same CPU-only pods asking one extended resource that no extender manages: what
     // kube-scheduler alone spends on a pod that asks an extended resource, as GPU pods do.
     let ext = (0..a.burst)
@@ -784,9 +790,69 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
             pod_asking(&format!("ext-{i}"), "bench-burst-ext", &trace.cpu[i % trace.cpu.len()], Some(SLOT))
         })
         .collect::<Result<Vec<_>>>()?;
-    println!("{}", burst(a, &r, client, "extended", "bench-burst-ext", ext, false).await?);
+    // The same three bursts in every round, each round in another order (no kind always first), the
+    // cluster put back between rounds: the ratios are the rounds' medians, as one burst of each on
+    // these machines varies by up to 30 % from run to run.
+    let mut rounds: Vec<BTreeMap<&str, f64>> = Vec::new();
+    for round in 0..a.rounds {
+        let mut rates = BTreeMap::new();
+        for k in 0..BURSTS.len() {
+            let (kind, ns) = BURSTS[(round + k) % BURSTS.len()];
+            let pods = match kind {
+                "gpu" => gpu.clone(),
+                "cpu" => cpu.clone(),
+                _ => ext.clone(),
+            };
+            let mut line = burst(a, &r, client, kind, ns, pods, false).await?;
+            line["round"] = round.into();
+            rates.insert(kind, line["pods_per_s"].as_f64().unwrap_or(0.0));
+            println!("{line}");
+        }
+        rounds.push(rates);
+        if round + 1 < a.rounds {
+            remove_pods(client, &BURSTS.map(|(_, ns)| ns)).await?;
+        }
+    }
+    println!("{}", ratios(&a.label, &rounds));
     let read = gpu_pods("read", "bench-burst-read", trace.gpu.len() / 4)?;
     println!("{}", burst(a, &r, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
+    Ok(())
+}
+
+/// The bursts of each round: kind and namespace.
+const BURSTS: [(&str, &str); 3] =
+    [("gpu", "bench-burst-gpu"), ("cpu", "bench-burst-cpu"), ("extended", "bench-burst-ext")];
+
+/// The `scale-ratio` line: per round and as the rounds' median, the GPU pods' throughput over the
+/// CPU-only pods' and over the extended pods'.
+fn ratios(label: &str, rounds: &[BTreeMap<&str, f64>]) -> Value {
+    let over =
+        |other: &str| -> Vec<f64> { rounds.iter().map(|r| round(r["gpu"] / r[other].max(1e-9))).collect() };
+    let (cpu, ext) = (over("cpu"), over("extended"));
+    json!({"bench": "scale-ratio", "label": label, "rounds": rounds.len(),
+        "gpu_per_cpu": cpu, "gpu_per_cpu_median": round(quantile(cpu.clone(), 0.5)),
+        "gpu_per_extended": ext, "gpu_per_extended_median": round(quantile(ext.clone(), 0.5))})
+}
+
+/// Deletes every pod of `namespaces` at once (no kubelet runs to end them gracefully), waits until
+/// the API server holds none, then 5 s more for the watches to see it and the machine to settle.
+async fn remove_pods(client: &Client, namespaces: &[&str]) -> Result<()> {
+    let now = DeleteParams::default().grace_period(0);
+    for ns in namespaces {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        api.delete_collection(&now, &ListParams::default()).await.with_context(|| format!("pods of {ns}"))?;
+    }
+    let started = Instant::now();
+    for ns in namespaces {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        while !api.list_metadata(&ListParams::default().limit(1)).await?.items.is_empty() {
+            if started.elapsed() > Duration::from_secs(300) {
+                bail!("the pods of {ns} were not gone after 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
     Ok(())
 }
 
