@@ -3,7 +3,8 @@
 //! --through-extender` calls them with exactly what kube-scheduler would send.
 //!
 //! - `filter` judges every candidate node on its own (kube-scheduler may send a single nominated or
-//!   hinted node): fits, or a reason; reasons preemption cannot fix go to `FailedAndUnresolvableNodes`.
+//!   hinted node): fits, or a reason; reasons no eviction could fix go to `FailedAndUnresolvableNodes`
+//!   (kube-scheduler gets every refused node there: [`unresolvable_for_scheduler`]).
 //! - `prioritize` gives 0..=10. kube-scheduler breaks ties among equal totals at random, which would
 //!   throw away the policy's own tie rule, so the node the engine would choose gets 10 alone; the others
 //!   are spread over 0..=9 by the policy's score.
@@ -329,6 +330,19 @@ fn refuse<N: Ord>(result: &mut ExtenderFilterResult<N>, name: N, reason: Option<
         }
         Some(r) => result.failed_nodes.insert(name, for_scheduler(&r.to_string())),
     };
+}
+
+/// The filter's answer as kube-scheduler gets it: every refused node is unresolvable.
+/// kube-scheduler's preemption looks for victims with its own filter plugins only
+/// (`SelectVictimsOnNode`), and every node it sent here passed them: on a node the extender refused,
+/// whatever the reason, its dry run spares every pod and finds no victim. Left resolvable, each such
+/// node still costs that dry run a copy of the node and its pods at every attempt of a pod that
+/// fits nowhere. (Preemption where kube-scheduler's own `NodeResourcesFit` refuses a node, the
+/// node's total `nano-gpu/gpu-percent` taken, is unchanged: such a node never reaches the extender.)
+pub fn unresolvable_for_scheduler<N: Ord>(mut result: ExtenderFilterResult<N>) -> ExtenderFilterResult<N> {
+    let resolvable = std::mem::take(&mut result.failed_nodes);
+    result.failed_and_unresolvable_nodes.extend(resolvable);
+    result
 }
 
 /// A filter's answer to a kube-scheduler that sent whole `Nodes` (not `nodeCacheCapable`): the

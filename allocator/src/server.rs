@@ -259,6 +259,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
                 true => s.state().choose_names(pod.as_ref(), names, Instant::now()),
                 false => s.state().filter_names(pod.as_ref(), names),
             };
+            let result = crate::extender::unresolvable_for_scheduler(result);
             (result.error.is_empty(), result.passed(), json(&result))
         }
         Candidates::Owned(args) => {
@@ -266,6 +267,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
                 true => s.state().choose(args, Instant::now()),
                 false => s.state().filter(args),
             };
+            let result = crate::extender::unresolvable_for_scheduler(result);
             (result.error.is_empty(), result.passed(), json(&result))
         }
     };
@@ -767,6 +769,30 @@ mod tests {
         assert_eq!(s.binder.calls(), vec!["bind a n1"]);
         assert!(s.binder.assignment("a").is_some_and(|a| a.contains("\"node\":\"n1\"")));
         assert_eq!(free(&s), 40);
+    }
+
+    #[tokio::test]
+    async fn kube_scheduler_gets_every_refused_node_as_unresolvable() {
+        for answers in [FilterAnswers::One, FilterAnswers::Fitting] {
+            let s = shared().with_filter_answers(answers);
+            let b = pod("b", "1", None);
+            s.binder.pods.lock().unwrap().insert("b".into(), b.clone());
+            s.state().apply_pod(&b);
+            call(&s, "POST", "/filter", json!({"Pod": b, "NodeNames": ["n1"]})).await;
+            assert_eq!(call(&s, "POST", "/bind", binding("b")).await.1, r#"{"Error":""}"#);
+            let args = json!({"Pod": pod("a", "7", None), "NodeNames": ["n1", "n2"]});
+            let (status, body) = call(&s, "POST", "/filter", args).await;
+            assert_eq!(status, StatusCode::OK);
+            let r: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(r["NodeNames"], json!([]), "{answers:?}");
+            assert!(r["FailedNodes"].as_object().is_none_or(|m| m.is_empty()), "{answers:?}: {r}");
+            // Busy cards, which the view (and `kubectl nano-gpu why`) counts as resolvable.
+            let busy = r["FailedAndUnresolvableNodes"]["n1"].as_str().unwrap_or_default();
+            assert!(busy.starts_with("GPU busy"), "{answers:?}: {r}");
+            assert_eq!(r["FailedAndUnresolvableNodes"]["n2"], "node has no nano-gpu inventory");
+            let view = s.state().filter_names(Some(&pod("a", "7", None)), vec!["n1"]);
+            assert!(view.failed_nodes.contains_key("n1"), "{view:?}");
+        }
     }
 
     #[tokio::test]
