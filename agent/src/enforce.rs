@@ -174,7 +174,7 @@ impl Enforcement {
                 Some("enforcement mps: the card is in MIG mode, which MPS shares do not support here".into())
             }
             Enforcement::Mps(layout) => layout.daemon(&card.info.uuid).err().map(|why| {
-                if layout.root.join(&card.info.uuid).is_dir() {
+                if layout.card(&card.info.uuid).is_dir() {
                     return why;
                 }
                 // No supervisor has ever run for it: the shipped pod has one container per index.

@@ -58,14 +58,19 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Card `uuid`'s directory, which its supervisor makes when it first runs.
+    pub fn card(&self, uuid: &str) -> PathBuf {
+        self.root.join(uuid)
+    }
+
     /// The pipe directory of card `uuid`'s daemon.
     pub fn pipe(&self, uuid: &str) -> PathBuf {
-        self.root.join(uuid).join("pipe")
+        self.card(uuid).join("pipe")
     }
 
     /// The log directory of card `uuid`'s daemon.
     pub fn log(&self, uuid: &str) -> PathBuf {
-        self.root.join(uuid).join("log")
+        self.card(uuid).join("log")
     }
 
     /// The environment that points the control program (the daemon, or a command to it) at card
@@ -80,14 +85,14 @@ impl Layout {
 
     /// Whether the supervisor holds card `uuid` in `EXCLUSIVE_PROCESS` mode (its mark is there).
     pub fn exclusive(&self, uuid: &str) -> bool {
-        self.root.join(uuid).join(EXCLUSIVE_MARK).is_file()
+        self.card(uuid).join(EXCLUSIVE_MARK).is_file()
     }
 
     /// The host directory of the `/dev/shm` card `uuid`'s daemon and its clients share: the one its
     /// supervisor named in the card's [`SHM_SOURCE`] (its container's size-limited emptyDir), else
     /// the one named in the root's (an earlier supervisor's, for every card), else `<root>/shm`.
     pub fn shm(&self, uuid: &str) -> PathBuf {
-        for named in [self.root.join(uuid).join(SHM_SOURCE), self.root.join(SHM_SOURCE)] {
+        for named in [self.card(uuid).join(SHM_SOURCE), self.root.join(SHM_SOURCE)] {
             match read_small_file(&named, 4096) {
                 Ok(text) if text.trim().starts_with('/') => return PathBuf::from(text.trim()),
                 _ => {}
@@ -99,7 +104,7 @@ impl Layout {
     /// Names `source` as the host directory of card `uuid`'s daemon's `/dev/shm` (replaced in one
     /// rename, and only when it names another), or with `None` takes the name away.
     fn name_shm(&self, uuid: &str, source: Option<&Path>) -> std::io::Result<()> {
-        let named = self.root.join(uuid).join(SHM_SOURCE);
+        let named = self.card(uuid).join(SHM_SOURCE);
         match source {
             Some(source) => {
                 let text = format!("{}\n", source.display());
@@ -117,7 +122,7 @@ impl Layout {
 
     /// Where the supervisor records the PID of card `uuid`'s daemon.
     pub fn record(&self, uuid: &str) -> PathBuf {
-        self.root.join(uuid).join(RECORD)
+        self.card(uuid).join(RECORD)
     }
 
     /// The PID of card `uuid`'s control daemon as the supervisor recorded it, or why it is not
@@ -414,7 +419,7 @@ impl Exclusive {
     /// Card `uuid` in `EXCLUSIVE_PROCESS` mode with a server running, and marked so; a problem is
     /// logged once (and the mark removed, so the agent does not count on it) until it changes.
     async fn hold(&mut self, layout: &Layout, program: &Path, uuid: &str) {
-        let mark = layout.root.join(uuid).join(EXCLUSIVE_MARK);
+        let mark = layout.card(uuid).join(EXCLUSIVE_MARK);
         let result = match self.nvml() {
             Ok(nvml) => {
                 let card = uuid.to_owned();
@@ -478,7 +483,7 @@ impl Exclusive {
     async fn release(mut self, layout: &Layout) {
         let Ok(nvml) = self.nvml() else { return };
         for uuid in self.held.into_keys() {
-            let _ = std::fs::remove_file(layout.root.join(&uuid).join(EXCLUSIVE_MARK));
+            let _ = std::fs::remove_file(layout.card(&uuid).join(EXCLUSIVE_MARK));
             let nvml = nvml.clone();
             let card = uuid.clone();
             let set = tokio::task::spawn_blocking(move || set_mode(&nvml, &card, ComputeMode::Default)).await;

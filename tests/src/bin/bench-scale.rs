@@ -791,26 +791,26 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     // The same three bursts in every round, each round in another order (no kind always first), the
-    // cluster put back between rounds: the ratios are the rounds' medians, as one burst of each on
-    // these machines varies by up to 30 % from run to run.
+    // cluster put back between rounds: the ratios are the rounds' medians, as one burst of a kind
+    // varied by up to 36 % from round to round on the 2-core machine.
+    let bursts = [
+        ("gpu", "bench-burst-gpu", gpu),
+        ("cpu", "bench-burst-cpu", cpu),
+        ("extended", "bench-burst-ext", ext),
+    ];
     let mut rounds: Vec<BTreeMap<&str, f64>> = Vec::new();
     for round in 0..a.rounds {
         let mut rates = BTreeMap::new();
-        for k in 0..BURSTS.len() {
-            let (kind, ns) = BURSTS[(round + k) % BURSTS.len()];
-            let pods = match kind {
-                "gpu" => gpu.clone(),
-                "cpu" => cpu.clone(),
-                _ => ext.clone(),
-            };
-            let mut line = burst(a, &r, client, kind, ns, pods, false).await?;
+        for k in 0..bursts.len() {
+            let (kind, ns, pods) = &bursts[(round + k) % bursts.len()];
+            let mut line = burst(a, &r, client, kind, ns, pods.clone(), false).await?;
             line["round"] = round.into();
-            rates.insert(kind, line["pods_per_s"].as_f64().unwrap_or(0.0));
+            rates.insert(*kind, line["pods_per_s"].as_f64().unwrap_or(0.0));
             println!("{line}");
         }
         rounds.push(rates);
         if round + 1 < a.rounds {
-            remove_pods(client, &BURSTS.map(|(_, ns)| ns)).await?;
+            remove_pods(client, &bursts.each_ref().map(|(_, ns, _)| *ns)).await?;
         }
     }
     println!("{}", ratios(&a.label, &rounds));
@@ -818,10 +818,6 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
     println!("{}", burst(a, &r, client, "gpu-with-reads", "bench-burst-read", read, true).await?);
     Ok(())
 }
-
-/// The bursts of each round: kind and namespace.
-const BURSTS: [(&str, &str); 3] =
-    [("gpu", "bench-burst-gpu"), ("cpu", "bench-burst-cpu"), ("extended", "bench-burst-ext")];
 
 /// The `scale-ratio` line: per round and as the rounds' median, the GPU pods' throughput over the
 /// CPU-only pods' and over the extended pods'.
