@@ -99,7 +99,7 @@ struct ServeArgs {
     /// Lease duration in seconds (renew deadline 2/3 of it, retry every 1/7 of it).
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
-    /// Address of the HTTPS endpoint: the admission webhook, probes and metrics.
+    /// Address of the HTTPS endpoint: the admission webhook (`/mutate`) and `/healthz`.
     #[arg(long, env = "NANO_GPU_TLS_LISTEN")]
     tls_listen: Option<std::net::SocketAddr>,
     /// Address of the extender's verbs over HTTPS with client certificates, for a kube-scheduler
@@ -413,11 +413,11 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         tracing::info!(listen = %args.listen, "serving the scheduler extender");
         let app = server::router(shared.clone());
         let ends = shared.metrics.certificates.clone();
+        let webhook = server::webhook_router(shared.clone());
         let public = server::public_router(shared);
         if let Some(addr) = args.public_listen {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
             tracing::info!(listen = %addr, "serving probes, metrics and the webhook over HTTP");
-            let public = public.clone();
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, public).await {
                     tracing::error!(error = %e, "the public HTTP endpoint stopped");
@@ -449,8 +449,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             };
             if let Some(addr) = args.tls_listen {
                 let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
-                tracing::info!(listen = %addr, "serving HTTPS (the webhook, probes and metrics)");
-                tokio::spawn(tls::serve(listener, public, certs.clone(), None));
+                tracing::info!(listen = %addr, "serving the webhook over HTTPS");
+                tokio::spawn(tls::serve(listener, webhook, certs.clone(), None));
             }
             if let (Some(addr), Some(ca)) = (args.extender_tls_listen, &args.extender_client_ca) {
                 let clients = std::sync::Arc::new(tls::ClientCa::open(ca.clone(), ends.clone())?);

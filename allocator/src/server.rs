@@ -163,6 +163,16 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .merge(public_router(shared))
 }
 
+/// What the webhook's HTTPS port serves: `/mutate` for the API server and `/healthz`. Any pod may
+/// reach that port (the API server has no namespace a NetworkPolicy could select), so `/metrics` and
+/// `/readyz` stay on the [`public_router`]'s port, which NetworkPolicies can close.
+pub fn webhook_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate::<B>))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(shared)
+}
+
 /// What anyone who reaches the pod may call: probes, `/metrics` (counts, latencies and per-card
 /// allocation by node; no pod names) and the webhook (it answers a patch, changes nothing).
 pub fn public_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
@@ -857,6 +867,26 @@ mod tests {
         let text = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
         let text = String::from_utf8_lossy(&text);
         assert!(text.contains("n1") && !text.contains("pod=") && !text.contains("\"a\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_webhook_port_serves_the_webhook_and_healthz_only() {
+        let s = shared();
+        for (method, path, status) in [
+            ("GET", "/healthz", StatusCode::OK),
+            ("GET", "/metrics", StatusCode::NOT_FOUND),
+            ("GET", "/readyz", StatusCode::NOT_FOUND),
+            ("POST", "/bind", StatusCode::NOT_FOUND),
+            ("GET", "/map/data", StatusCode::NOT_FOUND),
+        ] {
+            let req = Request::builder().method(method).uri(path).body(Body::from("{}")).unwrap();
+            let resp = webhook_router(s.clone()).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), status, "{method} {path}");
+        }
+        // /mutate answers a review (a malformed one: 400 with the reason), it is not a missing route.
+        let req = Request::builder().method("POST").uri("/mutate").body(Body::from("{")).unwrap();
+        let resp = webhook_router(s.clone()).oneshot(req).await.unwrap();
+        assert_ne!(resp.status(), StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

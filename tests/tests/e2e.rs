@@ -968,6 +968,12 @@ async fn the_system_works_on_real_nodes() {
         let extra = ["--http1.1", "--cacert", ca.to_str().unwrap(), "--resolve", &resolve];
         let (code, _) = cluster.curl(&format!("https://{name}:8443/bind"), Some(&bind), &extra);
         assert_eq!(code, 404, "the webhook's port binds");
+        // Any pod reaches the webhook's port (no NetworkPolicy can admit the API server alone):
+        // it serves the webhook and /healthz, not the metrics, which the probe port keeps.
+        let (code, _) = cluster.curl(&format!("https://{name}:8443/metrics"), None, &extra);
+        assert_eq!(code, 404, "the webhook's port serves /metrics");
+        let (code, _) = cluster.curl(&format!("http://{ip}:8080/metrics"), None, &[]);
+        assert_eq!(code, 200, "the probe port serves no /metrics");
     }
     // (A leader killed with SIGKILL comes back under the same name and leads on, as in the burst
     // above; a leader that goes away hands over.) The leader's pod deleted: its kube-scheduler and
