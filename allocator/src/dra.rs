@@ -16,9 +16,8 @@
 //! A new leader re-lists every claim (a consistent read) before its first choice: the replica that
 //! led before may have written allocations this replica's watch has not shown yet.
 
-use crate::evict::{self, Outcome};
 use crate::leader::Leadership;
-use crate::state::{ClaimWrite, Preemption, SharedView, Warning};
+use crate::state::{ClaimWrite, SharedView};
 use crate::watch::{LIST_PAGE, Listing, Watch, publish};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{ListParams, PostParams};
@@ -26,7 +25,6 @@ use kube::runtime::events::Recorder;
 use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use nano_gpu_proto::dra::ALLOCATED_FINALIZER;
-use nano_gpu_proto::events::Reason;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,7 +89,7 @@ pub async fn run(
             publish(&recorder, w, "Allocate").await;
         }
         for p in &preemptions {
-            preempt(&client, &view, &leader, &recorder, p).await;
+            crate::victims::carry_out(&client, &view, &leader, &recorder, p).await;
         }
         made.retain(|_, at| at.elapsed() < TEMPLATE_RECHECK);
         for (namespace, name) in wanted {
@@ -127,49 +125,6 @@ pub async fn run(
                 }
             }
         }
-    }
-}
-
-/// Evicts the victims of `p` (while this replica leads), each with a `Preempted` Event; a refused or
-/// failed eviction ends the pod's nomination for a while and says why on the waiting pod.
-async fn preempt(
-    client: &Client,
-    view: &SharedView,
-    leader: &Leadership,
-    recorder: &Recorder,
-    p: &Preemption,
-) {
-    let waiting = format!("{}/{}", p.pod.0, p.pod.1);
-    for v in &p.victims {
-        if !leader.is_leader() {
-            return;
-        }
-        let victim = format!("{}/{}", v.pod.0, v.pod.1);
-        let why = match evict::evict(client, &v.pod.0, &v.pod.1, &v.uid).await {
-            Outcome::Evicted => {
-                tracing::info!(pod = %victim, node = %p.node, preemptor = %waiting, "preempted");
-                let message = format!(
-                    "evicted to make room on node {} for pod {waiting} (priority {}, above this pod's {}), \
-                     whose ResourceClaims nano-gpu allocates",
-                    p.node, p.priority, v.priority
-                );
-                let event = Warning::on_pod(&v.pod, Reason::Preempted, message);
-                publish(recorder, &event, "Preempt").await;
-                continue;
-            }
-            Outcome::Gone => continue,
-            Outcome::Blocked(why) | Outcome::Failed(why) => why,
-        };
-        tracing::warn!(pod = %victim, preemptor = %waiting, error = %why, "evicting a pod to preempt it failed");
-        view.lock().preemption_failed(&p.pod_uid, std::time::Instant::now());
-        let message = format!(
-            "evicting pod {victim} on node {} to make room for this pod's claims failed: {why}; preempting \
-             again in {} s",
-            p.node,
-            crate::state::PREEMPT_RETRY.as_secs()
-        );
-        publish(recorder, &Warning::on_pod(&p.pod, Reason::ClaimNotAllocated, message), "Preempt").await;
-        return;
     }
 }
 
@@ -429,64 +384,5 @@ mod tests {
         let e = write(&api, &the_write()).await.unwrap_err();
         assert!(matches!(e, Failure::Api(_)), "{e}");
         server.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn victims_are_evicted_each_with_an_event_and_a_refusal_stops_the_rest_and_is_said_on_the_pod() {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(svc, "default");
-        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
-        let recorder = Recorder::new(client.clone(), reporter);
-        let engine = nano_gpu_engine::engine::Engine::new(
-            nano_gpu_engine::model::Cluster::new(),
-            nano_gpu_engine::policy::by_name("fgd-balance", 0).unwrap(),
-            nano_gpu_engine::workload::Workload::default(),
-        );
-        let view = SharedView::new(crate::state::ClusterState::new(engine, 1, Default::default()));
-        let victim = |name: &str, priority| crate::state::Victim {
-            uid: format!("u-{name}"),
-            pod: ("t".into(), name.into()),
-            priority,
-        };
-        let p = Preemption {
-            pod: ("t".into(), "high".into()),
-            pod_uid: "u-high".into(),
-            priority: 100,
-            node: "n1".into(),
-            victims: vec![victim("a", 5), victim("b", 0), victim("c", 0)],
-        };
-        // `a` is evicted, `b` refused by a PodDisruptionBudget: `c` is not tried.
-        let server = crate::api_replies::recording(handle, |path, body, _| {
-            if path.ends_with("/b/eviction") {
-                failure(429, "Cannot evict pod as it would violate the pod's disruption budget.")
-            } else {
-                respond(201, body.clone())
-            }
-        });
-        preempt(&client, &view, &Leadership::always(), &recorder, &p).await;
-        drop((client, recorder));
-        let seen = server.await.unwrap();
-        let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                "/api/v1/namespaces/t/pods/a/eviction",
-                "/apis/events.k8s.io/v1/namespaces/t/events",
-                "/api/v1/namespaces/t/pods/b/eviction",
-                "/apis/events.k8s.io/v1/namespaces/t/events",
-            ]
-        );
-        assert_eq!(seen[0].1["deleteOptions"]["preconditions"]["uid"], "u-a");
-        let (first, second) = (&seen[1].1, &seen[3].1);
-        assert_eq!((&first["reason"], &first["regarding"]["name"]), (&json!("Preempted"), &json!("a")));
-        assert!(
-            first["note"].as_str().unwrap().contains("for pod t/high (priority 100, above this pod's 5)"),
-            "{first}"
-        );
-        assert_eq!(
-            (&second["reason"], &second["regarding"]["name"]),
-            (&json!("ClaimNotAllocated"), &json!("high"))
-        );
-        assert!(second["note"].as_str().unwrap().contains("evicting pod t/b on node n1"), "{second}");
     }
 }

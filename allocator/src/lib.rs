@@ -14,7 +14,7 @@
 //! - [`server`] decodes HTTP requests and answers them from the view; `/bind` runs [`bind`] (the bind
 //!   protocol: reserve, one binding that carries the assignment, read back) through [`binder`] (the API calls behind a port);
 //! - [`evict`]: with `--evict-overruns`, the leader evicts the pods agents marked as over their GPU
-//!   memory grant;
+//!   memory grant; [`victims`]: it evicts the pods preempted for a pod of higher priority;
 //! - [`map`]: the GPU map page and its live data, on the loopback listener with `/inspect`;
 //! - [`load`]: with `--prometheus-url`, each card's real utilisation for the engine's last tie rule;
 //! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
@@ -49,4 +49,5 @@ pub mod state;
 pub mod tls;
 pub mod top;
 pub mod uninstall;
+pub mod victims;
 pub mod watch;

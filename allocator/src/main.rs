@@ -376,6 +376,16 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             tracing::info!("evicting pods marked as over their GPU memory grant");
             tokio::spawn(evictor.run());
         }
+        {
+            use kube::runtime::events::{Recorder, Reporter};
+            // A 429 of an eviction is a PodDisruptionBudget's answer, not load to back off from.
+            let client = nano_gpu_runtime::connect_without_retries(kubeconfig.as_deref())
+                .await
+                .context("connecting to the API server")?;
+            let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
+            let recorder = Recorder::new(client.clone(), reporter);
+            tokio::spawn(nano_gpu_allocator::victims::run(client, shared.view.clone(), shared.leader.clone(), recorder));
+        }
         // How the watches list, read once from the API server's version.
         let listing = watch::Listing::of(&client).await;
         tracing::info!(?listing, "watching nodes, pods and claims");

@@ -29,16 +29,18 @@ mod index;
 mod inspect;
 mod map;
 mod preempt;
+mod preemption;
 mod rebuild;
 mod reserve;
 #[cfg(test)]
 mod tests;
 mod why;
 
-pub use claims::preempt::RETRY as PREEMPT_RETRY;
-pub use claims::{ClaimWrite, Preemption, Victim};
+pub use claims::ClaimWrite;
 pub use inspect::InspectDoc;
 pub use map::MapDoc;
+pub use preemption::RETRY as PREEMPT_RETRY;
+pub use preemption::{Needs, Preemption, Victim};
 pub use reserve::Reservation;
 pub use why::NodeVerdict;
 
@@ -160,7 +162,7 @@ pub struct ClusterState {
     /// Waiting pods that preempted pods for their claims, by uid: where, and whom they wait for;
     /// when a pod whose victims' eviction was refused may preempt again; the evictions decided and
     /// not yet taken ([`ClusterState::take_preemptions`]).
-    nominations: HashMap<String, claims::preempt::Nomination>,
+    nominations: HashMap<String, preemption::Nomination>,
     preempt_after: HashMap<String, Instant>,
     /// Per waiting pod, the generation of the view its last search for victims was made on.
     preempt_searched: HashMap<String, u64>,
@@ -410,18 +412,41 @@ impl ClusterState {
     }
 
     /// `POST /filter` (as [`Self::filter_names`]).
-    pub fn filter(&mut self, args: ExtenderArgs) -> ExtenderFilterResult {
-        let uid = args.pod.as_ref().and_then(decode::pod_uid).map(str::to_owned);
-        let result = self.without_own_cards(uid.as_deref(), |s| s.extender.filter(args));
-        self.note_refusal(&result);
-        result
+    pub fn filter(&mut self, mut args: ExtenderArgs) -> ExtenderFilterResult {
+        let by_name = args.node_names.is_some();
+        let names = args.take_candidate_names();
+        let result = self.filter_names(args.pod.as_ref(), names);
+        crate::extender::with_nodes(by_name, &args, result)
     }
 
-    /// Notes a filter's answer: a pod that no node passed waits in kube-scheduler's queue for a
-    /// cluster event, which may already be behind this view ([`crate::requeue`]).
-    fn note_refusal<N: Ord>(&mut self, result: &ExtenderFilterResult<N>) {
-        let refused = !result.failed_nodes.is_empty() || !result.failed_and_unresolvable_nodes.is_empty();
-        if result.passed() == 0 && refused && result.error.is_empty() {
+    /// After a filter of `pod` that answered `result` (candidates `held` were left out: another pod
+    /// that preempted pods there waits for them to end): the held ones refused with that reason; a pod
+    /// that no node passed may preempt pods of lower priority ([`Self::preempt_for_share`]), and
+    /// waits in kube-scheduler's queue for a cluster event, which may already be behind this view
+    /// ([`crate::requeue`]); one that some node passed is nominated nowhere.
+    fn after_filter<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        held: Vec<(N, String)>,
+        result: &mut ExtenderFilterResult<N>,
+    ) {
+        if !result.error.is_empty() {
+            return;
+        }
+        for (name, why) in held {
+            result.failed_nodes.insert(name, why);
+        }
+        let uid = pod.and_then(decode::pod_uid);
+        if result.passed() > 0 {
+            if let Some(uid) = uid.filter(|uid| self.nominated(uid)) {
+                self.end_nomination(uid);
+            }
+            return;
+        }
+        if let Some(pod) = pod {
+            self.preempt_for_share(pod, result);
+        }
+        if !result.failed_nodes.is_empty() || !result.failed_and_unresolvable_nodes.is_empty() {
             self.refused_at = Some(self.generation);
         }
     }
@@ -461,8 +486,9 @@ impl ClusterState {
         if let Some(uid) = uid {
             self.give_back_filter_hold(uid);
         }
-        let result = self.without_own_cards(uid, |s| s.extender.choose_names(pod, names));
-        self.note_refusal(&result);
+        let (names, held) = self.split_held(uid, pod.map_or(0, decode::priority), names);
+        let mut result = self.without_own_cards(uid, |s| s.extender.choose_names(pod, names));
+        self.after_filter(pod, held, &mut result);
         if let (Some(pod), Some(uid), Some([node])) = (pod, uid, result.node_names.as_deref())
             && !self.pods.contains_key(uid)
             && let Ok((demand, _)) = self.extender.request(pod)
@@ -549,9 +575,10 @@ impl ClusterState {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        let result =
-            self.without_own_cards(pod.and_then(decode::pod_uid), |s| s.extender.filter_names(pod, names));
-        self.note_refusal(&result);
+        let uid = pod.and_then(decode::pod_uid);
+        let (names, held) = self.split_held(uid, pod.map_or(0, decode::priority), names);
+        let mut result = self.without_own_cards(uid, |s| s.extender.filter_names(pod, names));
+        self.after_filter(pod, held, &mut result);
         result
     }
 

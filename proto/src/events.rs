@@ -40,9 +40,13 @@ pub enum Reason {
     /// allocated (none of the nodes whose agent serves DRA takes them, or a claim asks what nano-gpu
     /// does not allocate); the message says why.
     ClaimNotAllocated,
-    /// Allocator's leader, on a pod: evicted to make room for a pod of higher priority whose claims
-    /// nano-gpu allocates (kube-scheduler's preemption never sees such a pod).
+    /// Allocator's leader, on a pod: evicted to make room for a pod of higher priority that
+    /// kube-scheduler's preemption cannot help (its claims nano-gpu allocates, or a GPU share that no
+    /// card has room for).
     Preempted,
+    /// Allocator's leader, on a pod waiting for a GPU share: evicting a pod of lower priority
+    /// preempted for it failed or was refused (a PodDisruptionBudget); it preempts again later.
+    PreemptionFailed,
     /// Allocator, on a ResourceClaim: its allocation names a device of nano-gpu's driver that is no
     /// card of its node, or devices of several nodes; that node's cards count as full.
     InvalidAllocation,
@@ -56,7 +60,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
         Reason::InvalidInventory,
@@ -70,6 +74,7 @@ impl Reason {
         Reason::MpsDaemonLost,
         Reason::ClaimNotAllocated,
         Reason::Preempted,
+        Reason::PreemptionFailed,
         Reason::InvalidAllocation,
         Reason::RuntimeHonoursPodEnv,
         Reason::Uninstalled,
@@ -91,6 +96,7 @@ impl Reason {
             Reason::MpsDaemonLost => "MpsDaemonLost",
             Reason::ClaimNotAllocated => "ClaimNotAllocated",
             Reason::Preempted => "Preempted",
+            Reason::PreemptionFailed => "PreemptionFailed",
             Reason::InvalidAllocation => "InvalidAllocation",
             Reason::RuntimeHonoursPodEnv => "RuntimeHonoursPodEnv",
             Reason::Uninstalled => "Uninstalled",

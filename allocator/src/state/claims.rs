@@ -15,6 +15,7 @@
 
 use super::ClusterState;
 use super::decode::{NodeRecord, host_requests};
+use super::preemption::{Needs, Preemptor};
 use super::why::NodeVerdict;
 use crate::claim::{
     ClaimRecord, ClaimSlot, Given, Held, Placement, PodClaim, allocation, pod_claims, template_shape,
@@ -174,7 +175,7 @@ impl ClusterState {
     }
 
     /// What claim `uid` holds now: what is being written for it, else its allocation.
-    fn claim_held(&self, uid: &str) -> Option<&Held> {
+    pub(super) fn claim_held(&self, uid: &str) -> Option<&Held> {
         match self.in_flight.get(uid) {
             Some(h) => Some(h),
             None => self.claims.get(uid).and_then(|c| c.held.as_ref()),
@@ -319,7 +320,9 @@ impl ClusterState {
                 if !excluded.is_empty() {
                     why.push_str(&format!("; not considered: {}", excluded.join(", ")));
                 }
-                why.extend(self.preempt_for_claims(pod_uid, &pod, &req, &candidates));
+                let who =
+                    Preemptor { key: pod.key.clone(), priority: pod.priority, may_preempt: pod.may_preempt };
+                why.extend(self.preempt_for(pod_uid, &who, &req, &candidates, Needs::Claims));
                 return Err(Some(why));
             }
         };
@@ -590,9 +593,6 @@ impl ClusterState {
         }
     }
 }
-
-pub(super) mod preempt;
-pub use preempt::{Preemption, Victim};
 
 #[cfg(test)]
 mod tests;

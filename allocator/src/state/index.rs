@@ -80,6 +80,10 @@ impl ClusterState {
             && pod.metadata.deletion_timestamp.is_none()
             && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
         self.note_claim_pod(&uid, pod, pending);
+        if !pending {
+            // Bound, ended or going: it waits on no pod preempted for it.
+            self.end_nomination(&uid);
+        }
         if is_terminal(pod) {
             // A share nano-gpu placed (it holds an assignment: no tenant can write one) that its
             // kubelet failed for want of our devices. Not a pod bound by hand (a tenant's nodeName
@@ -282,6 +286,10 @@ impl ClusterState {
                 let (namespace, name) = p.key.clone();
                 self.unconfirmed.push(Unconfirmed { uid, namespace, name });
             }
+        }
+        let gone: Vec<String> = self.nominations.keys().filter(|uid| !seen.contains(*uid)).cloned().collect();
+        for uid in gone {
+            self.end_nomination(&uid);
         }
         let before = self.waiting.len();
         self.waiting.retain(|uid, _| seen.contains(uid));

@@ -1,4 +1,4 @@
-//! `POST /preempt` on the view: which of the nodes and victims kube-scheduler proposes would really
+//! `POST /preempt` on the view (kube-scheduler's own preemption): which of the nodes and victims kube-scheduler proposes would really
 //! free a card the pod fits on, with the fewest victims.
 
 use super::ClusterState;
@@ -14,13 +14,18 @@ impl ClusterState {
     /// `POST /preempt`: for each node kube-scheduler proposes, keeps it only if evicting its victims
     /// really frees a card (or cards) the pod fits on, and drops the victims that are not needed for
     /// that. Victims this view does not know are kept (they hold no card, but may hold CPU or memory
-    /// kube-scheduler counted).
+    /// kube-scheduler counted). A pod for which nano-gpu preempted pods itself, in the filter that
+    /// kube-scheduler's preemption follows ([`ClusterState::preempt_for_share`]), gets nothing more:
+    /// one node's victims make room for it.
     pub fn preempt(
         &self,
         pod: &Pod,
         proposed: &BTreeMap<String, MetaVictims>,
     ) -> Result<BTreeMap<String, MetaVictims>, String> {
         let (_, req) = self.extender.request(pod)?;
+        if super::decode::pod_uid(pod).is_some_and(|uid| self.nominated(uid)) {
+            return Ok(BTreeMap::new());
+        }
         let cluster = self.extender.engine().cluster();
         let mut out = BTreeMap::new();
         for (node, victims) in proposed {
@@ -58,8 +63,8 @@ impl ClusterState {
     }
 }
 
-/// Percent of cards a pod holds.
-fn held_percent(p: &PodRecord) -> u32 {
+/// Percent of cards a pod holds through its assignment.
+pub(super) fn held_percent(p: &PodRecord) -> u32 {
     match &p.holding {
         Holding::Cards(a) => a.held().map(|g| g.percent.0).sum(),
         _ => 0,

@@ -1076,3 +1076,105 @@ fn a_quiet_cluster_gives_an_expired_hold_back_without_another_filter() {
     assert_eq!(free(&s, "n1"), vec![100]);
     assert!(!s.held_by_filter("a"));
 }
+
+/// A pod of `priority` asking `percent` of a card, bound to `node` with `assignment` if given.
+fn pod_of_priority(uid: &str, percent: &str, priority: i32, placed: Option<(&str, u32)>) -> Pod {
+    let mut p = match placed {
+        Some((node, card)) => {
+            pod(uid, percent, Some(node), Some(assignment(node, card, percent.parse().unwrap())))
+        }
+        None => pod(uid, percent, None, None),
+    };
+    p.spec.as_mut().unwrap().priority = Some(priority);
+    p
+}
+
+/// kube-scheduler's preemption tries victims with its own filters, which pass a node whose free
+/// percent is spread over cards: nano-gpu preempts for such a share itself, the fewest pods of the
+/// lowest priorities, holds the node for it until they are gone, and then places it there.
+#[test]
+fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_node() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_node(&node("n2", 2));
+    // n1: 40 % free on each card, held by pods of priority 0; ending l1 alone frees card 0.
+    s.apply_pod(&pod_of_priority("l1", "60", 0, Some(("n1", 0))));
+    s.apply_pod(&pod_of_priority("l2", "30", 0, Some(("n1", 1))));
+    s.apply_pod(&pod_of_priority("l3", "30", 0, Some(("n1", 1))));
+    // n2: a pod above the preemptor's priority, and one of 500 whose end would do.
+    s.apply_pod(&pod_of_priority("top", "60", 2000, Some(("n2", 0))));
+    s.apply_pod(&pod_of_priority("mid", "60", 500, Some(("n2", 1))));
+    let high = pod_of_priority("high", "80", 1000, None);
+    s.apply_pod(&high);
+    let t0 = Instant::now();
+
+    let r = s.choose_names(Some(&high), vec!["n1", "n2"], t0);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/l1");
+    let p = s.take_preemptions();
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!((p[0].node.as_str(), p[0].needs, p[0].priority), ("n1", Needs::Share, 1000));
+    assert_eq!(p[0].victims.iter().map(|v| v.uid.as_str()).collect::<Vec<_>>(), ["l1"]);
+    // kube-scheduler's own preemption, which follows the filter, gets no node to add victims on.
+    let victims = MetaVictims {
+        pods: vec![nano_gpu_proto::extender::MetaPod { uid: "mid".into() }],
+        num_pdb_violations: 0,
+    };
+    let proposed = BTreeMap::from([("n2".to_owned(), victims)]);
+    assert_eq!(s.preempt(&high, &proposed).unwrap(), BTreeMap::new());
+
+    // Held for it: a pod of lower priority that would fit on n1's card 1 goes elsewhere.
+    let low = pod_of_priority("low", "30", 0, None);
+    let r = s.choose_names(Some(&low), vec!["n1", "n2"], t0);
+    assert_eq!(r.node_names, Some(vec!["n2"]));
+    let r = s.choose_names(Some(&low), vec!["n1"], t0);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high (priority 1000)"), "{:?}", r.failed_nodes);
+    s.expire_filter_holds(t0 + FILTER_HOLD);
+
+    // Filtered again while l1 ends: it waits, and preempts no one more.
+    let mut ending = pod_of_priority("l1", "60", 0, Some(("n1", 0)));
+    ending.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().unwrap()));
+    s.apply_pod(&ending);
+    let r = s.choose_names(Some(&high), vec!["n1", "n2"], t0);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert!(
+        r.failed_nodes["n1"].contains("were preempted for it: waiting for them to end"),
+        "{:?}",
+        r.failed_nodes
+    );
+    assert_eq!(s.take_preemptions(), vec![]);
+
+    // Gone: it is placed on the card l1 held, and n1 is held for no one any more.
+    s.delete_pod(&ending);
+    let r = s.choose_names(Some(&high), vec!["n1", "n2"], t0);
+    assert_eq!(r.node_names, Some(vec!["n1"]));
+    assert!(!s.nominated("high"));
+    assert_eq!(s.choose_names(Some(&low), vec!["n1"], t0).node_names, Some(vec!["n1"]));
+}
+
+#[test]
+fn a_share_preempts_no_one_of_its_priority_or_above_nor_with_preemption_policy_never() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod_of_priority("a", "60", 1000, Some(("n1", 0))));
+    s.apply_pod(&pod_of_priority("b", "60", 0, Some(("n1", 1))));
+    let t0 = Instant::now();
+    // Ending b (priority 0) frees card 1: but not for a pod that may not preempt, nor for one of
+    // b's own priority.
+    let mut never = pod_of_priority("never", "80", 1000, None);
+    never.spec.as_mut().unwrap().preemption_policy = Some("Never".into());
+    let r = s.choose_names(Some(&never), vec!["n1"], t0);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert!(!r.failed_nodes["n1"].contains("preempting"), "{:?}", r.failed_nodes);
+    let equal = pod_of_priority("equal", "80", 0, None);
+    let r = s.choose_names(Some(&equal), vec!["n1"], t0);
+    assert!(!r.failed_nodes["n1"].contains("preempting"), "{:?}", r.failed_nodes);
+    assert_eq!(s.take_preemptions(), vec![]);
+    assert!(!s.nominated("never") && !s.nominated("equal"));
+    // The same pod allowed to preempt: b goes, not a.
+    let may = pod_of_priority("may", "80", 1000, None);
+    let r = s.choose_names(Some(&may), vec!["n1"], t0);
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/b");
+}

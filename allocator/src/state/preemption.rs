@@ -1,10 +1,16 @@
-//! Preemption for pods waiting on claims. kube-scheduler does not see such a pod while nano-gpu
-//! places its claims (the webhook's scheduling gate holds it), so kube-scheduler's own preemption never
-//! runs for it. When no node takes a waiting pod's claims, the planner does what kube-scheduler's
-//! default preemption does, over the same nodes the pod may go to:
+//! Preemption nano-gpu carries out itself, for pods that kube-scheduler's own preemption cannot help:
+//!
+//! - a pod waiting on claims: kube-scheduler does not see it while nano-gpu places its claims (the
+//!   webhook's scheduling gate holds it), so its preemption never runs for it;
+//! - a pod asking a GPU share that the filter refused on every node for want of room on a card
+//!   (the free percent spread over cards, card memory): kube-scheduler tries victims with its own
+//!   filter plugins only, which those nodes passed, so it finds none there.
+//!
+//! When no node takes such a pod, this does what kube-scheduler's default preemption does, over the
+//! nodes the pod may go to (for a share: those the filter refused for want of room):
 //!
 //! - on each node, the pods of lower priority are the candidates; ending all of them (and the pods
-//!   being deleted there already) must make room for the claims, judged by the engine's own fit on the
+//!   being deleted there already) must make room for the pod, judged by the engine's own fit on the
 //!   node with what they hold given back (a claim is given back once every pod it is reserved for
 //!   ends: the ResourceClaim controller deallocates it then);
 //! - then as many candidates as can be are spared, the highest priority first, and among equals
@@ -12,25 +18,35 @@
 //! - the node chosen is the one whose victims' highest priority is lowest, then the smallest sum of
 //!   priorities, then the fewest victims, then the name.
 //!
-//! The victims are evicted through the Eviction API by the leader ([`crate::dra`]), so
+//! The victims are evicted through the Eviction API by the leader ([`crate::victims`]), so
 //! PodDisruptionBudgets hold (where kube-scheduler only prefers nodes that violate fewer); a refused
-//! eviction gives the node up for [`RETRY`]. Until the victims are gone and their claims
-//! deallocated, the pod is nominated to the node: no pod of its priority or lower is placed there.
+//! eviction gives the node up for [`RETRY`]. Until the victims are gone (and their claims
+//! deallocated), the pod is nominated to the node: no pod of its priority or lower is placed there.
 //! A pod whose `preemptionPolicy` is `Never` preempts no one.
 
-use super::ClaimPod;
 use crate::state::ClusterState;
-use crate::state::decode::PodRecord;
-use crate::state::preempt::{free_record, give_back};
+use crate::state::decode::{self, PodRecord};
+use crate::state::preempt::{free_record, give_back, held_percent};
+use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::model::{Node, NodeId};
 use nano_gpu_engine::request::{Request, Tightest, fit};
+use nano_gpu_proto::extender::ExtenderFilterResult;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// How long a pod whose victims' eviction was refused waits before preempting again.
 pub const RETRY: Duration = Duration::from_secs(30);
 
-/// Pods to evict so that a waiting pod's claims fit on a node ([`ClusterState::take_preemptions`]).
+/// What the waiting pod needs room for: it words the Events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// ResourceClaims of nano-gpu's DeviceClass.
+    Claims,
+    /// A GPU share (`nano-gpu/gpu-percent`) that kube-scheduler sent to the extender.
+    Share,
+}
+
+/// Pods to evict so that a waiting pod fits on a node ([`ClusterState::take_preemptions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Preemption {
     /// The waiting pod (namespace, name).
@@ -39,6 +55,8 @@ pub struct Preemption {
     pub pod_uid: String,
     /// Its priority.
     pub priority: i32,
+    /// What it needs room for.
+    pub needs: Needs,
     /// The node it is nominated to.
     pub node: String,
     /// The pods to evict, highest priority first.
@@ -54,6 +72,26 @@ pub struct Victim {
     pub pod: (String, String),
     /// Its priority.
     pub priority: i32,
+}
+
+/// The waiting pod that may preempt: its name, its priority, and whether it may preempt at all (its
+/// `preemptionPolicy` is not `Never`).
+pub(super) struct Preemptor {
+    pub key: (String, String),
+    pub priority: i32,
+    pub may_preempt: bool,
+}
+
+impl Preemptor {
+    /// As `pod`'s spec says.
+    pub fn of(pod: &Pod) -> Self {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let may_preempt = pod.spec.as_ref().and_then(|s| s.preemption_policy.as_deref()) != Some("Never");
+        Preemptor { key, priority: decode::priority(pod), may_preempt }
+    }
 }
 
 /// A waiting pod nominated to a node where pods were preempted for it: the pods it waits for to end
@@ -75,14 +113,15 @@ struct Freed {
 }
 
 impl ClusterState {
-    /// Preemption for waiting pod `pod_uid` (`pod`), whose claims (`req`) no node of `candidates`
-    /// takes now: what it does, to be added to the pod's warning (`None`: nothing).
-    pub(super) fn preempt_for_claims(
+    /// Preemption for waiting pod `pod_uid` (`who`), which asks `req` (for `needs`) and which no node
+    /// of `candidates` takes now: what it does, to be added to the pod's warning (`None`: nothing).
+    pub(super) fn preempt_for(
         &mut self,
         pod_uid: &str,
-        pod: &ClaimPod,
+        who: &Preemptor,
         req: &Request,
         candidates: &[NodeId],
+        needs: Needs,
     ) -> Option<String> {
         if let Some(n) = self.nominations.get(pod_uid) {
             let waiting = n.ending.iter().any(|uid| self.pods.contains_key(uid))
@@ -95,7 +134,7 @@ impl ClusterState {
             }
             self.nominations.remove(pod_uid);
         }
-        if !pod.may_preempt || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t) {
+        if !who.may_preempt || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t) {
             return None;
         }
         // The search weighs every pod of every node the pod may go to: done again only once the
@@ -108,7 +147,7 @@ impl ClusterState {
         let mut best: Option<((i32, i64, usize, String), Freed)> = None;
         for id in candidates {
             let name = cluster.node(*id).name.clone();
-            let Some(freed) = self.freed_on(&name, req, Some(pod.priority)) else { continue };
+            let Some(freed) = self.freed_on(&name, req, Some(who.priority)) else { continue };
             let victims: Vec<&PodRecord> = self.victims(&freed).map(|(_, p)| p).collect();
             let rank = (
                 victims.iter().map(|p| p.priority).max().unwrap_or(i32::MIN),
@@ -131,8 +170,8 @@ impl ClusterState {
             pod_uid.to_owned(),
             Nomination {
                 node: node.clone(),
-                priority: pod.priority,
-                key: pod.key.clone(),
+                priority: who.priority,
+                key: who.key.clone(),
                 ending: freed.ending.into_iter().collect(),
                 claims: freed.claims,
             },
@@ -141,13 +180,65 @@ impl ClusterState {
             return Some(format!("; waiting for pods being deleted on {node} to end"));
         }
         self.preemptions.push(Preemption {
-            pod: pod.key.clone(),
+            pod: who.key.clone(),
             pod_uid: pod_uid.to_owned(),
-            priority: pod.priority,
+            priority: who.priority,
+            needs,
             node: node.clone(),
             victims,
         });
         Some(format!("; preempting pods of lower priority on {node} to make room: {}", names.join(", ")))
+    }
+
+    /// After a filter that passed no node for `pod`, which asks a GPU share: preemption among the
+    /// nodes refused for want of room (`FailedNodes`; a node refused for its model, its size or its
+    /// agent is no candidate, whoever ends there). The node it goes to says so in its reason, which
+    /// kube-scheduler shows in the pod's `FailedScheduling` Event.
+    pub(super) fn preempt_for_share<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: &Pod,
+        result: &mut ExtenderFilterResult<N>,
+    ) {
+        let Some(uid) = decode::pod_uid(pod) else { return };
+        let Ok((_, req)) = self.extender.request(pod) else { return };
+        let cluster = self.extender.engine().cluster();
+        let candidates: Vec<NodeId> =
+            result.failed_nodes.keys().filter_map(|n| cluster.id(n.as_ref())).collect();
+        let who = Preemptor::of(pod);
+        let Some(said) = self.preempt_for(uid, &who, &req, &candidates, Needs::Share) else { return };
+        let Some(node) = self.nominations.get(uid).map(|n| n.node.clone()) else { return };
+        if let Some((_, reason)) = result.failed_nodes.iter_mut().find(|(n, _)| n.as_ref() == node) {
+            *reason = said.trim_start_matches("; ").to_owned();
+        }
+    }
+
+    /// Whether pod `uid` waits for pods preempted for it (kube-scheduler's own preemption then
+    /// proposes nothing more for it: see [`ClusterState::preempt`]).
+    pub(super) fn nominated(&self, uid: &str) -> bool {
+        self.nominations.contains_key(uid)
+    }
+
+    /// Candidate `names` for pod `uid` (of `priority`), less those held for another pod that preempted
+    /// pods there ([`Self::nominated_elsewhere`]), which come back with the reason.
+    pub(super) fn split_held<N: AsRef<str>>(
+        &self,
+        uid: Option<&str>,
+        priority: i32,
+        names: Vec<N>,
+    ) -> (Vec<N>, Vec<(N, String)>) {
+        if self.nominations.is_empty() {
+            return (names, Vec::new());
+        }
+        let uid = uid.unwrap_or_default();
+        let mut open = Vec::with_capacity(names.len());
+        let mut held = Vec::new();
+        for name in names {
+            match self.nominated_elsewhere(name.as_ref(), uid, priority) {
+                Some(why) => held.push((name, why)),
+                None => open.push(name),
+            }
+        }
+        (open, held)
     }
 
     /// The pods of `freed` that are not being deleted already, with their records.
@@ -221,12 +312,15 @@ impl ClusterState {
         fit(&n, req, &mut Tightest).is_ok()
     }
 
-    /// Percent of cards pod `uid` holds on `node`, through the claims reserved for it there.
+    /// Percent of cards pod `uid` holds on `node`: its shares' and those of the claims reserved for it
+    /// there.
     fn percent_held(&self, node: &str, uid: &str) -> u32 {
         let mine = self.claims_on.get(node).into_iter().flatten().filter(|c| {
             self.claims.get(*c).and_then(|c| c.users.as_ref()).is_some_and(|u| u.iter().any(|p| p == uid))
         });
-        mine.filter_map(|c| self.claim_held(c)).flat_map(|h| &h.devices).map(|d| d.percent.0).sum()
+        let claims: u32 =
+            mine.filter_map(|c| self.claim_held(c)).flat_map(|h| &h.devices).map(|d| d.percent.0).sum();
+        claims + self.pods.get(uid).map_or(0, held_percent)
     }
 
     /// The claims on `node` that every pod they are reserved for is among `ending` (a claim reserved
