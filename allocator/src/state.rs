@@ -113,6 +113,10 @@ pub struct ClusterState {
     pods: HashMap<String, PodRecord>,
     /// Node name → uids of the pods on it.
     by_node: HashMap<String, HashSet<String>>,
+    /// How many of those pods are being deleted, and how many of the others there are of each
+    /// priority: whether a preemption could find anything to end ([`ClusterState::could_preempt`]).
+    pods_ending: usize,
+    pods_by_priority: BTreeMap<i32, usize>,
     /// During a re-list: the names and uids seen so far.
     relisting_nodes: Option<HashSet<String>>,
     relisting_pods: Option<HashSet<String>>,
@@ -288,6 +292,8 @@ impl ClusterState {
             nodes: BTreeMap::new(),
             pods: HashMap::new(),
             by_node: HashMap::new(),
+            pods_ending: 0,
+            pods_by_priority: BTreeMap::new(),
             relisting_nodes: None,
             relisting_pods: None,
             unconfirmed: Vec::new(),

@@ -234,19 +234,35 @@ impl ClusterState {
     /// Records a pod, keeping the node index; returns the record it replaces.
     pub(super) fn insert_pod(&mut self, uid: String, record: PodRecord) -> Option<PodRecord> {
         self.by_node.entry(record.node.clone()).or_default().insert(uid.clone());
+        self.count_pod(&record, true);
         let previous = self.pods.insert(uid.clone(), record);
-        if let Some(p) = &previous
-            && self.pods.get(&uid).is_some_and(|now| now.node != p.node)
-        {
-            self.unindex(&uid, &p.node);
+        if let Some(p) = &previous {
+            self.count_pod(p, false);
+            if self.pods.get(&uid).is_some_and(|now| now.node != p.node) {
+                self.unindex(&uid, &p.node);
+            }
         }
         previous
     }
 
     pub(super) fn remove_pod(&mut self, uid: &str) -> Option<PodRecord> {
         let p = self.pods.remove(uid)?;
+        self.count_pod(&p, false);
         self.unindex(uid, &p.node);
         Some(p)
+    }
+
+    /// Counts pod `p` in (`added`) or out of the counts by priority and of pods being deleted.
+    fn count_pod(&mut self, p: &PodRecord, added: bool) {
+        if p.terminating {
+            self.pods_ending = if added { self.pods_ending + 1 } else { self.pods_ending.saturating_sub(1) };
+            return;
+        }
+        let n = self.pods_by_priority.entry(p.priority).or_default();
+        *n = if added { *n + 1 } else { n.saturating_sub(1) };
+        if *n == 0 {
+            self.pods_by_priority.remove(&p.priority);
+        }
     }
 
     pub(super) fn unindex(&mut self, uid: &str, node: &str) {

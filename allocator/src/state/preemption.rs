@@ -134,7 +134,10 @@ impl ClusterState {
             }
             self.nominations.remove(pod_uid);
         }
-        if !who.may_preempt || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t) {
+        if !who.may_preempt
+            || !self.could_preempt(who.priority)
+            || self.preempt_after.get(pod_uid).is_some_and(|t| Instant::now() < *t)
+        {
             return None;
         }
         // The search weighs every pod of every node the pod may go to: done again only once the
@@ -200,16 +203,26 @@ impl ClusterState {
         result: &mut ExtenderFilterResult<N>,
     ) {
         let Some(uid) = decode::pod_uid(pod) else { return };
+        let who = Preemptor::of(pod);
+        // (Not even the candidates are looked up where no pod could end for it.)
+        if !self.nominated(uid) && !self.could_preempt(who.priority) {
+            return;
+        }
         let Ok((_, req)) = self.extender.request(pod) else { return };
         let cluster = self.extender.engine().cluster();
         let candidates: Vec<NodeId> =
             result.failed_nodes.keys().filter_map(|n| cluster.id(n.as_ref())).collect();
-        let who = Preemptor::of(pod);
         let Some(said) = self.preempt_for(uid, &who, &req, &candidates, Needs::Share) else { return };
         let Some(node) = self.nominations.get(uid).map(|n| n.node.clone()) else { return };
         if let Some((_, reason)) = result.failed_nodes.iter_mut().find(|(n, _)| n.as_ref() == node) {
             *reason = said.trim_start_matches("; ").to_owned();
         }
+    }
+
+    /// Whether any pod could end for a pod of `priority`: one of lower priority, or one being
+    /// deleted already. Where none is, no node is searched.
+    pub(super) fn could_preempt(&self, priority: i32) -> bool {
+        self.pods_ending > 0 || self.pods_by_priority.range(..priority).next().is_some()
     }
 
     /// Whether pod `uid` waits for pods preempted for it (kube-scheduler's own preemption then

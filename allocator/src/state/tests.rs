@@ -1152,6 +1152,21 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     assert_eq!(r.node_names, Some(vec!["n1"]));
     assert!(!s.nominated("high"));
     assert_eq!(s.choose_names(Some(&low), vec!["n1"], t0).node_names, Some(vec!["n1"]));
+
+    // The counts that spare the search where no pod could end follow every pod in and out.
+    assert!(s.could_preempt(1) && !s.could_preempt(0));
+    s.expire_filter_holds(t0 + FILTER_HOLD);
+    for (uid, percent, priority, card) in [("l2", "30", 0, 1), ("l3", "30", 0, 1), ("mid", "60", 500, 1)] {
+        s.delete_pod(&pod_of_priority(
+            uid,
+            percent,
+            priority,
+            Some((if uid == "mid" { "n2" } else { "n1" }, card)),
+        ));
+    }
+    assert!(s.could_preempt(2001) && !s.could_preempt(2000), "only top (2000) is left");
+    s.delete_pod(&pod_of_priority("top", "60", 2000, Some(("n2", 0))));
+    assert!(!s.could_preempt(i32::MAX) && s.pods.is_empty());
 }
 
 #[test]
