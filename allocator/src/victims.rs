@@ -17,16 +17,14 @@ use std::time::Duration;
 /// How often the view is looked at for preemptions a filter decided.
 const EVERY: Duration = Duration::from_millis(200);
 
-/// While this replica leads, evicts the victims of every preemption the view decided (the filter's,
-/// for GPU shares; the claim planner carries out its own at once, [`crate::dra`]).
+/// Evicts the victims of every preemption the view decided (the filter's, for GPU shares; the claim
+/// planner carries out its own at once, [`crate::dra`]) while this replica leads; one decided while
+/// it led is dropped once it no longer does ([`carry_out`]).
 pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>, recorder: Recorder) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !leader.is_leader() {
-            continue;
-        }
         let preemptions = view.lock().take_preemptions();
         for p in &preemptions {
             carry_out(&client, &view, &leader, &recorder, p).await;
@@ -35,7 +33,8 @@ pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>,
 }
 
 /// Evicts the victims of `p` (while this replica leads), each with a `Preempted` Event; a refused or
-/// failed eviction ends the pod's nomination for a while and says why on the waiting pod.
+/// failed eviction ends the pod's nomination for a while and says why on the waiting pod. One that
+/// stops leading first ends the nomination: whoever leads next searches again.
 pub async fn carry_out(
     client: &Client,
     view: &SharedView,
@@ -50,6 +49,8 @@ pub async fn carry_out(
     };
     for v in &p.victims {
         if !leader.is_leader() {
+            tracing::info!(preemptor = %waiting, "no longer leading: the pods preempted for it are left alone");
+            view.lock().preemption_dropped(&p.pod_uid);
             return;
         }
         let victim = format!("{}/{}", v.pod.0, v.pod.1);
@@ -100,6 +101,36 @@ mod tests {
         ] {
             one_preemption(needs, reason, room).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_no_longer_leads_evicts_no_one() {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let engine = nano_gpu_engine::engine::Engine::new(
+            nano_gpu_engine::model::Cluster::new(),
+            nano_gpu_engine::policy::by_name("fgd-balance", 0).unwrap(),
+            nano_gpu_engine::workload::Workload::default(),
+        );
+        let view = SharedView::new(crate::state::ClusterState::new(engine, 1, Default::default()));
+        let p = Preemption {
+            pod: ("t".into(), "high".into()),
+            pod_uid: "u-high".into(),
+            priority: 100,
+            needs: Needs::Share,
+            node: "n1".into(),
+            victims: vec![crate::state::Victim {
+                uid: "u-a".into(),
+                pod: ("t".into(), "a".into()),
+                priority: 0,
+            }],
+        };
+        let server = crate::api_replies::recording(handle, |_, body, _| respond(201, body.clone()));
+        carry_out(&client, &view, &Leadership::elected(), &recorder, &p).await;
+        drop((client, recorder));
+        assert_eq!(server.await.unwrap(), vec![], "a replica that does not lead called the API");
     }
 
     async fn one_preemption(needs: Needs, reason: &str, room: &str) {

@@ -390,6 +390,14 @@ impl ClusterState {
         std::mem::take(&mut self.preemptions)
     }
 
+    /// The evictions for waiting pod `pod_uid` were not made (this replica stopped leading before it
+    /// made them): it is nominated nowhere, and searches again the next time no node takes it. (A
+    /// nomination kept would wait for victims no one evicts.)
+    pub fn preemption_dropped(&mut self, pod_uid: &str) {
+        self.nominations.remove(pod_uid);
+        self.preempt_searched.remove(pod_uid);
+    }
+
     /// Evicting a victim for waiting pod `pod_uid` was refused or failed: its nomination ends, and it
     /// preempts again after [`RETRY`] (at `now`).
     pub fn preemption_failed(&mut self, pod_uid: &str, now: Instant) {

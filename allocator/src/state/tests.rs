@@ -1193,3 +1193,25 @@ fn a_share_preempts_no_one_of_its_priority_or_above_nor_with_preemption_policy_n
     let r = s.choose_names(Some(&may), vec!["n1"], t0);
     assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/b");
 }
+
+/// A replica that stopped leading before it evicted the victims drops the nomination: kept, it would
+/// hold the node for victims no one evicts, and the pod would never search again.
+#[test]
+fn a_preemption_not_carried_out_ends_its_nomination_and_the_pod_searches_again() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    s.apply_pod(&pod_of_priority("low", "60", 0, Some(("n1", 0))));
+    let high = pod_of_priority("high", "80", 1000, None);
+    let t0 = Instant::now();
+    s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(s.take_preemptions().len(), 1);
+    assert!(s.nominated("high"));
+    // Asked again, unchanged: it waits for its victims and decides nothing more.
+    s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(s.take_preemptions(), vec![]);
+    s.preemption_dropped("high");
+    assert!(!s.nominated("high"));
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
+    assert_eq!(s.take_preemptions().len(), 1);
+}
