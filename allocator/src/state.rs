@@ -425,22 +425,13 @@ impl ClusterState {
         crate::extender::with_nodes(by_name, &args, result)
     }
 
-    /// After a filter of `pod` that answered `result` (candidates `held` were left out: another pod
-    /// that preempted pods there waits for them to end): the held ones refused with that reason; a pod
-    /// that no node passed may preempt pods of lower priority ([`Self::preempt_for_share`]), and
-    /// waits in kube-scheduler's queue for a cluster event, which may already be behind this view
-    /// ([`crate::requeue`]); one that some node passed is nominated nowhere.
-    fn after_filter<N: AsRef<str> + Ord>(
-        &mut self,
-        pod: Option<&Pod>,
-        held: Vec<(N, String)>,
-        result: &mut ExtenderFilterResult<N>,
-    ) {
+    /// Acts on a filter's answer `result` for `pod`: a pod that no node passed may preempt pods of
+    /// lower priority ([`Self::preempt_for_share`]), and waits in kube-scheduler's queue for a
+    /// cluster event, which may already be behind this view ([`crate::requeue`]); one that some node
+    /// passed is nominated nowhere.
+    fn after_filter<N: AsRef<str> + Ord>(&mut self, pod: Option<&Pod>, result: &mut ExtenderFilterResult<N>) {
         if !result.error.is_empty() {
             return;
-        }
-        for (name, why) in held {
-            result.failed_nodes.insert(name, why);
         }
         let uid = pod.and_then(decode::pod_uid);
         if result.passed() > 0 {
@@ -455,6 +446,26 @@ impl ClusterState {
         if !result.failed_nodes.is_empty() || !result.failed_and_unresolvable_nodes.is_empty() {
             self.refused_at = Some(self.generation);
         }
+    }
+
+    /// Runs `judge` on candidate `names` for `pod`, less the nodes held for another pod that
+    /// preempted pods there ([`Self::split_held`]), which its answer then refuses with that reason;
+    /// the pod's own cards given back for the while ([`Self::without_own_cards`]).
+    fn judge_open<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+        judge: impl FnOnce(&mut Extender, Vec<N>) -> ExtenderFilterResult<N>,
+    ) -> ExtenderFilterResult<N> {
+        let uid = pod.and_then(decode::pod_uid);
+        let (names, held) = self.split_held(uid, pod.map_or(0, decode::priority), names);
+        let mut result = self.without_own_cards(uid, |s| judge(&mut s.extender, names));
+        if result.error.is_empty() {
+            for (name, why) in held {
+                result.failed_nodes.insert(name, why);
+            }
+        }
+        result
     }
 
     /// Whether the view changed since the filter last refused a pod on every node it was asked
@@ -492,9 +503,8 @@ impl ClusterState {
         if let Some(uid) = uid {
             self.give_back_filter_hold(uid);
         }
-        let (names, held) = self.split_held(uid, pod.map_or(0, decode::priority), names);
-        let mut result = self.without_own_cards(uid, |s| s.extender.choose_names(pod, names));
-        self.after_filter(pod, held, &mut result);
+        let mut result = self.judge_open(pod, names, |e, names| e.choose_names(pod, names));
+        self.after_filter(pod, &mut result);
         if let (Some(pod), Some(uid), Some([node])) = (pod, uid, result.node_names.as_deref())
             && !self.pods.contains_key(uid)
             && let Ok((demand, _)) = self.extender.request(pod)
@@ -581,11 +591,19 @@ impl ClusterState {
         pod: Option<&Pod>,
         names: Vec<N>,
     ) -> ExtenderFilterResult<N> {
-        let uid = pod.and_then(decode::pod_uid);
-        let (names, held) = self.split_held(uid, pod.map_or(0, decode::priority), names);
-        let mut result = self.without_own_cards(uid, |s| s.extender.filter_names(pod, names));
-        self.after_filter(pod, held, &mut result);
+        let mut result = self.judge_names(pod, names);
+        self.after_filter(pod, &mut result);
         result
+    }
+
+    /// What [`Self::filter_names`] answers, without acting on it (no preemption, no requeue): for
+    /// `why`, which only looks.
+    pub(super) fn judge_names<N: AsRef<str> + Ord>(
+        &mut self,
+        pod: Option<&Pod>,
+        names: Vec<N>,
+    ) -> ExtenderFilterResult<N> {
+        self.judge_open(pod, names, |e, names| e.filter_names(pod, names))
     }
 
     /// `POST /prioritize` with the node names borrowed from the request (as [`Self::filter_names`]).

@@ -22,10 +22,21 @@ impl ClusterState {
         pod: &Pod,
         proposed: &BTreeMap<String, MetaVictims>,
     ) -> Result<BTreeMap<String, MetaVictims>, String> {
-        let (_, req) = self.extender.request(pod)?;
         if super::decode::pod_uid(pod).is_some_and(|uid| self.nominated(uid)) {
+            self.extender.request(pod)?;
             return Ok(BTreeMap::new());
         }
+        self.victims_needed(pod, proposed)
+    }
+
+    /// For each proposed node, the victims really needed to free a card the pod fits on, as
+    /// [`Self::preempt`] answers them, whatever nano-gpu's own preemption did for the pod: for `why`.
+    pub(super) fn victims_needed(
+        &self,
+        pod: &Pod,
+        proposed: &BTreeMap<String, MetaVictims>,
+    ) -> Result<BTreeMap<String, MetaVictims>, String> {
+        let (_, req) = self.extender.request(pod)?;
         let cluster = self.extender.engine().cluster();
         let mut out = BTreeMap::new();
         for (node, victims) in proposed {

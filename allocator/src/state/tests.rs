@@ -1107,6 +1107,11 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     let high = pod_of_priority("high", "80", 1000, None);
     s.apply_pod(&high);
     let t0 = Instant::now();
+    // `why` only looks: it names the pods whose end would make room, and preempts no one.
+    let why = s.why(&high).unwrap();
+    let n1 = why.iter().find(|v| v.node == "n1").unwrap();
+    assert_eq!((n1.fits, n1.freed_by.clone()), (false, vec!["ns/l1".to_owned()]));
+    assert!(s.take_preemptions().is_empty() && !s.nominated("high"));
 
     let r = s.choose_names(Some(&high), vec!["n1", "n2"], t0);
     assert_eq!(r.node_names, Some(vec![]));
@@ -1122,6 +1127,10 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     };
     let proposed = BTreeMap::from([("n2".to_owned(), victims)]);
     assert_eq!(s.preempt(&high, &proposed).unwrap(), BTreeMap::new());
+    // `why` still names them, and adds no preemption.
+    let why = s.why(&high).unwrap();
+    assert_eq!(why.iter().find(|v| v.node == "n1").unwrap().freed_by, ["ns/l1"]);
+    assert!(s.take_preemptions().is_empty());
 
     // Held for it: a pod of lower priority that would fit on n1's card 1 goes elsewhere.
     let low = pod_of_priority("low", "30", 0, None);

@@ -50,7 +50,7 @@ impl ClusterState {
             return Err("the pod asks no nano-gpu resource: the nano-gpu scheduler does not place it".into());
         }
         let names: Vec<String> = self.nodes.keys().cloned().collect();
-        let filtered = self.filter_names(Some(pod), names);
+        let filtered = self.judge_names(Some(pod), names);
         if !filtered.error.is_empty() {
             return Err(filtered.error);
         }
@@ -66,7 +66,7 @@ impl ClusterState {
                 (node.clone(), MetaVictims { pods, num_pdb_violations: 0 })
             })
             .collect();
-        let freed = self.preempt(pod, &proposed)?;
+        let freed = self.victims_needed(pod, &proposed)?;
         let name_of = |uid: &str| self.pods.get(uid).map(|p| format!("{}/{}", p.key.0, p.key.1));
         let mut verdicts: Vec<NodeVerdict> = filtered
             .node_names
