@@ -50,7 +50,7 @@ pub async fn carry_out(
     for v in &p.victims {
         if !leader.is_leader() {
             tracing::info!(preemptor = %waiting, "no longer leading: the pods preempted for it are left alone");
-            view.lock().preemption_dropped(&p.pod_uid);
+            view.lock().preemption_dropped(&p.pod_uid, &p.node);
             return;
         }
         let victim = format!("{}/{}", v.pod.0, v.pod.1);

@@ -303,10 +303,9 @@ impl ClusterState {
                 self.unconfirmed.push(Unconfirmed { uid, namespace, name });
             }
         }
-        let gone: Vec<String> = self.nominations.keys().filter(|uid| !seen.contains(*uid)).cloned().collect();
-        for uid in gone {
-            self.end_nomination(&uid);
-        }
+        self.nominations.retain(|uid, _| seen.contains(uid));
+        self.preempt_searched.retain(|uid, _| seen.contains(uid));
+        self.preempt_after.retain(|uid, _| seen.contains(uid));
         let before = self.waiting.len();
         self.waiting.retain(|uid, _| seen.contains(uid));
         if self.waiting.len() != before {

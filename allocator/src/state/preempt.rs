@@ -14,19 +14,27 @@ impl ClusterState {
     /// `POST /preempt`: for each node kube-scheduler proposes, keeps it only if evicting its victims
     /// really frees a card (or cards) the pod fits on, and drops the victims that are not needed for
     /// that. Victims this view does not know are kept (they hold no card, but may hold CPU or memory
-    /// kube-scheduler counted). A pod for which nano-gpu preempted pods itself, in the filter that
-    /// kube-scheduler's preemption follows ([`ClusterState::preempt_for_share`]), gets nothing more:
-    /// one node's victims make room for it.
+    /// kube-scheduler counted). A node held for another pod that preempted there is dropped. A pod
+    /// for which nano-gpu preempted pods itself ([`ClusterState::preempt_for_share`]) gets nothing
+    /// more while it waits for them to end: one node's victims make room for it.
     pub fn preempt(
         &self,
         pod: &Pod,
         proposed: &BTreeMap<String, MetaVictims>,
     ) -> Result<BTreeMap<String, MetaVictims>, String> {
-        if super::decode::pod_uid(pod).is_some_and(|uid| self.nominated(uid)) {
+        let uid = super::decode::pod_uid(pod).unwrap_or_default();
+        if self.nomination_waiting(uid) {
             self.extender.request(pod)?;
             return Ok(BTreeMap::new());
         }
-        self.victims_needed(pod, proposed)
+        // Not on a node held for another pod of its priority or more: that pod would take it.
+        let priority = super::decode::priority(pod);
+        let open: BTreeMap<String, MetaVictims> = proposed
+            .iter()
+            .filter(|(node, _)| self.nominated_elsewhere(node, uid, priority).is_none())
+            .map(|(node, v)| (node.clone(), v.clone()))
+            .collect();
+        self.victims_needed(pod, &open)
     }
 
     /// For each proposed node, the victims really needed to free a card the pod fits on, as

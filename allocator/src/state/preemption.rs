@@ -31,11 +31,15 @@ use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::model::{Node, NodeId};
 use nano_gpu_engine::request::{Request, Tightest, fit};
 use nano_gpu_proto::extender::ExtenderFilterResult;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 /// How long a pod whose victims' eviction was refused waits before preempting again.
 pub const RETRY: Duration = Duration::from_secs(30);
+
+/// How long a nomination holds its node at most, whether or not the pods it waits for ended (a pod
+/// of a lost node may stay "being deleted" for long): then the pod searches again.
+pub const NOMINATION_LIMIT: Duration = Duration::from_secs(120);
 
 /// What the waiting pod needs room for: it words the Events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +107,7 @@ pub(in crate::state) struct Nomination {
     key: (String, String),
     ending: Vec<String>,
     claims: Vec<String>,
+    since: Instant,
 }
 
 /// What ending some pods on a node frees: the pods (victims and pods being deleted anyway), and the
@@ -124,9 +129,7 @@ impl ClusterState {
         needs: Needs,
     ) -> Option<String> {
         if let Some(n) = self.nominations.get(pod_uid) {
-            let waiting = n.ending.iter().any(|uid| self.pods.contains_key(uid))
-                || n.claims.iter().any(|uid| self.claim_held(uid).is_some());
-            if waiting {
+            if self.nomination_waiting(pod_uid) {
                 return Some(format!(
                     "; pods of lower priority on {} were preempted for it: waiting for them to end",
                     n.node
@@ -177,6 +180,7 @@ impl ClusterState {
                 key: who.key.clone(),
                 ending: freed.ending.into_iter().collect(),
                 claims: freed.claims,
+                since: Instant::now(),
             },
         );
         if victims.is_empty() {
@@ -209,9 +213,15 @@ impl ClusterState {
             return;
         }
         let Ok((_, req)) = self.extender.request(pod) else { return };
+        // Not on a node held for another pod: its victims are going already, for that pod.
+        let held = self.held_nodes(uid, who.priority);
         let cluster = self.extender.engine().cluster();
-        let candidates: Vec<NodeId> =
-            result.failed_nodes.keys().filter_map(|n| cluster.id(n.as_ref())).collect();
+        let candidates: Vec<NodeId> = result
+            .failed_nodes
+            .keys()
+            .filter(|n| !held.contains_key(n.as_ref()))
+            .filter_map(|n| cluster.id(n.as_ref()))
+            .collect();
         let Some(said) = self.preempt_for(uid, &who, &req, &candidates, Needs::Share) else { return };
         let Some(node) = self.nominations.get(uid).map(|n| n.node.clone()) else { return };
         if let Some((_, reason)) = result.failed_nodes.iter_mut().find(|(n, _)| n.as_ref() == node) {
@@ -225,10 +235,33 @@ impl ClusterState {
         self.pods_ending > 0 || self.pods_by_priority.range(..priority).next().is_some()
     }
 
-    /// Whether pod `uid` waits for pods preempted for it (kube-scheduler's own preemption then
-    /// proposes nothing more for it: see [`ClusterState::preempt`]).
+    /// Whether pod `uid` is nominated to a node (until it is placed or gone, or searches again).
     pub(super) fn nominated(&self, uid: &str) -> bool {
         self.nominations.contains_key(uid)
+    }
+
+    /// Whether pod `uid` still waits for pods preempted for it (or claims they free) to end, within
+    /// [`NOMINATION_LIMIT`]: kube-scheduler's own preemption then proposes nothing more for it (see
+    /// [`ClusterState::preempt`]).
+    pub(super) fn nomination_waiting(&self, uid: &str) -> bool {
+        self.nominations.get(uid).is_some_and(|n| {
+            n.since.elapsed() < NOMINATION_LIMIT
+                && (n.ending.iter().any(|uid| self.pods.contains_key(uid))
+                    || n.claims.iter().any(|uid| self.claim_held(uid).is_some()))
+        })
+    }
+
+    /// The nodes held for pods other than `uid` of priority `priority` or more, each with the
+    /// nomination of the highest priority there.
+    fn held_nodes(&self, uid: &str, priority: i32) -> HashMap<&str, &Nomination> {
+        let mut held: HashMap<&str, &Nomination> = HashMap::new();
+        for (_, n) in self.nominations.iter().filter(|(u, n)| *u != uid && n.priority >= priority) {
+            let slot = held.entry(n.node.as_str()).or_insert(n);
+            if n.priority > slot.priority {
+                *slot = n;
+            }
+        }
+        held
     }
 
     /// Candidate `names` for pod `uid` (of `priority`), less those held for another pod that preempted
@@ -242,12 +275,12 @@ impl ClusterState {
         if self.nominations.is_empty() {
             return (names, Vec::new());
         }
-        let uid = uid.unwrap_or_default();
+        let nodes = self.held_nodes(uid.unwrap_or_default(), priority);
         let mut open = Vec::with_capacity(names.len());
         let mut held = Vec::new();
         for name in names {
-            match self.nominated_elsewhere(name.as_ref(), uid, priority) {
-                Some(why) => held.push((name, why)),
+            match nodes.get(name.as_ref()) {
+                Some(n) => held.push((name, held_for(n))),
                 None => open.push(name),
             }
         }
@@ -282,7 +315,8 @@ impl ClusterState {
         let candidates: Vec<(&String, &PodRecord)> = here
             .iter()
             .copied()
-            .filter(|(_, p)| !p.terminating && below.is_none_or(|b| p.priority < b))
+            // (A reserved pod is not bound yet, or not seen bound: evicting it would delete it.)
+            .filter(|(_, p)| !p.terminating && !p.reserved && below.is_none_or(|b| p.priority < b))
             .collect();
         let mut ending: BTreeSet<String> = here
             .iter()
@@ -302,6 +336,9 @@ impl ClusterState {
             if !self.fits_without(base, node, &ending, req) {
                 ending.insert(uid.clone());
             }
+        }
+        if ending.is_empty() {
+            return None; // it fits with no pod ending: not this search's to hold
         }
         let claims = self.claims_freed(node, &ending);
         Some(Freed { ending, claims })
@@ -370,12 +407,7 @@ impl ClusterState {
         self.nominations
             .iter()
             .find(|(uid, n)| *uid != pod_uid && n.node == node && n.priority >= priority)
-            .map(|(_, n)| {
-                format!(
-                    "held for pod {}/{} (priority {}), which preempted pods there and waits for them to end",
-                    n.key.0, n.key.1, n.priority
-                )
-            })
+            .map(|(_, n)| held_for(n))
     }
 
     /// The waiting pod `pod_uid` was placed or is gone: it is nominated nowhere.
@@ -393,9 +425,11 @@ impl ClusterState {
     /// The evictions for waiting pod `pod_uid` were not made (this replica stopped leading before it
     /// made them): it is nominated nowhere, and searches again the next time no node takes it. (A
     /// nomination kept would wait for victims no one evicts.)
-    pub fn preemption_dropped(&mut self, pod_uid: &str) {
-        self.nominations.remove(pod_uid);
-        self.preempt_searched.remove(pod_uid);
+    pub fn preemption_dropped(&mut self, pod_uid: &str, node: &str) {
+        if self.nominations.get(pod_uid).is_some_and(|n| n.node == node) {
+            self.nominations.remove(pod_uid);
+            self.preempt_searched.remove(pod_uid);
+        }
     }
 
     /// Evicting a victim for waiting pod `pod_uid` was refused or failed: its nomination ends, and it
@@ -405,4 +439,12 @@ impl ClusterState {
         self.preempt_searched.remove(pod_uid);
         self.preempt_after.insert(pod_uid.to_owned(), now + RETRY);
     }
+}
+
+/// The reason a node held for nomination `n` gives other pods.
+fn held_for(n: &Nomination) -> String {
+    format!(
+        "held for pod {}/{} (priority {}), which preempted pods there and waits for them to end",
+        n.key.0, n.key.1, n.priority
+    )
 }

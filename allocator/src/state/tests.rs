@@ -1140,6 +1140,13 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     assert_eq!(r.node_names, Some(vec![]));
     assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high (priority 1000)"), "{:?}", r.failed_nodes);
     s.expire_filter_holds(t0 + FILTER_HOLD);
+    // Another pod of the same priority does not search the held node: it preempts on n2.
+    let other = pod_of_priority("other", "80", 1000, None);
+    let r = s.choose_names(Some(&other), vec!["n1", "n2"], t0);
+    assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high"), "{:?}", r.failed_nodes);
+    assert_eq!(r.failed_nodes["n2"], "preempting pods of lower priority on n2 to make room: ns/mid");
+    assert_eq!(s.take_preemptions()[0].victims[0].uid, "mid");
+    s.delete_pod(&other);
 
     // Filtered again while l1 ends: it waits, and preempts no one more.
     let mut ending = pod_of_priority("l1", "60", 0, Some(("n1", 0)));
@@ -1155,8 +1162,17 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     );
     assert_eq!(s.take_preemptions(), vec![]);
 
-    // Gone: it is placed on the card l1 held, and n1 is held for no one any more.
+    // Gone: kube-scheduler's own preemption is answered again (n2 is held for no one now), and
+    // the pod is placed on the card l1 held, and n1 is held for no one any more.
     s.delete_pod(&ending);
+    let proposed = BTreeMap::from([(
+        "n2".to_owned(),
+        MetaVictims {
+            pods: vec![nano_gpu_proto::extender::MetaPod { uid: "top".into() }],
+            num_pdb_violations: 0,
+        },
+    )]);
+    assert_eq!(s.preempt(&high, &proposed).unwrap().len(), 1, "no answer once its victims are gone");
     let r = s.choose_names(Some(&high), vec!["n1", "n2"], t0);
     assert_eq!(r.node_names, Some(vec!["n1"]));
     assert!(!s.nominated("high"));
@@ -1218,9 +1234,31 @@ fn a_preemption_not_carried_out_ends_its_nomination_and_the_pod_searches_again()
     // Asked again, unchanged: it waits for its victims and decides nothing more.
     s.choose_names(Some(&high), vec!["n1"], t0);
     assert_eq!(s.take_preemptions(), vec![]);
-    s.preemption_dropped("high");
+    s.preemption_dropped("high", "elsewhere");
+    assert!(s.nominated("high"), "a preemption for another node drops nothing");
+    s.preemption_dropped("high", "n1");
     assert!(!s.nominated("high"));
     let r = s.choose_names(Some(&high), vec!["n1"], t0);
     assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
     assert_eq!(s.take_preemptions().len(), 1);
+}
+
+/// A pod whose cards a filter holds (or a bind reserved) is not bound yet, or not seen bound:
+/// evicting it would delete a pending pod. It is never a victim.
+#[test]
+fn a_pod_not_yet_bound_is_never_a_victim() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let t0 = Instant::now();
+    let low = pod_of_priority("low", "60", 0, None);
+    s.apply_pod(&low);
+    assert_eq!(s.choose_names(Some(&low), vec!["n1"], t0).node_names, Some(vec!["n1"]));
+    let high = pod_of_priority("high", "80", 1000, None);
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert!(!r.failed_nodes["n1"].contains("preempting"), "{:?}", r.failed_nodes);
+    assert!(s.take_preemptions().is_empty() && !s.nominated("high"));
+    // Bound (the watch shows it with its assignment), it may go.
+    s.apply_pod(&pod_of_priority("low", "60", 0, Some(("n1", 0))));
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
 }
