@@ -153,7 +153,7 @@ impl ClusterState {
         let mut best: Option<((i32, i64, usize, String), Freed)> = None;
         for id in candidates {
             let name = cluster.node(*id).name.clone();
-            let Some(freed) = self.freed_on(&name, req, Some(who.priority)) else { continue };
+            let Some(freed) = self.freed_on(&name, req, Some(who.priority), needs) else { continue };
             let victims: Vec<&PodRecord> = self.victims(&freed).map(|(_, p)| p).collect();
             let rank = (
                 victims.iter().map(|p| p.priority).max().unwrap_or(i32::MIN),
@@ -299,7 +299,12 @@ impl ClusterState {
     /// The fewest pods on `node` (of priority below `below`, any when `None`) whose end, with the
     /// pods being deleted there, makes room for `req`: the pods of the highest priority are spared
     /// first. `None`: ending them all would not make room, or the node's claims cannot be trusted.
-    fn freed_on(&self, node: &str, req: &Request, below: Option<i32>) -> Option<Freed> {
+    ///
+    /// For a share (`needs`), only pods holding cards are candidates: kube-scheduler sent the node
+    /// after its own filters passed it with every pod there, so room on a card is all that lacks (and
+    /// a node's pods are mostly CPU-only ones, each a fit to try). A pod waiting on claims was judged
+    /// by no one else: its host CPU and memory count too.
+    fn freed_on(&self, node: &str, req: &Request, below: Option<i32>, needs: Needs) -> Option<Freed> {
         let cluster = self.extender.engine().cluster();
         let base = cluster.node(cluster.id(node)?);
         if self.claims_held_on(node).iter().any(|(_, held)| held.is_none()) {
@@ -317,6 +322,7 @@ impl ClusterState {
             .copied()
             // (A reserved pod is not bound yet, or not seen bound: evicting it would delete it.)
             .filter(|(_, p)| !p.terminating && !p.reserved && below.is_none_or(|b| p.priority < b))
+            .filter(|(_, p)| needs == Needs::Claims || held_percent(p) > 0)
             .collect();
         let mut ending: BTreeSet<String> = here
             .iter()
@@ -394,7 +400,7 @@ impl ClusterState {
     /// The pods (`namespace/name`, sorted) on `node` whose end would make room for `req`, of any
     /// priority, for `why`.
     pub(super) fn freed_by(&self, node: &str, req: &Request) -> Vec<String> {
-        let Some(freed) = self.freed_on(node, req, None) else { return Vec::new() };
+        let Some(freed) = self.freed_on(node, req, None, Needs::Claims) else { return Vec::new() };
         let mut names: Vec<String> =
             self.victims(&freed).map(|(_, p)| format!("{}/{}", p.key.0, p.key.1)).collect();
         names.sort();

@@ -1262,3 +1262,37 @@ fn a_pod_not_yet_bound_is_never_a_victim() {
     let r = s.choose_names(Some(&high), vec!["n1"], t0);
     assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
 }
+
+/// For a share, only pods holding cards are victims: kube-scheduler passed the node with every pod
+/// on it, so a CPU-only pod's end is never what the share waits for (and a node's pods are mostly
+/// CPU-only ones, each a fit to try).
+#[test]
+fn a_share_never_preempts_a_pod_that_holds_no_card() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let hog = watched_pod(json!({
+        "metadata": {"name": "hog", "namespace": "ns", "uid": "hog"},
+        "spec": {"nodeName": "n1", "priority": 0, "containers": [{"name": "c", "resources": {"requests": {"cpu": "15"}}}]}
+    }));
+    s.apply_pod(&hog);
+    s.apply_pod(&pod_of_priority("g", "60", 0, Some(("n1", 0))));
+    let t0 = Instant::now();
+    // Two CPUs and 80 %: ending g frees the card and one CPU; only ending hog too would do.
+    let mut high = pod_of_priority("high", "80", 1000, None);
+    high.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert("cpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()));
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert!(!r.failed_nodes.get("n1").is_some_and(|w| w.contains("preempting")), "{r:?}");
+    assert!(s.take_preemptions().is_empty() && !s.nominated("high"));
+    // One CPU: ending g alone makes room.
+    let one = pod_of_priority("one-cpu", "80", 1000, None);
+    let r = s.choose_names(Some(&one), vec!["n1"], t0);
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/g");
+}
