@@ -93,6 +93,23 @@ mod tests {
     use kube::client::Body;
     use serde_json::json;
 
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A client of a fake API server, its handle, a recorder through it, and an empty view.
+    fn harness() -> (Client, Handle, Recorder, SharedView) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let engine = nano_gpu_engine::engine::Engine::new(
+            nano_gpu_engine::model::Cluster::new(),
+            nano_gpu_engine::policy::by_name("fgd-balance", 0).unwrap(),
+            nano_gpu_engine::workload::Workload::default(),
+        );
+        let view = SharedView::new(crate::state::ClusterState::new(engine, 1, Default::default()));
+        (client, handle, recorder, view)
+    }
+
     #[tokio::test]
     async fn victims_are_evicted_each_with_an_event_and_a_refusal_stops_the_rest_and_is_said_on_the_pod() {
         for (needs, reason, room) in [
@@ -105,16 +122,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_replica_that_no_longer_leads_evicts_no_one() {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(svc, "default");
-        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
-        let recorder = Recorder::new(client.clone(), reporter);
-        let engine = nano_gpu_engine::engine::Engine::new(
-            nano_gpu_engine::model::Cluster::new(),
-            nano_gpu_engine::policy::by_name("fgd-balance", 0).unwrap(),
-            nano_gpu_engine::workload::Workload::default(),
-        );
-        let view = SharedView::new(crate::state::ClusterState::new(engine, 1, Default::default()));
+        let (client, handle, recorder, view) = harness();
         let p = Preemption {
             pod: ("t".into(), "high".into()),
             pod_uid: "u-high".into(),
@@ -134,16 +142,7 @@ mod tests {
     }
 
     async fn one_preemption(needs: Needs, reason: &str, room: &str) {
-        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(svc, "default");
-        let reporter = kube::runtime::events::Reporter { controller: "test".into(), instance: None };
-        let recorder = Recorder::new(client.clone(), reporter);
-        let engine = nano_gpu_engine::engine::Engine::new(
-            nano_gpu_engine::model::Cluster::new(),
-            nano_gpu_engine::policy::by_name("fgd-balance", 0).unwrap(),
-            nano_gpu_engine::workload::Workload::default(),
-        );
-        let view = SharedView::new(crate::state::ClusterState::new(engine, 1, Default::default()));
+        let (client, handle, recorder, view) = harness();
         let victim = |name: &str, priority| crate::state::Victim {
             uid: format!("u-{name}"),
             pod: ("t".into(), name.into()),

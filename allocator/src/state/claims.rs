@@ -230,10 +230,7 @@ impl ClusterState {
             self.forget_claim_pod(uid);
             return;
         }
-        let key = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
+        let Preemptor { key, priority, may_preempt } = Preemptor::of(pod);
         let host = match pod_demand(pod, self.extender.demand_options()) {
             Ok(d) if d.wants_gpu() => Err(format!(
                 "pod {}/{} asks both claims and nano-gpu's extended resources; use one or the other",
@@ -245,9 +242,6 @@ impl ClusterState {
             }
             Err(e) => Err(e.to_string()),
         };
-        let spec = pod.spec.as_ref();
-        let may_preempt = spec.and_then(|s| s.preemption_policy.as_deref()) != Some("Never");
-        let priority = super::decode::priority(pod);
         let placement = Placement::of(pod);
         self.claim_pods
             .insert(uid.to_owned(), ClaimPod { key, claims, host, placement, priority, may_preempt });
