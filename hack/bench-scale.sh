@@ -11,6 +11,10 @@
 # Usage: hack/bench-scale.sh [--sizes 500,1000,2000] [--pods-per-node 30] [--burst N] [--gpu-fill F]
 #                            [--rounds 3]   (rounds of the GPU, CPU-only and extended bursts)
 #                            [--replicas 2]  (allocator + kube-scheduler pairs, as the Deployment runs)
+#                            [--waiting N]  (N GPU pods that fit nowhere wait through the run: how
+#                                            often kube-scheduler tries them and what it costs)
+#                            [--percent-ignored]  (the profile with ignoredByScheduler: true for
+#                                                  nano-gpu/gpu-percent, to compare with the shipped one)
 #                            [--keep]   (leave the last size's cluster running; its dir is printed)
 # Env:   NANO_GPU_TRACE  the pod list (default: openb's default list in ../shared, where it lies)
 #        NANO_GPU_ALLOCATOR_BIN  the allocator binary to measure (default: the one built here; for a
@@ -24,7 +28,7 @@ source "$ROOT/hack/lib.sh"
 log() { echo "bench-scale: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3
+SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3 WAITING=0 IGNORED=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) SIZES=$2; shift 2 ;;
@@ -33,6 +37,8 @@ while [[ $# -gt 0 ]]; do
     --gpu-fill) FILL=$2; shift 2 ;;
     --replicas) REPLICAS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
+    --waiting) WAITING=$2; shift 2 ;;
+    --percent-ignored) IGNORED=1; shift ;;
     --keep) KEEP=1; shift ;;
     *) die "unknown flag $1" ;;
   esac
@@ -47,10 +53,15 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 ALLOCATOR=${NANO_GPU_ALLOCATOR_BIN:-$BIN/nano-gpu-allocator}
 K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
 
-# The shipped scheduler configuration, with this run's extender address and a faster client.
+# The shipped scheduler configuration, with this run's extender address and a faster client (and,
+# with --percent-ignored, kube-scheduler leaving nano-gpu/gpu-percent to the extender).
 scheduler_config() {
+  local ignored=()
+  if [[ -n $IGNORED ]]; then
+    ignored=(-e '/- name: nano-gpu\/gpu-percent/{n;s/ignoredByScheduler: false/ignoredByScheduler: true/}')
+  fi
   sed -n '/scheduler-config.yaml: |/,$p' "$ROOT/deploy/scheduler-config.yaml" | tail -n +2 | sed 's/^    //' |
-    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#"
+    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#" "${ignored[@]}"
   printf 'clientConnection:\n  kubeconfig: %s\n  qps: 1000\n  burst: 2000\n' "$ADMIN_KUBECONFIG"
 }
 
@@ -77,7 +88,7 @@ EOF
     "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-$name.yaml" \
     --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
     --bind-address 127.0.0.1 --secure-port "$sp" --leader-elect-resource-namespace nano-gpu-system
-  REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid")")
+  REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid"),127.0.0.1:$sp")
 }
 
 DIR=
@@ -105,6 +116,7 @@ for nodes in "${sizes[@]}"; do
   for ((r = 1; r <= REPLICAS; r++)); do replica "nano-gpu-allocator-$r"; done
   common=(--kubeconfig "$ADMIN_KUBECONFIG" --label "$nodes")
   "$BIN/bench-scale" measure "${common[@]}" "${REPLICA_FLAGS[@]}" --burst "$burst" --rounds "$ROUNDS" \
+    --waiting "$WAITING" \
     "${trace_flag[@]}" --control-plane "$(cat "$DIR/etcd.pid"),$(cat "$DIR/kube-apiserver.pid")"
   if ((REPLICAS > 1)); then "$BIN/bench-scale" failover "${common[@]}" "${REPLICA_FLAGS[@]}" --what failover; fi
   # The API server killed and started again 2 s later: the time until a new share, created from

@@ -52,6 +52,12 @@ const LEASE: &str = "nano-gpu-allocator";
 const PROBE_NS: &str = "bench-burst-gpu";
 /// Where the placed pods live.
 const PLACED_NS: &str = "bench-placed";
+/// Where the GPU pods that fit nowhere wait (`--waiting`).
+const WAITING_NS: &str = "bench-waiting";
+/// Where `--waiting`'s churn window creates and deletes its placed pods.
+const CHURN_NS: &str = "bench-churn";
+/// How long each of `--waiting`'s windows lasts.
+const WINDOW: Duration = Duration::from_secs(30);
 /// Card memory of the synthetic cards.
 const CARD_MIB: u32 = 81_920;
 /// An extended resource every node has plenty of, which no extender manages: the CPU-only pods of
@@ -82,6 +88,9 @@ struct Args {
     /// etcd's and kube-apiserver's PIDs (`--control-plane ETCD_PID,APISERVER_PID`), for the CPU each
     /// burst costs them.
     control_plane: Option<(u32, u32)>,
+    /// How many GPU pods that fit nowhere `measure` leaves waiting through its windows and rounds
+    /// (`--waiting`).
+    waiting: usize,
 }
 
 /// One allocator and the kube-scheduler that calls it (a replica of the shipped Deployment).
@@ -93,21 +102,26 @@ struct Replica {
     addr: String,
     allocator_pid: u32,
     scheduler_pid: u32,
+    /// Its kube-scheduler's secure port (`host:port`), where its `/metrics` are read.
+    scheduler_addr: Option<String>,
 }
 
 impl std::str::FromStr for Replica {
     type Err = anyhow::Error;
 
-    /// `NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID`.
+    /// `NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR]`.
     fn from_str(s: &str) -> Result<Replica> {
-        let [name, addr, allocator, scheduler] = s.split(',').collect::<Vec<_>>()[..] else {
-            bail!("--replica NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID, not {s}");
+        let (name, addr, allocator, scheduler, scheduler_addr) = match s.split(',').collect::<Vec<_>>()[..] {
+            [name, addr, allocator, scheduler] => (name, addr, allocator, scheduler, None),
+            [name, addr, allocator, scheduler, at] => (name, addr, allocator, scheduler, Some(at.to_owned())),
+            _ => bail!("--replica NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR], not {s}"),
         };
         Ok(Replica {
             name: name.into(),
             addr: addr.into(),
             allocator_pid: allocator.parse()?,
             scheduler_pid: scheduler.parse()?,
+            scheduler_addr,
         })
     }
 }
@@ -131,6 +145,7 @@ fn args() -> Result<Args> {
         label: String::new(),
         what: "probe".into(),
         control_plane: None,
+        waiting: 0,
     };
     while let Some(flag) = it.next() {
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -146,6 +161,7 @@ fn args() -> Result<Args> {
             "--what" => a.what = value,
             "--burst" => a.burst = value.parse()?,
             "--rounds" => a.rounds = value.parse()?,
+            "--waiting" => a.waiting = value.parse()?,
             "--label" => a.label = value,
             "--control-plane" => {
                 let (etcd, apiserver) =
@@ -384,6 +400,8 @@ async fn fill(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
             "bench-burst-cpu",
             "bench-burst-ext",
             "bench-burst-read",
+            WAITING_NS,
+            CHURN_NS,
         ],
     )
     .await?;
@@ -609,6 +627,7 @@ async fn burst(
     let count = pods.len();
     let pods = Arc::new(pods);
     let cpu = Cpu::of(a, r);
+    let counts = SchedulerCounts::read(a, r).await;
     let (first, ticks) = (Instant::now(), cpu.ticks());
     each(count, a.concurrency, |i| {
         let (api, pods, created) = (api.clone(), pods.clone(), created.clone());
@@ -642,6 +661,7 @@ async fn burst(
         None => Value::Null,
     };
     let after = histograms(&r.addr).await?;
+    let counts_then = SchedulerCounts::read(a, r).await;
 
     let (created, bound) = (created.lock().unwrap().clone(), bound.lock().unwrap().clone());
     // Creation → bound, in milliseconds.
@@ -661,7 +681,157 @@ async fn burst(
         "cpu_ms_per_pod": cpu.per_pod(&ticks, &ticks_then, bound.len()),
         "machine_busy_cores": round(ticks_then.machine.saturating_sub(ticks.machine) as f64 / TICKS_PER_S / span),
         "allocator_peak_rss_mib": peak_rss,
+        "scheduler": counts.zip(counts_then).map(|(b, l)| b.since(&l, first.elapsed().as_secs_f64())),
         "pages": pages}))
+}
+
+/// kube-scheduler's own account of its nano-gpu profile, from its `/metrics`: scheduling attempts by
+/// result (`scheduler_schedule_attempts_total`) and the seconds they took
+/// (`scheduler_scheduling_attempt_duration_seconds_sum`), and the seconds of its PostFilter
+/// extension point, where its preemption dry run runs.
+#[derive(Clone, Copy, Default)]
+struct SchedulerCounts {
+    scheduled: f64,
+    unschedulable: f64,
+    attempt_s: f64,
+    post_filter_s: f64,
+}
+
+impl SchedulerCounts {
+    /// Reads the counters of replica `r`'s kube-scheduler (with `--kubeconfig`'s credentials; its
+    /// serving certificate is self-signed): `None` without its address or when it does not answer.
+    async fn read(a: &Args, r: &Replica) -> Option<SchedulerCounts> {
+        let addr = r.scheduler_addr.as_deref()?;
+        match Self::fetch(a, addr).await {
+            Ok(text) => Some(Self::parse(&text)),
+            Err(e) => {
+                eprintln!("bench-scale: kube-scheduler's /metrics at {addr}: {e:#}");
+                None
+            }
+        }
+    }
+
+    async fn fetch(a: &Args, addr: &str) -> Result<String> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&a.kubeconfig)?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        config.cluster_url = format!("https://{addr}").parse()?;
+        config.accept_invalid_certs = true;
+        config.tls_server_name = None;
+        let client = Client::try_from(config)?;
+        Ok(client.request_text(http::Request::get("/metrics").body(Vec::new())?).await?)
+    }
+
+    fn parse(text: &str) -> SchedulerCounts {
+        let mut c = SchedulerCounts::default();
+        for line in text.lines().filter(|l| l.contains(&format!("profile=\"{SCHEDULER}\""))) {
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let field = match series.split_once('{').map_or(series, |(name, _)| name) {
+                "scheduler_schedule_attempts_total" if series.contains("result=\"scheduled\"") => &mut c.scheduled,
+                "scheduler_schedule_attempts_total" if series.contains("result=\"unschedulable\"") => {
+                    &mut c.unschedulable
+                }
+                "scheduler_scheduling_attempt_duration_seconds_sum" => &mut c.attempt_s,
+                "scheduler_framework_extension_point_duration_seconds_sum"
+                    if series.contains("extension_point=\"PostFilter\"") =>
+                {
+                    &mut c.post_filter_s
+                }
+                _ => continue,
+            };
+            *field += value;
+        }
+        c
+    }
+
+    /// What happened between `self` and `later`, over `span` seconds.
+    fn since(&self, later: &SchedulerCounts, span: f64) -> Value {
+        let span = span.max(1e-3);
+        json!({"scheduled": later.scheduled - self.scheduled,
+            "unschedulable": later.unschedulable - self.unschedulable,
+            "unschedulable_per_s": round((later.unschedulable - self.unschedulable) / span),
+            "attempt_s": round(later.attempt_s - self.attempt_s),
+            "post_filter_s": round(later.post_filter_s - self.post_filter_s)})
+    }
+}
+
+/// Leaves `--waiting` GPU pods that fit nowhere (each asks eight whole cards, more than any node of
+/// the fill has free) and prints one `scale-waiting` line: how often kube-scheduler tried them and
+/// what that cost, over a quiet window (nothing else happens) and over a churn window (a placed
+/// CPU-only pod created and one deleted each second, as pods come and go in a cluster). The pods
+/// stay through the rounds and the failover after.
+async fn leave_waiting(a: &Args, r: &Replica, client: &Client) -> Result<Value> {
+    let eight = TracePod {
+        name: String::new(),
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        num_gpu: 8,
+        gpu_milli: 1000,
+        gpu_spec: vec![],
+    };
+    let pods = (0..a.waiting).map(|i| pod(&format!("wait-{i}"), WAITING_NS, &eight)).collect::<Result<Vec<_>>>()?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), WAITING_NS);
+    let pods = Arc::new(pods);
+    each(pods.len(), a.concurrency, |i| {
+        let (api, pods) = (api.clone(), pods.clone());
+        async move {
+            api.create(&PostParams::default(), &pods[i]).await.with_context(|| format!("wait-{i}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    // Their first tries, and the backoff they grow to (kube-scheduler's default is 10 s at most).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let quiet = window(a, r, None).await;
+    let churn_api: Api<Pod> = Api::namespaced(client.clone(), CHURN_NS);
+    let churn = window(a, r, Some(&churn_api)).await;
+    let still = api.list_metadata(&ListParams::default()).await?.items.len();
+    let bound = api
+        .list(&ListParams::default().fields("spec.nodeName!="))
+        .await?
+        .items
+        .len();
+    Ok(json!({"bench": "scale-waiting", "label": a.label, "pods": a.waiting, "waiting": still - bound,
+        "quiet": quiet?, "churn": churn?}))
+}
+
+/// One [`WINDOW`] of what kube-scheduler and the allocator do while the pods wait: with `churn`, a
+/// CPU-only pod bound to a node is created there each second and the one of the second before
+/// deleted.
+async fn window(a: &Args, r: &Replica, churn: Option<&Api<Pod>>) -> Result<Value> {
+    let cpu = Cpu::of(a, r);
+    let (before, ticks, started) = (SchedulerCounts::read(a, r).await, cpu.ticks(), Instant::now());
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut made = 0usize;
+    while started.elapsed() < WINDOW {
+        tick.tick().await;
+        let Some(api) = churn else { continue };
+        let name = format!("churn-{made}");
+        let shape = TracePod {
+            name: name.clone(),
+            cpu_milli: 100,
+            memory_mib: 128,
+            num_gpu: 0,
+            gpu_milli: 0,
+            gpu_spec: vec![],
+        };
+        let mut p = pod(&name, CHURN_NS, &shape)?;
+        p.spec.as_mut().context("pod spec")?.node_name = Some(node_name(made % a.nodes.max(1)));
+        api.create(&PostParams::default(), &p).await.with_context(|| name.clone())?;
+        if made > 0 {
+            let gone = format!("churn-{}", made - 1);
+            api.delete(&gone, &DeleteParams::default().grace_period(0)).await.with_context(|| gone)?;
+        }
+        made += 1;
+    }
+    let span = started.elapsed().as_secs_f64();
+    let (after, ticks_then) = (SchedulerCounts::read(a, r).await, cpu.ticks());
+    let cores = |from: u64, to: u64| round(to.saturating_sub(from) as f64 / TICKS_PER_S / span);
+    Ok(json!({"span_s": round(span),
+        "kube_scheduler_cores": cores(ticks.scheduler, ticks_then.scheduler),
+        "allocator_cores": cores(ticks.allocator, ticks_then.allocator),
+        "machine_busy_cores": cores(ticks.machine, ticks_then.machine),
+        "scheduler": before.zip(after).map(|(b, l)| b.since(&l, span))}))
 }
 
 /// The processes whose CPU a burst reports, beside the whole machine's.
@@ -771,6 +941,10 @@ async fn measure(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
             "replicas": a.replicas.len(), "deciding": r.name,
             "allocator_cpu_cores": round(rest_cores)})
     );
+
+    if a.waiting > 0 {
+        println!("{}", leave_waiting(a, &r, client).await?);
+    }
 
     // The trace's GPU pods after those the fill placed: a fresh walk from an offset that is not its
     // start, so the burst is not the fill's first pods again.
