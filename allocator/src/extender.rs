@@ -393,7 +393,7 @@ pub fn engine_request(d: &PodDemand, models: &Models) -> Request {
         ids.dedup();
         ids
     });
-    Request { models: allowed, ..Request::new(d.cpu.0, d.memory.0, slots) }
+    Request { models: allowed, ..Request::new(d.cpu.0, d.memory.0, slots) }.asking_ids(d.ids)
 }
 
 /// What a bind took.

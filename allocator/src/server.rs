@@ -596,7 +596,7 @@ mod tests {
         let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "annotations": {"nano-gpu/gpus":
                 r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-0","vendor":"nvidia","model":"T4","memoryMiB":15360,"healthy":true}]}"#}},
-            "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "nano-gpu/gpu-percent": "100"}}
         }))
         .unwrap();
         state.apply_node(&node);
@@ -1032,7 +1032,7 @@ mod tests {
         let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
             "metadata": {"name": "n2", "annotations": {"nano-gpu/gpus":
                 r#"{"v":1,"gpus":[{"index":0,"uuid":"GPU-1","vendor":"nvidia","model":"T4","memoryMiB":15360,"healthy":true}]}"#}},
-            "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "nano-gpu/gpu-percent": "100"}}
         }))
         .unwrap();
         s.state().apply_node(&node);

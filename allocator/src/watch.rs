@@ -464,9 +464,8 @@ mod tests {
     use serde_json::json;
 
     fn node(name: &str) -> Node {
-        serde_json::from_value(
-            json!({"metadata": {"name": name}, "status": {"allocatable": {"cpu": "4", "memory": "1Gi"}}}),
-        )
+        serde_json::from_value(json!({"metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "4", "memory": "1Gi", "nano-gpu/gpu-percent": "100"}}}))
         .unwrap()
     }
 

@@ -13,7 +13,7 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
     let api = FakeApi::start(Objects {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "n1", "annotations": {"nano-gpu/gpus": inventory.to_string()}},
-            "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}})],
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "nano-gpu/gpu-percent": "200"}}})],
         pods: vec![
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "train", "namespace": "ml", "uid": "u1", "annotations": {"nano-gpu/assignment": assignment.to_string()}},

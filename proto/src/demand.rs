@@ -72,6 +72,10 @@ pub struct PodDemand {
     pub cpu: CpuMilli,
     /// Host memory the pod requests, same rule.
     pub memory: MiB,
+    /// The `nano-gpu/gpu-percent` device IDs the pod asks of the kubelet, same rule: what the
+    /// kubelet's admission and kube-scheduler's `NodeResourcesFit` count against the node's
+    /// allocatable.
+    pub ids: u64,
     /// Card models allowed (`nano-gpu/gpu-model`); empty means any.
     pub models: Vec<String>,
 }
@@ -297,20 +301,23 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
         return Ok(PodDemand::default());
     };
     let mut app = Vec::new();
-    let (mut cpu_sum, mut mem_sum) = (0u64, 0u64);
-    let (mut cpu_init, mut mem_init) = (0u64, 0u64);
+    let (mut cpu_sum, mut mem_sum, mut ids_sum) = (0u64, 0u64, 0u64);
+    let (mut cpu_init, mut mem_init, mut ids_init) = (0u64, 0u64, 0u64);
     let mut init = Vec::new();
     for c in spec.init_containers.iter().flatten() {
         let sidecar = c.restart_policy.as_deref() == Some("Always");
         let (cpu, mem) = host_request(c)?;
+        let ids = asked(c, GPU_PERCENT)?.unwrap_or(0);
         if sidecar {
             // Sidecars run beside the app containers: they add to the sum, like app containers.
             cpu_sum = cpu_sum.saturating_add(cpu);
             mem_sum = mem_sum.saturating_add(mem);
+            ids_sum = ids_sum.saturating_add(ids);
             app.extend(container_demand(c, opts)?);
         } else {
             cpu_init = cpu_init.max(cpu_sum.saturating_add(cpu));
             mem_init = mem_init.max(mem_sum.saturating_add(mem));
+            ids_init = ids_init.max(ids_sum.saturating_add(ids));
             init.extend(container_demand(c, opts)?);
         }
     }
@@ -318,6 +325,7 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
         let (cpu, mem) = host_request(c)?;
         cpu_sum = cpu_sum.saturating_add(cpu);
         mem_sum = mem_sum.saturating_add(mem);
+        ids_sum = ids_sum.saturating_add(asked(c, GPU_PERCENT)?.unwrap_or(0));
         app.extend(container_demand(c, opts)?);
     }
     let (mut cpu, mut memory) = (cpu_sum.max(cpu_init), mem_sum.max(mem_init));
@@ -334,7 +342,13 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
         Some(value) => models(value)?,
         None => Vec::new(),
     };
-    Ok(PodDemand { slots: combine(app, init)?, cpu: CpuMilli(cpu), memory: MiB(memory), models })
+    Ok(PodDemand {
+        slots: combine(app, init)?,
+        cpu: CpuMilli(cpu),
+        memory: MiB(memory),
+        ids: ids_sum.max(ids_init),
+        models,
+    })
 }
 
 /// The longest `nano-gpu/gpu-model` value read, in bytes: every pending GPU pod's models are kept,

@@ -39,7 +39,8 @@ impl Objects {
                 json!({"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": format!("node-{n:05}"), "resourceVersion": "1",
                         "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-                    "status": {"allocatable": {"cpu": "128", "memory": "1Ti"}}})
+                    "status": {"allocatable": {"cpu": "128", "memory": "1Ti",
+                        "nano-gpu/gpu-percent": (cards * 100).to_string()}}})
             })
             .collect();
         let pods = (0..placed)

@@ -27,7 +27,7 @@ fn node(i: usize) -> Node {
         .collect();
     serde_json::from_value(json!({
         "metadata": {"name": format!("node-{i:05}"), "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-        "status": {"allocatable": {"cpu": "96", "memory": "1024Gi"}}
+        "status": {"allocatable": {"cpu": "96", "memory": "1024Gi", "nano-gpu/gpu-percent": (CARDS * 100).to_string()}}
     }))
     .unwrap()
 }

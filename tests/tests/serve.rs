@@ -19,7 +19,7 @@ fn node(name: &str, cards: usize) -> Value {
         .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "vendor": "nvidia", "model": "Tesla T4", "memoryMiB": 15360, "healthy": true}))
         .collect();
     let mut n = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "resourceVersion": "1"},
-        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}});
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "nano-gpu/gpu-percent": (cards * 100).to_string()}}});
     if cards > 0 {
         n["metadata"]["annotations"] = json!({"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()});
     }

@@ -2,7 +2,7 @@
 //!
 //! A decision evaluates every node, but a node whose version has not changed since the last time the
 //! same request shape was evaluated is not recomputed: after a placement only the chosen node is.
-//! A shape is the GPU part of a request (slots and models); requests of one shape that differ in host
+//! A shape is the GPU part of a request (slots, device IDs and models); requests of one shape that differ in host
 //! CPU or memory share a node's value where the policy says they may ([`Policy::cpu_band`]), so users
 //! picking exact CPU requests do not multiply the work. The cache holds at most [`MAX_ENTRIES`] node
 //! values; past that the least recently used shapes are forgotten.
@@ -111,17 +111,20 @@ struct Cached {
     result: Result<Eval, Reason>,
 }
 
-/// The GPU part of a request: what a cache entry is keyed by.
+/// The GPU part of a request: what a cache entry is keyed by. (The device IDs follow from the
+/// slots for nearly every pod; they are in the key for the few whose init containers make them
+/// differ.)
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Shape {
     slots: Vec<SlotDemand>,
+    ids: u64,
     models: Option<Vec<ModelId>>,
     front_end: FrontEnd,
 }
 
 impl Shape {
     fn of(req: &Request) -> Self {
-        Shape { slots: req.slots.clone(), models: req.models.clone(), front_end: req.front_end }
+        Shape { slots: req.slots.clone(), ids: req.ids, models: req.models.clone(), front_end: req.front_end }
     }
 }
 
@@ -468,12 +471,12 @@ impl Engine {
 
     /// Takes the resources of a decision.
     pub fn commit(&mut self, req: &Request, node: NodeId, grants: &[Grant]) -> Result<(), ModelError> {
-        self.cluster.apply(node, req.cpu, req.mem, grants)
+        self.cluster.apply(node, req.host(), grants)
     }
 
     /// Gives back what [`Engine::commit`] took.
     pub fn release(&mut self, req: &Request, node: NodeId, grants: &[Grant]) {
-        self.cluster.release(node, req.cpu, req.mem, grants);
+        self.cluster.release(node, req.host(), grants);
     }
 }
 

@@ -125,6 +125,18 @@ impl Card {
     }
 }
 
+/// What a placement takes of a node besides its cards: host CPU (milli) and memory (MiB), and the
+/// `nano-gpu/gpu-percent` device IDs it asks of the kubelet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Host {
+    /// Host CPU in millicores.
+    pub cpu: u64,
+    /// Host memory in MiB.
+    pub mem: u64,
+    /// `nano-gpu/gpu-percent` device IDs.
+    pub ids: u64,
+}
+
 /// One node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
@@ -138,6 +150,12 @@ pub struct Node {
     pub mem_total: u64,
     /// Memory not yet requested.
     pub mem_free: u64,
+    /// The `nano-gpu/gpu-percent` device IDs its kubelet has (allocatable), where the view knows
+    /// them: the kubelet admits a pod only while the IDs its pods ask fit in them. `None` (the
+    /// simulator's nodes) checks nothing.
+    pub ids_total: Option<u64>,
+    /// Of those, the IDs the node's pods do not ask.
+    pub ids_free: u64,
     /// Cards in index order.
     pub cards: Vec<Card>,
     /// Whether the node takes new pods (false once it is gone from the API).
@@ -161,12 +179,19 @@ impl Node {
             cpu_free: cpu_total,
             mem_total,
             mem_free: mem_total,
+            ids_total: None,
+            ids_free: 0,
             cards,
             schedulable: true,
             serving: true,
             dra: false,
             version: 0,
         }
+    }
+
+    /// The node with `total` device IDs at its kubelet, none of them asked yet.
+    pub fn with_ids(self, total: u64) -> Self {
+        Node { ids_total: Some(total), ids_free: total, ..self }
     }
 
     /// Total free percent over the healthy cards.
@@ -294,7 +319,8 @@ impl Cluster {
     }
 
     /// Takes the resources of a placement; refuses (changing nothing) if anything would over-commit.
-    pub fn apply(&mut self, node: NodeId, cpu: u64, mem: u64, grants: &[Grant]) -> Result<(), ModelError> {
+    pub fn apply(&mut self, node: NodeId, host: Host, grants: &[Grant]) -> Result<(), ModelError> {
+        let Host { cpu, mem, ids } = host;
         let n = &self.nodes[node.0];
         let over = |what: String| ModelError::Overcommit { node: n.name.clone(), what };
         if cpu > n.cpu_free {
@@ -302,6 +328,9 @@ impl Cluster {
         }
         if mem > n.mem_free {
             return Err(over(format!("memory {mem} MiB > {} MiB free", n.mem_free)));
+        }
+        if n.ids_total.is_some() && ids > n.ids_free {
+            return Err(over(format!("device IDs {ids} > {} free", n.ids_free)));
         }
         let mut want: HashMap<usize, (Percent, MiB)> = HashMap::new();
         for g in grants {
@@ -323,6 +352,9 @@ impl Cluster {
         self.update(node, |n| {
             n.cpu_free -= cpu;
             n.mem_free -= mem;
+            if n.ids_total.is_some() {
+                n.ids_free -= ids;
+            }
             for (card, (percent, mem)) in want {
                 let c = &mut n.cards[card];
                 c.free -= percent;
@@ -333,10 +365,14 @@ impl Cluster {
     }
 
     /// Gives back what [`Cluster::apply`] took. Never frees beyond capacity.
-    pub fn release(&mut self, node: NodeId, cpu: u64, mem: u64, grants: &[Grant]) {
+    pub fn release(&mut self, node: NodeId, host: Host, grants: &[Grant]) {
+        let Host { cpu, mem, ids } = host;
         self.update(node, |n| {
             n.cpu_free = (n.cpu_free + cpu).min(n.cpu_total);
             n.mem_free = (n.mem_free + mem).min(n.mem_total);
+            if let Some(total) = n.ids_total {
+                n.ids_free = (n.ids_free + ids).min(total);
+            }
             for g in grants {
                 if let Some(c) = n.cards.get_mut(g.card) {
                     c.free = (c.free + g.percent).min(Percent::FULL);

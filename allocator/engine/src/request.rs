@@ -4,7 +4,7 @@
 //! whole cards) and the card models allowed. [`fit`] checks a node and, with a policy's
 //! [`CardChooser`], picks the exact card(s) for every slot, or says why it cannot ([`Reason`]).
 
-use crate::model::{Card, Grant, ModelId, Node};
+use crate::model::{Card, Grant, Host, ModelId, Node};
 use nano_gpu_proto::units::{MiB, Percent};
 use std::fmt;
 
@@ -96,6 +96,10 @@ pub struct Request {
     pub cpu: u64,
     /// Host memory in MiB.
     pub mem: u64,
+    /// The `nano-gpu/gpu-percent` device IDs the pod asks of the kubelet (its containers' requests
+    /// summed as kube-scheduler and the kubelet sum them); checked against a node's
+    /// [`Node::ids_free`](crate::model::Node::ids_free) where the node knows its IDs.
+    pub ids: u64,
     /// GPU slots, in container order. Empty for a CPU-only pod.
     pub slots: Vec<SlotDemand>,
     /// Allowed card models, sorted; `None` allows any; `Some(empty)` matches no card in this cluster.
@@ -107,7 +111,17 @@ pub struct Request {
 impl Request {
     /// A device-plugin request with no model restriction.
     pub fn new(cpu: u64, mem: u64, slots: Vec<SlotDemand>) -> Self {
-        Request { cpu, mem, slots, models: None, front_end: FrontEnd::DevicePlugin }
+        Request { cpu, mem, ids: 0, slots, models: None, front_end: FrontEnd::DevicePlugin }
+    }
+
+    /// The same request asking `ids` device IDs of the kubelet.
+    pub fn asking_ids(self, ids: u64) -> Self {
+        Request { ids, ..self }
+    }
+
+    /// What it takes of a node besides cards.
+    pub fn host(&self) -> Host {
+        Host { cpu: self.cpu, mem: self.mem, ids: self.ids }
     }
 
     /// The same request through `front_end`.
@@ -154,6 +168,11 @@ pub enum Reason {
     CpuCapacity,
     /// More memory than the node has at all.
     MemCapacity,
+    /// More `nano-gpu/gpu-percent` device IDs than the node's kubelet has at all (all of them: a
+    /// kubelet whose device plugin is not registered has none).
+    IdsCapacity(u64),
+    /// Not enough free `nano-gpu/gpu-percent` device IDs at the kubelet now.
+    Ids,
     /// Not enough free CPU now.
     Cpu,
     /// Not enough free memory now.
@@ -161,6 +180,10 @@ pub enum Reason {
     /// The cards are too busy now.
     CardsBusy(String),
 }
+
+/// kube-scheduler's words for a node whose kubelet lacks the device IDs asked (its `NodeResourcesFit`
+/// says the same where it counts them).
+const INSUFFICIENT_IDS: &str = "Insufficient nano-gpu/gpu-percent";
 
 impl Reason {
     /// Whether releasing other pods could never help (`FailedAndUnresolvableNodes`).
@@ -176,6 +199,7 @@ impl Reason {
                 | Reason::NeverFits(_)
                 | Reason::CpuCapacity
                 | Reason::MemCapacity
+                | Reason::IdsCapacity(_)
         )
     }
 }
@@ -193,6 +217,7 @@ impl Reason {
             Reason::NeverFits(_) => "larger than any card",
             Reason::CpuCapacity => "more CPU than the node has",
             Reason::MemCapacity => "more memory than the node has",
+            Reason::IdsCapacity(_) | Reason::Ids => INSUFFICIENT_IDS,
             Reason::Cpu => "insufficient cpu",
             Reason::Memory => "insufficient memory",
             Reason::CardsBusy(_) => "GPU busy",
@@ -212,6 +237,8 @@ impl fmt::Display for Reason {
             Reason::NeverFits(s) => write!(f, "larger than any card: {s}"),
             Reason::CpuCapacity => f.write_str("more CPU than the node has"),
             Reason::MemCapacity => f.write_str("more memory than the node has"),
+            Reason::IdsCapacity(has) => write!(f, "{INSUFFICIENT_IDS}: its kubelet has {has} in all"),
+            Reason::Ids => f.write_str(INSUFFICIENT_IDS),
             Reason::Cpu => f.write_str("insufficient cpu"),
             Reason::Memory => f.write_str("insufficient memory"),
             Reason::CardsBusy(s) => write!(f, "GPU busy: {s}"),
@@ -279,11 +306,17 @@ pub fn fit(
         let s = &req.slots[i];
         (!matches!(s, SlotDemand::Whole { .. }), std::cmp::Reverse(s.size()), i)
     });
-    match place(node, req, &order, chooser) {
-        Ok(done) => Ok(done),
-        Err(e) if req.slots.len() > 1 => place(node, req, &order, &mut Tightest).map_err(|_| e),
-        Err(e) => Err(e),
+    let done = match place(node, req, &order, chooser) {
+        Ok(done) => done,
+        Err(e) if req.slots.len() > 1 => place(node, req, &order, &mut Tightest).map_err(|_| e)?,
+        Err(e) => return Err(e),
+    };
+    // After the cards, whose reason says more where both lack room (they agree but for a kubelet
+    // whose count is behind the cards' health).
+    if node.ids_total.is_some() && req.ids > node.ids_free {
+        return Err(Reason::Ids);
     }
+    Ok(done)
 }
 
 /// The node-level checks: GPUs present, model, CPU and memory.
@@ -321,7 +354,18 @@ pub fn check_node(node: &Node, req: &Request) -> Result<(), Reason> {
             }
         }
     }
+    ids_check(node, req)?;
     host_check(node, req)
+}
+
+/// The kubelet's count of `nano-gpu/gpu-percent` device IDs, where the node knows it: the kubelet
+/// admits a pod only while what its pods ask fits in what it has. Here: more than it has at all;
+/// [`fit`] checks what is free once the cards fit.
+fn ids_check(node: &Node, req: &Request) -> Result<(), Reason> {
+    match node.ids_total {
+        Some(total) if req.ids > total => Err(Reason::IdsCapacity(total)),
+        _ => Ok(()),
+    }
 }
 
 /// The node's host CPU and memory checks, the last of [`check_node`]'s.

@@ -40,6 +40,8 @@ fn request() -> impl Strategy<Value = Request> {
         .prop_map(|(cpu, mem, slots, models)| Request {
             cpu,
             mem,
+            // The clusters here do not know their kubelets' device IDs (`ids_total` is `None`).
+            ids: 0,
             slots,
             models: models.map(|m| {
                 let mut ids: Vec<_> = m.into_iter().map(nano_gpu_engine::model::ModelId).collect();
@@ -178,7 +180,7 @@ proptest! {
         if let Ok(d) = decision {
             // Applying it to a fresh copy of the cluster must succeed.
             let mut fresh = base.clone();
-            prop_assert!(fresh.apply(d.node, req.cpu, req.mem, &d.eval.grants).is_ok());
+            prop_assert!(fresh.apply(d.node, req.host(), &d.eval.grants).is_ok());
             for g in &d.eval.grants {
                 let card = &base.node(d.node).cards[g.card];
                 prop_assert!(req.allows(card.model));

@@ -237,8 +237,8 @@ impl ClusterState {
                 key.0, key.1
             )),
             Ok(d) => {
-                let (cpu, mem) = host_requests(pod, Some(&d));
-                Ok((cpu, mem, d.models))
+                let host = host_requests(pod, Some(&d));
+                Ok((host.cpu, host.mem, d.models))
             }
             Err(e) => Err(e.to_string()),
         };

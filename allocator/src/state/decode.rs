@@ -5,14 +5,14 @@
 //! error, an [`Holding::Unknown`] assignment, a gpushare share on an unknown card).
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
-use nano_gpu_engine::model::Card;
+use nano_gpu_engine::model::{Card, Host};
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, FRONT_END_DRA, FRONT_END_LABEL,
     GPUS_ANNOTATION, ISOLATION_LABEL, NodeInventory,
 };
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, asked, pod_demand};
-use nano_gpu_proto::resources::GPUSHARE_MEMORY;
+use nano_gpu_proto::resources::{GPU_PERCENT, GPUSHARE_MEMORY};
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_proto::{gpushare, quantity};
 use std::collections::BTreeMap;
@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 pub(super) struct NodeRecord {
     pub(super) cpu: u64,
     pub(super) mem: u64,
+    /// Its kubelet's allocatable `nano-gpu/gpu-percent`: the device IDs the agent's device plugin
+    /// registered (none while it is not registered).
+    pub(super) ids: u64,
     pub(super) inventory: Option<Result<NodeInventory, DecodeError>>,
     /// The agent's runtime canary found that the node's runtime hands a pod the cards its own
     /// `NVIDIA_VISIBLE_DEVICES` names (`nano-gpu/device-isolation=env-honoured`): served to no one,
@@ -79,6 +82,8 @@ pub(super) struct PodRecord {
     pub(super) node: String,
     pub(super) cpu: u64,
     pub(super) mem: u64,
+    /// The `nano-gpu/gpu-percent` device IDs it asks of the kubelet.
+    pub(super) ids: u64,
     pub(super) holding: Holding,
     /// Made by our bind and not yet seen annotated in a watch event.
     pub(super) reserved: bool,
@@ -101,7 +106,8 @@ pub(super) fn is_terminal(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
-/// What a Node object says: allocatable CPU (milli) and memory (MiB), and its inventory if annotated.
+/// What a Node object says: allocatable CPU (milli), memory (MiB) and `nano-gpu/gpu-percent`, and its
+/// inventory if annotated.
 pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
     let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
     let read = |key: &str, parse: fn(&str) -> Result<u64, quantity::QuantityError>| {
@@ -125,6 +131,7 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
     NodeRecord {
         cpu: read("cpu", quantity::cpu_milli),
         mem: read("memory", quantity::mebibytes),
+        ids: read(GPU_PERCENT, quantity::whole),
         inventory,
         env_honoured,
         dra,
@@ -223,15 +230,13 @@ fn assigned(pod: &Pod, annotation: &str) -> Holding {
     }
 }
 
-/// The host CPU (milli) and memory (MiB) a pod requests, from its demand when it was read already;
-/// a pod whose demand cannot be read holds none. (Host requests do not depend on how GPU resources
-/// are read.)
-pub(super) fn host_requests(pod: &Pod, read: Option<&PodDemand>) -> (u64, u64) {
+/// The host CPU (milli) and memory (MiB) a pod requests and the device IDs it asks of the kubelet,
+/// from its demand when it was read already; a pod whose demand cannot be read holds none. (These
+/// do not depend on how GPU resources are read.)
+pub(super) fn host_requests(pod: &Pod, read: Option<&PodDemand>) -> Host {
+    let of = |d: &PodDemand| Host { cpu: d.cpu.0, mem: d.memory.0, ids: d.ids };
     match read {
-        Some(d) => (d.cpu.0, d.memory.0),
-        None => match pod_demand(pod, &DemandOptions::default()) {
-            Ok(d) => (d.cpu.0, d.memory.0),
-            Err(_) => (0, 0),
-        },
+        Some(d) => of(d),
+        None => pod_demand(pod, &DemandOptions::default()).map(|d| of(&d)).unwrap_or_default(),
     }
 }

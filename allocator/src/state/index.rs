@@ -9,6 +9,7 @@ use super::decode::{
 };
 use super::{ClusterState, Unconfirmed, Waiting};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use nano_gpu_engine::model::Host;
 use nano_gpu_proto::demand::pod_demand;
 use nano_gpu_proto::events::Reason;
 use std::collections::HashSet;
@@ -140,12 +141,13 @@ impl ClusterState {
                 format!("{why}; every card of {node} is treated as full"),
             );
         }
-        let (cpu, mem) = host_requests(pod, read.as_ref());
+        let Host { cpu, mem, ids } = host_requests(pod, read.as_ref());
         let record = PodRecord {
             key: (ns, name),
             node: node.clone(),
             cpu,
             mem,
+            ids,
             holding,
             reserved: false,
             priority: priority(pod),

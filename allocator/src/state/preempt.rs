@@ -95,6 +95,9 @@ pub(super) fn held_percent(p: &PodRecord) -> u32 {
 pub(super) fn free_record(n: &mut Node, p: &PodRecord) {
     n.cpu_free = (n.cpu_free + p.cpu).min(n.cpu_total);
     n.mem_free = (n.mem_free + p.mem).min(n.mem_total);
+    if let Some(total) = n.ids_total {
+        n.ids_free = (n.ids_free + p.ids).min(total);
+    }
     if let Holding::Cards(a) = &p.holding {
         for g in a.held() {
             if let Some(c) = n.cards.iter_mut().find(|c| c.uuid == g.uuid) {

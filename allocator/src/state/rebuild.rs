@@ -41,7 +41,7 @@ impl ClusterState {
                 .collect(),
             _ => Vec::new(),
         };
-        let mut node = Node::new(name, record.cpu, record.mem, cards);
+        let mut node = Node::new(name, record.cpu, record.mem, cards).with_ids(record.ids);
         node.serving = serving;
         node.dra = record.dra;
         let mut poisoned = false;
@@ -53,6 +53,7 @@ impl ClusterState {
         for p in on_node {
             node.cpu_free = node.cpu_free.saturating_sub(p.cpu);
             node.mem_free = node.mem_free.saturating_sub(p.mem);
+            node.ids_free = node.ids_free.saturating_sub(p.ids);
             match &p.holding {
                 Holding::Nothing => {}
                 Holding::Unknown(_) => poisoned = true,

@@ -38,6 +38,7 @@ impl ClusterState {
             node: node.to_owned(),
             cpu: req.cpu,
             mem: req.mem,
+            ids: req.ids,
             holding: Holding::Cards(assignment.clone()),
             reserved: true,
             priority: super::decode::priority(pod),

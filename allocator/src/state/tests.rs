@@ -41,7 +41,7 @@ fn node(name: &str, cards: usize) -> KubeNode {
         .collect();
     watched_node(json!({
         "metadata": {"name": name, "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "nano-gpu/gpu-percent": (cards * 100).to_string()}}
     }))
 }
 
@@ -425,7 +425,7 @@ mod properties {
         let inv = if broken { "{".to_string() } else { json!({"v": 1, "gpus": gpus}).to_string() };
         watched_node(json!({
             "metadata": {"name": format!("n{name}"), "annotations": {"nano-gpu/gpus": inv}},
-            "status": {"allocatable": {"cpu": "32", "memory": "64Gi"}}
+            "status": {"allocatable": {"cpu": "32", "memory": "64Gi", "nano-gpu/gpu-percent": (cards * 100).to_string()}}
         }))
     }
 
@@ -922,6 +922,81 @@ fn a_pod_refused_everywhere_is_requeued_once_the_view_has_changed_since() {
     assert!(s.requeue_due().is_some());
     s.requeue_failed();
     assert!(s.requeue_due().is_some());
+}
+
+/// A node of `cards` cards whose kubelet advertises `ids` device IDs of `nano-gpu/gpu-percent` (or
+/// none at all: the agent's device plugin is not registered).
+fn node_with_ids(name: &str, cards: usize, ids: Option<&str>) -> KubeNode {
+    let mut n = node(name, cards);
+    let alloc = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+    match ids {
+        Some(ids) => alloc.insert(
+            "nano-gpu/gpu-percent".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(ids.into()),
+        ),
+        None => alloc.remove("nano-gpu/gpu-percent"),
+    };
+    n
+}
+
+/// kube-scheduler leaves `nano-gpu/gpu-percent` to the extender (`ignoredByScheduler`), so the
+/// filter checks what the kubelet admits: the device IDs its pods ask within the node's allocatable.
+#[test]
+fn the_filter_counts_the_device_ids_the_kubelet_has_as_kube_scheduler_would() {
+    let mut s = state();
+    // No device plugin registered: nothing is placed there whatever the cards show, and no pod's
+    // end could help.
+    s.apply_node(&node_with_ids("n1", 1, None));
+    // Two cards published, but the kubelet has only one card's IDs (the other's are unhealthy at
+    // the device plugin, or not registered yet).
+    s.apply_node(&node_with_ids("n2", 2, Some("100")));
+    s.apply_pod(&pod("a", "60", Some("n2"), Some(assignment("n2", 0, 60))));
+    let r = s.filter_names(Some(&pod("b", "50", None, None)), vec!["n1", "n2"]);
+    assert_eq!(r.node_names, Some(vec![]));
+    assert_eq!(
+        r.failed_and_unresolvable_nodes["n1"],
+        "Insufficient nano-gpu/gpu-percent: its kubelet has 0 in all"
+    );
+    assert_eq!(r.failed_nodes["n2"], "Insufficient nano-gpu/gpu-percent", "{r:?}");
+    // 40 IDs are left on n2: a 40 % share fits (on the free card), and its reservation takes them.
+    let c = pod("c", "40", None, None);
+    assert_eq!(s.filter_names(Some(&c), vec!["n1", "n2"]).node_names, Some(vec!["n2"]));
+    let reservation = s.reserve(&c, "n2", SystemTime::UNIX_EPOCH).unwrap();
+    assert_eq!(s.filter_names(Some(&pod("d", "1", None, None)), vec!["n2"]).node_names, Some(vec![]));
+    // Given back with the reservation; once the plugin registers on n1, n1 takes shares.
+    s.release(&reservation);
+    assert_eq!(s.filter_names(Some(&pod("d", "1", None, None)), vec!["n2"]).node_names, Some(vec!["n2"]));
+    s.apply_node(&node_with_ids("n1", 1, Some("100")));
+    assert_eq!(s.filter_names(Some(&pod("b", "50", None, None)), vec!["n1"]).node_names, Some(vec!["n1"]));
+}
+
+/// A pod's device IDs are summed as the kubelet sums them: app containers and sidecars add up, an
+/// init container counts alone (its IDs are reused by the app containers after it).
+#[test]
+fn a_pods_device_ids_are_summed_as_the_kubelet_sums_them() {
+    let mut s = state();
+    s.apply_node(&node_with_ids("n1", 2, Some("100")));
+    let two = watched_pod(json!({
+        "metadata": {"name": "two", "namespace": "ns", "uid": "two"},
+        "spec": {"initContainers": [{"name": "init", "resources": {"limits": {"nano-gpu/gpu-percent": "90"}}}],
+            "containers": [
+                {"name": "x", "resources": {"limits": {"nano-gpu/gpu-percent": "40"}}},
+                {"name": "y", "resources": {"limits": {"nano-gpu/gpu-percent": "50"}}}]}
+    }));
+    // 90 IDs (max of the init container's 90 and the app containers' 40 + 50) of 100.
+    assert_eq!(s.filter_names(Some(&two), vec!["n1"]).node_names, Some(vec!["n1"]));
+    let three = watched_pod(json!({
+        "metadata": {"name": "three", "namespace": "ns", "uid": "three"},
+        "spec": {"containers": [
+                {"name": "x", "resources": {"limits": {"nano-gpu/gpu-percent": "40"}}},
+                {"name": "y", "resources": {"limits": {"nano-gpu/gpu-percent": "50"}}},
+                {"name": "z", "resources": {"limits": {"nano-gpu/gpu-percent": "20"}}}]}
+    }));
+    let r = s.filter_names(Some(&three), vec!["n1"]);
+    assert_eq!(
+        r.failed_and_unresolvable_nodes["n1"],
+        "Insufficient nano-gpu/gpu-percent: its kubelet has 100 in all"
+    );
 }
 
 fn choose(s: &mut ClusterState, p: &Pod, at: Instant) -> ExtenderFilterResult<&'static str> {

@@ -727,7 +727,9 @@ impl SchedulerCounts {
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
             let Ok(value) = value.parse::<f64>() else { continue };
             let field = match series.split_once('{').map_or(series, |(name, _)| name) {
-                "scheduler_schedule_attempts_total" if series.contains("result=\"scheduled\"") => &mut c.scheduled,
+                "scheduler_schedule_attempts_total" if series.contains("result=\"scheduled\"") => {
+                    &mut c.scheduled
+                }
                 "scheduler_schedule_attempts_total" if series.contains("result=\"unschedulable\"") => {
                     &mut c.unschedulable
                 }
@@ -769,7 +771,8 @@ async fn leave_waiting(a: &Args, r: &Replica, client: &Client) -> Result<Value> 
         gpu_milli: 1000,
         gpu_spec: vec![],
     };
-    let pods = (0..a.waiting).map(|i| pod(&format!("wait-{i}"), WAITING_NS, &eight)).collect::<Result<Vec<_>>>()?;
+    let pods =
+        (0..a.waiting).map(|i| pod(&format!("wait-{i}"), WAITING_NS, &eight)).collect::<Result<Vec<_>>>()?;
     let api: Api<Pod> = Api::namespaced(client.clone(), WAITING_NS);
     let pods = Arc::new(pods);
     each(pods.len(), a.concurrency, |i| {
@@ -786,11 +789,7 @@ async fn leave_waiting(a: &Args, r: &Replica, client: &Client) -> Result<Value> 
     let churn_api: Api<Pod> = Api::namespaced(client.clone(), CHURN_NS);
     let churn = window(a, r, Some(&churn_api)).await;
     let still = api.list_metadata(&ListParams::default()).await?.items.len();
-    let bound = api
-        .list(&ListParams::default().fields("spec.nodeName!="))
-        .await?
-        .items
-        .len();
+    let bound = api.list(&ListParams::default().fields("spec.nodeName!=")).await?.items.len();
     Ok(json!({"bench": "scale-waiting", "label": a.label, "pods": a.waiting, "waiting": still - bound,
         "quiet": quiet?, "churn": churn?}))
 }

@@ -34,7 +34,7 @@ fn node_of(model: &str, name: &str, cards: usize, dra: bool) -> KubeNode {
     crate::state::tests::watched_node(json!({
         "metadata": {"name": name, "labels": labels,
             "annotations": {"nano-gpu/gpus": json!({"v": 1, "gpus": gpus}).to_string()}},
-        "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}
+        "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "nano-gpu/gpu-percent": (cards * 100).to_string()}}
     }))
 }
 
