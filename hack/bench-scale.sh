@@ -13,8 +13,10 @@
 #                            [--replicas 2]  (allocator + kube-scheduler pairs, as the Deployment runs)
 #                            [--waiting N]  (N GPU pods that fit nowhere wait through the run: how
 #                                            often kube-scheduler tries them and what it costs)
-#                            [--percent-ignored]  (the profile with ignoredByScheduler: true for
-#                                                  nano-gpu/gpu-percent, to compare with the shipped one)
+#                            [--percent-counted]  (the profile before 2026-11-29: kube-scheduler counts
+#                                                  nano-gpu/gpu-percent, ignoredByScheduler: false, and
+#                                                  SchedulerPopFromBackoffQ stays on; to compare)
+#                            [--scheduler-flag F]...  (one more flag for both kube-schedulers)
 #                            [--keep]   (leave the last size's cluster running; its dir is printed)
 # Env:   NANO_GPU_TRACE  the pod list (default: openb's default list in ../shared, where it lies)
 #        NANO_GPU_ALLOCATOR_BIN  the allocator binary to measure (default: the one built here; for a
@@ -28,7 +30,8 @@ source "$ROOT/hack/lib.sh"
 log() { echo "bench-scale: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3 WAITING=0 IGNORED=
+SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3 WAITING=0 COUNTED=
+SCHEDULER_FLAGS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sizes) SIZES=$2; shift 2 ;;
@@ -38,7 +41,8 @@ while [[ $# -gt 0 ]]; do
     --replicas) REPLICAS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --waiting) WAITING=$2; shift 2 ;;
-    --percent-ignored) IGNORED=1; shift ;;
+    --percent-counted) COUNTED=1; shift ;;
+    --scheduler-flag) SCHEDULER_FLAGS+=("$2"); shift 2 ;;
     --keep) KEEP=1; shift ;;
     *) die "unknown flag $1" ;;
   esac
@@ -47,6 +51,13 @@ TRACE=${NANO_GPU_TRACE:-$ROOT/../shared/traces/openb/openb_pod_list_default.csv}
 trace_flag=()
 if [[ -f $TRACE ]]; then trace_flag=(--trace "$TRACE"); else log "no $TRACE: a synthetic pod list"; fi
 
+# The shipped kube-scheduler's feature gates (deploy/allocator.yaml), but with --percent-counted;
+# before --scheduler-flag's, which so may override them.
+if [[ -z $COUNTED ]]; then
+  mapfile -t gates < <(sed -n 's/^ *- \(--feature-gates=.*\)$/\1/p' "$ROOT/deploy/allocator.yaml")
+  SCHEDULER_FLAGS=("${gates[@]}" "${SCHEDULER_FLAGS[@]}")
+fi
+
 cd "$ROOT"
 cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nano-gpu-allocator --bin bench-scale >&2
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
@@ -54,14 +65,14 @@ ALLOCATOR=${NANO_GPU_ALLOCATOR_BIN:-$BIN/nano-gpu-allocator}
 K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
 
 # The shipped scheduler configuration, with this run's extender address and a faster client (and,
-# with --percent-ignored, kube-scheduler leaving nano-gpu/gpu-percent to the extender).
+# with --percent-counted, kube-scheduler counting nano-gpu/gpu-percent itself).
 scheduler_config() {
-  local ignored=()
-  if [[ -n $IGNORED ]]; then
-    ignored=(-e '/- name: nano-gpu\/gpu-percent/{n;s/ignoredByScheduler: false/ignoredByScheduler: true/}')
+  local counted=()
+  if [[ -n $COUNTED ]]; then
+    counted=(-e '/- name: nano-gpu\/gpu-percent/{n;s/ignoredByScheduler: true/ignoredByScheduler: false/}')
   fi
   sed -n '/scheduler-config.yaml: |/,$p' "$ROOT/deploy/scheduler-config.yaml" | tail -n +2 | sed 's/^    //' |
-    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#" "${ignored[@]}"
+    sed -e "s#urlPrefix: http://127.0.0.1:8888#urlPrefix: http://127.0.0.1:$1#" "${counted[@]}"
   printf 'clientConnection:\n  kubeconfig: %s\n  qps: 1000\n  burst: 2000\n' "$ADMIN_KUBECONFIG"
 }
 
@@ -87,7 +98,8 @@ EOF
   launch "kube-scheduler-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
     "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-$name.yaml" \
     --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
-    --bind-address 127.0.0.1 --secure-port "$sp" --leader-elect-resource-namespace nano-gpu-system
+    --bind-address 127.0.0.1 --secure-port "$sp" --leader-elect-resource-namespace nano-gpu-system \
+    "${SCHEDULER_FLAGS[@]}"
   REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid"),127.0.0.1:$sp")
 }
 

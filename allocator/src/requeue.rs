@@ -3,10 +3,12 @@
 //! kube-scheduler queues a pod an extender refused again at the next cluster event of any kind (it
 //! cannot tell which events matter to an extender). kube-scheduler and the allocator each watch the
 //! API server, so the pod may be tried again before the allocator's view holds the event that woke
-//! it (kube-scheduler 1.33 and later take a pod straight from the backoff queue while nothing else
-//! waits): refused on what was, it then waits for the next event, which in a quiet cluster is
-//! kube-scheduler's flush of unschedulable pods, 5 minutes later (seen on the local cluster: a share
-//! asked while its node's cards were turning healthy waited 2 minutes and more).
+//! it (its backoff, from 1 s, may end first; kube-scheduler 1.33 and later even take a pod straight
+//! from the backoff queue while nothing else waits, unless `SchedulerPopFromBackoffQ` is off, as
+//! nano-gpu's kube-scheduler runs): refused on what was, it then waits for the next event, which
+//! in a quiet cluster is kube-scheduler's flush of unschedulable pods, 5 minutes later (seen on the
+//! local cluster: a share asked while its node's cards were turning healthy waited 2 minutes and
+//! more).
 //!
 //! So the leader, when its view has changed since it refused a pod on every node, changes the label
 //! [`VIEW_LABEL`] of its own pod to the view's generation: kube-scheduler sees an assigned pod's label

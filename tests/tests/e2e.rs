@@ -764,16 +764,17 @@ async fn the_system_works_on_real_nodes() {
     let held = json!({"metadata": {"labels": {"nano-gpu/device-isolation": "held"}}});
     all_nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&held)).await.unwrap();
 
-    // Pods that fit nowhere stay Pending with a FailedScheduling event naming the reason: one the
-    // in-tree fit check stops (more percent than any node has), one only the extender can judge (a
-    // card model no node has).
+    // Pods that fit nowhere stay Pending with a FailedScheduling event naming the extender's reason
+    // (kube-scheduler leaves nano-gpu/gpu-percent to it): more whole cards than any node has, and a
+    // card model no node has.
     create(&pods, &percent_pod("too-big", 1600)).await;
     let h100 = json!({"nano-gpu/gpu-model": "NVIDIA H100"});
     create(&pods, &gpu_pod("no-such-model", &[("c", &[("nano-gpu/gpu-percent", "100")])], h100)).await;
     let events: Api<Event> = Api::namespaced(client.clone(), NS);
-    for (name, reason) in
-        [("too-big", "Insufficient nano-gpu/gpu-percent"), ("no-such-model", "no card of an allowed model")]
-    {
+    for (name, reason) in [
+        ("too-big", "larger than any card: 16 whole cards asked"),
+        ("no-such-model", "no card of an allowed model"),
+    ] {
         wait_until(&format!("FailedScheduling for {name}"), Duration::from_secs(60), || async {
             let selector = format!("involvedObject.name={name}");
             let list = events.list(&ListParams::default().fields(&selector)).await.unwrap();
