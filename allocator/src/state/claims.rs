@@ -223,11 +223,16 @@ impl ClusterState {
         out
     }
 
-    /// Notes `pod` if it is pending and uses claims; forgets it otherwise.
+    /// Notes `pod` if it is pending and uses claims; forgets it otherwise. (A pending pod without
+    /// claims keeps its nomination: a share's, which only its binding or its end ends.)
     pub(super) fn note_claim_pod(&mut self, uid: &str, pod: &Pod, pending: bool) {
         let claims = pod_claims(pod);
-        if !pending || claims.is_empty() {
+        if !pending {
             self.forget_claim_pod(uid);
+            return;
+        }
+        if claims.is_empty() {
+            self.drop_claim_pod(uid);
             return;
         }
         let Preemptor { key, priority, may_preempt } = Preemptor::of(pod);
@@ -247,12 +252,17 @@ impl ClusterState {
             .insert(uid.to_owned(), ClaimPod { key, claims, host, placement, priority, may_preempt });
     }
 
-    /// Forgets pod `uid` as one waiting for claims.
+    /// Forgets pod `uid` as one waiting for claims, and its nomination.
     pub(super) fn forget_claim_pod(&mut self, uid: &str) {
+        self.drop_claim_pod(uid);
+        self.end_nomination(uid);
+    }
+
+    /// Forgets pod `uid` as one waiting for claims.
+    fn drop_claim_pod(&mut self, uid: &str) {
         self.claim_pods.remove(uid);
         self.refused_nodes.remove(uid);
         self.claim_notes.remove(uid);
-        self.end_nomination(uid);
     }
 
     /// Picks node and cards for every waiting pod whose claims are all nano-gpu's, exist and are not
