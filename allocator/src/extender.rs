@@ -337,8 +337,9 @@ fn refuse<N: Ord>(result: &mut ExtenderFilterResult<N>, name: N, reason: Option<
 /// (`SelectVictimsOnNode`), and every node it sent here passed them: on a node the extender refused,
 /// whatever the reason, its dry run spares every pod and finds no victim. Left resolvable, each such
 /// node still costs that dry run a copy of the node and its pods at every attempt of a pod that
-/// fits nowhere. (Preemption where kube-scheduler's own `NodeResourcesFit` refuses a node, the
-/// node's total `nano-gpu/gpu-percent` taken, is unchanged: such a node never reaches the extender.)
+/// fits nowhere. (Only where kube-scheduler counts `nano-gpu/gpu-percent` itself, as with
+/// `deploy/default-scheduler/`, does its `NodeResourcesFit` refuse nodes whose total is taken, and
+/// its preemption there is its own: such a node never reaches the extender.)
 pub fn unresolvable_for_scheduler<N: Ord>(mut result: ExtenderFilterResult<N>) -> ExtenderFilterResult<N> {
     let resolvable = std::mem::take(&mut result.failed_nodes);
     result.failed_and_unresolvable_nodes.extend(resolvable);

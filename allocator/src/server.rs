@@ -133,9 +133,9 @@ impl<B: Binder> Shared<B> {
     }
 }
 
-/// Gives back, every second, the cards of filters whose bind did not come in time
-/// ([`ClusterState::expire_filter_holds`]), and ends the pauses of nodes whose kubelet refused a
-/// share ([`ClusterState::expire_kubelet_refusals`]).
+/// Every second: gives back the cards of filters whose bind did not come in time and ends the
+/// nominations past their limit ([`ClusterState::expire_filter_holds`]), and ends the pauses of
+/// nodes whose kubelet refused a share ([`ClusterState::expire_kubelet_refusals`]).
 pub async fn expire_filter_holds(view: Arc<SharedView>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

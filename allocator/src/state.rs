@@ -531,10 +531,11 @@ impl ClusterState {
         crate::extender::with_nodes(by_name, &args, result)
     }
 
-    /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come (at each
-    /// filter, and every second by [`crate::server::expire_filter_holds`], so a quiet cluster does not
-    /// keep them).
+    /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come, and ends the
+    /// nominations past their limit (at each filter, and every second by
+    /// [`crate::server::expire_filter_holds`], so a quiet cluster does not keep them).
     pub fn expire_filter_holds(&mut self, now: Instant) {
+        self.expire_nominations(now);
         let expired: Vec<String> = self
             .filter_holds
             .iter()

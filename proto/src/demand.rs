@@ -295,40 +295,51 @@ fn combine(app: Vec<ContainerDemand>, init: Vec<ContainerDemand>) -> Result<Vec<
     Ok(slots)
 }
 
-/// Reads a pod's GPU and host demand. A pod that asks no GPU gets a demand with no slots.
-pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidDemand> {
+/// What a pod requests of its node: host CPU and memory and the `nano-gpu/gpu-percent` device IDs,
+/// each summed as the kubelet sums a pod's requests (app containers and sidecars add up, each other
+/// init container counts alone with the sidecars started before it, the larger wins; then the pod's
+/// overhead).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostDemand {
+    /// Host CPU.
+    pub cpu: CpuMilli,
+    /// Host memory.
+    pub memory: MiB,
+    /// `nano-gpu/gpu-percent` device IDs.
+    pub ids: u64,
+}
+
+/// Reads what a pod requests of its node. It depends on the quantities alone, not on whether its GPU
+/// demand is valid: the kubelet counts the device IDs of a pod the allocator refuses too.
+pub fn host_demand(pod: &Pod) -> Result<HostDemand, InvalidDemand> {
     let Some(spec) = pod.spec.as_ref() else {
-        return Ok(PodDemand::default());
+        return Ok(HostDemand::default());
     };
-    let mut app = Vec::new();
-    let (mut cpu_sum, mut mem_sum, mut ids_sum) = (0u64, 0u64, 0u64);
-    let (mut cpu_init, mut mem_init, mut ids_init) = (0u64, 0u64, 0u64);
-    let mut init = Vec::new();
-    for c in spec.init_containers.iter().flatten() {
-        let sidecar = c.restart_policy.as_deref() == Some("Always");
+    let mut sum = [0u64; 3];
+    let mut init = [0u64; 3];
+    let add = |sum: &mut [u64; 3], own: [u64; 3]| {
+        sum.iter_mut().zip(own).for_each(|(s, o)| *s = s.saturating_add(o))
+    };
+    let asks = |c: &Container| -> Result<[u64; 3], InvalidDemand> {
         let (cpu, mem) = host_request(c)?;
-        let ids = asked(c, GPU_PERCENT)?.unwrap_or(0);
+        Ok([cpu, mem, asked(c, GPU_PERCENT)?.unwrap_or(0)])
+    };
+    for c in spec.init_containers.iter().flatten() {
+        let own = asks(c)?;
+        // Sidecars run beside the app containers: they add to the sum, like app containers.
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
         if sidecar {
-            // Sidecars run beside the app containers: they add to the sum, like app containers.
-            cpu_sum = cpu_sum.saturating_add(cpu);
-            mem_sum = mem_sum.saturating_add(mem);
-            ids_sum = ids_sum.saturating_add(ids);
-            app.extend(container_demand(c, opts)?);
+            add(&mut sum, own);
         } else {
-            cpu_init = cpu_init.max(cpu_sum.saturating_add(cpu));
-            mem_init = mem_init.max(mem_sum.saturating_add(mem));
-            ids_init = ids_init.max(ids_sum.saturating_add(ids));
-            init.extend(container_demand(c, opts)?);
+            for ((most, so_far), own) in init.iter_mut().zip(sum).zip(own) {
+                *most = (*most).max(so_far.saturating_add(own));
+            }
         }
     }
     for c in &spec.containers {
-        let (cpu, mem) = host_request(c)?;
-        cpu_sum = cpu_sum.saturating_add(cpu);
-        mem_sum = mem_sum.saturating_add(mem);
-        ids_sum = ids_sum.saturating_add(asked(c, GPU_PERCENT)?.unwrap_or(0));
-        app.extend(container_demand(c, opts)?);
+        add(&mut sum, asks(c)?);
     }
-    let (mut cpu, mut memory) = (cpu_sum.max(cpu_init), mem_sum.max(mem_init));
+    let (mut cpu, mut memory, ids) = (sum[0].max(init[0]), sum[1].max(init[1]), sum[2].max(init[2]));
     if let Some(overhead) = spec.overhead.as_ref() {
         let err = |what: &str, e: quantity::QuantityError| InvalidDemand(format!("pod overhead {what} {e}"));
         if let Some(q) = overhead.get("cpu") {
@@ -338,17 +349,28 @@ pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidD
             memory = memory.saturating_add(quantity::mebibytes(&q.0).map_err(|e| err("memory", e))?);
         }
     }
+    Ok(HostDemand { cpu: CpuMilli(cpu), memory: MiB(memory), ids })
+}
+
+/// Reads a pod's GPU and host demand. A pod that asks no GPU gets a demand with no slots.
+pub fn pod_demand(pod: &Pod, opts: &DemandOptions) -> Result<PodDemand, InvalidDemand> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(PodDemand::default());
+    };
+    let host = host_demand(pod)?;
+    let (mut app, mut init) = (Vec::new(), Vec::new());
+    for c in spec.init_containers.iter().flatten() {
+        let slots = container_demand(c, opts)?;
+        if c.restart_policy.as_deref() == Some("Always") { app.extend(slots) } else { init.extend(slots) }
+    }
+    for c in &spec.containers {
+        app.extend(container_demand(c, opts)?);
+    }
     let models = match pod.metadata.annotations.as_ref().and_then(|a| a.get(GPU_MODEL_ANNOTATION)) {
         Some(value) => models(value)?,
         None => Vec::new(),
     };
-    Ok(PodDemand {
-        slots: combine(app, init)?,
-        cpu: CpuMilli(cpu),
-        memory: MiB(memory),
-        ids: ids_sum.max(ids_init),
-        models,
-    })
+    Ok(PodDemand { slots: combine(app, init)?, cpu: host.cpu, memory: host.memory, ids: host.ids, models })
 }
 
 /// The longest `nano-gpu/gpu-model` value read, in bytes: every pending GPU pod's models are kept,
@@ -561,6 +583,23 @@ mod tests {
             "containers": [container("app", json!({"cpu": "1"}))]}))
         .unwrap();
         assert_eq!(d.cpu, CpuMilli(2000));
+    }
+
+    /// A plain init container runs before the sidecars declared after it start: it counts with the
+    /// sidecars before it only. And what a pod asks of its node does not depend on its GPU demand
+    /// being valid (150 is no share).
+    #[test]
+    fn an_init_container_counts_with_the_sidecars_started_before_it() {
+        let ids = |n: &str| json!({"nano-gpu/gpu-percent": n});
+        let spec = json!({
+            "initContainers": [
+                {"name": "side-1", "restartPolicy": "Always", "resources": {"limits": ids("10")}},
+                container("init", ids("150")),
+                {"name": "side-2", "restartPolicy": "Always", "resources": {"limits": ids("30")}}],
+            "containers": [container("app", ids("40"))]});
+        // side-1 + init = 160 against side-1 + side-2 + app = 80 (not side-2 + init: 180).
+        assert_eq!(host_demand(&pod(spec.clone())).unwrap().ids, 160);
+        assert!(read(spec).is_err());
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! Priority preemption for GPU shares on a real node (`hack/cluster.sh`, one node of four A100
 //! cards, nano-gpu installed as shipped). Four shares of priority 0 take 60 % of each card: the node
-//! has 160 % free, but no card 80 %. kube-scheduler's own fit check passes the node for a share of
-//! 80 %, so its preemption, which tries victims with its own filters only, finds none there; nano-gpu
-//! preempts for it. A pod of higher priority whose `preemptionPolicy` is `Never` preempts no one and
-//! waits. One of `preemptionPolicy: PreemptLowerPriority` gets the node: exactly one share is evicted
-//! (with a `Preempted` Event naming the pod it made room for), the pod runs on that share's card, the
-//! other shares keep theirs. (That the node is held against the waiting pod of the same priority
-//! while the share goes is unit-tested: here kube-scheduler may not try it in that window.) Then
-//! the card and accounting checks.
+//! has 160 % free, but no card 80 %. kube-scheduler leaves `nano-gpu/gpu-percent` to the extender
+//! (`ignoredByScheduler`), so its preemption, which tries victims with its own filters only, finds
+//! none there; nano-gpu preempts for it. A pod of higher priority whose `preemptionPolicy` is
+//! `Never` preempts no one and waits. One of `preemptionPolicy: PreemptLowerPriority` gets the
+//! node: exactly one share is evicted (with a `Preempted` Event naming the pod it made room for),
+//! the pod runs on that share's card, the other shares keep theirs. (That the node is held against
+//! the waiting pod of the same priority while the share goes is unit-tested: here kube-scheduler
+//! may not try it in that window.) Then the card and accounting checks.
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;

@@ -224,7 +224,7 @@ impl ClusterState {
     }
 
     /// Notes `pod` if it is pending and uses claims; forgets it otherwise. (A pending pod without
-    /// claims keeps its nomination: a share's, which only its binding or its end ends.)
+    /// claims keeps its nomination, a share's: kube-scheduler writes its status after each try.)
     pub(super) fn note_claim_pod(&mut self, uid: &str, pod: &Pod, pending: bool) {
         let claims = pod_claims(pod);
         if !pending {

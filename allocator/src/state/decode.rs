@@ -11,7 +11,9 @@ use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, FRONT_END_DRA, FRONT_END_LABEL,
     GPUS_ANNOTATION, ISOLATION_LABEL, NodeInventory,
 };
-use nano_gpu_proto::demand::{DemandOptions, GpushareUnit, PodDemand, asked, pod_demand};
+use nano_gpu_proto::demand::{
+    DemandOptions, GpushareUnit, HostDemand, PodDemand, asked, host_demand, pod_demand,
+};
 use nano_gpu_proto::resources::{GPU_PERCENT, GPUSHARE_MEMORY};
 use nano_gpu_proto::units::{MiB, Percent};
 use nano_gpu_proto::{gpushare, quantity};
@@ -231,12 +233,13 @@ fn assigned(pod: &Pod, annotation: &str) -> Holding {
 }
 
 /// The host CPU (milli) and memory (MiB) a pod requests and the device IDs it asks of the kubelet,
-/// from its demand when it was read already; a pod whose demand cannot be read holds none. (These
-/// do not depend on how GPU resources are read.)
+/// from its demand when it was read already, else from its quantities alone (a pod whose GPU demand
+/// the allocator refuses still holds what the kubelet counts for it; one whose quantities cannot be
+/// read, which the API server does not admit, holds none).
 pub(super) fn host_requests(pod: &Pod, read: Option<&PodDemand>) -> Host {
-    let of = |d: &PodDemand| Host { cpu: d.cpu.0, mem: d.memory.0, ids: d.ids };
-    match read {
-        Some(d) => of(d),
-        None => pod_demand(pod, &DemandOptions::default()).map(|d| of(&d)).unwrap_or_default(),
-    }
+    let host = match read {
+        Some(d) => HostDemand { cpu: d.cpu, memory: d.memory, ids: d.ids },
+        None => host_demand(pod).unwrap_or_default(),
+    };
+    Host { cpu: host.cpu.0, mem: host.memory.0, ids: host.ids }
 }

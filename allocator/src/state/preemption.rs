@@ -16,7 +16,9 @@
 //! - then as many candidates as can be are spared, the highest priority first, and among equals
 //!   those holding the least of the cards first (so that the victims are few);
 //! - the node chosen is the one whose victims' highest priority is lowest, then the smallest sum of
-//!   priorities, then the fewest victims, then the name.
+//!   priorities, then the fewest victims, then the name, among the first nodes found where
+//!   preemption works: 10 % of the candidates or 100, whichever is more, as kube-scheduler's default
+//!   preemption does (from an offset that differs from pod to pod).
 //!
 //! The victims are evicted through the Eviction API by the leader ([`crate::victims`]), so
 //! PodDisruptionBudgets hold (where kube-scheduler only prefers nodes that violate fewer); a refused
@@ -38,8 +40,29 @@ use std::time::{Duration, Instant};
 pub const RETRY: Duration = Duration::from_secs(30);
 
 /// How long a nomination holds its node at most, whether or not the pods it waits for ended (a pod
-/// of a lost node may stay "being deleted" for long): then the pod searches again.
+/// of a lost node may stay "being deleted" for long) and whether or not kube-scheduler still tries
+/// the pod: then the pod searches again ([`ClusterState::expire_nominations`]).
 pub const NOMINATION_LIMIT: Duration = Duration::from_secs(120);
+
+/// A preemption search stops once it found this share of the candidate nodes (in percent) where
+/// preemption works, or [`MIN_CANDIDATES`] if that is more: kube-scheduler's default preemption's
+/// `minCandidateNodesPercentage` and `minCandidateNodesAbsolute`, at their defaults.
+const MIN_CANDIDATES_PERCENT: usize = 10;
+/// See [`MIN_CANDIDATES_PERCENT`].
+const MIN_CANDIDATES: usize = 100;
+
+/// How many nodes where preemption works a search of `candidates` nodes looks for.
+fn enough_candidates(candidates: usize) -> usize {
+    (candidates * MIN_CANDIDATES_PERCENT / 100).max(MIN_CANDIDATES).min(candidates)
+}
+
+/// Where pod `uid`'s search of `candidates` nodes starts: the same for the same pod, spread over
+/// pods (kube-scheduler draws it at random), so that preemptors do not all search the same nodes.
+fn offset(uid: &str, candidates: usize) -> usize {
+    let hash =
+        uid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    usize::try_from(hash % candidates.max(1) as u64).unwrap_or(0)
+}
 
 /// What the waiting pod needs room for: it words the Events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,9 +174,18 @@ impl ClusterState {
         self.preempt_searched.insert(pod_uid.to_owned(), self.generation);
         let cluster = self.extender.engine().cluster();
         let mut best: Option<((i32, i64, usize, String), Freed)> = None;
-        for id in candidates {
+        // As kube-scheduler's default preemption: from an offset that differs from pod to pod, until
+        // enough nodes where preemption works were found (the best of those is taken, not the
+        // cluster's): a search weighs every pod of each node it tries, under the view's lock.
+        let (enough, start) = (enough_candidates(candidates.len()), offset(pod_uid, candidates.len()));
+        let mut found = 0;
+        for id in candidates.iter().cycle().skip(start).take(candidates.len()) {
+            if found == enough {
+                break;
+            }
             let name = cluster.node(*id).name.clone();
             let Some(freed) = self.freed_on(&name, req, Some(who.priority), needs) else { continue };
+            found += 1;
             let victims: Vec<&PodRecord> = self.victims(&freed).map(|(_, p)| p).collect();
             let rank = (
                 victims.iter().map(|p| p.priority).max().unwrap_or(i32::MIN),
@@ -416,6 +448,26 @@ impl ClusterState {
             .map(|(_, n)| held_for(n))
     }
 
+    /// Ends the nominations older than [`NOMINATION_LIMIT`] at `now`: their nodes are held no longer,
+    /// and their pods search again the next time no node takes them. (A pod that kube-scheduler no
+    /// longer sends to the extender, say one its own filters now refuse everywhere, would otherwise
+    /// hold its node for as long as it waits.)
+    pub(super) fn expire_nominations(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .nominations
+            .iter()
+            .filter(|(_, n)| now.saturating_duration_since(n.since) >= NOMINATION_LIMIT)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in expired {
+            if let Some(n) = self.nominations.remove(&uid) {
+                tracing::info!(pod = %format!("{}/{}", n.key.0, n.key.1), node = %n.node,
+                    "a nomination reached its limit: its node is held no longer");
+            }
+            self.preempt_searched.remove(&uid);
+        }
+    }
+
     /// The waiting pod `pod_uid` was placed or is gone: it is nominated nowhere.
     pub(super) fn end_nomination(&mut self, pod_uid: &str) {
         self.nominations.remove(pod_uid);
@@ -453,4 +505,22 @@ fn held_for(n: &Nomination) -> String {
         "held for pod {}/{} (priority {}), which preempted pods there and waits for them to end",
         n.key.0, n.key.1, n.priority
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_search_looks_for_a_tenth_of_the_candidates_or_a_hundred() {
+        assert_eq!(enough_candidates(0), 0);
+        assert_eq!(enough_candidates(40), 40);
+        assert_eq!(enough_candidates(150), 100);
+        assert_eq!(enough_candidates(5000), 500);
+        // Each pod starts somewhere of its own, the same every time.
+        let starts: BTreeSet<usize> = (0..50).map(|i| offset(&format!("pod-{i}"), 5000)).collect();
+        assert!(starts.len() > 40 && starts.iter().all(|s| *s < 5000), "{starts:?}");
+        assert_eq!(offset("pod-1", 5000), offset("pod-1", 5000));
+        assert_eq!(offset("pod-1", 0), 0);
+    }
 }

@@ -999,6 +999,22 @@ fn a_pods_device_ids_are_summed_as_the_kubelet_sums_them() {
     );
 }
 
+/// A bound pod whose GPU request the allocator refuses (the webhook skips the system namespaces)
+/// still holds the device IDs its kubelet counts for it.
+#[test]
+fn a_pod_with_an_invalid_gpu_request_still_holds_its_device_ids() {
+    let mut s = state();
+    s.apply_node(&node_with_ids("n1", 2, Some("200")));
+    s.apply_pod(&watched_pod(json!({
+        "metadata": {"name": "odd", "namespace": "kube-system", "uid": "odd"},
+        "spec": {"nodeName": "n1", "containers": [
+            {"name": "x", "resources": {"limits": {"nano-gpu/gpu-percent": "150"}}}]}
+    })));
+    let r = s.filter_names(Some(&pod("b", "60", None, None)), vec!["n1"]);
+    assert_eq!(r.failed_nodes["n1"], "Insufficient nano-gpu/gpu-percent", "{r:?}");
+    assert_eq!(s.filter_names(Some(&pod("c", "50", None, None)), vec!["n1"]).node_names, Some(vec!["n1"]));
+}
+
 fn choose(s: &mut ClusterState, p: &Pod, at: Instant) -> ExtenderFilterResult<&'static str> {
     s.choose_names(Some(p), vec!["n1", "n2", "n3"], at)
 }
@@ -1303,6 +1319,32 @@ fn a_preemptors_status_update_keeps_its_node_held_until_it_is_placed() {
     assert_eq!(r.node_names, Some(vec![]), "{r:?}");
     assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high"), "{:?}", r.failed_nodes);
     assert_eq!(s.choose_names(Some(&tried), vec!["n1"], t0).node_names, Some(vec!["n1"]));
+}
+
+/// A preemptor that kube-scheduler stops sending to the extender (its own filters refuse every node
+/// now, say) holds its node only until the nomination's limit: then other pods may take the room.
+#[test]
+fn a_nomination_holds_its_node_no_longer_than_its_limit() {
+    let mut s = state();
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod_of_priority("l1", "60", 0, Some(("n1", 0))));
+    s.apply_pod(&pod_of_priority("l2", "60", 0, Some(("n1", 1))));
+    let high = pod_of_priority("high", "80", 1000, None);
+    s.apply_pod(&high);
+    let t0 = Instant::now();
+    assert_eq!(s.choose_names(Some(&high), vec!["n1"], t0).node_names, Some(vec![]));
+    let planned = s.take_preemptions();
+    let gone = planned[0].victims[0].uid.clone();
+    let card = if gone == "l1" { 0 } else { 1 };
+    s.delete_pod(&pod_of_priority(&gone, "60", 0, Some(("n1", card))));
+    let other = pod_of_priority("other", "80", 0, None);
+    s.apply_pod(&other);
+    s.expire_filter_holds(t0 + preemption::NOMINATION_LIMIT - Duration::from_secs(1));
+    let r = s.choose_names(Some(&other), vec!["n1"], t0);
+    assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high"), "{:?}", r.failed_nodes);
+    s.expire_filter_holds(Instant::now() + preemption::NOMINATION_LIMIT);
+    assert!(!s.nominated("high"));
+    assert_eq!(s.choose_names(Some(&other), vec!["n1"], Instant::now()).node_names, Some(vec!["n1"]));
 }
 
 #[test]

@@ -12,8 +12,12 @@
 //! placed, `/metrics` (as Prometheus scrapes it) and `/map/data` (as the GPU map's page polls it) are
 //! each read every N ms on their own connections (`--scrape PATH,…` for others); the line then has a
 //! `scrape` field with their p99 and sizes, and the verbs' numbers show what the reads cost them.
+//! With `--preemptors N`, after the pods are placed, N pods of priority 1000 that ask eight whole
+//! cards (no node has one free: each card holds a placed pod of priority 0) are filtered one by one:
+//! each filter refuses every node and searches them all for pods to preempt, under the view's lock.
+//! The line then has a `preempt` field: those filters' latencies and how many found victims.
 //! Usage: `bench-extender [--nodes N] [--cards N] [--placed N] [--pods N] [--shapes N]
-//! [--scrape-ms N] [--scrape PATH,…] [--allocator PATH]`.
+//! [--scrape-ms N] [--scrape PATH,…] [--preemptors N] [--allocator PATH]`.
 
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
@@ -31,6 +35,7 @@ struct Args {
     shapes: Option<usize>,
     scrape_ms: Option<u64>,
     scrape: Vec<String>,
+    preemptors: usize,
     allocator: PathBuf,
 }
 
@@ -43,6 +48,7 @@ fn args() -> Result<Args> {
         shapes: None,
         scrape_ms: None,
         scrape: vec!["/metrics".into(), "/map/data".into()],
+        preemptors: 0,
         allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +62,7 @@ fn args() -> Result<Args> {
             "--shapes" => a.shapes = Some(value.parse::<usize>()?.max(1)),
             "--scrape-ms" => a.scrape_ms = Some(value.parse::<u64>()?.max(1)),
             "--scrape" => a.scrape = value.split(',').map(str::to_owned).collect(),
+            "--preemptors" => a.preemptors = value.parse()?,
             "--allocator" => a.allocator = value.into(),
             other => bail!("unknown flag {other}"),
         }
@@ -82,6 +89,15 @@ fn new_pod(i: usize, shapes: Option<usize>) -> Value {
         "metadata": {"name": format!("new-{i}"), "namespace": "bench", "uid": format!("new-{i}"), "resourceVersion": "1"},
         "spec": {"schedulerName": "nano-gpu-scheduler", "containers": [{"name": "main", "resources":
             {"limits": {"nano-gpu/gpu-percent": percent.to_string(), "cpu": cpu, "memory": "4Gi"}}}]},
+        "status": {"phase": "Pending"}})
+}
+
+/// Pending pod `i` of priority 1000 asking eight whole cards (`--preemptors`).
+fn preemptor(i: usize) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("urgent-{i}"), "namespace": "bench", "uid": format!("urgent-{i}"), "resourceVersion": "1"},
+        "spec": {"schedulerName": "nano-gpu-scheduler", "priority": 1000, "containers": [{"name": "main", "resources":
+            {"limits": {"nano-gpu/gpu-percent": "800", "cpu": "1", "memory": "4Gi"}}}]},
         "status": {"phase": "Pending"}})
 }
 
@@ -200,6 +216,17 @@ async fn main() -> Result<()> {
     }
     drop(binds);
     let (bind, bind_failed) = binder.await??;
+    // Pods that fit nowhere and may preempt: each filter searches every refused node.
+    let (mut preempt, mut nominated) = (Vec::new(), 0usize);
+    for i in 0..a.preemptors {
+        let body = format!(r#"{{"Pod":{},"NodeNames":{all_names}}}"#, preemptor(i)).into_bytes();
+        let t = Instant::now();
+        let (_, answer) = conn.call("POST", "/filter", body).await?;
+        preempt.push(t.elapsed().as_secs_f64() * 1000.0);
+        if String::from_utf8_lossy(&answer).contains("preempting pods of lower priority") {
+            nominated += 1;
+        }
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut scraped = Vec::new();
     for reader in readers {
@@ -236,6 +263,11 @@ async fn main() -> Result<()> {
     });
     if let Some(n) = a.shapes {
         line["shapes"] = json!(n);
+    }
+    if a.preemptors > 0 {
+        let max = preempt.iter().copied().fold(0.0, f64::max);
+        line["preempt"] = json!({"pods": a.preemptors, "found_victims": nominated,
+            "filter_p50_ms": round(nano_gpu_tests::quantile(preempt, 0.5)), "filter_max_ms": round(max)});
     }
     if let Some(every) = a.scrape_ms {
         let reads: serde_json::Map<String, Value> = a
