@@ -1285,25 +1285,35 @@ fn a_share_no_card_has_room_for_preempts_pods_of_lower_priority_and_holds_the_no
     assert!(!s.could_preempt(i32::MAX) && s.pods.is_empty());
 }
 
+/// Node n1 of two cards, each 60 % taken by a share of priority 0, and pod `high` (priority 1000,
+/// 80 %) refused there at `t0`: it preempts one share. Returns `high` and that share as the watch
+/// shows it deleted.
+fn high_preempts_on_n1(s: &mut ClusterState, t0: Instant) -> (Pod, Pod) {
+    s.apply_node(&node("n1", 2));
+    s.apply_pod(&pod_of_priority("l1", "60", 0, Some(("n1", 0))));
+    s.apply_pod(&pod_of_priority("l2", "60", 0, Some(("n1", 1))));
+    let high = pod_of_priority("high", "80", 1000, None);
+    s.apply_pod(&high);
+    assert_eq!(s.choose_names(Some(&high), vec!["n1"], t0).node_names, Some(vec![]));
+    let planned = s.take_preemptions();
+    assert_eq!(planned.len(), 1);
+    let gone = planned[0].victims[0].uid.clone();
+    let card = if gone == "l1" { 0 } else { 1 };
+    let victim = pod_of_priority(&gone, "60", 0, Some(("n1", card)));
+    (high, victim)
+}
+
 /// kube-scheduler writes the waiting pod's status after each try (its `PodScheduled` condition):
 /// the watch's update of a pending pod without claims does not end its nomination, so a pod of
 /// its priority that may not preempt does not take the card its victims free.
 #[test]
 fn a_preemptors_status_update_keeps_its_node_held_until_it_is_placed() {
     let mut s = state();
-    s.apply_node(&node("n1", 2));
-    s.apply_pod(&pod_of_priority("l1", "60", 0, Some(("n1", 0))));
-    s.apply_pod(&pod_of_priority("l2", "60", 0, Some(("n1", 1))));
     let mut never = pod_of_priority("never", "80", 1000, None);
     never.spec.as_mut().unwrap().preemption_policy = Some("Never".into());
     s.apply_pod(&never);
-    let high = pod_of_priority("high", "80", 1000, None);
-    s.apply_pod(&high);
     let t0 = Instant::now();
-    assert_eq!(s.choose_names(Some(&high), vec!["n1"], t0).node_names, Some(vec![]));
-    let planned = s.take_preemptions();
-    assert_eq!(planned.len(), 1);
-    let gone = planned[0].victims[0].uid.clone();
+    let (high, victim) = high_preempts_on_n1(&mut s, t0);
     let mut tried = high.clone();
     tried.status = Some(
         serde_json::from_value(json!({"conditions": [{"type": "PodScheduled", "status": "False",
@@ -1313,8 +1323,7 @@ fn a_preemptors_status_update_keeps_its_node_held_until_it_is_placed() {
     s.apply_pod(&tried);
     assert!(s.nominated("high"));
     // The victim is gone: the pod that may not preempt, tried first, finds the node held.
-    let card = if gone == "l1" { 0 } else { 1 };
-    s.delete_pod(&pod_of_priority(&gone, "60", 0, Some(("n1", card))));
+    s.delete_pod(&victim);
     let r = s.choose_names(Some(&never), vec!["n1"], t0);
     assert_eq!(r.node_names, Some(vec![]), "{r:?}");
     assert!(r.failed_nodes["n1"].starts_with("held for pod ns/high"), "{:?}", r.failed_nodes);
@@ -1326,17 +1335,9 @@ fn a_preemptors_status_update_keeps_its_node_held_until_it_is_placed() {
 #[test]
 fn a_nomination_holds_its_node_no_longer_than_its_limit() {
     let mut s = state();
-    s.apply_node(&node("n1", 2));
-    s.apply_pod(&pod_of_priority("l1", "60", 0, Some(("n1", 0))));
-    s.apply_pod(&pod_of_priority("l2", "60", 0, Some(("n1", 1))));
-    let high = pod_of_priority("high", "80", 1000, None);
-    s.apply_pod(&high);
     let t0 = Instant::now();
-    assert_eq!(s.choose_names(Some(&high), vec!["n1"], t0).node_names, Some(vec![]));
-    let planned = s.take_preemptions();
-    let gone = planned[0].victims[0].uid.clone();
-    let card = if gone == "l1" { 0 } else { 1 };
-    s.delete_pod(&pod_of_priority(&gone, "60", 0, Some(("n1", card))));
+    let (_, victim) = high_preempts_on_n1(&mut s, t0);
+    s.delete_pod(&victim);
     let other = pod_of_priority("other", "80", 0, None);
     s.apply_pod(&other);
     s.expire_filter_holds(t0 + preemption::NOMINATION_LIMIT - Duration::from_secs(1));
