@@ -150,7 +150,7 @@ impl Enforcement {
     pub fn mps_client(&self, uuid: &str, response: &mut ContainerAllocateResponse) {
         if let Enforcement::Mps(layout) = self {
             response.envs.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
-            response.mounts.push(mount(&layout.pipe(uuid), mps::PIPE_IN_CONTAINER, false));
+            response.mounts.push(mount(&layout.client_pipe(uuid), mps::PIPE_IN_CONTAINER, false));
             response.mounts.push(mount(&layout.shm(uuid), "/dev/shm", false));
         }
     }
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_label_that_chooses_another_mode_is_noticed() {
-        let mps = Enforcement::Mps(mps::Layout { root: "/r".into(), proc_root: "/proc".into() });
+        let mps = Enforcement::Mps(mps::Layout::new("/r", "/proc"));
         assert_eq!(relabelled(Mode::None, &mps, Some("mps")), None);
         assert_eq!(relabelled(Mode::Mps, &mps, None), None);
         let why = relabelled(Mode::None, &mps, None).unwrap();
@@ -309,7 +309,7 @@ mod tests {
     fn an_mps_share_gets_its_own_limits_and_the_cards_pipe() {
         // A root of its own: the host's /run/nano-gpu/mps may name a supervisor's /dev/shm.
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-share-{}", std::process::id()));
-        let layout = mps::Layout { root: root.clone(), proc_root: "/proc".into() };
+        let layout = mps::Layout::new(root.clone(), "/proc");
         let mut r = ContainerAllocateResponse::default();
         Enforcement::Mps(layout).limit("GPU-a", Share { percent: 30, memory: MiB(2048) }, &mut r);
         assert_eq!(r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
@@ -355,7 +355,7 @@ mod tests {
         hami.apply(&mut cards);
         assert!(cards[0].info.healthy && cards[0].fault.is_none());
 
-        let mps = Enforcement::Mps(mps::Layout { root: dir.clone(), proc_root: dir.join("proc") });
+        let mps = Enforcement::Mps(mps::Layout::new(dir.clone(), dir.join("proc")));
         let mut cards = vec![nvidia("GPU-a"), Card { mig: true, ..nvidia("GPU-m") }];
         mps.apply(&mut cards);
         let fault = cards[0].fault.as_deref().unwrap();

@@ -208,10 +208,15 @@ pub struct Flags {
     pub mps_exclusive_process: bool,
     /// `mps-control`: the host directory of this container's `/dev/shm` (its pod's size-limited,
     /// memory-backed emptyDir: `<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<name>`),
-    /// which the share containers of its cards get as theirs. Unset: `<mps root>/shm`, a host
-    /// directory, not bounded.
+    /// which the share containers of its cards get as theirs; its cards' pipe directories are kept
+    /// in it too (`mps-pipe/<uuid>`). Unset: `<mps root>/shm` and `<mps root>/<uuid>/pipe`, host
+    /// directories, not bounded.
     #[arg(long, env = "NANO_GPU_MPS_SHM_SOURCE")]
     pub mps_shm_source: Option<PathBuf>,
+    /// `mps-control`: where this container sees the directory `--mps-shm-source` names (its
+    /// `/dev/shm`); its cards' pipe directories are made there.
+    #[arg(long, env = "NANO_GPU_MPS_SHM_DIR", default_value = "/dev/shm")]
+    pub mps_shm_dir: PathBuf,
     /// `mps-control`: run the daemon of one card only, the NVIDIA card of this NVML index (the
     /// shipped DaemonSet runs one container per index, each with its own `/dev/shm`). Unset: every
     /// card's daemon, all sharing this container's `/dev/shm`.
@@ -316,7 +321,7 @@ impl Flags {
 
     /// Where the MPS daemons live.
     pub fn mps_layout(&self) -> enforce::mps::Layout {
-        enforce::mps::Layout { root: self.mps_root.clone(), proc_root: self.proc_root.clone() }
+        enforce::mps::Layout::new(self.mps_root.clone(), self.proc_root.clone())
     }
 
     /// The inventory backends these flags select: the fake file alone when given, otherwise NVML and

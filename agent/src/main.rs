@@ -211,8 +211,11 @@ fn serve(flags: &Flags) -> ExitCode {
 
 /// `mps-control`: the node's MPS daemons, until SIGTERM.
 fn mps_control(flags: &Flags) -> ExitCode {
+    // With a /dev/shm of its own (a size-limited emptyDir), the pipe directories are kept there.
+    let mut layout = flags.mps_layout();
+    layout.pipes_in = flags.mps_shm_source.as_ref().map(|_| flags.mps_shm_dir.clone());
     let supervisor = enforce::mps::Supervisor {
-        layout: flags.mps_layout(),
+        layout,
         program: flags.mps_control.clone(),
         backends: flags.backends(),
         every: Duration::from_secs(2),

@@ -71,8 +71,13 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     panic!("{what} did not happen within 15 s");
 }
 
+/// Card `uuid`'s pipe directory, as its supervisor names it for the agent (in its `/dev/shm`).
+fn pipe_of(root: &Path, uuid: &str) -> Option<std::path::PathBuf> {
+    Some(std::fs::read_to_string(root.join(uuid).join("pipe-source")).ok()?.trim().into())
+}
+
 fn pid_of(root: &Path, uuid: &str) -> Option<u32> {
-    std::fs::read_to_string(root.join(uuid).join("pipe/nvidia-cuda-mps-control.pid"))
+    std::fs::read_to_string(pipe_of(root, uuid)?.join("nvidia-cuda-mps-control.pid"))
         .ok()?
         .trim()
         .parse()
@@ -110,6 +115,9 @@ fn supervisors(gpus: &Path, root: &Path, program: &Path) -> Vec<Child> {
                 .arg(program)
                 .arg(format!("--mps-card-index={index}"))
                 .arg("--mps-shm-source")
+                .arg(shm_of(root, index))
+                // (On the host the container's /dev/shm is the directory itself.)
+                .arg("--mps-shm-dir")
                 .arg(shm_of(root, index))
                 .arg("mps-control")
                 .spawn()
@@ -189,7 +197,9 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     assert_eq!(share.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
     let mounts: Vec<(String, &str)> =
         share.mounts.iter().map(|m| (m.host_path.clone(), m.container_path.as_str())).collect();
-    let pipe = root.join("GPU-a/pipe").display().to_string();
+    let pipe = pipe_of(&root, "GPU-a").unwrap();
+    assert_eq!(pipe, shm_of(&root, 0).join("mps-pipe/GPU-a"), "the pipe directory is in the card's /dev/shm");
+    let pipe = pipe.display().to_string();
     assert_eq!(
         mounts,
         [

@@ -138,6 +138,8 @@ pub struct ClusterState {
     warnings: Vec<Warning>,
     /// Pending pods that ask a GPU and hold no assignment yet, by uid (the GPU map's waiting list).
     waiting: BTreeMap<String, Waiting>,
+    /// Pending pods whose GPU request cannot be read, warned of once each, by uid.
+    invalid_requests: HashSet<String>,
     /// Bumped at every change of what `/inspect` or the map shows, so a reader can tell nothing
     /// changed without building them.
     generation: u64,
@@ -304,6 +306,7 @@ impl ClusterState {
             kubelet_refusals: HashMap::new(),
             warnings: Vec::new(),
             waiting: BTreeMap::new(),
+            invalid_requests: HashSet::new(),
             generation: 0,
             refused_at: None,
             claims: HashMap::new(),

@@ -14,6 +14,9 @@ pub enum Reason {
     /// Allocator, on a pod: it carries an assignment but asks no GPU (or asks one that cannot be
     /// read), so the assignment is not counted.
     IgnoredAssignment,
+    /// Allocator, on a pending pod: its GPU request cannot be read (a request the webhook would
+    /// refuse, or a `nano-gpu/gpu-model` over its limits), so no card is given to it.
+    InvalidGpuRequest,
     /// Allocator, on a Node: its `nano-gpu/gpus` inventory cannot be read; its cards count as full.
     InvalidInventory,
     /// Allocator, on a pod gpushare placed: the card its annotations name is not on its node.
@@ -60,9 +63,10 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
+        Reason::InvalidGpuRequest,
         Reason::InvalidInventory,
         Reason::GpushareCardUnknown,
         Reason::Overcommitted,
@@ -85,6 +89,7 @@ impl Reason {
         match self {
             Reason::InvalidAssignment => "InvalidAssignment",
             Reason::IgnoredAssignment => "IgnoredAssignment",
+            Reason::InvalidGpuRequest => "InvalidGpuRequest",
             Reason::InvalidInventory => "InvalidInventory",
             Reason::GpushareCardUnknown => "GpushareCardUnknown",
             Reason::Overcommitted => "Overcommitted",

@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Binding, Event, Node, Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
@@ -587,8 +587,15 @@ async fn the_system_works_on_real_nodes() {
         }
         other => panic!("an assignment was written through a Binding: {other:?}"),
     }
+    // Nor through the older `bindings` resource (POST /api/v1/namespaces/NS/bindings).
+    let legacy: Api<Binding> = Api::namespaced(client.clone(), NS);
+    match legacy.create(&params, &serde_json::from_value(binding).unwrap()).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.message.contains("only nano-gpu may set nano-gpu/assignment"), "{}", e.message)
+        }
+        other => panic!("an assignment was written through the bindings resource: {other:?}"),
+    }
     assert_eq!(pods.get("unbound").await.unwrap().spec.unwrap().node_name, None);
-    pods.delete("unbound", &DeleteParams::default().grace_period(0)).await.unwrap();
     // Other annotations stay the users' own.
     let label = json!({"metadata": {"annotations": {"team": "ml"}}});
     pods.patch("t4", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
@@ -683,7 +690,10 @@ async fn the_system_works_on_real_nodes() {
     // On its own node, only nano-gpu's keys (deploy/own-keys-policy.yaml): no other annotation, no
     // node-restriction label, no taint or other spec, no condition or other resource in the status.
     let deadline = r#"[{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 315360000}]"#;
-    let refused: [(&[&str], &str); 4] = [
+    // (A finalizer would keep the pod from ever being deleted; an owner that does not exist would
+    // have the garbage collector delete it.)
+    let keep = r#"[{"op": "add", "path": "/metadata/finalizers", "value": ["e2e.example/keep"]}]"#;
+    let refused: [(&[&str], &str); 5] = [
         (
             &["annotate", "node", "node-1", "e2e=agent"],
             "may change only nano-gpu's labels and annotations, not e2e",
@@ -696,6 +706,10 @@ async fn the_system_works_on_real_nodes() {
         (
             &["patch", "pod", "-n", SYSTEM, &pod_1, "--type=json", "-p", deadline],
             "may not change the spec of pods",
+        ),
+        (
+            &["patch", "pod", "-n", SYSTEM, &pod_1, "--type=json", "-p", keep],
+            "may not change the owners or finalizers of pods",
         ),
     ];
     for (args, reason) in refused {
@@ -726,6 +740,17 @@ async fn the_system_works_on_real_nodes() {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("not e2e"), "{}", e.message),
         other => panic!("the allocator's account wrote metadata through a pod's status: {other:?}"),
     }
+    // Nor through a Binding, which kube-apiserver copies onto the pod it binds (the pending pod no
+    // scheduler serves, from above).
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "unbound", "annotations": {"e2e": "allocator"}},
+        "target": {"kind": "Node", "name": "node-1"}});
+    match as_allocator.create_subresource::<Value, Value>("binding", "unbound", &params, &binding).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("not e2e"), "{}", e.message),
+        other => panic!("the allocator's account wrote an annotation through a Binding: {other:?}"),
+    }
+    assert_eq!(pods.get("unbound").await.unwrap().spec.unwrap().node_name, None);
+    pods.delete("unbound", &DeleteParams::default().grace_period(0)).await.unwrap();
 
     // `kubectl nano-gpu check` on this cluster: no line fails. With the webhook's caBundle emptied (as
     // a re-applied manifest leaves it) it names that, says what to do and exits 1; the allocator writes

@@ -173,3 +173,77 @@ fn the_security_page_states_every_accounts_effective_rights_exactly() {
         computed.join("\n- ")
     );
 }
+
+/// The `(resource, operation)` pairs a ValidatingAdmissionPolicy in `deploy/<file>` matches.
+fn matched(file: &str, policy: &str) -> Vec<(String, String)> {
+    let path = format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let doc = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == policy)
+        .unwrap_or_else(|| panic!("{file} has no policy {policy}"));
+    let words = |v: &Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().map(|w| w.as_str().unwrap().to_owned()).collect()
+    };
+    let mut pairs = Vec::new();
+    for rule in doc["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap() {
+        assert_eq!(words(&rule["apiGroups"]), [""], "{policy}: core resources only: {rule}");
+        for resource in words(&rule["resources"]) {
+            pairs.extend(words(&rule["operations"]).into_iter().map(|op| (resource.clone(), op)));
+        }
+    }
+    pairs
+}
+
+/// Every way nano-gpu's accounts can change a pod or a Node's content (their own roles and the
+/// built-in `system:kube-scheduler` the allocator's account also holds) passes nano-gpu-own-keys,
+/// and every way a pod can come to carry an assignment passes nano-gpu-assignments: a resource
+/// dropped from either policy's match (the older `bindings` among them) fails here.
+#[test]
+fn every_write_of_nano_gpus_accounts_and_every_way_to_an_assignment_is_judged_by_a_policy() {
+    let own = matched("own-keys-policy.yaml", "nano-gpu-own-keys");
+    for (resource, op) in [
+        ("pods", "UPDATE"),
+        ("pods/status", "UPDATE"),
+        ("pods/binding", "CREATE"),
+        ("bindings", "CREATE"),
+        ("nodes", "UPDATE"),
+        ("nodes/status", "UPDATE"),
+    ] {
+        assert!(
+            own.contains(&(resource.into(), op.into())),
+            "nano-gpu-own-keys does not judge {op} {resource}"
+        );
+    }
+    let assignments = matched("assignment-policy.yaml", "nano-gpu-assignments");
+    for resource in ["pods", "pods/status", "pods/binding", "bindings"] {
+        for op in ["CREATE", "UPDATE"] {
+            assert!(
+                assignments.contains(&(resource.into(), op.into())),
+                "nano-gpu-assignments does not judge {op} {resource}"
+            );
+        }
+    }
+    // The rights this covers: what deploy/ grants the accounts on pods and nodes (patch, update)
+    // is among the pairs above.
+    for line in effective_rights() {
+        let Some((who, rest)) = line.split_once(": ") else { continue };
+        if !who.starts_with("nano-gpu-") {
+            continue;
+        }
+        // `<where>: <verb>, <verb> <resource>[ [names]]`
+        let Some((_, rule)) = rest.split_once(": ") else { continue };
+        let mut words = rule.split(' ');
+        let mut writes = false;
+        for word in words.by_ref() {
+            writes |= ["patch", "update"].contains(&word.trim_end_matches(','));
+            if !word.ends_with(',') {
+                break;
+            }
+        }
+        let resource = words.next().unwrap_or_default();
+        if writes && ["pods", "pods/status", "nodes", "nodes/status"].contains(&resource) {
+            assert!(own.contains(&(resource.to_owned(), "UPDATE".to_owned())), "{line}: not judged");
+        }
+    }
+}

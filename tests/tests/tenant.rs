@@ -228,6 +228,13 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     let huge = gpu_pod("huge-models", &[("c", &[("nano-gpu/gpu-percent", "10")])], models);
     let why = refused("a 200 kB model list", pods.create(&PostParams::default(), &huge).await);
     assert!(why.contains("at most 1024"), "{why}");
+    // Nor made so later, on a pod that was admitted.
+    let longer = json!({"metadata": {"annotations": {"nano-gpu/gpu-model": "a|".repeat(100_000)}}});
+    let why = refused(
+        "a model list made 200 kB long",
+        pods.patch("widen", &PatchParams::default(), &Patch::Merge(&longer)).await,
+    );
+    assert!(why.contains("at most 1024"), "{why}");
 
     // Only nano-gpu writes assignments and the overrun mark; a tenant's own pod included.
     let stolen =
@@ -298,7 +305,14 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     create(&pods, &on("node-1", percent_pod_then("tamper", 1, tamper))).await;
     says("tamper", "tampered").await;
     let card = assigned(&pods, "tamper").await.into_iter().next().unwrap();
-    let fifo = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");
+    // The card's pipe directory is in its daemon's size-limited /dev/shm, whose host directory its
+    // supervisor names.
+    let named = std::fs::read_to_string(format!("/run/nano-gpu/mps/{card}/pipe-source")).unwrap();
+    assert!(
+        named.contains("kubernetes.io~empty-dir/shm-"),
+        "the pipe directory is not in an emptyDir: {named}"
+    );
+    let fifo = format!("{}/nvidia-cuda-mps-control.pid", named.trim());
     use std::os::unix::fs::FileTypeExt;
     assert!(
         std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
@@ -330,19 +344,25 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
 
-    // An MPS share fills its /dev/shm: it gets its card's, bounded, and the neighbour on another
-    // card of node-1 keeps all of its own. (80 % does not fit beside the neighbour's 30 %.)
-    let fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M 2>/dev/null; \
+    // An MPS share fills its pipe directory, then its /dev/shm: both are its card's, one bounded
+    // tmpfs, and the neighbour on another card of node-1 keeps all of its own. (80 % does not fit
+    // beside the neighbour's 30 %.)
+    let fill = "dd if=/dev/zero of=/tmp/nvidia-mps/fill bs=1M 2>/dev/null; \
+                echo piped $(du -k /tmp/nvidia-mps/fill | cut -f1) KiB; rm -f /tmp/nvidia-mps/fill; \
+                dd if=/dev/zero of=/dev/shm/fill bs=1M 2>/dev/null; \
                 echo filled $(du -k /dev/shm/fill | cut -f1) KiB; exec sleep 86400";
     create(&pods, &on("node-1", percent_pod_then("filler", 80, fill))).await;
     says("filler", "filled ").await;
     let out = cluster.kubectl(&["logs", "-n", NS, "filler"]);
-    let filled: u64 = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .skip_while(|w| *w != "filled")
-        .nth(1)
-        .and_then(|w| w.parse().ok())
-        .expect("the filler's count");
+    let logged = String::from_utf8_lossy(&out.stdout).to_string();
+    let count = |word: &str| -> u64 {
+        logged.split_whitespace().skip_while(|w| *w != word).nth(1).and_then(|w| w.parse().ok()).expect(word)
+    };
+    let (piped, filled) = (count("piped"), count("filled"));
+    assert!(
+        (60 * 1024..=64 * 1024).contains(&piped),
+        "a share wrote {piped} KiB in its pipe directory: not its card's 64 MiB"
+    );
     // Stopped by its card's 64 MiB (less what the daemon keeps there), not before, not after.
     assert!(
         (60 * 1024..=64 * 1024).contains(&filled),

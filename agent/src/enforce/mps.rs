@@ -1,16 +1,19 @@
-//! NVIDIA MPS: one control daemon per card, each with its own pipe directory
-//! (`<root>/<uuid>/pipe`) and log directory (`<root>/<uuid>/log`), and the `/dev/shm` of the
-//! supervisor that runs it, which the card's clients get too: a size-limited memory-backed emptyDir
-//! whose host directory the supervisor names in `<root>/<uuid>/shm-source` (`--mps-shm-source`), so
-//! what shares write there is bounded and goes with the daemons' pod (without it: `<root>/shm`, a
-//! directory of the host's `/run`, not bounded). The shipped DaemonSet runs one supervisor per card
-//! (`--mps-card-index`), each in a container with its own `/dev/shm`: a share can fill only its own
-//! card's.
+//! NVIDIA MPS: one control daemon per card, each with its own pipe directory and log directory
+//! (`<root>/<uuid>/log`), and the `/dev/shm` of the supervisor that runs it, which the card's
+//! clients get too: a size-limited memory-backed emptyDir whose host directory the supervisor names
+//! in `<root>/<uuid>/shm-source` (`--mps-shm-source`). The pipe directory, which the card's clients
+//! get too and can write in, is in that same `/dev/shm` (`mps-pipe/<uuid>`, its host directory named
+//! in `<root>/<uuid>/pipe-source`). So what shares write in either is bounded and goes with the
+//! daemons' pod. Without `--mps-shm-source` both are host directories of the host's `/run`
+//! (`<root>/shm`, `<root>/<uuid>/pipe`), not bounded. The shipped DaemonSet runs one supervisor per
+//! card (`--mps-card-index`), each in a container with its own `/dev/shm`: a share can fill only its
+//! own card's.
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
-//! agent's rollouts must not touch them). A daemon already answering in a card's pipe directory (an
-//! operator's, or one left by an earlier supervisor) is adopted, not replaced. The supervisor records
+//! agent's rollouts must not touch them). A control daemon already running in a card's pipe
+//! directory when the supervisor starts (an operator's) is adopted, not replaced; one that stops
+//! later is started again, never looked for there. The supervisor records
 //! the PID of each card's daemon in `<root>/<uuid>/control-daemon.pid`, beside the pipe directory:
 //! share containers get the pipe directory and can write there (the daemon's own PID file in it is
 //! theirs to replace), never the record. The agent judges a daemon by that record and the process's
@@ -26,6 +29,7 @@
 use crate::inventory::{GpuInventory, read_all};
 use nano_gpu_proto::annotations::Vendor;
 use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -42,11 +46,18 @@ pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 pub const RECORD: &str = "control-daemon.pid";
 /// What `/proc/<pid>/comm` of a control daemon starts with (the kernel keeps 15 characters).
 const COMM: &str = "nvidia-cuda-mps";
+/// The control program's file name, as a daemon's first argument names it.
+const CONTROL_PROGRAM: &str = "nvidia-cuda-mps-control";
 /// The file that says a card is in `EXCLUSIVE_PROCESS` mode with a server kept up, in its directory.
 pub const EXCLUSIVE_MARK: &str = "exclusive-process";
 /// The file in which the supervisor names the host directory of a card's daemon's `/dev/shm`, in the
 /// card's directory (in the root: one for every card, as earlier supervisors wrote it).
 pub const SHM_SOURCE: &str = "shm-source";
+/// The file in which the supervisor names the host directory of a card's pipe directory, when it
+/// keeps it in its `/dev/shm`, in the card's directory.
+pub const PIPE_SOURCE: &str = "pipe-source";
+/// Where in a supervisor's `/dev/shm` its cards' pipe directories are (one per card, by UUID).
+const PIPES_IN_SHM: &str = "mps-pipe";
 
 /// The host directories of the node's MPS daemons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,17 +66,46 @@ pub struct Layout {
     pub root: PathBuf,
     /// The host's `/proc`, where a daemon's PID is checked.
     pub proc_root: PathBuf,
+    /// Of a supervisor whose `/dev/shm` is a size-limited emptyDir (`--mps-shm-source`): that
+    /// directory as it sees it, where its cards' pipe directories are kept. `None`: the pipe
+    /// directories are `<root>/<uuid>/pipe`.
+    pub pipes_in: Option<PathBuf>,
 }
 
 impl Layout {
+    /// The layout under `root`, the host's `/proc` at `proc_root`, with the pipe directories in the
+    /// root.
+    pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
+        Layout { root: root.into(), proc_root: proc_root.into(), pipes_in: None }
+    }
+
     /// Card `uuid`'s directory, which its supervisor makes when it first runs.
     pub fn card(&self, uuid: &str) -> PathBuf {
         self.root.join(uuid)
     }
 
-    /// The pipe directory of card `uuid`'s daemon.
+    /// The pipe directory of card `uuid`'s daemon, as this process sees it (the supervisor's).
     pub fn pipe(&self, uuid: &str) -> PathBuf {
-        self.card(uuid).join("pipe")
+        match &self.pipes_in {
+            Some(shm) => shm.join(PIPES_IN_SHM).join(uuid),
+            None => self.card(uuid).join("pipe"),
+        }
+    }
+
+    /// The host directory of card `uuid`'s pipe directory, which its clients get: the one its
+    /// supervisor named in the card's [`PIPE_SOURCE`] (in its size-limited `/dev/shm`), else
+    /// `<root>/<uuid>/pipe`.
+    pub fn client_pipe(&self, uuid: &str) -> PathBuf {
+        match read_small_file(&self.card(uuid).join(PIPE_SOURCE), 4096) {
+            Ok(text) if text.trim().starts_with('/') => PathBuf::from(text.trim()),
+            _ => self.card(uuid).join("pipe"),
+        }
+    }
+
+    /// Names `source` as the host directory of card `uuid`'s pipe directory (`None`: the pipe
+    /// directory is in the root), replaced in one rename and only when it changes.
+    fn name_pipe(&self, uuid: &str, source: Option<&Path>) -> std::io::Result<()> {
+        self.name(uuid, PIPE_SOURCE, source)
     }
 
     /// The log directory of card `uuid`'s daemon.
@@ -104,7 +144,13 @@ impl Layout {
     /// Names `source` as the host directory of card `uuid`'s daemon's `/dev/shm` (replaced in one
     /// rename, and only when it names another), or with `None` takes the name away.
     fn name_shm(&self, uuid: &str, source: Option<&Path>) -> std::io::Result<()> {
-        let named = self.card(uuid).join(SHM_SOURCE);
+        self.name(uuid, SHM_SOURCE, source)
+    }
+
+    /// Writes `source` into card `uuid`'s file `file` (replaced in one rename, and only when it
+    /// names another), or with `None` removes it.
+    fn name(&self, uuid: &str, file: &str, source: Option<&Path>) -> std::io::Result<()> {
+        let named = self.card(uuid).join(file);
         match source {
             Some(source) => {
                 let text = format!("{}\n", source.display());
@@ -135,6 +181,25 @@ impl Layout {
     /// adopt a daemon found running, as a share's container may have replaced the file.
     pub fn daemon_in_pipe(&self, uuid: &str) -> Result<u32, String> {
         self.daemon_in(&self.pipe(uuid).join(PID_FILE))
+    }
+
+    /// The daemon to adopt for card `uuid`, if one runs there: only when the supervisor `first` sees
+    /// the card (an operator's daemon, started before it), and only a process that runs the control
+    /// program (the MPS server's name in `comm` is the same). A daemon of ours that stopped, perhaps
+    /// told `quit` by a share, is started again and never looked for in the pipe directory, whose
+    /// PID file a share may have pointed at another process by then.
+    pub fn adoptable(&self, uuid: &str, first: bool) -> Option<u32> {
+        let pid = self.daemon_in_pipe(uuid).ok().filter(|_| first)?;
+        self.runs_control_program(pid).then_some(pid)
+    }
+
+    /// Whether process `pid`'s first argument names the control program (`/proc/<pid>/cmdline`,
+    /// which any process may read).
+    fn runs_control_program(&self, pid: u32) -> bool {
+        let cmdline = std::fs::read(self.proc_root.join(pid.to_string()).join("cmdline")).unwrap_or_default();
+        let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        Path::new(std::ffi::OsStr::from_bytes(first)).file_name()
+            == Some(std::ffi::OsStr::new(CONTROL_PROGRAM))
     }
 
     /// Whether process `pid` is a control daemon (by its name in `/proc`).
@@ -269,6 +334,11 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
             if let Err(e) = layout.name_shm(uuid, shm_source.as_deref()) {
                 tracing::warn!(card = %uuid, error = %e, "cannot name the card's /dev/shm for its clients");
             }
+            let pipe_source = shm_source.as_ref().filter(|_| layout.pipes_in.is_some());
+            let pipe_source = pipe_source.map(|shm| shm.join(PIPES_IN_SHM).join(uuid));
+            if let Err(e) = layout.name_pipe(uuid, pipe_source.as_deref()) {
+                tracing::warn!(card = %uuid, error = %e, "cannot name the card's pipe directory for its clients");
+            }
             let daemon = daemons.remove(uuid);
             let next = match daemon {
                 Some(Daemon::Ours(mut child)) => match child.try_wait() {
@@ -291,12 +361,12 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                         Some(Daemon::Waiting { backoff, .. }) => (backoff * 2).min(MAX_BACKOFF),
                         _ => Duration::from_secs(1),
                     };
-                    match layout.daemon_in_pipe(uuid) {
-                        Ok(pid) => {
+                    match layout.adoptable(uuid, earlier.is_none()) {
+                        Some(pid) => {
                             tracing::info!(card = %uuid, pid, "adopted the MPS control daemon running there");
                             Daemon::Adopted(pid)
                         }
-                        Err(_) => match start(&layout, &program, uuid) {
+                        None => match start(&layout, &program, uuid) {
                             Ok(child) => {
                                 tracing::info!(card = %uuid, pid = child.id(), "MPS control daemon started");
                                 Daemon::Ours(child)
@@ -532,7 +602,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let proc_root = root.join("proc");
-        let layout = Layout { root: root.clone(), proc_root: proc_root.clone() };
+        let layout = Layout::new(root.clone(), proc_root.clone());
         let err = layout.daemon("GPU-a").unwrap_err();
         assert!(err.contains("not running") && err.contains(RECORD), "{err}");
         std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
@@ -559,7 +629,7 @@ mod tests {
     #[test]
     fn a_cards_shm_is_the_directory_its_supervisor_named_else_the_roots() {
         let root = crate::Scratch::new("mps-shm");
-        let layout = Layout { root: root.to_path_buf(), proc_root: root.join("proc") };
+        let layout = Layout::new(root.to_path_buf(), root.join("proc"));
         assert_eq!(layout.shm("GPU-a"), root.join("shm"));
         // An earlier supervisor's, for every card.
         let earlier = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm";
@@ -577,6 +647,51 @@ mod tests {
         assert_eq!(layout.shm("GPU-b"), root.join("shm"));
     }
 
+    /// A supervisor with a `/dev/shm` of its own (size-limited) keeps its cards' pipe directories
+    /// there, and names their host directories for the agent, which mounts them into the clients.
+    #[test]
+    fn with_its_own_shm_a_supervisor_keeps_the_pipe_directories_there_and_names_them() {
+        let root = crate::Scratch::new("mps-pipes");
+        let mut supervisor = Layout::new(root.to_path_buf(), root.join("proc"));
+        let agent = supervisor.clone();
+        assert_eq!(supervisor.pipe("GPU-a"), root.join("GPU-a/pipe"));
+        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+        supervisor.pipes_in = Some(root.join("dev-shm"));
+        assert_eq!(supervisor.pipe("GPU-a"), root.join("dev-shm/mps-pipe/GPU-a"));
+        let host = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm-0/mps-pipe/GPU-a");
+        supervisor.name_pipe("GPU-a", Some(host)).unwrap();
+        assert_eq!(agent.client_pipe("GPU-a"), host);
+        assert_eq!(agent.client_pipe("GPU-b"), root.join("GPU-b/pipe"), "another card's is its own");
+        supervisor.name_pipe("GPU-a", None).unwrap();
+        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+    }
+
+    /// A share's root can tell its card's daemon `quit` and then name another process in the pipe
+    /// directory's PID file: the supervisor adopts a daemon only when it first sees the card, and only
+    /// a process that runs the control program, not the MPS server (whose `comm` is the same).
+    #[test]
+    fn only_a_control_program_found_at_the_start_is_adopted() {
+        let root = crate::Scratch::new("mps-adopt");
+        let layout = Layout::new(root.to_path_buf(), root.join("proc"));
+        std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
+        let process = |pid: u32, cmdline: &[u8]| {
+            let dir = root.join("proc").join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("comm"), "nvidia-cuda-mps\n").unwrap();
+            std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+        };
+        process(10, b"/usr/bin/nvidia-cuda-mps-control\0-d\0");
+        process(11, b"nvidia-cuda-mps-server\0");
+        let named =
+            |pid: u32| std::fs::write(layout.pipe("GPU-a").join(PID_FILE), format!("{pid}\n")).unwrap();
+        assert_eq!(layout.adoptable("GPU-a", true), None, "no PID file");
+        named(10);
+        assert_eq!(layout.adoptable("GPU-a", true), Some(10));
+        assert_eq!(layout.adoptable("GPU-a", false), None, "a daemon of ours stopped: start one");
+        named(11);
+        assert_eq!(layout.adoptable("GPU-a", true), None, "the server is not the daemon");
+    }
+
     /// A share's container can write in its card's pipe directory: what it puts in the PID file's
     /// place is refused at once, never read from (a FIFO would block the reader, `/dev/zero` never
     /// end), and the daemon the supervisor recorded still counts as running.
@@ -584,7 +699,7 @@ mod tests {
     fn a_fifo_or_a_link_in_place_of_the_pid_file_is_refused_without_waiting() {
         let root = std::env::temp_dir().join(format!("nano-gpu-mps-fifo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let layout = Layout { root: root.clone(), proc_root: root.join("proc") };
+        let layout = Layout::new(root.clone(), root.join("proc"));
         std::fs::create_dir_all(layout.pipe("GPU-a")).unwrap();
         std::fs::create_dir_all(root.join("proc/7")).unwrap();
         std::fs::write(root.join("proc/7/comm"), "nvidia-cuda-mps\n").unwrap();

@@ -92,7 +92,8 @@ impl Edits {
             Enforcement::None => "shares: not limited (the scheduler's accounting only)",
             Enforcement::Mps(_) => {
                 "shares: MPS limits set in each process's own environment, which a tenant can raise to the \
-                 daemon's defaults (advisory against a hostile tenant)"
+                 daemon's defaults, and a process that ignores CUDA_MPS_PIPE_DIRECTORY gets the whole card \
+                 unless the card is held in EXCLUSIVE_PROCESS mode (advisory against a hostile tenant)"
             }
             Enforcement::HamiCore(_) => {
                 "shares: HAMi-core limits set in each process's own environment, which a tenant can change \

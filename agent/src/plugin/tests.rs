@@ -111,7 +111,7 @@ fn preferred_ids_come_from_one_card_when_one_can_hold_them() {
 fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_are_refused() {
     let root = std::env::temp_dir().join(format!("nano-gpu-exclusive-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let layout = crate::enforce::mps::Layout { root: root.clone(), proc_root: root.join("proc") };
+    let layout = crate::enforce::mps::Layout::new(root.clone(), root.join("proc"));
     let edits = Edits { enforcement: crate::enforce::Enforcement::Mps(layout.clone()), ..Edits::default() };
     let cards = [card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)];
     let two: Vec<String> = ids("GPU-a", 0..100).into_iter().chain(ids("GPU-b", 0..100)).collect();
@@ -135,7 +135,7 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
     assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "a whole card is not limited");
     assert_eq!(
         mps_mounts(&whole),
-        [layout.pipe("GPU-a").display().to_string(), layout.shm("GPU-a").display().to_string()]
+        [layout.client_pipe("GPU-a").display().to_string(), layout.shm("GPU-a").display().to_string()]
     );
     // A share of it keeps its limits.
     let share = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &edits).unwrap();
@@ -197,7 +197,7 @@ fn nvidia_cards_are_named_by_env_and_by_volume_mounts_as_asked() {
 
 #[test]
 fn each_mode_says_what_holds_a_share_against_a_hostile_tenant() {
-    let layout = crate::enforce::mps::Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() };
+    let layout = crate::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc");
     let none = Edits::default().guarantee();
     assert_eq!(none, "shares: not limited (the scheduler's accounting only)");
     let mps = Edits { enforcement: crate::enforce::Enforcement::Mps(layout), ..Edits::default() }.guarantee();

@@ -168,6 +168,7 @@ impl ClusterState {
         if let Some(uid) = pod_uid(pod) {
             self.set_agent(uid, None);
             self.stop_waiting(uid);
+            self.invalid_requests.remove(uid);
             self.forget_claim_pod(uid);
             self.forget_pod(uid);
         }
@@ -308,6 +309,7 @@ impl ClusterState {
         self.nominations.retain(|uid, _| seen.contains(uid));
         self.preempt_searched.retain(|uid, _| seen.contains(uid));
         self.preempt_after.retain(|uid, _| seen.contains(uid));
+        self.invalid_requests.retain(|uid| seen.contains(uid));
         let before = self.waiting.len();
         self.waiting.retain(|uid, _| seen.contains(uid));
         if self.waiting.len() != before {
@@ -327,12 +329,31 @@ impl ClusterState {
     }
 
     /// A pending pod with no assignment: one that asks a GPU is recorded as waiting (for the GPU map).
+    /// One whose GPU request cannot be read (a pod the webhook did not see, or an annotation made
+    /// too long later) is not kept, and gets a warning Event once.
     fn wait(&mut self, uid: String, pod: &Pod) {
-        let demand = pod_demand(pod, self.extender.demand_options()).ok().filter(|d| d.wants_gpu());
+        let demand = match pod_demand(pod, self.extender.demand_options()) {
+            Ok(d) => Some(d).filter(|d| d.wants_gpu()),
+            Err(e) => {
+                if asks_nano_gpu(pod) && self.invalid_requests.insert(uid.clone()) {
+                    let (ns, name) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+                    let message = format!("{e}; nano-gpu gives this pod no card until its request is fixed");
+                    self.warn(
+                        "Pod",
+                        ns.unwrap_or_default(),
+                        name.unwrap_or_default(),
+                        Reason::InvalidGpuRequest,
+                        message,
+                    );
+                }
+                None
+            }
+        };
         let Some(demand) = demand else {
             self.stop_waiting(&uid);
             return;
         };
+        self.invalid_requests.remove(&uid);
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
@@ -359,6 +380,20 @@ impl ClusterState {
         }
         self.end_pod_relist();
     }
+}
+
+/// Whether `pod` asks anything of nano-gpu: a resource under `nano-gpu/` or gpushare's, or the card
+/// models it may run on.
+fn asks_nano_gpu(pod: &Pod) -> bool {
+    let ours = |k: &String| k.starts_with("nano-gpu/") || k == nano_gpu_proto::resources::GPUSHARE_MEMORY;
+    let spec = pod.spec.as_ref();
+    let containers =
+        spec.into_iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+    let asks = containers
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| r.limits.iter().chain(r.requests.iter()).flat_map(|m| m.keys()).any(ours));
+    let annotations = pod.metadata.annotations.as_ref();
+    asks || annotations.is_some_and(|a| a.contains_key(nano_gpu_proto::resources::GPU_MODEL_ANNOTATION))
 }
 
 /// Whether the kubelet failed `pod` at admission for want of nano-gpu's devices: its reason

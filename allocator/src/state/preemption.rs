@@ -58,7 +58,7 @@ fn enough_candidates(candidates: usize) -> usize {
 
 /// Where pod `uid`'s search of `candidates` nodes starts: the same for the same pod, spread over
 /// pods (kube-scheduler draws it at random), so that preemptors do not all search the same nodes.
-fn offset(uid: &str, candidates: usize) -> usize {
+pub(super) fn offset(uid: &str, candidates: usize) -> usize {
     let hash =
         uid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     usize::try_from(hash % candidates.max(1) as u64).unwrap_or(0)

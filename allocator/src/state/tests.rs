@@ -1450,3 +1450,61 @@ fn a_share_never_preempts_a_pod_that_holds_no_card() {
     let r = s.choose_names(Some(&one), vec!["n1"], t0);
     assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/g");
 }
+
+/// Of 150 nodes where preemption works, the search weighs 100 (kube-scheduler's
+/// `minCandidateNodesAbsolute`), from the pod's own offset: every node's victim is alike, so the
+/// whole cluster's best would be the first name, `n000`, and the window's best is its first node.
+#[test]
+fn a_preemption_search_weighs_a_hundred_of_150_candidates_from_the_pods_offset() {
+    let mut s = state();
+    let names: Vec<String> = (0..150).map(|i| format!("n{i:03}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        s.apply_node(&node(n, 1));
+        s.apply_pod(&pod_of_priority(&format!("low-{i}"), "60", 0, Some((n, 0))));
+    }
+    // A pod whose window (offset .. offset + 99) neither starts at n000 nor wraps around to it.
+    let uid = (0..)
+        .map(|i| format!("high-{i}"))
+        .find(|u| (1..=50).contains(&preemption::offset(u, names.len())))
+        .unwrap();
+    let start = preemption::offset(&uid, names.len());
+    let high = pod_of_priority(&uid, "80", 1000, None);
+    s.apply_pod(&high);
+    let r = s.choose_names(Some(&high), names.iter().map(String::as_str).collect(), Instant::now());
+    assert_eq!(r.node_names, Some(vec![]), "{r:?}");
+    let planned = s.take_preemptions();
+    assert_eq!(planned.len(), 1);
+    assert_eq!(planned[0].node, names[start], "offset {start}");
+    assert_eq!(planned[0].victims.len(), 1);
+    assert!(r.failed_nodes[names[start].as_str()].starts_with("preempting pods of lower priority"), "{r:?}");
+}
+
+/// A pending pod whose GPU request cannot be read (here a model list made too long after the
+/// webhook admitted it) is not kept and gets one warning, however often the watch shows it again.
+#[test]
+fn a_pending_pod_whose_request_cannot_be_read_is_warned_of_once_and_not_kept() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let mut p = pod("p", "30", None, None);
+    p.metadata.annotations = Some([("nano-gpu/gpu-model".to_owned(), "a|".repeat(100_000))].into());
+    s.apply_pod(&p);
+    let w = s.take_warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].name.as_str(), w[0].reason), ("p", Reason::InvalidGpuRequest));
+    assert!(w[0].message.contains("at most 1024") && w[0].message.contains("no card"), "{}", w[0].message);
+    assert!(s.waiting.is_empty(), "a pod over the limits is kept");
+    s.apply_pod(&p);
+    assert!(s.take_warnings().is_empty());
+    // Fixed, it waits; made invalid again, it is warned of again.
+    let fixed = pod("p", "30", None, None);
+    s.apply_pod(&fixed);
+    assert!(s.waiting.contains_key("p") && s.take_warnings().is_empty());
+    s.apply_pod(&p);
+    assert_eq!(s.take_warnings().len(), 1);
+    // A pod that asks nothing of nano-gpu is none of its business.
+    let mut cpu = watched_pod(json!({"metadata": {"name": "cpu", "namespace": "ns", "uid": "cpu"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}}));
+    cpu.metadata.annotations = Some([("other".to_owned(), "x".to_owned())].into());
+    s.apply_pod(&cpu);
+    assert!(s.take_warnings().is_empty());
+}

@@ -166,7 +166,7 @@ pub fn allocate(data: &[u8]) {
         requests.extend(r.container_requests.into_iter().map(|c| c.devices_ids));
     }
     let mps = Edits {
-        enforcement: Enforcement::Mps(Layout { root: "/run/nano-gpu/mps".into(), proc_root: "/proc".into() }),
+        enforcement: Enforcement::Mps(Layout::new("/run/nano-gpu/mps", "/proc")),
         ..Default::default()
     };
     for ids in requests {

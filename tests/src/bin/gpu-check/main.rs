@@ -834,7 +834,7 @@ fn supervise(
     exclusive: bool,
     runtime: &tokio::runtime::Runtime,
 ) -> (mps::Layout, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<Result<(), String>>) {
-    let layout = mps::Layout { root: ctx.args.work.join(dir), proc_root: PathBuf::from("/proc") };
+    let layout = mps::Layout::new(ctx.args.work.join(dir), PathBuf::from("/proc"));
     let _ = std::fs::remove_dir_all(&layout.root);
     let supervisor = mps::Supervisor {
         layout: layout.clone(),
