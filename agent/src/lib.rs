@@ -194,7 +194,8 @@ pub struct Flags {
     /// The host's cgroup v2 root, where pods' cgroups are found and named to the driver.
     #[arg(long, env = "NANO_GPU_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
-    /// Host directory of the MPS daemons (one pipe and log directory per card).
+    /// Host directory of the MPS daemons (one directory per card: its log, the supervisor's record,
+    /// and the names of its `/dev/shm` and pipe directory, or the pipe directory itself).
     #[arg(long, env = "NANO_GPU_MPS_ROOT", default_value = "/run/nano-gpu/mps")]
     pub mps_root: PathBuf,
     /// NVIDIA's MPS control program, which `mps-control` runs once per card.
@@ -208,15 +209,19 @@ pub struct Flags {
     pub mps_exclusive_process: bool,
     /// `mps-control`: the host directory of this container's `/dev/shm` (its pod's size-limited,
     /// memory-backed emptyDir: `<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<name>`),
-    /// which the share containers of its cards get as theirs; its cards' pipe directories are kept
-    /// in it too (`mps-pipe/<uuid>`). Unset: `<mps root>/shm` and `<mps root>/<uuid>/pipe`, host
-    /// directories, not bounded.
+    /// which the share containers of its cards get as theirs. Unset: `<mps root>/shm`, a host
+    /// directory, not bounded.
     #[arg(long, env = "NANO_GPU_MPS_SHM_SOURCE")]
     pub mps_shm_source: Option<PathBuf>,
-    /// `mps-control`: where this container sees the directory `--mps-shm-source` names (its
-    /// `/dev/shm`); its cards' pipe directories are made there.
-    #[arg(long, env = "NANO_GPU_MPS_SHM_DIR", default_value = "/dev/shm")]
-    pub mps_shm_dir: PathBuf,
+    /// `mps-control` with `--mps-card-index`: the host directory of its card's pipe directory (its
+    /// pod's size-limited, memory-backed emptyDir, mounted at `--mps-pipe-dir`), which the card's
+    /// share containers get. Unset: `<mps root>/<uuid>/pipe`, a host directory, not bounded.
+    #[arg(long, env = "NANO_GPU_MPS_PIPE_SOURCE")]
+    pub mps_pipe_source: Option<PathBuf>,
+    /// `mps-control`: where this container sees the directory `--mps-pipe-source` names (emptied
+    /// before each daemon starts).
+    #[arg(long, env = "NANO_GPU_MPS_PIPE_DIR", default_value = "/run/nano-gpu/mps-pipe")]
+    pub mps_pipe_dir: PathBuf,
     /// `mps-control`: run the daemon of one card only, the NVIDIA card of this NVML index (the
     /// shipped DaemonSet runs one container per index, each with its own `/dev/shm`). Unset: every
     /// card's daemon, all sharing this container's `/dev/shm`.

@@ -211,9 +211,9 @@ fn serve(flags: &Flags) -> ExitCode {
 
 /// `mps-control`: the node's MPS daemons, until SIGTERM.
 fn mps_control(flags: &Flags) -> ExitCode {
-    // With a /dev/shm of its own (a size-limited emptyDir), the pipe directories are kept there.
+    // With a pipe directory of its own (a size-limited emptyDir), its card's daemon runs there.
     let mut layout = flags.mps_layout();
-    layout.pipes_in = flags.mps_shm_source.as_ref().map(|_| flags.mps_shm_dir.clone());
+    layout.pipe_in = flags.mps_pipe_source.as_ref().map(|_| flags.mps_pipe_dir.clone());
     let supervisor = enforce::mps::Supervisor {
         layout,
         program: flags.mps_control.clone(),
@@ -221,6 +221,7 @@ fn mps_control(flags: &Flags) -> ExitCode {
         every: Duration::from_secs(2),
         exclusive: flags.mps_exclusive_process.then(|| flags.nvml_lib.clone()),
         shm_source: flags.mps_shm_source.clone(),
+        pipe_source: flags.mps_pipe_source.clone(),
         card_index: flags.mps_card_index,
     };
     until_terminated(flags, "mps-control: ", |_, stopped| enforce::mps::supervise(supervisor, stopped))

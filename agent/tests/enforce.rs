@@ -71,7 +71,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     panic!("{what} did not happen within 15 s");
 }
 
-/// Card `uuid`'s pipe directory, as its supervisor names it for the agent (in its `/dev/shm`).
+/// Card `uuid`'s pipe directory, as its supervisor names it for the agent.
 fn pipe_of(root: &Path, uuid: &str) -> Option<std::path::PathBuf> {
     Some(std::fs::read_to_string(root.join(uuid).join("pipe-source")).ok()?.trim().into())
 }
@@ -116,9 +116,11 @@ fn supervisors(gpus: &Path, root: &Path, program: &Path) -> Vec<Child> {
                 .arg(format!("--mps-card-index={index}"))
                 .arg("--mps-shm-source")
                 .arg(shm_of(root, index))
-                // (On the host the container's /dev/shm is the directory itself.)
-                .arg("--mps-shm-dir")
-                .arg(shm_of(root, index))
+                // Its pipe directory of its own (on the host, where the container sees it).
+                .arg("--mps-pipe-source")
+                .arg(pipe_dir_of(root, index))
+                .arg("--mps-pipe-dir")
+                .arg(pipe_dir_of(root, index))
                 .arg("mps-control")
                 .spawn()
                 .unwrap()
@@ -129,6 +131,11 @@ fn supervisors(gpus: &Path, root: &Path, program: &Path) -> Vec<Child> {
 /// The `/dev/shm` the supervisor of card `index` names.
 fn shm_of(root: &Path, index: u32) -> std::path::PathBuf {
     root.parent().unwrap().join(format!("shm-{index}"))
+}
+
+/// The pipe directory of the supervisor of card `index`, beside its `/dev/shm` as a pod's volumes are.
+fn pipe_dir_of(root: &Path, index: u32) -> std::path::PathBuf {
+    root.parent().unwrap().join(format!("pipe-{index}"))
 }
 
 fn terminate(child: &mut Child) {
@@ -159,6 +166,7 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node",
                            "metadata": {"name": "n1", "labels": {"nano-gpu/enforcement": "mps"}}})],
         pods: vec![pod("shared", 30, "GPU-a", Some(2048)), pod("whole", 100, "GPU-b", None)],
+        ..Objects::default()
     })
     .await
     .unwrap();
@@ -198,7 +206,7 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     let mounts: Vec<(String, &str)> =
         share.mounts.iter().map(|m| (m.host_path.clone(), m.container_path.as_str())).collect();
     let pipe = pipe_of(&root, "GPU-a").unwrap();
-    assert_eq!(pipe, shm_of(&root, 0).join("mps-pipe/GPU-a"), "the pipe directory is in the card's /dev/shm");
+    assert_eq!(pipe, pipe_dir_of(&root, 0), "the pipe directory is the supervisor's own");
     let pipe = pipe.display().to_string();
     assert_eq!(
         mounts,

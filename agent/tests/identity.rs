@@ -80,6 +80,7 @@ async fn the_agent_steers_derives_and_repairs_against_a_fake_kubelet_and_api_ser
             pod("moved", 50, ("GPU-b", 1), None),
             gpushare_pod("shared", 4, ("GPU-b", 1)),
         ],
+        ..Objects::default()
     })
     .await
     .unwrap();

@@ -158,6 +158,7 @@ async fn a_shares_pod_gets_the_drivers_limit_before_its_container_starts() {
             pod("pair", 20, "GPU-a", None, Some(1000)),
             pod("nocgroup", 10, "GPU-a", None, None),
         ],
+        ..Objects::default()
     })
     .await
     .unwrap();
@@ -210,6 +211,7 @@ async fn without_cgroup_v2_no_nvidia_card_is_served_and_the_node_says_so() {
     let api = FakeApi::start(Objects {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})],
         pods: vec![],
+        ..Objects::default()
     })
     .await
     .unwrap();

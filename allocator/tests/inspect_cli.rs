@@ -27,6 +27,7 @@ async fn inspect_prints_every_card_with_its_pods_and_warns_about_bad_annotations
                     "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"}},
                 "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]}, "status": {"phase": "Running"}}),
         ],
+        ..Objects::default()
     })
     .await
     .unwrap();

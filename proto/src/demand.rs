@@ -388,17 +388,19 @@ fn models(value: &str) -> Result<Vec<String>, InvalidDemand> {
             value.len()
         )));
     }
+    // Counted as written, before duplicates are dropped (as the assignment policy counts them).
+    let named: Vec<&str> = value.split('|').map(str::trim).filter(|m| !m.is_empty()).collect();
+    if named.len() > MAX_MODELS {
+        return Err(InvalidDemand(format!(
+            "annotation {GPU_MODEL_ANNOTATION} names {} models; at most {MAX_MODELS}",
+            named.len()
+        )));
+    }
     let mut models: Vec<String> = Vec::new();
-    for m in value.split('|').map(str::trim).filter(|m| !m.is_empty()) {
+    for m in named {
         if !models.iter().any(|k| k == m) {
             models.push(m.to_owned());
         }
-    }
-    if models.len() > MAX_MODELS {
-        return Err(InvalidDemand(format!(
-            "annotation {GPU_MODEL_ANNOTATION} names {} models; at most {MAX_MODELS}",
-            models.len()
-        )));
     }
     Ok(models)
 }

@@ -1,5 +1,6 @@
 //! A fake Kubernetes API server on loopback, just enough for `nano-gpu-allocator serve` and the agent:
-//! lists of Nodes and Pods (their watches stay open and quiet), reading a pod, the assignment PATCH,
+//! lists of Nodes and Pods, in pages or (with [`Objects::streams`], as an API server of 1.35 does)
+//! streamed as a watch's first events (their watches then stay open and quiet), reading a pod, the assignment PATCH,
 //! the `pods/binding` POST, the Node PATCH and Events. Every write is recorded so tests can check what was sent.
 //!
 //! For benchmarks and service tests only; end-to-end tests use the real kube-apiserver.
@@ -21,6 +22,9 @@ pub struct Objects {
     pub nodes: Vec<Value>,
     /// Pod objects.
     pub pods: Vec<Value>,
+    /// Whether it answers as an API server of 1.35 (`/version`), which streams a watch's initial
+    /// list (`sendInitialEvents`); else it has no version, and a client lists in pages.
+    pub streams: bool,
 }
 
 impl Objects {
@@ -57,13 +61,14 @@ impl Objects {
                     "status": {"phase": "Running"}})
             })
             .collect();
-        Objects { nodes: node_objects, pods }
+        Objects { nodes: node_objects, pods, streams: false }
     }
 }
 
 struct Inner {
     nodes: Vec<Value>,
     pods: Vec<Value>,
+    streams: bool,
     by_name: HashMap<(String, String), Value>,
     writes: Mutex<Vec<(String, String, Value)>>,
 }
@@ -92,6 +97,7 @@ impl FakeApi {
         let inner = Arc::new(Inner {
             nodes: objects.nodes,
             pods: objects.pods,
+            streams: objects.streams,
             by_name,
             writes: Mutex::new(Vec::new()),
         });
@@ -137,8 +143,33 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
     let body = axum::body::to_bytes(req.into_body(), 64 << 20).await.unwrap_or_default();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (items, list_kind) =
+        if parts.last() == Some(&"nodes") { (&inner.nodes, "NodeList") } else { (&inner.pods, "PodList") };
     match (&method, parts.as_slice()) {
-        (&Method::GET, ["api", "v1", kind @ ("nodes" | "pods")]) => {
+        (&Method::GET, ["version"]) if inner.streams => axum::Json(json!({
+            "major": "1", "minor": "35", "gitVersion": "v1.35.0", "gitCommit": "", "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go", "compiler": "gc", "platform": "linux/amd64"}))
+        .into_response(),
+        (&Method::GET, ["api", "v1", "nodes" | "pods"])
+            if watch && inner.streams && query.get("sendInitialEvents").is_some_and(|v| v == "true") =>
+        {
+            // The list as the watch's first events, one object at a time, then the bookmark that
+            // ends it; then quiet.
+            let kind = list_kind.trim_end_matches("List");
+            let mut lines: Vec<Result<Bytes, std::io::Error>> = items
+                .iter()
+                .map(|item| Ok(Bytes::from(format!("{}\n", json!({"type": "ADDED", "object": item})))))
+                .collect();
+            let end = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": "v1",
+                "metadata": {"resourceVersion": "1", "annotations": {"k8s.io/initial-events-end": "true"}}}});
+            lines.push(Ok(Bytes::from(format!("{end}\n"))));
+            let stream = futures::StreamExt::chain(futures::stream::iter(lines), futures::stream::pending());
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from_stream(stream))
+                .unwrap_or_default()
+        }
+        (&Method::GET, ["api", "v1", "nodes" | "pods"]) => {
             if watch {
                 // A quiet watch: stays open, never sends an event.
                 let pending = futures::stream::pending::<Result<Bytes, std::io::Error>>();
@@ -148,8 +179,6 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
                     .unwrap_or_default();
             }
             // Paged like the real API server: `limit` items from the `continue` offset.
-            let (items, list_kind) =
-                if *kind == "nodes" { (&inner.nodes, "NodeList") } else { (&inner.pods, "PodList") };
             let from: usize = query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
             let limit: usize =
                 query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);

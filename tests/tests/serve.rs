@@ -41,11 +41,23 @@ fn pod(name: &str, percent: u32, node: Option<&str>, assignment: Option<Value>) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
+async fn the_service_lists_the_cluster_in_pages_then_places_and_binds_a_pod() {
+    lists_then_places_and_binds(false).await;
+}
+
+/// The same from an API server that streams its lists (1.34 and later): the fake's stream is what
+/// `bench-pending --listing streamed` measures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_lists_a_streamed_cluster_then_places_and_binds_a_pod() {
+    lists_then_places_and_binds(true).await;
+}
+
+async fn lists_then_places_and_binds(streams: bool) {
     let old = json!({"v": 1, "node": "n1", "at": "t", "containers": {"main": [{"uuid": "GPU-n1-0", "index": 0, "percent": 60}]}});
     let api = FakeApi::start(Objects {
         nodes: vec![node("n1", 2), node("cpu-only", 0)],
         pods: vec![pod("old", 60, Some("n1"), Some(old)), pod("new", 50, None, None)],
+        streams,
     })
     .await
     .unwrap();
@@ -58,6 +70,7 @@ async fn the_service_lists_the_cluster_then_places_and_binds_a_pod() {
         KubeBinder::new(client.clone()),
     );
     let listing = watch::Listing::of(&client).await;
+    assert_eq!(listing, if streams { watch::Listing::Streamed } else { watch::Listing::Paged });
     tokio::spawn(watch::run(client, shared.view.clone(), None, listing));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -139,11 +152,18 @@ fn the_extender_benchmark_places_the_pods_at_a_small_scale() {
 /// change it does not follow fails here, not only when someone runs `hack/bench-pending.sh`.
 #[test]
 fn the_pending_pod_benchmark_prints_both_runs() {
+    for listing in ["paged", "streamed"] {
+        pending_pod_benchmark(listing);
+    }
+}
+
+fn pending_pod_benchmark(listing: &str) {
     let allocator = nano_gpu_tests::workspace_binary("nano-gpu-allocator");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_bench-pending"))
         .arg("--allocator")
         .arg(&allocator)
         .args(["--nodes", "5", "--cards", "2", "--placed", "10", "--pending", "20", "--filler-kib", "8"])
+        .args(["--listing", listing])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -154,6 +174,7 @@ fn the_pending_pod_benchmark_prints_both_runs() {
         (result["pending_pods"].as_u64(), result["annotation_bytes_per_pod"].as_u64()),
         (Some(20), Some(1023 + 8192))
     );
+    assert_eq!(result["listing"], listing, "{result}");
     for run in ["baseline", "with_pending"] {
         assert!(result[run]["rss_mib"].as_f64().is_some_and(|m| m > 0.0), "{result}");
     }

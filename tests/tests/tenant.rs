@@ -300,17 +300,21 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         }
     };
     says("quitter", "Not enough privilege to execute quit command").await;
+    // (Nor can it move its pipe directory away to put a link in its place, which the next share's
+    // mount would follow on the host: the directory is the root of its mount.)
     let tamper = "cd /tmp/nvidia-mps && rm -f nvidia-cuda-mps-control.pid && mkfifo nvidia-cuda-mps-control.pid \
-                  && echo tampered; exec sleep 86400";
+                  && echo tampered; mv /tmp/nvidia-mps /tmp/moved 2>/dev/null && echo MOVED; echo tried; exec sleep 86400";
     create(&pods, &on("node-1", percent_pod_then("tamper", 1, tamper))).await;
-    says("tamper", "tampered").await;
+    says("tamper", "tried").await;
+    let out = cluster.kubectl(&["logs", "-n", NS, "tamper"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("MOVED"), "a share moved its pipe directory");
     let card = assigned(&pods, "tamper").await.into_iter().next().unwrap();
-    // The card's pipe directory is in its daemon's size-limited /dev/shm, whose host directory its
+    // The card's pipe directory is an emptyDir of its daemon's pod, whose host directory its
     // supervisor names.
     let named = std::fs::read_to_string(format!("/run/nano-gpu/mps/{card}/pipe-source")).unwrap();
     assert!(
-        named.contains("kubernetes.io~empty-dir/shm-"),
-        "the pipe directory is not in an emptyDir: {named}"
+        named.contains("kubernetes.io~empty-dir/pipe-"),
+        "the pipe directory is not an emptyDir: {named}"
     );
     let fifo = format!("{}/nvidia-cuda-mps-control.pid", named.trim());
     use std::os::unix::fs::FileTypeExt;
@@ -344,7 +348,7 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
 
-    // An MPS share fills its pipe directory, then its /dev/shm: both are its card's, one bounded
+    // An MPS share fills its pipe directory, then its /dev/shm: both are its card's, each a bounded
     // tmpfs, and the neighbour on another card of node-1 keeps all of its own. (80 % does not fit
     // beside the neighbour's 30 %.)
     let fill = "dd if=/dev/zero of=/tmp/nvidia-mps/fill bs=1M 2>/dev/null; \
@@ -360,8 +364,8 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     };
     let (piped, filled) = (count("piped"), count("filled"));
     assert!(
-        (60 * 1024..=64 * 1024).contains(&piped),
-        "a share wrote {piped} KiB in its pipe directory: not its card's 64 MiB"
+        (12 * 1024..=16 * 1024).contains(&piped),
+        "a share wrote {piped} KiB in its pipe directory: not its card's 16 MiB"
     );
     // Stopped by its card's 64 MiB (less what the daemon keeps there), not before, not after.
     assert!(

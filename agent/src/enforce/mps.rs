@@ -2,21 +2,25 @@
 //! (`<root>/<uuid>/log`), and the `/dev/shm` of the supervisor that runs it, which the card's
 //! clients get too: a size-limited memory-backed emptyDir whose host directory the supervisor names
 //! in `<root>/<uuid>/shm-source` (`--mps-shm-source`). The pipe directory, which the card's clients
-//! get too and can write in, is in that same `/dev/shm` (`mps-pipe/<uuid>`, its host directory named
-//! in `<root>/<uuid>/pipe-source`). So what shares write in either is bounded and goes with the
-//! daemons' pod. Without `--mps-shm-source` both are host directories of the host's `/run`
-//! (`<root>/shm`, `<root>/<uuid>/pipe`), not bounded. The shipped DaemonSet runs one supervisor per
-//! card (`--mps-card-index`), each in a container with its own `/dev/shm`: a share can fill only its
-//! own card's.
+//! get too and can write in, is another such emptyDir of the supervisor's (`--mps-pipe-source`, its
+//! host directory named in `<root>/<uuid>/pipe-source`), for one card only. Each is the root of a
+//! mount in the share containers, which a share can write in but not rename or replace (a link in
+//! its place would be followed on the host by the next container's mount). So what shares write in
+//! either is bounded and goes with the daemons' pod. Without them both are host directories of the
+//! host's `/run` (`<root>/shm`, `<root>/<uuid>/pipe`), not bounded. The shipped DaemonSet runs one
+//! supervisor per card (`--mps-card-index`), each in a container with its own `/dev/shm` and pipe
+//! directory: a share can fill only its own card's.
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
 //! agent's rollouts must not touch them). A control daemon already running in a card's pipe
-//! directory when the supervisor starts (an operator's) is adopted, not replaced; one that stops
-//! later is started again, never looked for there. The supervisor records
-//! the PID of each card's daemon in `<root>/<uuid>/control-daemon.pid`, beside the pipe directory:
-//! share containers get the pipe directory and can write there (the daemon's own PID file in it is
-//! theirs to replace), never the record. The agent judges a daemon by that record and the process's
+//! directory of the host when the supervisor first sees the card (an operator's) is adopted, not
+//! replaced; one that stops later is started again, never looked for there, and none is looked for
+//! in a pipe directory of the supervisor's own pod (a daemon there died with an earlier container of
+//! it; what is there was written by shares, and is removed before a daemon starts). The supervisor
+//! records the PID of each card's daemon in `<root>/<uuid>/control-daemon.pid`: share containers get
+//! the pipe directory and can write there (the daemon's own PID file in it is theirs to replace),
+//! never the record. The agent judges a daemon by that record and the process's
 //! name in `/proc`.
 //!
 //! With `exclusive` the supervisor also closes the way around MPS, as a real card showed it must be
@@ -53,11 +57,9 @@ pub const EXCLUSIVE_MARK: &str = "exclusive-process";
 /// The file in which the supervisor names the host directory of a card's daemon's `/dev/shm`, in the
 /// card's directory (in the root: one for every card, as earlier supervisors wrote it).
 pub const SHM_SOURCE: &str = "shm-source";
-/// The file in which the supervisor names the host directory of a card's pipe directory, when it
-/// keeps it in its `/dev/shm`, in the card's directory.
+/// The file in which the supervisor names the host directory of a card's pipe directory, when it is
+/// an emptyDir of its pod (`--mps-pipe-source`), in the card's directory.
 pub const PIPE_SOURCE: &str = "pipe-source";
-/// Where in a supervisor's `/dev/shm` its cards' pipe directories are (one per card, by UUID).
-const PIPES_IN_SHM: &str = "mps-pipe";
 
 /// The host directories of the node's MPS daemons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,17 +68,17 @@ pub struct Layout {
     pub root: PathBuf,
     /// The host's `/proc`, where a daemon's PID is checked.
     pub proc_root: PathBuf,
-    /// Of a supervisor whose `/dev/shm` is a size-limited emptyDir (`--mps-shm-source`): that
-    /// directory as it sees it, where its cards' pipe directories are kept. `None`: the pipe
+    /// Of a supervisor of one card whose pipe directory is a size-limited emptyDir of its pod
+    /// (`--mps-pipe-source`): that directory as it sees it (`--mps-pipe-dir`). `None`: the pipe
     /// directories are `<root>/<uuid>/pipe`.
-    pub pipes_in: Option<PathBuf>,
+    pub pipe_in: Option<PathBuf>,
 }
 
 impl Layout {
     /// The layout under `root`, the host's `/proc` at `proc_root`, with the pipe directories in the
     /// root.
     pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
-        Layout { root: root.into(), proc_root: proc_root.into(), pipes_in: None }
+        Layout { root: root.into(), proc_root: proc_root.into(), pipe_in: None }
     }
 
     /// Card `uuid`'s directory, which its supervisor makes when it first runs.
@@ -86,18 +88,22 @@ impl Layout {
 
     /// The pipe directory of card `uuid`'s daemon, as this process sees it (the supervisor's).
     pub fn pipe(&self, uuid: &str) -> PathBuf {
-        match &self.pipes_in {
-            Some(shm) => shm.join(PIPES_IN_SHM).join(uuid),
+        match &self.pipe_in {
+            Some(dir) => dir.clone(),
             None => self.card(uuid).join("pipe"),
         }
     }
 
     /// The host directory of card `uuid`'s pipe directory, which its clients get: the one its
-    /// supervisor named in the card's [`PIPE_SOURCE`] (in its size-limited `/dev/shm`), else
-    /// `<root>/<uuid>/pipe`.
+    /// supervisor named in the card's [`PIPE_SOURCE`] (an emptyDir of its pod), else
+    /// `<root>/<uuid>/pipe`. A name is trusted only beside the card's `/dev/shm` that the same
+    /// supervisor named (in the same pod's volumes): one left by a supervisor that ran before an older
+    /// one, which names no pipe directory, would name a directory gone with its pod.
     pub fn client_pipe(&self, uuid: &str) -> PathBuf {
-        match read_small_file(&self.card(uuid).join(PIPE_SOURCE), 4096) {
-            Ok(text) if text.trim().starts_with('/') => PathBuf::from(text.trim()),
+        let named = read_small_file(&self.card(uuid).join(PIPE_SOURCE), 4096).ok();
+        let named = named.map(|t| PathBuf::from(t.trim())).filter(|p| p.is_absolute());
+        match named {
+            Some(pipe) if pipe.parent().is_some() && pipe.parent() == self.shm(uuid).parent() => pipe,
             _ => self.card(uuid).join("pipe"),
         }
     }
@@ -184,12 +190,16 @@ impl Layout {
     }
 
     /// The daemon to adopt for card `uuid`, if one runs there: only when the supervisor `first` sees
-    /// the card (an operator's daemon, started before it), and only a process that runs the control
-    /// program (the MPS server's name in `comm` is the same). A daemon of ours that stopped, perhaps
+    /// the card (an operator's daemon, started before it), only in a pipe directory of the host
+    /// (none runs in one of this pod's own), and only a process that runs the control program (the
+    /// MPS server's name in `comm` is the same). A daemon of ours that stopped, perhaps
     /// told `quit` by a share, is started again and never looked for in the pipe directory, whose
     /// PID file a share may have pointed at another process by then.
     pub fn adoptable(&self, uuid: &str, first: bool) -> Option<u32> {
-        let pid = self.daemon_in_pipe(uuid).ok().filter(|_| first)?;
+        if !first || self.pipe_in.is_some() {
+            return None;
+        }
+        let pid = self.daemon_in_pipe(uuid).ok()?;
         self.runs_control_program(pid).then_some(pid)
     }
 
@@ -281,6 +291,9 @@ pub struct Supervisor {
     /// The host directory of this process's own `/dev/shm` (its container's emptyDir), which its
     /// cards' clients are to get; `None`: `<root>/shm`, made here.
     pub shm_source: Option<PathBuf>,
+    /// The host directory of the pipe directory of this process's one card (`layout.pipe_in`, its
+    /// container's emptyDir), which the card's clients are to get; `None`: `<root>/<uuid>/pipe`.
+    pub pipe_source: Option<PathBuf>,
     /// The one card to run a daemon for, by its NVML index; `None`: every card.
     pub card_index: Option<u32>,
 }
@@ -302,7 +315,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
-    let Supervisor { layout, program, backends, every, exclusive, shm_source, card_index } = supervisor;
+    let Supervisor { layout, program, backends, every, exclusive, shm_source, pipe_source, card_index } =
+        supervisor;
+    if layout.pipe_in.is_some() != pipe_source.is_some() || (pipe_source.is_some() && card_index.is_none()) {
+        return Err("a pipe directory of this pod's own (--mps-pipe-source, --mps-pipe-dir) is one card's: \
+                    it needs --mps-card-index"
+            .into());
+    }
     // Each card's daemon names its own; one for every card would be an earlier supervisor's.
     let _ = std::fs::remove_file(layout.root.join(SHM_SOURCE));
     if shm_source.is_none() {
@@ -312,6 +331,8 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
     let mut exclusive = exclusive.map(Exclusive::new);
     let backends = std::sync::Arc::new(backends);
     let mut daemons: HashMap<String, Daemon> = HashMap::new();
+    // Cards seen since this supervisor started (a card that goes and comes back is not new to it).
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
         let read = backends.clone();
         let (cards, errors) = tokio::task::spawn_blocking(move || read_all(&read))
@@ -334,8 +355,6 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
             if let Err(e) = layout.name_shm(uuid, shm_source.as_deref()) {
                 tracing::warn!(card = %uuid, error = %e, "cannot name the card's /dev/shm for its clients");
             }
-            let pipe_source = shm_source.as_ref().filter(|_| layout.pipes_in.is_some());
-            let pipe_source = pipe_source.map(|shm| shm.join(PIPES_IN_SHM).join(uuid));
             if let Err(e) = layout.name_pipe(uuid, pipe_source.as_deref()) {
                 tracing::warn!(card = %uuid, error = %e, "cannot name the card's pipe directory for its clients");
             }
@@ -361,7 +380,7 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                         Some(Daemon::Waiting { backoff, .. }) => (backoff * 2).min(MAX_BACKOFF),
                         _ => Duration::from_secs(1),
                     };
-                    match layout.adoptable(uuid, earlier.is_none()) {
+                    match layout.adoptable(uuid, seen.insert(uuid.clone())) {
                         Some(pid) => {
                             tracing::info!(card = %uuid, pid, "adopted the MPS control daemon running there");
                             Daemon::Adopted(pid)
@@ -426,9 +445,14 @@ fn waiting(backoff: Duration) -> Daemon {
 }
 
 /// Starts card `uuid`'s control daemon in the foreground (`-f`), as our child.
+/// A pipe directory of this pod's own (`layout.pipe_in`) is emptied first: no daemon runs there (one
+/// died with an earlier container, or stopped), and what is left was written by shares.
 fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> {
     for dir in [layout.pipe(uuid), layout.log(uuid)] {
         std::fs::create_dir_all(&dir)?;
+    }
+    if layout.pipe_in.is_some() {
+        empty(&layout.pipe(uuid))?;
     }
     Command::new(program)
         .arg("-f")
@@ -436,6 +460,19 @@ fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> 
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
+}
+
+/// Removes everything in `dir`, never following a link (a link is removed, not what it names).
+fn empty(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs the control program for card `uuid`'s daemon with `commands` on its input; its output, or
@@ -647,23 +684,44 @@ mod tests {
         assert_eq!(layout.shm("GPU-b"), root.join("shm"));
     }
 
-    /// A supervisor with a `/dev/shm` of its own (size-limited) keeps its cards' pipe directories
-    /// there, and names their host directories for the agent, which mounts them into the clients.
+    /// A supervisor of one card with a pipe directory of its own (an emptyDir) names its host
+    /// directory for the agent, which mounts it into the clients; a name beside another pod's
+    /// `/dev/shm` (left by a supervisor that ran before an older one) is not trusted.
     #[test]
-    fn with_its_own_shm_a_supervisor_keeps_the_pipe_directories_there_and_names_them() {
+    fn a_pipe_directory_of_the_supervisors_own_is_named_for_the_agent_beside_its_shm() {
         let root = crate::Scratch::new("mps-pipes");
         let mut supervisor = Layout::new(root.to_path_buf(), root.join("proc"));
         let agent = supervisor.clone();
         assert_eq!(supervisor.pipe("GPU-a"), root.join("GPU-a/pipe"));
         assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
-        supervisor.pipes_in = Some(root.join("dev-shm"));
-        assert_eq!(supervisor.pipe("GPU-a"), root.join("dev-shm/mps-pipe/GPU-a"));
-        let host = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/shm-0/mps-pipe/GPU-a");
-        supervisor.name_pipe("GPU-a", Some(host)).unwrap();
-        assert_eq!(agent.client_pipe("GPU-a"), host);
+        supervisor.pipe_in = Some(root.join("pipe-view"));
+        assert_eq!(supervisor.pipe("GPU-a"), root.join("pipe-view"));
+        let volumes = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir");
+        supervisor.name_shm("GPU-a", Some(&volumes.join("shm-0"))).unwrap();
+        supervisor.name_pipe("GPU-a", Some(&volumes.join("pipe-0"))).unwrap();
+        assert_eq!(agent.client_pipe("GPU-a"), volumes.join("pipe-0"));
         assert_eq!(agent.client_pipe("GPU-b"), root.join("GPU-b/pipe"), "another card's is its own");
+        // Another pod's /dev/shm (an older supervisor named only that): the pipe name is stale.
+        supervisor
+            .name_shm(
+                "GPU-a",
+                Some(Path::new("/var/lib/kubelet/pods/v/volumes/kubernetes.io~empty-dir/shm-0")),
+            )
+            .unwrap();
+        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
         supervisor.name_pipe("GPU-a", None).unwrap();
         assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+        // A daemon is never adopted from the pod's own pipe directory, and the directory is emptied
+        // (a link removed, not followed) before one starts.
+        std::fs::create_dir_all(root.join("pipe-view/sub")).unwrap();
+        std::fs::write(root.join("pipe-view").join(PID_FILE), "1\n").unwrap();
+        std::os::unix::fs::symlink(root.join("GPU-b"), root.join("pipe-view/link")).unwrap();
+        std::fs::create_dir_all(root.join("GPU-b")).unwrap();
+        std::fs::write(root.join("GPU-b/kept"), "x").unwrap();
+        assert_eq!(supervisor.adoptable("GPU-a", true), None);
+        empty(&root.join("pipe-view")).unwrap();
+        assert_eq!(std::fs::read_dir(root.join("pipe-view")).unwrap().count(), 0);
+        assert!(root.join("GPU-b/kept").is_file(), "the link's target was touched");
     }
 
     /// A share's root can tell its card's daemon `quit` and then name another process in the pipe

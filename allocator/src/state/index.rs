@@ -333,7 +333,10 @@ impl ClusterState {
     /// too long later) is not kept, and gets a warning Event once.
     fn wait(&mut self, uid: String, pod: &Pod) {
         let demand = match pod_demand(pod, self.extender.demand_options()) {
-            Ok(d) => Some(d).filter(|d| d.wants_gpu()),
+            Ok(d) => {
+                self.invalid_requests.remove(&uid);
+                Some(d).filter(|d| d.wants_gpu())
+            }
             Err(e) => {
                 if asks_nano_gpu(pod) && self.invalid_requests.insert(uid.clone()) {
                     let (ns, name) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
@@ -353,7 +356,6 @@ impl ClusterState {
             self.stop_waiting(&uid);
             return;
         };
-        self.invalid_requests.remove(&uid);
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),

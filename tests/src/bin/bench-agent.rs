@@ -132,6 +132,7 @@ async fn round(a: &Args, n: usize, out: &mut Samples) -> Result<()> {
     let api = FakeApi::start(Objects {
         nodes: vec![json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})],
         pods: placed.iter().enumerate().map(|(i, p)| pod(p, i)).collect(),
+        ..Objects::default()
     })
     .await?;
     let kubeconfig = dir.join("kubeconfig");

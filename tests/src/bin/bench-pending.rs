@@ -8,8 +8,11 @@
 //! 256 KiB in all). Prints one JSON line: each run's resident memory once ready and settled
 //! (`rss_mib`, VmRSS) and at its peak (`peak_mib`, VmHWM, the initial list included), and the growth
 //! per pending pod (`growth_kib_per_pod`, from the settled figures).
+//! The fake lists in pages (`--listing paged`, as API servers before 1.34 do) or streams its lists
+//! as the watches' first events (`--listing streamed`, as 1.34 and later do by default).
 //! Usage: `bench-pending [--nodes N] [--cards N] [--placed N] [--pending N] [--filler-kib N]
-//! [--allocator PATH]` (`--filler-kib`: the annotations the allocator does not read, per pod).
+//! [--listing paged|streamed] [--allocator PATH]` (`--filler-kib`: the annotations the allocator
+//! does not read, per pod).
 
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
@@ -24,6 +27,7 @@ struct Args {
     placed: usize,
     pending: usize,
     filler_kib: usize,
+    streamed: bool,
     allocator: PathBuf,
 }
 
@@ -34,6 +38,7 @@ fn args() -> Result<Args> {
         placed: 4000,
         pending: 1000,
         filler_kib: 250,
+        streamed: false,
         allocator: nano_gpu_tests::workspace_binary("nano-gpu-allocator"),
     };
     let mut it = std::env::args().skip(1);
@@ -45,6 +50,13 @@ fn args() -> Result<Args> {
             "--placed" => a.placed = value.parse()?,
             "--pending" => a.pending = value.parse()?,
             "--filler-kib" => a.filler_kib = value.parse()?,
+            "--listing" => {
+                a.streamed = match value.as_str() {
+                    "streamed" => true,
+                    "paged" => false,
+                    other => bail!("--listing {other}: paged or streamed"),
+                }
+            }
             "--allocator" => a.allocator = value.into(),
             other => bail!("unknown flag {other}"),
         }
@@ -54,7 +66,7 @@ fn args() -> Result<Args> {
 
 /// The nodes, and the placed pods spread over their cards.
 fn cluster(a: &Args) -> Objects {
-    Objects::synthetic(a.nodes, a.cards, a.placed, |_| 20)
+    Objects { streams: a.streamed, ..Objects::synthetic(a.nodes, a.cards, a.placed, |_| 20) }
 }
 
 /// A `nano-gpu/gpu-model` of 32 distinct models, 1,024 bytes with the separators.
@@ -98,6 +110,7 @@ async fn main() -> Result<()> {
     let line = json!({
         "nodes": a.nodes, "cards_per_node": a.cards, "placed_pods": a.placed, "pending_pods": a.pending,
         "annotation_bytes_per_pod": models.len() + filler.len(),
+        "listing": if a.streamed { "streamed" } else { "paged" },
         "baseline": {"rss_mib": round(base_rss), "peak_mib": round(base_peak), "ready_s": round(base_ready)},
         "with_pending": {"rss_mib": round(rss), "peak_mib": round(peak), "ready_s": round(ready)},
         "growth_kib_per_pod": round(per_pod),

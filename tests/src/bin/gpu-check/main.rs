@@ -843,6 +843,7 @@ fn supervise(
         every: Duration::from_secs(1),
         exclusive: exclusive.then(|| ctx.args.nvml_lib.clone()),
         shm_source: None,
+        pipe_source: None,
         card_index: None,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
