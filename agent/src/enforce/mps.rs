@@ -452,7 +452,14 @@ fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> 
         std::fs::create_dir_all(&dir)?;
     }
     if layout.pipe_in.is_some() {
-        empty(&layout.pipe(uuid))?;
+        let pipe = layout.pipe(uuid);
+        // Writable by root only, as a pipe directory the supervisor makes is (an emptyDir is made
+        // writable by everyone). What cannot be removed is left: the daemon starts all the same.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pipe, std::fs::Permissions::from_mode(0o755))?;
+        if let Err(e) = empty(&pipe) {
+            tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
+        }
     }
     Command::new(program)
         .arg("-f")
@@ -721,6 +728,9 @@ mod tests {
         assert_eq!(supervisor.adoptable("GPU-a", true), None);
         empty(&root.join("pipe-view")).unwrap();
         assert_eq!(std::fs::read_dir(root.join("pipe-view")).unwrap().count(), 0);
+        // (A start makes it root's alone, as a pipe directory the supervisor makes is.)
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join("pipe-view"), std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(root.join("GPU-b/kept").is_file(), "the link's target was touched");
     }
 
