@@ -219,7 +219,7 @@ pub struct Flags {
     #[arg(long, env = "NANO_GPU_MPS_PIPE_SOURCE")]
     pub mps_pipe_source: Option<PathBuf>,
     /// `mps-control`: where this container sees the directory `--mps-pipe-source` names (emptied
-    /// before each daemon starts).
+    /// when this process first starts the card's daemon).
     #[arg(long, env = "NANO_GPU_MPS_PIPE_DIR", default_value = "/run/nano-gpu/mps-pipe")]
     pub mps_pipe_dir: PathBuf,
     /// `mps-control`: run the daemon of one card only, the NVIDIA card of this NVML index (the

@@ -380,12 +380,13 @@ pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) 
                         Some(Daemon::Waiting { backoff, .. }) => (backoff * 2).min(MAX_BACKOFF),
                         _ => Duration::from_secs(1),
                     };
-                    match layout.adoptable(uuid, seen.insert(uuid.clone())) {
+                    let first = seen.insert(uuid.clone());
+                    match layout.adoptable(uuid, first) {
                         Some(pid) => {
                             tracing::info!(card = %uuid, pid, "adopted the MPS control daemon running there");
                             Daemon::Adopted(pid)
                         }
-                        None => match start(&layout, &program, uuid) {
+                        None => match start(&layout, &program, uuid, first) {
                             Ok(child) => {
                                 tracing::info!(card = %uuid, pid = child.id(), "MPS control daemon started");
                                 Daemon::Ours(child)
@@ -445,19 +446,18 @@ fn waiting(backoff: Duration) -> Daemon {
 }
 
 /// Starts card `uuid`'s control daemon in the foreground (`-f`), as our child.
-/// A pipe directory of this pod's own (`layout.pipe_in`) is emptied first: no daemon runs there (one
-/// died with an earlier container, or stopped), and what is left was written by shares.
-fn start(layout: &Layout, program: &Path, uuid: &str) -> std::io::Result<Child> {
+/// A pipe directory of this pod's own (`layout.pipe_in`) is, at the `first`
+/// start for the card in this process, emptied: a daemon there died with an earlier container, and
+/// what is left was written by shares. (Not after a daemon of ours stopped: the clients it served
+/// may still hold their places there.)
+fn start(layout: &Layout, program: &Path, uuid: &str, first: bool) -> std::io::Result<Child> {
     for dir in [layout.pipe(uuid), layout.log(uuid)] {
         std::fs::create_dir_all(&dir)?;
     }
     if layout.pipe_in.is_some() {
         let pipe = layout.pipe(uuid);
-        // Writable by root only, as a pipe directory the supervisor makes is (an emptyDir is made
-        // writable by everyone). What cannot be removed is left: the daemon starts all the same.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&pipe, std::fs::Permissions::from_mode(0o755))?;
-        if let Err(e) = empty(&pipe) {
+        // What cannot be removed is left: the daemon starts all the same.
+        if let Err(e) = if first { empty(&pipe) } else { Ok(()) } {
             tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
         }
     }
