@@ -150,8 +150,9 @@ impl Enforcement {
     pub fn mps_client(&self, uuid: &str, response: &mut ContainerAllocateResponse) {
         if let Enforcement::Mps(layout) = self {
             response.envs.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
-            response.mounts.push(mount(&layout.client_pipe(uuid), mps::PIPE_IN_CONTAINER, false));
-            response.mounts.push(mount(&layout.shm(uuid), "/dev/shm", false));
+            let shm = layout.shm(uuid);
+            response.mounts.push(mount(&layout.client_pipe(uuid, &shm), mps::PIPE_IN_CONTAINER, false));
+            response.mounts.push(mount(&shm, "/dev/shm", false));
         }
     }
 

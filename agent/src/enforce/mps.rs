@@ -8,8 +8,8 @@
 //! its place would be followed on the host by the next container's mount). So what shares write in
 //! either is bounded and goes with the daemons' pod. Without them both are host directories of the
 //! host's `/run` (`<root>/shm`, `<root>/<uuid>/pipe`), not bounded. The shipped DaemonSet runs one
-//! supervisor per card (`--mps-card-index`), each in a container with its own `/dev/shm` and pipe
-//! directory: a share can fill only its own card's.
+//! supervisor per card (`--mps-card-index`), each in a container with its own `/dev/shm` (a share
+//! can fill only its own card's) and, for now, the host pipe directory `<root>/<uuid>/pipe`.
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
@@ -17,7 +17,8 @@
 //! directory of the host when the supervisor first sees the card (an operator's) is adopted, not
 //! replaced; one that stops later is started again, never looked for there, and none is looked for
 //! in a pipe directory of the supervisor's own pod (a daemon there died with an earlier container of
-//! it; what is there was written by shares, and is removed before a daemon starts). The supervisor
+//! it; what is there was written by shares, and is removed before the supervisor's first daemon of
+//! the card starts). The supervisor
 //! records the PID of each card's daemon in `<root>/<uuid>/control-daemon.pid`: share containers get
 //! the pipe directory and can write there (the daemon's own PID file in it is theirs to replace),
 //! never the record. The agent judges a daemon by that record and the process's
@@ -99,11 +100,12 @@ impl Layout {
     /// `<root>/<uuid>/pipe`. A name is trusted only beside the card's `/dev/shm` that the same
     /// supervisor named (in the same pod's volumes): one left by a supervisor that ran before an older
     /// one, which names no pipe directory, would name a directory gone with its pod.
-    pub fn client_pipe(&self, uuid: &str) -> PathBuf {
+    /// `shm` is the card's [`Layout::shm`], which the caller has read already.
+    pub fn client_pipe(&self, uuid: &str, shm: &Path) -> PathBuf {
         let named = read_small_file(&self.card(uuid).join(PIPE_SOURCE), 4096).ok();
         let named = named.map(|t| PathBuf::from(t.trim())).filter(|p| p.is_absolute());
         match named {
-            Some(pipe) if pipe.parent().is_some() && pipe.parent() == self.shm(uuid).parent() => pipe,
+            Some(pipe) if pipe.parent().is_some() && pipe.parent() == shm.parent() => pipe,
             _ => self.card(uuid).join("pipe"),
         }
     }
@@ -454,12 +456,12 @@ fn start(layout: &Layout, program: &Path, uuid: &str, first: bool) -> std::io::R
     for dir in [layout.pipe(uuid), layout.log(uuid)] {
         std::fs::create_dir_all(&dir)?;
     }
-    if layout.pipe_in.is_some() {
-        let pipe = layout.pipe(uuid);
-        // What cannot be removed is left: the daemon starts all the same.
-        if let Err(e) = if first { empty(&pipe) } else { Ok(()) } {
-            tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
-        }
+    // What cannot be removed is left: the daemon starts all the same.
+    if first
+        && layout.pipe_in.is_some()
+        && let Err(e) = empty(&layout.pipe(uuid))
+    {
+        tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
     }
     Command::new(program)
         .arg("-f")
@@ -700,14 +702,18 @@ mod tests {
         let mut supervisor = Layout::new(root.to_path_buf(), root.join("proc"));
         let agent = supervisor.clone();
         assert_eq!(supervisor.pipe("GPU-a"), root.join("GPU-a/pipe"));
-        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+        assert_eq!(agent.client_pipe("GPU-a", &agent.shm("GPU-a")), root.join("GPU-a/pipe"));
         supervisor.pipe_in = Some(root.join("pipe-view"));
         assert_eq!(supervisor.pipe("GPU-a"), root.join("pipe-view"));
         let volumes = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir");
         supervisor.name_shm("GPU-a", Some(&volumes.join("shm-0"))).unwrap();
         supervisor.name_pipe("GPU-a", Some(&volumes.join("pipe-0"))).unwrap();
-        assert_eq!(agent.client_pipe("GPU-a"), volumes.join("pipe-0"));
-        assert_eq!(agent.client_pipe("GPU-b"), root.join("GPU-b/pipe"), "another card's is its own");
+        assert_eq!(agent.client_pipe("GPU-a", &agent.shm("GPU-a")), volumes.join("pipe-0"));
+        assert_eq!(
+            agent.client_pipe("GPU-b", &agent.shm("GPU-b")),
+            root.join("GPU-b/pipe"),
+            "another card's is its own"
+        );
         // Another pod's /dev/shm (an older supervisor named only that): the pipe name is stale.
         supervisor
             .name_shm(
@@ -715,9 +721,9 @@ mod tests {
                 Some(Path::new("/var/lib/kubelet/pods/v/volumes/kubernetes.io~empty-dir/shm-0")),
             )
             .unwrap();
-        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+        assert_eq!(agent.client_pipe("GPU-a", &agent.shm("GPU-a")), root.join("GPU-a/pipe"));
         supervisor.name_pipe("GPU-a", None).unwrap();
-        assert_eq!(agent.client_pipe("GPU-a"), root.join("GPU-a/pipe"));
+        assert_eq!(agent.client_pipe("GPU-a", &agent.shm("GPU-a")), root.join("GPU-a/pipe"));
         // A daemon is never adopted from the pod's own pipe directory, and the directory is emptied
         // (a link removed, not followed) before one starts.
         std::fs::create_dir_all(root.join("pipe-view/sub")).unwrap();

@@ -135,7 +135,10 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
     assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "a whole card is not limited");
     assert_eq!(
         mps_mounts(&whole),
-        [layout.client_pipe("GPU-a").display().to_string(), layout.shm("GPU-a").display().to_string()]
+        [
+            layout.client_pipe("GPU-a", &layout.shm("GPU-a")).display().to_string(),
+            layout.shm("GPU-a").display().to_string()
+        ]
     );
     // A share of it keeps its limits.
     let share = allocate(&cards, &ids("GPU-a", 0..30), None, Resource::Percent, &edits).unwrap();

@@ -1501,10 +1501,11 @@ fn a_pending_pod_whose_request_cannot_be_read_is_warned_of_once_and_not_kept() {
     assert!(s.waiting.contains_key("p") && s.take_warnings().is_empty());
     s.apply_pod(&p);
     assert_eq!(s.take_warnings().len(), 1);
-    // A pod that asks nothing of nano-gpu is none of its business.
-    let mut cpu = watched_pod(json!({"metadata": {"name": "cpu", "namespace": "ns", "uid": "cpu"},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}}));
-    cpu.metadata.annotations = Some([("other".to_owned(), "x".to_owned())].into());
+    // A pod that asks nothing of nano-gpu is none of its business, even one whose request cannot
+    // be read either.
+    let cpu = watched_pod(json!({"metadata": {"name": "cpu", "namespace": "ns", "uid": "cpu"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1x"}}}]}}));
+    assert!(nano_gpu_proto::demand::pod_demand(&cpu, &DemandOptions::default()).is_err());
     s.apply_pod(&cpu);
     assert!(s.take_warnings().is_empty());
 }
