@@ -4,12 +4,15 @@
 use crate::cluster::{Cluster, phase, report};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
+use nano_gpu_allocator::bind;
+use nano_gpu_allocator::state::FILTER_HOLD;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory,
 };
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::units::MiB;
 use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 /// Every Running pod with an assignment: in each of its containers the cards of its device-list
 /// mounts and of `NANO_GPU_CARDS`, the cards its NVML shows, and the cards of the device IDs its
@@ -28,26 +31,16 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
         devices.insert(name.clone(), cluster.kubelet_devices(&name).await);
     }
     let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.unwrap();
-    let (mut percent, mut memory): (HashMap<String, u32>, HashMap<String, u64>) = Default::default();
-    // Per card, the pods whose assignments hold it and how much (told when the allocator disagrees).
-    let mut holders: HashMap<String, Vec<String>> = HashMap::new();
     let mut checked = 0;
     for p in &pods.items {
         let Some(text) = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) else {
             continue;
         };
         let a = Assignment::decode(text).unwrap();
-        let (ns, name) = (p.metadata.namespace.as_deref().unwrap(), p.metadata.name.as_deref().unwrap());
-        if !matches!(phase(p), "Succeeded" | "Failed") {
-            for g in a.held() {
-                *percent.entry(g.uuid.clone()).or_default() += g.percent.0;
-                *memory.entry(g.uuid.clone()).or_default() += held_memory(g, &card_memory);
-                holders.entry(g.uuid.clone()).or_default().push(format!("{ns}/{name} {}", g.percent.0));
-            }
-        }
         if phase(p) != "Running" {
             continue;
         }
+        let (ns, name) = (p.metadata.namespace.as_deref().unwrap(), p.metadata.name.as_deref().unwrap());
         let node = p.spec.as_ref().unwrap().node_name.clone().unwrap();
         let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         for (container, grants) in &a.containers {
@@ -80,6 +73,50 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
         }
         checked += 1;
     }
+    // The allocator's accounting equals the assignments: nothing reserved and forgotten. A pod that
+    // was waiting may be placed between the listing and the view (kube-scheduler retries it when a
+    // deleted pod makes room): its cards are in the view before its assignment is on the pod, for as
+    // long as its bind takes, so the two are compared until they agree; a reservation that is
+    // forgotten never comes to agree.
+    let deadline = Instant::now() + ACCOUNTING_SETTLES;
+    loop {
+        let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.unwrap();
+        match accounting(cluster, &pods.items, &card_memory) {
+            Ok(()) => break,
+            Err(e) if Instant::now() >= deadline => panic!("{e}"),
+            Err(e) => eprintln!("checks: not yet: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    checked
+}
+
+/// How long the allocator's accounting may take to agree with the assignments: a filter's hold and
+/// a bind's deadline and read-back, twice (a pod filtered again as its first hold ends).
+const ACCOUNTING_SETTLES: Duration =
+    Duration::from_secs(2 * (FILTER_HOLD.as_secs() + bind::DEADLINE.as_secs() + bind::READ_BACK.as_secs()));
+
+/// Whether the assignments of the pods not ended hold no card over 100 % or over its memory, and
+/// exactly what the allocator's view counts on every card; what differs, if not.
+fn accounting(cluster: &Cluster, pods: &[Pod], card_memory: &HashMap<String, u64>) -> Result<(), String> {
+    let (mut percent, mut memory): (HashMap<String, u32>, HashMap<String, u64>) = Default::default();
+    // Per card, the pods whose assignments hold it and how much (told when the allocator disagrees).
+    let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+    for p in pods {
+        let Some(text) = p.metadata.annotations.as_ref().and_then(|a| a.get(ASSIGNMENT_ANNOTATION)) else {
+            continue;
+        };
+        if matches!(phase(p), "Succeeded" | "Failed") {
+            continue;
+        }
+        let a = Assignment::decode(text).unwrap();
+        let (ns, name) = (p.metadata.namespace.as_deref().unwrap(), p.metadata.name.as_deref().unwrap());
+        for g in a.held() {
+            *percent.entry(g.uuid.clone()).or_default() += g.percent.0;
+            *memory.entry(g.uuid.clone()).or_default() += held_memory(g, card_memory);
+            holders.entry(g.uuid.clone()).or_default().push(format!("{ns}/{name} {}", g.percent.0));
+        }
+    }
     for (card, used) in &percent {
         assert!(*used <= 100, "card {card} is at {used} %");
         assert!(
@@ -89,29 +126,33 @@ pub async fn check_consistency(cluster: &Cluster, client: &kube::Client) -> usiz
             card_memory[card]
         );
     }
-    // The allocator's accounting equals the assignments: nothing reserved and forgotten.
     let view = cluster.inspect();
     for node in view["nodes"].as_array().unwrap() {
         for card in node["cards"].as_array().unwrap() {
             let uuid = card["uuid"].as_str().unwrap();
-            assert_eq!(
-                card["percentUsed"].as_u64().unwrap() as u32,
-                percent.get(uuid).copied().unwrap_or(0),
-                "allocator's view of {uuid} differs from the assignments: it counts {}, the assignments \
-                 are {:?}",
-                card["shares"],
-                holders.get(uuid)
-            );
+            let counted = card["percentUsed"].as_u64().unwrap();
+            let assigned = percent.get(uuid).copied().unwrap_or(0);
+            if counted != u64::from(assigned) {
+                return Err(format!(
+                    "allocator's view of {uuid} differs from the assignments: it counts {counted} % \
+                     ({}), the assignments {assigned} % ({:?})",
+                    card["shares"],
+                    holders.get(uuid)
+                ));
+            }
             let (total, free) =
                 (card["memoryMiB"].as_u64().unwrap(), card["memoryFreeMiB"].as_u64().unwrap());
-            assert_eq!(
-                total - free,
-                memory.get(uuid).copied().unwrap_or(0),
-                "allocator's view of {uuid}'s memory differs from the assignments"
-            );
+            let assigned = memory.get(uuid).copied().unwrap_or(0);
+            if total - free != assigned {
+                return Err(format!(
+                    "allocator's view of {uuid}'s memory differs from the assignments: it counts {} MiB, \
+                     the assignments {assigned} MiB",
+                    total - free
+                ));
+            }
         }
     }
-    checked
+    Ok(())
 }
 
 /// The GPU memory a grant holds: what it records, else its percent of the card's memory.
