@@ -149,6 +149,25 @@ impl Cluster {
         self.dir.join(name)
     }
 
+    /// `argv`, run in `node`'s mount namespace, where that node's kubelet mounted its pods' volumes (a
+    /// memory-backed emptyDir is a tmpfs there, and an empty directory seen from this machine's).
+    pub fn on_node(&self, node: &str, argv: &[&str]) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.dir.join("nodes").join(node).join("mntns").display()));
+        cmd.arg("--").args(argv);
+        cmd
+    }
+
+    /// The text of `file` as `node` sees it ([`Cluster::on_node`]), or why it cannot be read.
+    pub fn read_on_node(&self, node: &str, file: &str) -> Result<String, String> {
+        let out = self.on_node(node, &["cat", file]).output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
     /// An admin client of the cluster's API server.
     pub async fn client(&self) -> kube::Client {
         nano_gpu_runtime::connect(Some(Path::new(&self.env["ADMIN_KUBECONFIG"]))).await.unwrap()

@@ -206,8 +206,8 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     .await;
     // An operator's ceiling on every card of the node (the daemon's default, as root): a tenant's
     // export no longer raises past it.
-    for pipe in node_pipes() {
-        set_daemon_default(&pipe, "set_default_active_thread_percentage 50");
+    for card in node_cards() {
+        set_daemon_default(&cluster, &card, "set_default_active_thread_percentage 50");
     }
     create(&pods, &percent_pod_then("mps-ceiling", 20, raising)).await;
     wait_running(&pods, &["mps-ceiling".to_string()], Duration::from_secs(60)).await;
@@ -218,16 +218,18 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
         pods.get_opt("mps-ceiling").await.unwrap().is_none()
     })
     .await;
-    for pipe in node_pipes() {
-        let _ = std::fs::remove_file(pipe.join(nano_gpu_tests::mps_standin::DEFAULT_THREADS));
+    for card in node_cards() {
+        let defaults = format!("{}/{}", pipe_of(&card), nano_gpu_tests::mps_standin::DEFAULT_THREADS);
+        let removed = cluster.on_node(NODE, &["rm", "-f", &defaults]).status().unwrap();
+        assert!(removed.success(), "{defaults} stays");
     }
     let whole = inside(&cluster, "mps-whole");
     assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
     assert_eq!((whole.get("PIPE_CARD"), whole.get("SHM_CARDS")), ("", ""), "a whole card bypasses MPS");
 
     // The daemon of mps-30's card is killed: started again, and the pod is told.
-    let pid_file = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");
-    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+    let pid_file = format!("{}/nvidia-cuda-mps-control.pid", pipe_of(format!("/run/nano-gpu/mps/{card}")));
+    let pid = cluster.read_on_node(NODE, &pid_file).unwrap().trim().to_owned();
     assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
     let events: Api<Event> = Api::namespaced(client.clone(), NS);
     wait_until("MpsDaemonLost on mps-30", Duration::from_secs(60), || async {
@@ -240,7 +242,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     })
     .await;
     wait_until("a new daemon on the card", Duration::from_secs(60), || async {
-        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim() != pid)
+        cluster.read_on_node(NODE, &pid_file).is_ok_and(|p| p.trim() != pid)
     })
     .await;
     assert_eq!(check_consistency(&cluster, &client).await, shares.len());
@@ -418,28 +420,39 @@ async fn client_says(cluster: &Cluster, name: &str, text: &str) {
     .await;
 }
 
-/// The pipe directories of the MPS daemons of this node's cards (on the host, where the daemons'
-/// DaemonSet keeps them).
-fn node_pipes() -> Vec<std::path::PathBuf> {
+/// The directories of the MPS daemons of this node's cards on the host (`<mps root>/<uuid>`).
+fn node_cards() -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return Vec::new() };
     entries
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("GPU-{NODE}-")))
-        .map(|e| e.path().join("pipe"))
+        .map(|e| e.path())
         .collect()
 }
 
-/// Tells the daemon of `pipe` `command` as root, through the control program (the stand-in).
-fn set_daemon_default(pipe: &std::path::Path, command: &str) {
+/// The pipe directory the supervisor named in card directory `card` (`<mps root>/<uuid>`): the
+/// emptyDir `pipe-N` of the daemons' pod, a tmpfs in the node's mount namespace.
+fn pipe_of(card: impl AsRef<std::path::Path>) -> String {
+    let card = card.as_ref();
+    let named = std::fs::read_to_string(card.join("pipe-source"))
+        .unwrap_or_else(|e| panic!("{}: the supervisor named no pipe directory: {e}", card.display()));
+    named.trim().to_owned()
+}
+
+/// Tells the daemon of card directory `card` `command` as root, through the control program (the
+/// stand-in), run where the node's pods see the card's pipe directory.
+fn set_daemon_default(cluster: &Cluster, card: &std::path::Path, command: &str) {
     use std::io::Write;
     let program = nano_gpu_tests::workspace_binary("nvidia-cuda-mps-control");
-    let mut child = std::process::Command::new(&program)
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .env("CUDA_MPS_LOG_DIRECTORY", pipe.with_file_name("log"))
+    let pipe = pipe_of(card);
+    let mut child = cluster
+        .on_node(NODE, &[program.to_str().unwrap()])
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", card.join("log"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
     child.stdin.take().unwrap().write_all(format!("{command}\n").as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "{command} in {}", pipe.display());
+    assert!(child.wait().unwrap().success(), "{command} in {pipe}");
 }

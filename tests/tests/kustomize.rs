@@ -197,10 +197,10 @@ fn each_component_changes_what_it_says_and_nothing_else() {
     only_changed(&built, &[allocator.clone(), agent.clone()]);
 }
 
-/// `deploy/mps.yaml` runs one MPS supervisor per card, each with a `/dev/shm` of its own that it
-/// names to the agent: container `card-N` supervises the card of index N, mounts the emptyDir
-/// `shm-N` (memory-backed, bounded) at `/dev/shm` and names that volume's host directory; no two
-/// share an index or a volume.
+/// `deploy/mps.yaml` runs one MPS supervisor per card, each with a `/dev/shm` and a pipe directory of
+/// its own that it names to the agent: container `card-N` supervises the card of index N, mounts the
+/// emptyDirs `shm-N` at `/dev/shm` and `pipe-N` at `/run/nano-gpu/mps-pipe` (memory-backed,
+/// bounded) and names those volumes' host directories; no two share an index or a volume.
 #[test]
 fn each_mps_container_serves_one_card_with_a_bounded_shm_of_its_own() {
     let base = files();
@@ -215,7 +215,18 @@ fn each_mps_container_serves_one_card_with_a_bounded_shm_of_its_own() {
         let shm = format!("shm-{n}");
         let source = format!("/var/lib/kubelet/pods/$(POD_UID)/volumes/kubernetes.io~empty-dir/{shm}");
         assert_eq!(env(c, "NANO_GPU_MPS_SHM_SOURCE"), Some(source.as_str()), "card-{n}");
+        // Its pipe directory, another bounded emptyDir of its own, at the flag's default path.
+        let pipe = format!("pipe-{n}");
+        let source = format!("/var/lib/kubelet/pods/$(POD_UID)/volumes/kubernetes.io~empty-dir/{pipe}");
+        assert_eq!(env(c, "NANO_GPU_MPS_PIPE_SOURCE"), Some(source.as_str()), "card-{n}");
         let mounts = c["volumeMounts"].as_array().unwrap();
+        let at_pipe: Vec<&Value> =
+            mounts.iter().filter(|m| m["mountPath"] == "/run/nano-gpu/mps-pipe").collect();
+        assert_eq!((at_pipe.len(), &at_pipe[0]["name"]), (1, &Value::from(pipe.as_str())), "card-{n}");
+        let volume =
+            volumes.iter().find(|v| v["name"] == pipe.as_str()).unwrap_or_else(|| panic!("no {pipe}"));
+        assert_eq!(volume["emptyDir"]["medium"], "Memory", "{pipe}");
+        assert!(volume["emptyDir"]["sizeLimit"].is_string(), "{pipe} is not bounded");
         let at_shm: Vec<&Value> = mounts.iter().filter(|m| m["mountPath"] == "/dev/shm").collect();
         assert_eq!(at_shm.len(), 1, "card-{n}");
         assert_eq!(at_shm[0]["name"], shm.as_str(), "card-{n}");

@@ -224,8 +224,10 @@ fn every_write_of_nano_gpus_accounts_and_every_way_to_an_assignment_is_judged_by
             );
         }
     }
-    // The rights this covers: what deploy/ grants the accounts on pods and nodes (patch, update)
-    // is among the pairs above.
+    // The rights this covers: every write deploy/ grants the accounts on pods, Bindings and nodes
+    // (create, patch, update) is among the pairs nano-gpu-own-keys judges.
+    let judged = ["pods", "pods/status", "pods/binding", "bindings", "nodes", "nodes/status"];
+    let mut seen = 0;
     for line in effective_rights() {
         let Some((who, rest)) = line.split_once(": ") else { continue };
         if !who.starts_with("nano-gpu-") {
@@ -234,16 +236,26 @@ fn every_write_of_nano_gpus_accounts_and_every_way_to_an_assignment_is_judged_by
         // `<where>: <verb>, <verb> <resource>[ [names]]`
         let Some((_, rule)) = rest.split_once(": ") else { continue };
         let mut words = rule.split(' ');
-        let mut writes = false;
+        let mut ops = Vec::new();
         for word in words.by_ref() {
-            writes |= ["patch", "update"].contains(&word.trim_end_matches(','));
+            match word.trim_end_matches(',') {
+                "patch" | "update" => ops.push("UPDATE"),
+                "create" => ops.push("CREATE"),
+                _ => {}
+            }
             if !word.ends_with(',') {
                 break;
             }
         }
         let resource = words.next().unwrap_or_default();
-        if writes && ["pods", "pods/status", "nodes", "nodes/status"].contains(&resource) {
-            assert!(own.contains(&(resource.to_owned(), "UPDATE".to_owned())), "{line}: not judged");
+        if judged.contains(&resource) {
+            for op in ops {
+                seen += 1;
+                assert!(own.contains(&(resource.to_owned(), op.to_owned())), "{line}: {op} not judged");
+            }
         }
     }
+    // The allocator's Bindings and the accounts' pod and Node writes at least: a parse that finds
+    // none checks nothing.
+    assert!(seen >= 3, "only {seen} writes of nano-gpu's accounts on pods, Bindings and nodes found");
 }

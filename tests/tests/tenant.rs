@@ -300,17 +300,27 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         }
     };
     says("quitter", "Not enough privilege to execute quit command").await;
+    // (Nor can it move its pipe directory away to put a link in its place, which the next share's
+    // mount would follow on the host: the directory is the root of its mount.)
     let tamper = "cd /tmp/nvidia-mps && rm -f nvidia-cuda-mps-control.pid && mkfifo nvidia-cuda-mps-control.pid \
-                  && echo tampered; exec sleep 86400";
+                  && echo tampered; mv /tmp/nvidia-mps /tmp/moved 2>/dev/null && echo MOVED; echo tried; exec sleep 86400";
     create(&pods, &on("node-1", percent_pod_then("tamper", 1, tamper))).await;
-    says("tamper", "tampered").await;
+    says("tamper", "tried").await;
+    let out = cluster.kubectl(&["logs", "-n", NS, "tamper"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("MOVED"), "a share moved its pipe directory");
     let card = assigned(&pods, "tamper").await.into_iter().next().unwrap();
-    let fifo = format!("/run/nano-gpu/mps/{card}/pipe/nvidia-cuda-mps-control.pid");
-    use std::os::unix::fs::FileTypeExt;
+    // The card's pipe directory is an emptyDir of its daemon's pod, whose host directory its
+    // supervisor names.
+    let named = std::fs::read_to_string(format!("/run/nano-gpu/mps/{card}/pipe-source")).unwrap();
     assert!(
-        std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
-        "{fifo} is not the tenant's FIFO"
+        named.contains("kubernetes.io~empty-dir/pipe-"),
+        "the pipe directory is not an emptyDir: {named}"
     );
+    // (A tmpfs in node-1's mount namespace, where its kubelet mounted it.)
+    let fifo = format!("{}/nvidia-cuda-mps-control.pid", named.trim());
+    let kind = cluster.on_node("node-1", &["stat", "-c", "%F", &fifo]).output().unwrap();
+    let kind = String::from_utf8_lossy(&kind.stdout);
+    assert_eq!(kind.trim(), "fifo", "{fifo} is not the tenant's FIFO");
     // Longer than the agent's daemon watch (5 s) and its health refresh.
     for _ in 0..20 {
         assert!(healthy(&nodes, "node-1", &card).await, "the tampered card {card} was made unhealthy");
@@ -337,19 +347,25 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
 
-    // An MPS share fills its /dev/shm: it gets its card's, bounded, and the neighbour on another
-    // card of node-1 keeps all of its own. (80 % does not fit beside the neighbour's 30 %.)
-    let fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M 2>/dev/null; \
+    // An MPS share fills its pipe directory, then its /dev/shm: both are its card's, each a bounded
+    // tmpfs, and the neighbour on another card of node-1 keeps all of its own. (80 % does not fit
+    // beside the neighbour's 30 %.)
+    let fill = "dd if=/dev/zero of=/tmp/nvidia-mps/fill bs=1M 2>/dev/null; \
+                echo piped $(du -k /tmp/nvidia-mps/fill | cut -f1) KiB; rm -f /tmp/nvidia-mps/fill; \
+                dd if=/dev/zero of=/dev/shm/fill bs=1M 2>/dev/null; \
                 echo filled $(du -k /dev/shm/fill | cut -f1) KiB; exec sleep 86400";
     create(&pods, &on("node-1", percent_pod_then("filler", 80, fill))).await;
     says("filler", "filled ").await;
     let out = cluster.kubectl(&["logs", "-n", NS, "filler"]);
-    let filled: u64 = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .skip_while(|w| *w != "filled")
-        .nth(1)
-        .and_then(|w| w.parse().ok())
-        .expect("the filler's count");
+    let logged = String::from_utf8_lossy(&out.stdout).to_string();
+    let count = |word: &str| -> u64 {
+        logged.split_whitespace().skip_while(|w| *w != word).nth(1).and_then(|w| w.parse().ok()).expect(word)
+    };
+    let (piped, filled) = (count("piped"), count("filled"));
+    assert!(
+        (12 * 1024..=16 * 1024).contains(&piped),
+        "a share wrote {piped} KiB in its pipe directory: not its card's 16 MiB"
+    );
     // Stopped by its card's 64 MiB (less what the daemon keeps there), not before, not after.
     assert!(
         (60 * 1024..=64 * 1024).contains(&filled),

@@ -8,8 +8,8 @@
 //! its place would be followed on the host by the next container's mount). So what shares write in
 //! either is bounded and goes with the daemons' pod. Without them both are host directories of the
 //! host's `/run` (`<root>/shm`, `<root>/<uuid>/pipe`), not bounded. The shipped DaemonSet runs one
-//! supervisor per card (`--mps-card-index`), each in a container with its own `/dev/shm` (a share
-//! can fill only its own card's) and, for now, the host pipe directory `<root>/<uuid>/pipe`.
+//! supervisor per card (`--mps-card-index`), each in a container with its own `/dev/shm` and pipe
+//! directory: a share can fill only its own card's.
 //!
 //! The daemons are run by [`supervise`] (`nano-gpu-agent mps-control`, its own DaemonSet that is
 //! never rolled with the agent: a daemon that stops takes its clients' MPS server with it, so the
