@@ -107,17 +107,22 @@ pin_etcd() {
     "$(awk '$1 == "go" { print $2; exit }' "$gomod")" "$m" "$ETCD_VERSION" "$m" | write_gomod "$dir"
 }
 
-# build NAME MODULE_DIR PACKAGE LDFLAGS: go build into $BIN/NAME atomically.
+# build MODULE_DIR LDFLAGS PACKAGE...: go build of every PACKAGE (each a main package) in one
+# invocation, so their common packages are compiled once and the links run side by side, into $BIN.
 build() {
-  local name=$1 dir=$2 pkg=$3 ldflags=$4 start=$SECONDS
-  log "building $name from $pkg ..."
+  local dir=$1 ldflags=$2 start=$SECONDS tmp=$BIN/.tmp
+  shift 2
+  log "building ${*#*/cmd/} ..."
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
   # Static like upstream release builds (no C toolchain needed); tags match
   # upstream's non-debug builds; niced so it does not starve other work.
   (cd "$dir" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false \
-    -tags=selinux,notest,grpcnotrace -ldflags="$ldflags" -o "$BIN/$name.tmp" "$pkg") ||
-    die "building $name failed"
-  mv -f "$BIN/$name.tmp" "$BIN/$name"
-  log "built $name in $((SECONDS - start))s ($(du -h "$BIN/$name" | cut -f1))"
+    -tags=selinux,notest,grpcnotrace -ldflags="$ldflags" -o "$tmp/" "$@") ||
+    die "building ${*#*/cmd/} failed"
+  mv -f "$tmp"/* "$BIN/"
+  rmdir "$tmp"
+  log "built ${*#*/cmd/} in $((SECONDS - start))s"
 }
 
 total=$SECONDS
@@ -135,10 +140,10 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 done
 rm -f "$STAMP"
-for cmd in "${K8S_CMDS[@]}"; do
-  build "$cmd" "$UPSTREAM/kubernetes" "k8s.io/kubernetes/cmd/$cmd" "$ld"
-done
-build etcd "$UPSTREAM/etcd" go.etcd.io/etcd/server/v3 "-s -w"
+build "$UPSTREAM/kubernetes" "$ld" "${K8S_CMDS[@]/#/k8s.io/kubernetes/cmd/}"
+# etcd's main package is its module's root, go.etcd.io/etcd/server/v3: go names its binary `server`.
+build "$UPSTREAM/etcd" "-s -w" go.etcd.io/etcd/server/v3
+mv -f "$BIN/server" "$BIN/etcd"
 echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION" >"$STAMP"
 
 log "all binaries built in $((SECONDS - total))s into $BIN"

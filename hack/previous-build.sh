@@ -37,11 +37,13 @@ src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 git -C "$ROOT" archive "$commit" | tar -x -C "$src"
 log "building nano-gpu-allocator and nano-gpu-agent of ${commit:0:7} ..."
-# A target directory of its own: in the checkout's, these binaries would take the place of its own
-# in debug/. It goes once the binaries are copied out (disk), so a cold build costs some minutes once
-# per commit.
+# Its binaries go to a target directory of their own (in the checkout's, they would take the place of
+# its own at the top of debug/), but everything else cargo makes goes to the checkout's build directory
+# (`build.build-dir`): the dependencies the checkout built already are used as they are, so a build
+# that follows the checkout's compiles mostly the previous version's own crates.
 target=$CACHE/commits/target
-(cd "$src" && CARGO_TARGET_DIR=$target CARGO_INCREMENTAL=0 cargo build --locked \
+build_dir=${CARGO_BUILD_BUILD_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}
+(cd "$src" && CARGO_TARGET_DIR=$target CARGO_BUILD_BUILD_DIR=$build_dir CARGO_INCREMENTAL=0 cargo build --locked \
   -p nano-gpu-allocator -p nano-gpu-agent --bins >&2) || die "building ${commit:0:7} failed"
 rm -rf "$OUT"
 mkdir -p "$OUT/bin"

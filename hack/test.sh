@@ -9,11 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each step is announced with "== what", and its time printed when the next begins: CI keeps the
-# whole command under an hour, and these lines show where the time goes.
+# Each step is announced with "== what", and its time printed when the next begins; the last line
+# but one gives every step's and every job's time as one JSON object, so a regression shows in the
+# log of the run that caused it. Budgets: docs/src/development/tests.md#ci.
 step_name=
+steps_json=
 step() {
-  if [[ -n $step_name ]]; then echo "== ($step_name: $((SECONDS - step_start)) s)"; fi
+  if [[ -n $step_name ]]; then
+    echo "== ($step_name: $((SECONDS - step_start)) s)"
+    steps_json+="${steps_json:+,}{\"step\":\"$step_name\",\"seconds\":$((SECONDS - step_start))}"
+  fi
   step_name=$1
   step_start=$SECONDS
   [[ -z $1 ]] || echo "== $1"
@@ -29,51 +34,33 @@ for dir in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
 done
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-# The engine alone, with proto's features as the engine asks them (none): in the workspace build
-# above, features other crates turn on could hide an engine that reaches for proto's k8s or gRPC parts.
-step "cargo clippy -p nano-gpu-engine (the pure engine builds on its own)"
-cargo clippy -p nano-gpu-engine --all-targets --locked -- -D warnings
-# The book: mdBook must build it (a page missing from its contents fails); its links, anchors and
-# reference pages are checked by the docs test below.
-step "the book (hack/book.sh)"
-bash hack/book.sh
-# The end-to-end tests run real upstream Kubernetes: build it first (once per version, cached), so
-# its build shows here rather than inside a test. The newest tested version is the default; the
-# end-to-end test runs again on the oldest still supported.
-OLDEST=v1.35.8
-step "upstream Kubernetes binaries (hack/k8s-build.sh): the newest, and $OLDEST"
+# The end-to-end tests run real upstream Kubernetes: the newest tested version here (README command 1
+# starts a cluster of it); the oldest still supported, and the other upstream parts only some suites
+# use, are built by hack/run-tests.sh while the tests run.
+step "upstream Kubernetes binaries (hack/k8s-build.sh), the newest"
 bash hack/k8s-build.sh >/dev/null
-NANO_GPU_K8S_VERSION=$OLDEST bash hack/k8s-build.sh >/dev/null
-step "containerd 2 for the containerd-2 nodes (hack/containerd-build.sh)"
-bash hack/containerd-build.sh >/dev/null
-step "gpushare's kubectl plugin from ../shared/tools (hack/gpushare-inspect-build.sh)"
-bash hack/gpushare-inspect-build.sh >/dev/null
-step "the Prometheus Operator, for its component's test (hack/prometheus-operator-build.sh)"
-bash hack/prometheus-operator-build.sh >/dev/null
-# The upgrade test starts from the previous version: built once per commit (a cold build of its
-# binaries takes some minutes), here rather than inside the test.
-step "the previous version, for the upgrade test (hack/previous-build.sh)"
-bash hack/previous-build.sh >/dev/null
 # README command 1 as a newcomer runs it, stopping by itself once the examples are placed. CI keeps
 # its target directory between runs: what cargo placed at the top of target/debug goes first, so the
 # command must build (or link anew) every binary it runs rather than find one an earlier command left
-# there. Its build is the one the tests below use.
+# there. Its build (`cargo build --workspace --all-targets`) is the one the tests below use.
 step "README command 1: hack/local-up.sh --check"
 built=${CARGO_TARGET_DIR:-target}/debug
 if [[ -d $built ]]; then find "$built" -maxdepth 1 -type f -delete; fi
 bash hack/local-up.sh --check
 step "cargo test --workspace --no-run (the test binaries' build)"
 cargo test --workspace --locked --no-run
-step "cargo test --workspace"
+# Every test binary, the lints, the book and the end-to-end test on the oldest supported version,
+# side by side (hack/run-tests.sh says how), each job's output printed whole when it ends.
+step "tests, lints and the book (hack/run-tests.sh)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
-step "the end-to-end test on Kubernetes $OLDEST"
-# --workspace, as above: naming the package alone unifies other features and builds everything again.
-NANO_GPU_K8S_VERSION=$OLDEST cargo test --workspace --test e2e --locked 2>&1 | tee -a "$log"
+status=0
+NANO_GPU_JOB_TIMES=$log.times bash hack/run-tests.sh "$log" || status=$?
 step ""
 echo "== all steps: $SECONDS s"
+[[ ! -s $log.times ]] || steps_json+=",$(paste -sd, "$log.times")"
+echo "ci-steps: {\"total_seconds\":$SECONDS,\"steps\":[$steps_json]}"
+rm -f "$log.times"
 # One closing line over every test binary of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -749,13 +749,28 @@ fn curl_in(net: &str, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, St
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
+/// The MPS daemons' host directories on this machine (`/run/nano-gpu/mps`, a hostPath of the MPS
+/// pods of every node), as the agents read them.
+pub fn mps_layout() -> nano_gpu_agent::enforce::mps::Layout {
+    nano_gpu_agent::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc")
+}
+
+/// The pipe directory an agent hands the MPS shares of card `uuid`: the one its supervisor named
+/// (the emptyDir `pipe-N` of the daemons' pod, a tmpfs only in the node's mount namespace), else the
+/// host directory `<root>/<uuid>/pipe`.
+pub fn mps_client_pipe(uuid: &str) -> std::path::PathBuf {
+    let layout = mps_layout();
+    layout.client_pipe(uuid, &layout.shm(uuid))
+}
+
 /// Removes the MPS daemons' directories of `node`'s cards, which outlive a cluster on the host
 /// (`/run/nano-gpu/mps`, a hostPath): another cluster's node of that name has cards of the same
 /// UUIDs. And the supervisor's `shm-source`, which names its pod's `/dev/shm`: `/run/nano-gpu` is
 /// the machine's, not a node's, so one node at a time may run MPS on this machine.
 pub fn clear_mps_dirs(node: &str) {
-    let _ = std::fs::remove_file("/run/nano-gpu/mps/shm-source");
-    let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return };
+    let root = mps_layout().root;
+    let _ = std::fs::remove_file(root.join(nano_gpu_agent::enforce::mps::SHM_SOURCE));
+    let Ok(entries) = std::fs::read_dir(&root) else { return };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(&format!("GPU-{node}-")) {
             let _ = std::fs::remove_dir_all(e.path());

@@ -30,7 +30,8 @@ use nano_gpu_agent::canary::ISOLATION_LABEL;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{
-    Cluster, NS, clear_mps_dirs, create, percent_pod, percent_pod_then, wait_running, wait_until,
+    Cluster, NS, clear_mps_dirs, create, mps_client_pipe, mps_layout, percent_pod, percent_pod_then,
+    wait_running, wait_until,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -219,16 +220,16 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     })
     .await;
     for card in node_cards() {
-        let defaults = format!("{}/{}", pipe_of(&card), nano_gpu_tests::mps_standin::DEFAULT_THREADS);
-        let removed = cluster.on_node(NODE, &["rm", "-f", &defaults]).status().unwrap();
-        assert!(removed.success(), "{defaults} stays");
+        let defaults = mps_client_pipe(&card).join(nano_gpu_tests::mps_standin::DEFAULT_THREADS);
+        let removed = cluster.on_node(NODE, &["rm", "-f", defaults.to_str().unwrap()]).status().unwrap();
+        assert!(removed.success(), "{} stays", defaults.display());
     }
     let whole = inside(&cluster, "mps-whole");
     assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
     assert_eq!((whole.get("PIPE_CARD"), whole.get("SHM_CARDS")), ("", ""), "a whole card bypasses MPS");
 
     // The daemon of mps-30's card is killed: started again, and the pod is told.
-    let pid_file = format!("{}/nvidia-cuda-mps-control.pid", pipe_of(format!("/run/nano-gpu/mps/{card}")));
+    let pid_file = mps_client_pipe(&card).join("nvidia-cuda-mps-control.pid").display().to_string();
     let pid = cluster.read_on_node(NODE, &pid_file).unwrap().trim().to_owned();
     assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
     let events: Api<Event> = Api::namespaced(client.clone(), NS);
@@ -420,39 +421,30 @@ async fn client_says(cluster: &Cluster, name: &str, text: &str) {
     .await;
 }
 
-/// The directories of the MPS daemons of this node's cards on the host (`<mps root>/<uuid>`).
-fn node_cards() -> Vec<std::path::PathBuf> {
-    let Ok(entries) = std::fs::read_dir("/run/nano-gpu/mps") else { return Vec::new() };
+/// The UUIDs of this node's cards whose MPS daemons have directories on the host.
+fn node_cards() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(mps_layout().root) else { return Vec::new() };
     entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("GPU-{NODE}-")))
-        .map(|e| e.path())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&format!("GPU-{NODE}-")))
         .collect()
 }
 
-/// The pipe directory the supervisor named in card directory `card` (`<mps root>/<uuid>`): the
-/// emptyDir `pipe-N` of the daemons' pod, a tmpfs in the node's mount namespace.
-fn pipe_of(card: impl AsRef<std::path::Path>) -> String {
-    let card = card.as_ref();
-    let named = std::fs::read_to_string(card.join("pipe-source"))
-        .unwrap_or_else(|e| panic!("{}: the supervisor named no pipe directory: {e}", card.display()));
-    named.trim().to_owned()
-}
-
-/// Tells the daemon of card directory `card` `command` as root, through the control program (the
-/// stand-in), run where the node's pods see the card's pipe directory.
-fn set_daemon_default(cluster: &Cluster, card: &std::path::Path, command: &str) {
+/// Tells the daemon of card `uuid` `command` as root, through the control program (the stand-in),
+/// run where the node's pods see the card's pipe directory.
+fn set_daemon_default(cluster: &Cluster, uuid: &str, command: &str) {
     use std::io::Write;
     let program = nano_gpu_tests::workspace_binary("nvidia-cuda-mps-control");
-    let pipe = pipe_of(card);
+    let pipe = mps_client_pipe(uuid);
     let mut child = cluster
         .on_node(NODE, &[program.to_str().unwrap()])
         .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
-        .env("CUDA_MPS_LOG_DIRECTORY", card.join("log"))
+        .env("CUDA_MPS_LOG_DIRECTORY", mps_layout().log(uuid))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
     child.stdin.take().unwrap().write_all(format!("{command}\n").as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "{command} in {pipe}");
+    assert!(child.wait().unwrap().success(), "{command} in {}", pipe.display());
 }

@@ -105,3 +105,127 @@ fn every_cargo_build_in_hack_builds_each_package_it_names() {
     assert!(seen >= 7, "the scripts' cargo builds are found ({seen})");
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// The suites `hack/run-tests.sh` knows, as its table lists them: name → (weight, group, needs).
+fn run_tests_table() -> BTreeMap<String, (u32, String, String)> {
+    let text = std::fs::read_to_string(root().join("hack/run-tests.sh")).unwrap();
+    let table = text.split("TABLE='").nth(1).unwrap().split('\'').next().unwrap();
+    table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4)
+                .then(|| (f[0].to_owned(), (f[1].parse().unwrap(), f[2].to_owned(), f[3].to_owned())))
+        })
+        .collect()
+}
+
+/// `hack/run-tests.sh` runs suites side by side: every suite that uses the machine's MPS directories
+/// (`/run/nano-gpu/mps`, which outlive a cluster) is in its group `mps`, so no two of them overlap,
+/// `uninstall` (which checks that nothing of nano-gpu is left on the machine) runs alone, and every
+/// suite its table names exists (the runner refuses a name cargo did not build).
+#[test]
+fn the_test_runner_keeps_the_mps_suites_apart() {
+    let table = run_tests_table();
+    assert!(table.len() >= 10 && table["tenant"].1 == "mps", "the table is read: {table:?}");
+    let mut mps_users = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("tests/tests")).unwrap().flatten() {
+        let path = entry.path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        if name != "scripts" && (text.contains("clear_mps_dirs") || text.contains("mps_layout")) {
+            mps_users.insert(name);
+        }
+    }
+    assert!(mps_users.contains("enforcement"), "{mps_users:?}");
+    for suite in &mps_users {
+        let group = table.get(suite.as_str()).map(|t| t.1.as_str());
+        assert_eq!(group, Some("mps"), "{suite} uses the MPS directories but is not in the group mps");
+    }
+    assert_eq!(table["uninstall"].1, "alone", "uninstall runs alone");
+    // A suite that starts what a background build makes waits for that build (else it would build it
+    // itself, while the runner builds something else beside it).
+    let builds = [
+        ("up_with_containerd2", "containerd2"),
+        ("up_with_dra", "containerd2"),
+        ("previous-build.sh", "previous"),
+        ("gpushare-inspect-build.sh", "gpushare"),
+        ("prometheus-operator-build.sh", "prometheus-operator"),
+    ];
+    for entry in std::fs::read_dir(root().join("tests/tests")).unwrap().flatten() {
+        let name = entry.path().file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        for (uses, build) in builds {
+            if name != "scripts" && text.contains(uses) {
+                let needs =
+                    table.get(name.as_str()).map(|t| t.2.split(',').collect::<Vec<_>>()).unwrap_or_default();
+                assert!(
+                    needs.contains(&build),
+                    "{name} uses {uses}, so the runner's table has it need {build}"
+                );
+            }
+        }
+    }
+    for name in table.keys() {
+        let file = root().join("tests/tests").join(format!("{}.rs", name.trim_end_matches("@oldest")));
+        assert!(file.is_file(), "the table names {name}, which is no suite");
+    }
+}
+
+/// A binary built without its test harness (`test = false`, to spare the build a harness that tests
+/// nothing) has no tests: any it had would never run.
+#[test]
+fn no_binary_built_without_its_test_harness_has_tests() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+    let mut untested = Vec::new();
+    for member in members.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()) {
+        let dir = root().join(member);
+        let toml = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for section in toml.split("[[bin]]").skip(1) {
+            let section = section.split("\n[").next().unwrap();
+            let field = |key: &str| {
+                section
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key)?.trim().strip_prefix('=')?.trim().split('"').nth(1))
+            };
+            if !section.lines().any(|l| l.replace(' ', "") == "test=false") {
+                continue;
+            }
+            let name = field("name").unwrap();
+            let source = match field("path") {
+                Some(path) => dir.join(path),
+                None if dir.join(format!("src/bin/{name}.rs")).is_file() => {
+                    dir.join(format!("src/bin/{name}.rs"))
+                }
+                None => dir.join(format!("src/bin/{name}")),
+            };
+            untested.push((name.to_owned(), source));
+        }
+    }
+    assert!(untested.iter().any(|(n, _)| n == "pause"), "the binaries are read: {untested:?}");
+    let mut problems = Vec::new();
+    for (name, source) in untested {
+        let files: Vec<std::path::PathBuf> = if source.is_dir() {
+            std::fs::read_dir(&source)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+                .collect()
+        } else {
+            vec![source.clone()]
+        };
+        assert!(!files.is_empty(), "{name}: no source at {}", source.display());
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            if ["#[test]", "#[tokio::test", "#[cfg(test)]"].iter().any(|m| text.contains(m)) {
+                problems.push(format!(
+                    "{name}: {} has tests, but its manifest says test = false",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}

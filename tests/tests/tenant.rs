@@ -30,8 +30,8 @@ use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, ENFORCEMENT_LABEL, GPUS_ANNOTATION, NodeInventory,
 };
 use nano_gpu_tests::cluster::{
-    Cluster, NS, clear_mps_dirs, create, gpu_pod, percent_pod, percent_pod_then, phase, report, wait_running,
-    wait_until,
+    Cluster, NS, clear_mps_dirs, create, gpu_pod, mps_client_pipe, percent_pod, percent_pod_then, phase,
+    report, wait_running, wait_until,
 };
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -309,15 +309,15 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     let out = cluster.kubectl(&["logs", "-n", NS, "tamper"]);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("MOVED"), "a share moved its pipe directory");
     let card = assigned(&pods, "tamper").await.into_iter().next().unwrap();
-    // The card's pipe directory is an emptyDir of its daemon's pod, whose host directory its
-    // supervisor names.
-    let named = std::fs::read_to_string(format!("/run/nano-gpu/mps/{card}/pipe-source")).unwrap();
+    // The card's pipe directory, as the agent hands it, is an emptyDir of its daemon's pod, whose
+    // host directory its supervisor names.
+    let named = mps_client_pipe(&card).display().to_string();
     assert!(
         named.contains("kubernetes.io~empty-dir/pipe-"),
         "the pipe directory is not an emptyDir: {named}"
     );
     // (A tmpfs in node-1's mount namespace, where its kubelet mounted it.)
-    let fifo = format!("{}/nvidia-cuda-mps-control.pid", named.trim());
+    let fifo = format!("{named}/nvidia-cuda-mps-control.pid");
     let kind = cluster.on_node("node-1", &["stat", "-c", "%F", &fifo]).output().unwrap();
     let kind = String::from_utf8_lossy(&kind.stdout);
     assert_eq!(kind.trim(), "fifo", "{fifo} is not the tenant's FIFO");
