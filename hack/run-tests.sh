@@ -11,6 +11,7 @@
 # Env:   NANO_GPU_TEST_SLOTS   how much test weight runs at once (default 3; weights below)
 #        NANO_GPU_BUILD_NICE   nice level of the background jobs (default 5)
 #        NANO_GPU_JOB_TIMES    a file to append each job's time to, one JSON object a line
+#        NANO_GPU_K8S_OLDEST   the oldest supported Kubernetes, for `e2e@oldest` (default v1.35.8)
 #
 # What it runs, all at once as far as the machine allows:
 # - in the background, in two lanes (Go's builds, cargo's), a little niced but not starved (a build
@@ -150,24 +151,32 @@ for b in "${BUILDS[@]}" - "${CHECKS[@]}"; do
   else
     cut -d'|' -f4 "$jobs_file" | tr , '\n' | grep -qx "$name" || continue
   fi
-  echo "$name|0|build-$lane|-|$ROOT|NANO_GPU_BUILD_NICE=0 nice -n $nice_level bash -c $(printf '%q' "$cmd")" >>"$work/builds"
+  echo "build:$name|0|build-$lane|-|$ROOT|NANO_GPU_BUILD_NICE=0 nice -n $nice_level bash -c $(printf '%q' "$cmd")" >>"$work/builds"
 done
 cat "$jobs_file" >>"$work/builds"
 mv "$work/builds" "$jobs_file"
+dups=$(cut -d'|' -f1 "$jobs_file" | sort | uniq -d)
+[[ -z $dups ]] || { echo "run-tests: two jobs are named $dups" >&2; exit 1; }
 
 export LD_LIBRARY_PATH="$target_dir/debug/deps:$target_dir/debug${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 running_weight=0
 failed=()
 mkdir -p "$work/out"
 
-# finish NAME STATUS: prints the job's output (a build's only if it failed) and its time.
+# finish NAME STATUS: frees the job's slots and group, then reports it.
 finish() {
-  local name=$1 rc=$2 weight group
-  IFS='|' read -r _ weight group _ <<<"$(grep "^$name|" "$jobs_file")"
+  local weight group
+  IFS='|' read -r _ weight group _ <<<"$(grep "^$1|" "$jobs_file")"
   running_weight=$((running_weight - weight))
   [[ $group == - ]] || unset "group_busy[$group]"
+  report "$1" "$2" "$group"
+}
+
+# report NAME STATUS GROUP: prints the job's output (a build's only if it failed) and its time.
+report() {
+  local name=$1 rc=$2 group=$3
   {
-    echo "== $([[ $group == build-* ]] && echo build || echo test) $name: $((SECONDS - started_at[$name])) s, $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)")"
+    echo "== $([[ $group == build-* ]] || echo "test ")$name: $((SECONDS - started_at[$name])) s, $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)")"
     [[ $group == build-* && $rc == 0 ]] || cat "$work/out/${name//\//_}" || true
   } | tee -a "$log_file"
   [[ $rc == 0 ]] || failed+=("$name")
@@ -186,7 +195,7 @@ while true; do
     ready=1 broken=
     if [[ $needs != - ]]; then
       for need in ${needs//,/ }; do
-        case ${status[$need]:-} in
+        case ${status[build:$need]:-} in
           0) ;;
           '') ready=0 ;;
           *) broken=$need ;;
@@ -196,9 +205,7 @@ while true; do
     if [[ -n $broken ]]; then
       echo "run-tests: the build $broken failed, so $name did not run" >"$work/out/${name//\//_}"
       started_at[$name]=$SECONDS
-      running_weight=$((running_weight + weight))
-      [[ $group == - ]] || group_busy[$group]=1
-      finish "$name" 1
+      report "$name" 1 "$group"
       continue
     fi
     # A job heavier than all slots runs when nothing else does; nothing starts beside an `alone` job.
@@ -209,7 +216,7 @@ while true; do
       started_at[$name]=$SECONDS
       running_weight=$((running_weight + weight))
       [[ $group == - ]] || group_busy[$group]=1
-      echo "== $([[ $group == build-* ]] && echo build || echo test) $name: started ($running_weight of $slots slots busy)"
+      echo "== $([[ $group == build-* ]] || echo "test ")$name: started ($running_weight of $slots slots busy)"
       (cd "$dir" && export CARGO_MANIFEST_DIR=$dir && exec setsid --wait bash -c "$cmd") >"$work/out/${name//\//_}" 2>&1 &
       pid_of[$!]=$name
     else

@@ -53,14 +53,13 @@ cargo test --workspace --locked --no-run
 # side by side (hack/run-tests.sh says how), each job's output printed whole when it ends.
 step "tests, lints and the book (hack/run-tests.sh)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.times"' EXIT
 status=0
 NANO_GPU_JOB_TIMES=$log.times bash hack/run-tests.sh "$log" || status=$?
 step ""
 echo "== all steps: $SECONDS s"
 [[ ! -s $log.times ]] || steps_json+=",$(paste -sd, "$log.times")"
 echo "ci-steps: {\"total_seconds\":$SECONDS,\"steps\":[$steps_json]}"
-rm -f "$log.times"
 # One closing line over every test binary of the run.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

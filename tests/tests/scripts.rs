@@ -11,13 +11,22 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-/// Each workspace package's name → its binaries' names and whether it has a library.
-fn packages() -> BTreeMap<String, (BTreeSet<String>, bool)> {
+/// The directories of the workspace's members, as the root manifest lists them.
+fn members() -> Vec<std::path::PathBuf> {
     let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
     let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+    members
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|m| root().join(m))
+        .collect()
+}
+
+/// Each workspace package's name → its binaries' names and whether it has a library.
+fn packages() -> BTreeMap<String, (BTreeSet<String>, bool)> {
     let mut out = BTreeMap::new();
-    for member in members.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()) {
-        let dir = root().join(member);
+    for dir in members() {
         let toml = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         let value = |line: &str| line.split('"').nth(1).map(str::to_owned);
         let name = toml.lines().find(|l| l.starts_with("name = ")).and_then(value).unwrap();
@@ -128,20 +137,6 @@ fn run_tests_table() -> BTreeMap<String, (u32, String, String)> {
 fn the_test_runner_keeps_the_mps_suites_apart() {
     let table = run_tests_table();
     assert!(table.len() >= 10 && table["tenant"].1 == "mps", "the table is read: {table:?}");
-    let mut mps_users = BTreeSet::new();
-    for entry in std::fs::read_dir(root().join("tests/tests")).unwrap().flatten() {
-        let path = entry.path();
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let text = std::fs::read_to_string(&path).unwrap();
-        if name != "scripts" && (text.contains("clear_mps_dirs") || text.contains("mps_layout")) {
-            mps_users.insert(name);
-        }
-    }
-    assert!(mps_users.contains("enforcement"), "{mps_users:?}");
-    for suite in &mps_users {
-        let group = table.get(suite.as_str()).map(|t| t.1.as_str());
-        assert_eq!(group, Some("mps"), "{suite} uses the MPS directories but is not in the group mps");
-    }
     assert_eq!(table["uninstall"].1, "alone", "uninstall runs alone");
     // A suite that starts what a background build makes waits for that build (else it would build it
     // itself, while the runner builds something else beside it).
@@ -152,20 +147,31 @@ fn the_test_runner_keeps_the_mps_suites_apart() {
         ("gpushare-inspect-build.sh", "gpushare"),
         ("prometheus-operator-build.sh", "prometheus-operator"),
     ];
+    let mut mps_users = BTreeSet::new();
     for entry in std::fs::read_dir(root().join("tests/tests")).unwrap().flatten() {
         let name = entry.path().file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "scripts" {
+            continue;
+        }
         let text = std::fs::read_to_string(entry.path()).unwrap();
+        let row = table.get(name.as_str());
+        if text.contains("clear_mps_dirs") || text.contains("mps_layout") {
+            assert_eq!(
+                row.map(|t| t.1.as_str()),
+                Some("mps"),
+                "{name} uses the MPS directories but is not in the group mps"
+            );
+            mps_users.insert(name.clone());
+        }
+        let needs: Vec<&str> = row.map(|t| t.2.split(',').collect()).unwrap_or_default();
         for (uses, build) in builds {
-            if name != "scripts" && text.contains(uses) {
-                let needs =
-                    table.get(name.as_str()).map(|t| t.2.split(',').collect::<Vec<_>>()).unwrap_or_default();
-                assert!(
-                    needs.contains(&build),
-                    "{name} uses {uses}, so the runner's table has it need {build}"
-                );
-            }
+            assert!(
+                !text.contains(uses) || needs.contains(&build),
+                "{name} uses {uses}, so the runner's table has it need {build}"
+            );
         }
     }
+    assert!(mps_users.contains("enforcement") && mps_users.contains("tenant"), "{mps_users:?}");
     for name in table.keys() {
         let file = root().join("tests/tests").join(format!("{}.rs", name.trim_end_matches("@oldest")));
         assert!(file.is_file(), "the table names {name}, which is no suite");
@@ -176,11 +182,8 @@ fn the_test_runner_keeps_the_mps_suites_apart() {
 /// nothing) has no tests: any it had would never run.
 #[test]
 fn no_binary_built_without_its_test_harness_has_tests() {
-    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
-    let members = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
     let mut untested = Vec::new();
-    for member in members.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()) {
-        let dir = root().join(member);
+    for dir in members() {
         let toml = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         for section in toml.split("[[bin]]").skip(1) {
             let section = section.split("\n[").next().unwrap();
