@@ -232,3 +232,57 @@ fn no_binary_built_without_its_test_harness_has_tests() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// A unit graph as `cargo build --unit-graph` prints it: `units` as (package id, target kind,
+/// features, dependencies), the first the root.
+fn unit_graph(units: &[(&str, &str, &[&str], &[usize])]) -> String {
+    let units: Vec<_> = units
+        .iter()
+        .map(|(id, kind, features, deps)| {
+            serde_json::json!({
+                "pkg_id": id,
+                "target": { "kind": [kind], "name": id.rsplit(['#', '@']).nth(1).unwrap_or(id) },
+                "mode": "build",
+                "features": features,
+                "dependencies": deps.iter().map(|i| serde_json::json!({ "index": i })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "version": 1, "units": units, "roots": [0] }).to_string()
+}
+
+#[test]
+fn the_feature_pin_turns_on_the_checkouts_features_on_the_side_each_dependency_is_built_for() {
+    let crates = "registry+https://github.com/rust-lang/crates.io-index#";
+    let (tokio, mac, syn) =
+        (format!("{crates}tokio@1.0.0"), format!("{crates}mac@0.1.0"), format!("{crates}syn@2.0.0"));
+    let graph = |tokio_features: &[&str], syn_features: &[&str]| {
+        unit_graph(&[
+            ("path+file:///w/app#0.1.0", "bin", &[], &[1, 2]),
+            (&tokio, "lib", tokio_features, &[]),
+            (&mac, "proc-macro", &[], &[3]),
+            (&syn, "lib", syn_features, &[]),
+        ])
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("feature-pin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (current, previous) = (dir.join("current.json"), dir.join("previous.json"));
+    std::fs::write(&current, graph(&["rt", "test-util"], &["full", "visit"])).unwrap();
+    std::fs::write(&previous, graph(&["rt"], &["full"])).unwrap();
+    let run = |command: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_feature-pin"))
+            .args([command, current.to_str().unwrap(), previous.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let compare = run("compare");
+    assert!(compare.starts_with("2 of 3 dependency units are not the checkout's"), "{compare}");
+    let manifest = run("manifest");
+    let (normal, build) = manifest.split_once("[build-dependencies]").unwrap();
+    let tokio_pin = r#"pin-tokio-1_0_0 = { package = "tokio", version = "=1.0.0", default-features = false, features = ["rt", "test-util"] }"#;
+    let syn_pin = r#"pin-syn-2_0_0 = { package = "syn", version = "=2.0.0", default-features = false, features = ["full", "visit"] }"#;
+    assert!(normal.contains(tokio_pin) && !normal.contains("syn"), "{manifest}");
+    assert!(build.contains(syn_pin) && !build.contains("tokio") && !manifest.contains("mac"), "{manifest}");
+}
