@@ -76,8 +76,8 @@ tools() {
     # NVML and the test tools in one command, and exactly the build `cargo test --workspace` makes
     # (the tests' dev-dependencies change tokio's features, so a build without them is another
     # build of nearly everything), so the test command builds the workspace once: a release build
-    # here took it as long again. The allocator and the placement engine are optimised in that
-    # profile too (Cargo.toml).
+    # here took it as long again. The placement engine is optimised in that profile too
+    # (Cargo.toml).
     (cd "$ROOT" && cargo build --locked --workspace --all-targets >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
   fi

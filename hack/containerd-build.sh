@@ -50,7 +50,7 @@ ld="-s -w -X $MODULE/version.Version=$VERSION -X $MODULE/version.Package=$MODULE
 for c in "${CMDS[@]}"; do
   start=$SECONDS
   log "building $c ..."
-  (cd "$UPSTREAM" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false \
+  (cd "$UPSTREAM" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false -gcflags=all=-dwarf=false \
     -tags=no_btrfs,no_devmapper,no_zfs -ldflags="$ld" -o "$BIN/$c.tmp" "$MODULE/cmd/$c") ||
     die "building $c failed"
   mv -f "$BIN/$c.tmp" "$BIN/$c"

@@ -29,7 +29,7 @@ start=$SECONDS
 log "building kubectl-inspect-gpushare from $SRC ..."
 # The source directory may be read-only: nothing is written there (go.sum is complete).
 (cd "$SRC" && CGO_ENABLED=0 nice -n "${NANO_GPU_BUILD_NICE:-15}" go build -mod=readonly -trimpath \
-  -buildvcs=false -ldflags="-s -w" -o "$BIN.tmp" .) || die "building kubectl-inspect-gpushare failed"
+  -buildvcs=false -gcflags=all=-dwarf=false -ldflags="-s -w" -o "$BIN.tmp" .) || die "building kubectl-inspect-gpushare failed"
 mv -f "$BIN.tmp" "$BIN"
 log "built in $((SECONDS - start))s: $BIN"
 echo "$BIN"

@@ -117,7 +117,8 @@ build() {
   mkdir -p "$tmp"
   # Static like upstream release builds (no C toolchain needed); tags match
   # upstream's non-debug builds; niced so it does not starve other work.
-  (cd "$dir" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false \
+  # Without DWARF, which -s -w would strip at the link anyway: the compiler does not make it.
+  (cd "$dir" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false -gcflags=all=-dwarf=false \
     -tags=selinux,notest,grpcnotrace -ldflags="$ldflags" -o "$tmp/" "$@") ||
     die "building ${*#*/cmd/} failed"
   mv -f "$tmp"/* "$BIN/"

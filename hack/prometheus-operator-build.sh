@@ -44,7 +44,7 @@ mkdir -p "$OUT/bin" "$OUT/crds"
 rm -f "$STAMP"
 log "building the operator ..."
 (cd "$UPSTREAM" && CGO_ENABLED=0 nice -n "$NICE" go build -mod=readonly -trimpath -buildvcs=false \
-  -ldflags="-s -w" -o "$OUT/bin/operator.tmp" "$MODULE/cmd/operator") || die "building the operator failed"
+  -gcflags=all=-dwarf=false -ldflags="-s -w" -o "$OUT/bin/operator.tmp" "$MODULE/cmd/operator") || die "building the operator failed"
 mv -f "$OUT/bin/operator.tmp" "$OUT/bin/operator"
 src=$(cd "$UPSTREAM" && go mod download -json "$MODULE@$VERSION" | sed -n 's/.*"Dir": "\([^"]*\)".*/\1/p')
 [[ -d $src/example/prometheus-operator-crd ]] || die "no CRDs in $src/example/prometheus-operator-crd"

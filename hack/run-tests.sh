@@ -161,7 +161,7 @@ dups=$(cut -d'|' -f1 "$jobs_file" | sort | uniq -d)
 export LD_LIBRARY_PATH="$target_dir/debug/deps:$target_dir/debug${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 running_weight=0
 failed=()
-mkdir -p "$work/out"
+mkdir -p "$work/out" "$work/cpu"
 
 # finish NAME STATUS: frees the job's slots and group, then reports it.
 finish() {
@@ -172,17 +172,26 @@ finish() {
   report "$1" "$2" "$group"
 }
 
+# cpu_seconds NAME: the user and system CPU seconds the job's `times` gave (0 if none).
+cpu_seconds() {
+  local f=$work/cpu/${1//\//_}
+  [[ -s $f ]] || { echo 0; return; }
+  # "0m12.345s 0m1.230s": minutes and seconds of user, then of system time.
+  tail -1 "$f" | tr 'ms' '  ' | awk '{ printf "%d\n", $1 * 60 + $2 + $3 * 60 + $4 + 0.5 }'
+}
+
 # report NAME STATUS GROUP: prints the job's output (a build's only if it failed) and its time.
 report() {
-  local name=$1 rc=$2 group=$3
+  local name=$1 rc=$2 group=$3 cpu
+  cpu=$(cpu_seconds "$name")
   {
-    echo "== $([[ $group == build-* ]] || echo "test ")$name: $((SECONDS - started_at[$name])) s, $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)")"
+    echo "== $([[ $group == build-* ]] || echo "test ")$name: $((SECONDS - started_at[$name])) s (CPU $cpu s), $([[ $rc == 0 ]] && echo passed || echo "FAILED (exit $rc)")"
     [[ $group == build-* && $rc == 0 ]] || cat "$work/out/${name//\//_}" || true
   } | tee -a "$log_file"
   [[ $rc == 0 ]] || failed+=("$name")
   status[$name]=$rc
   [[ -z ${NANO_GPU_JOB_TIMES:-} ]] ||
-    echo "{\"step\":\"$name\",\"seconds\":$((SECONDS - started_at[$name])),\"passed\":$([[ $rc == 0 ]] && echo true || echo false)}" >>"$NANO_GPU_JOB_TIMES"
+    echo "{\"step\":\"$name\",\"seconds\":$((SECONDS - started_at[$name])),\"cpu_seconds\":$cpu,\"passed\":$([[ $rc == 0 ]] && echo true || echo false)}" >>"$NANO_GPU_JOB_TIMES"
 }
 
 pending=$(cut -d'|' -f1 "$jobs_file")
@@ -217,7 +226,13 @@ while true; do
       running_weight=$((running_weight + weight))
       [[ $group == - ]] || group_busy[$group]=1
       echo "== $([[ $group == build-* ]] || echo "test ")$name: started ($running_weight of $slots slots busy)"
-      (cd "$dir" && export CARGO_MANIFEST_DIR=$dir && exec setsid --wait bash -c "$cmd") >"$work/out/${name//\//_}" 2>&1 &
+      # A test binary gets the CARGO_MANIFEST_DIR cargo gives it; a build must not: cargo would
+      # compile dependencies again (a build script reads it), and undo what the next build reuses.
+      # `times` at the end: the CPU the job's processes used (those it waited for: a cluster's
+      # daemons run on their own, so a suite's count leaves its cluster out).
+      (cd "$dir" && if [[ $group == build-* ]]; then unset CARGO_MANIFEST_DIR; else export CARGO_MANIFEST_DIR=$dir; fi &&
+        exec setsid --wait bash -c "$cmd"'; rc=$?; times >"$0"; exit $rc' "$work/cpu/${name//\//_}") \
+        >"$work/out/${name//\//_}" 2>&1 &
       pid_of[$!]=$name
     else
       next_pending+="$name "

@@ -173,7 +173,18 @@ where
     if !excused.is_empty() {
         eprintln!("{prefix}: {} {excused_as}: {excused:#?}", excused.len());
     }
-    pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await.unwrap();
+    // The clean-up's own call may meet a connection the API server closed as it was reused (hyper's
+    // IncompleteMessage, seen once on 2 cores at full load): only such an error is tried again.
+    for attempt in 1.. {
+        match pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await {
+            Ok(_) => break,
+            Err(e @ (kube::Error::HyperError(_) | kube::Error::Service(_))) if attempt < 3 => {
+                eprintln!("{prefix}: deleting the pods: {e}; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("{prefix}: deleting the pods: {e}"),
+        }
+    }
     wait_until(&format!("{prefix}: deleted"), Duration::from_secs(120), || async {
         pods.list(&ListParams::default()).await.unwrap().items.is_empty()
     })
