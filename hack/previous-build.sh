@@ -42,7 +42,7 @@ git -C "$ROOT" archive "$commit" | tar -x -C "$src"
 # reuses one only if its features are the same, and the two versions' packages turn on different
 # ones (dev-dependencies, crates added since): a crate of our own, built beside the previous version's
 # packages, turns on what the checkout's build does (tests/src/bin/feature-pin.rs reads both unit
-# graphs). Without it, tokio and everything above it compiled again: 1,900 s in a cold CI run.
+# graphs). Without it, tokio, syn and everything above them compiled again.
 target=$CACHE/commits/target
 build_dir=${CARGO_BUILD_BUILD_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}
 packages=(-p nano-gpu-allocator -p nano-gpu-agent)
@@ -51,13 +51,11 @@ packages=(-p nano-gpu-allocator -p nano-gpu-agent)
 unit_graph() { RUSTC_BOOTSTRAP=1 cargo build --quiet --unit-graph -Z unstable-options "$@"; }
 # The tool from the checkout's build as the tests use it (with `cargo run -p`, cargo would compile it
 # with other features, and some dependencies anew): nothing to do after README command 1.
-pin() {
-  (cd "$ROOT" && cargo build --quiet --locked --workspace --all-targets >&2 &&
-    "${CARGO_TARGET_DIR:-$ROOT/target}/debug/feature-pin" "$@")
-}
-if (cd "$ROOT" && unit_graph --locked --workspace --all-targets >"$src/.current.json" &&
+pin=${CARGO_TARGET_DIR:-$ROOT/target}/debug/feature-pin
+if (cd "$ROOT" && cargo build --quiet --locked --workspace --all-targets >&2 &&
+  unit_graph --locked --workspace --all-targets >"$src/.current.json" &&
   cd "$src" && unit_graph --locked "${packages[@]}" --bins >"$src/.previous.json" &&
-  pin manifest "$src/.current.json" "$src/.previous.json" >"$src/.pin.toml"); then
+  "$pin" manifest "$src/.current.json" "$src/.previous.json" >"$src/.pin.toml"); then
   mkdir -p "$src/feature-pin"
   mv "$src/.pin.toml" "$src/feature-pin/Cargo.toml"
   : >"$src/feature-pin/lib.rs"
@@ -69,13 +67,14 @@ if (cd "$ROOT" && unit_graph --locked --workspace --all-targets >"$src/.current.
   # build below cannot be --locked; the versions already locked stay as they are.
   locked=()
   (cd "$src" && unit_graph "${packages[@]}" --bins >"$src/.previous.json") &&
-    pin compare "$src/.current.json" "$src/.previous.json" | head -1 | sed 's/^/previous-build: /' >&2 || true
+    "$pin" compare "$src/.current.json" "$src/.previous.json" | head -1 | sed 's/^/previous-build: /' >&2 || true
 else
   log "the checkout's features could not be read: its dependencies will be compiled again"
   locked=(--locked)
 fi
 log "building nano-gpu-allocator and nano-gpu-agent of ${commit:0:7} ..."
-# Its own crates at the checkout's opt-level (it set the allocator's to 2: 400 s more to compile).
+# Its own crates at the checkout's opt-level (it set the allocator's to 2: its lib and binary took
+# about 350 s more to compile).
 (cd "$src" && CARGO_TARGET_DIR=$target CARGO_BUILD_BUILD_DIR=$build_dir CARGO_INCREMENTAL=0 cargo build \
   --config 'profile.dev.package.nano-gpu-allocator.opt-level=0' "${locked[@]}" "${packages[@]}" --bins >&2) ||
   die "building ${commit:0:7} failed"

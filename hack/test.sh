@@ -50,7 +50,8 @@ if [[ -d $built ]]; then find "$built" -maxdepth 1 -type f -delete; fi
 bash hack/local-up.sh --check
 step "cargo test --workspace --no-run (the test binaries' build)"
 cargo test --workspace --locked --no-run
-# Every test binary, the lints and the book, side by side (hack/run-tests.sh says how), each job's output printed whole when it ends.
+# Every test binary, the lints and the book, side by side (hack/run-tests.sh says how), each job's
+# output printed whole when it ends.
 step "tests, lints and the book (hack/run-tests.sh)"
 log=$(mktemp)
 trap 'rm -f "$log" "$log.times"' EXIT
