@@ -318,6 +318,12 @@ node_ready() {
   kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
 }
 
+# kube_proxy_healthy: kube-proxy runs and says its rules are synced (its /healthz, in the namespace).
+kube_proxy_healthy() {
+  ours "$DIR/kube-proxy.pid" >/dev/null || die "kube-proxy exited: $(tail -3 "$DIR/kube-proxy.log")"
+  "${IN_NET[@]}" curl -sf -o /dev/null --max-time 2 http://127.0.0.1:10256/healthz
+}
+
 # ---- pieces run inside the namespaces ----
 
 # in_node NODE ARGS...: runs ARGS in the node's namespaces (the cluster's network, the node's mounts).
@@ -527,25 +533,6 @@ up() {
     --authentication-kubeconfig "$DIR/default-scheduler.kubeconfig" \
     --authorization-kubeconfig "$DIR/default-scheduler.kubeconfig" --leader-elect=false --bind-address 127.0.0.1
 
-  # One kube-proxy: every node shares the namespace, so one set of rules serves them all.
-  bash "$ROOT/hack/control-plane.sh" client "$DIR" kube-proxy "/CN=system:kube-proxy" "$CP_URL" >&2
-  cat >"$DIR/kube-proxy.yaml" <<EOF
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: { kubeconfig: $DIR/kube-proxy.kubeconfig }
-mode: iptables
-hostnameOverride: node-1
-clusterCIDR: $POD_CIDR
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-oomScoreAdj: 0
-# Leave the machine's conntrack settings alone.
-conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s }
-# Pods reach Services on their own bridge without br_netfilter.
-iptables: { masqueradeAll: true }
-EOF
-  launch kube-proxy "${IN_NET[@]}" "$K8S_BIN/kube-proxy" --config "$DIR/kube-proxy.yaml"
-
   for ((k = 1; k <= n; k++)); do
     node=node-$k
     node_mounts "$node"
@@ -566,6 +553,28 @@ EOF
     start_kubelet "$node" "$k"
   done
   for ((k = 1; k <= n; k++)); do wait_for "node-$k Ready" 90 node_ready "node-$k"; done
+  # One kube-proxy: every node shares the namespace, so one set of rules serves them all. It starts
+  # once its node (node-1) is registered: kube-proxy waits 30 s for its Node, and when the Node shows
+  # up later with addresses it did not start with, it exits for its service manager to start it
+  # again (upstream pkg/proxy/node.go); nothing here would, and the pods would lose the Services.
+  bash "$ROOT/hack/control-plane.sh" client "$DIR" kube-proxy "/CN=system:kube-proxy" "$CP_URL" >&2
+  cat >"$DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: { kubeconfig: $DIR/kube-proxy.kubeconfig }
+mode: iptables
+hostnameOverride: node-1
+clusterCIDR: $POD_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+oomScoreAdj: 0
+# Leave the machine's conntrack settings alone.
+conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s }
+# Pods reach Services on their own bridge without br_netfilter.
+iptables: { masqueradeAll: true }
+EOF
+  launch kube-proxy "${IN_NET[@]}" "$K8S_BIN/kube-proxy" --config "$DIR/kube-proxy.yaml"
+  wait_for "kube-proxy (its rules synced)" 60 kube_proxy_healthy
   wait_for "default ServiceAccount" 60 kubectl get serviceaccount default -n default
 
   { cat "$DIR/control-plane.env"

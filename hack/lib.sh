@@ -32,12 +32,13 @@ stop_pid() {
 }
 
 # launch NAME ARGS...: detached from our session and stdio (callers that capture our output do not
-# hang, and Ctrl-C in their terminal does not reach it); logs to $DIR/NAME.log, pid in $DIR/NAME.pid
+# hang, and Ctrl-C in their terminal does not reach it); appends to $DIR/NAME.log (a node's kubelet or
+# containerd started again after a crash logs on after the first one's lines), pid in $DIR/NAME.pid
 # (the program's own: setsid and nsenter exec it).
 launch() {
   local name=$1; shift
   printf '%s\0' "$@" >"$DIR/$name.argv"
-  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+  setsid "$@" </dev/null >>"$DIR/$name.log" 2>&1 &
   echo $! >"$DIR/$name.pid"
 }
 
