@@ -107,7 +107,7 @@ start() {
   BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
   for f in etcd kube-apiserver kubectl; do [[ -x $BIN/$f ]] || die "$BIN/$f missing; run hack/k8s-build.sh"; done
   # Fresh state each start: only our own files, never the whole dir.
-  rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.pid "$DIR/control-plane.env"
+  rm -rf "$DIR/etcd" "$DIR/pki" "$DIR"/*.kubeconfig "$DIR"/*.log "$DIR"/*.log.[0-9]* "$DIR"/*.pid "$DIR/control-plane.env"
   local bind advertise port
   if [[ ${LOOPBACK:-} == 1 ]]; then
     IN_NS=()

@@ -32,13 +32,18 @@ stop_pid() {
 }
 
 # launch NAME ARGS...: detached from our session and stdio (callers that capture our output do not
-# hang, and Ctrl-C in their terminal does not reach it); appends to $DIR/NAME.log (a node's kubelet or
-# containerd started again after a crash logs on after the first one's lines), pid in $DIR/NAME.pid
-# (the program's own: setsid and nsenter exec it).
+# hang, and Ctrl-C in their terminal does not reach it); logs to $DIR/NAME.log, pid in $DIR/NAME.pid
+# (the program's own: setsid and nsenter exec it). A log already there (a node's kubelet or
+# containerd started again by `cluster.sh restart`) is kept as NAME.log.1, .2, ...: NAME.log is the
+# running program's alone, as the tests that read a restarted kubelet's log expect.
 launch() {
-  local name=$1; shift
+  local name=$1 n=1; shift
   printf '%s\0' "$@" >"$DIR/$name.argv"
-  setsid "$@" </dev/null >>"$DIR/$name.log" 2>&1 &
+  if [[ -s $DIR/$name.log ]]; then
+    while [[ -e $DIR/$name.log.$n ]]; do n=$((n + 1)); done
+    mv "$DIR/$name.log" "$DIR/$name.log.$n"
+  fi
+  setsid "$@" </dev/null >"$DIR/$name.log" 2>&1 &
   echo $! >"$DIR/$name.pid"
 }
 
