@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use nano_gpu_allocator::cli::{
+use nano_gpu_allocator::commands::cli::{
     self, Format, GpushareUnitArg, InspectArgs, Kube, TopArgs, WhyArgs, demand_options,
 };
 use nano_gpu_allocator::sim::{self, Options};
@@ -276,7 +276,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             args.listen
         );
     }
-    use nano_gpu_allocator::{binder::KubeBinder, server, state, watch};
+    use nano_gpu_allocator::service::{bind_api::KubeBinder, server, watch};
+    use nano_gpu_allocator::state;
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
     if args.policy.ends_with(policy::first_fit::SUFFIX) {
         bail!(
@@ -308,14 +309,14 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 FilterAnswersArg::Fitting => server::FilterAnswers::Fitting,
             })
             .with_shares(match (args.dra, args.dra_shares) {
-                (_, true) => nano_gpu_allocator::admission::Shares::Claims,
-                (true, false) => nano_gpu_allocator::admission::Shares::ClaimsIfAnnotated,
-                (false, false) => nano_gpu_allocator::admission::Shares::DevicePlugin,
+                (_, true) => nano_gpu_allocator::decide::admission::Shares::Claims,
+                (true, false) => nano_gpu_allocator::decide::admission::Shares::ClaimsIfAnnotated,
+                (false, false) => nano_gpu_allocator::decide::admission::Shares::DevicePlugin,
             });
         // The election, and what gives its Lease up at shutdown.
         let mut election = None;
         if args.leader_elect {
-            use nano_gpu_allocator::leader;
+            use nano_gpu_allocator::service::leader;
             shared = shared.with_leadership(std::sync::Arc::new(leader::Leadership::elected()));
             let identity = args.pod_name.clone().unwrap_or_else(|| format!("nano-gpu-allocator-{}", std::process::id()));
             let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
@@ -372,7 +373,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 .context("connecting to the API server")?;
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
-            let evictor = nano_gpu_allocator::evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);
+            let evictor = nano_gpu_allocator::service::overrun_evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);
             tracing::info!("evicting pods marked as over their GPU memory grant");
             tokio::spawn(evictor.run());
         }
@@ -384,7 +385,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 .context("connecting to the API server")?;
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
-            tokio::spawn(nano_gpu_allocator::victims::run(client, shared.view.clone(), shared.leader.clone(), recorder));
+            tokio::spawn(nano_gpu_allocator::service::preempt_evict::run(client, shared.view.clone(), shared.leader.clone(), recorder));
         }
         // How the watches list, read once from the API server's version.
         let listing = watch::Listing::of(&client).await;
@@ -394,7 +395,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
             tracing::info!("allocating the claims of nano-gpu's DeviceClass");
-            tokio::spawn(nano_gpu_allocator::dra::run(
+            tokio::spawn(nano_gpu_allocator::service::dra::run(
                 client.clone(),
                 shared.view.clone(),
                 shared.leader.clone(),
@@ -404,7 +405,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         if let Some(url) = args.prometheus_url.clone() {
             let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));
-            tokio::spawn(nano_gpu_allocator::load::follow(
+            tokio::spawn(nano_gpu_allocator::service::load::follow(
                 url,
                 shared.view.clone(),
                 std::time::Duration::from_secs(every),
@@ -413,7 +414,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         if let Some(me) = args.pod_name.clone() {
             let pods = kube::Api::namespaced(client.clone(), &args.lease_namespace);
-            tokio::spawn(nano_gpu_allocator::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
+            tokio::spawn(nano_gpu_allocator::service::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
         }
         tokio::spawn(server::expire_filter_holds(shared.view.clone()));
         let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name, listing));
@@ -435,7 +436,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             });
         }
         if args.tls_listen.is_some() || args.extender_tls_listen.is_some() {
-            use nano_gpu_allocator::tls;
+            use nano_gpu_allocator::service::tls;
             let certs = match (&args.tls_cert, &args.tls_key) {
                 (Some(cert), Some(key)) => {
                     std::sync::Arc::new(tls::CertSource::files(cert.clone(), key.clone(), ends.clone())?)

@@ -18,20 +18,23 @@
 //! lives until the watch shows the annotated pod, so back-to-back decisions never double-book, and a
 //! failed bind gives it back ([`ClusterState::release`]).
 //!
-//! One job per file under `state/`: `decode` (objects → records), `index` (watch events and
-//! re-lists), `rebuild` (records → the engine's node), `reserve` (reservations and the annotations a
-//! bind writes), `preempt`, `inspect` (the `/inspect` document), `map` (the GPU map's data: `/inspect` and the
-//! waiting pods), `why` (a waiting pod's verdict per node).
+//! One job per file under `state/`: `slim` (pods and nodes as the watches decode them), `decode`
+//! (objects → records), `index` (watch events and re-lists), `rebuild` (records → the engine's node),
+//! `reserve` (reservations and the annotations a bind writes), `preempt_verb` (kube-scheduler's
+//! `/preempt` call, answered on the view), `preemption` (the preemption nano-gpu carries out itself),
+//! `claims` (ResourceClaims and the pods waiting on them), `inspect` (the `/inspect` document), `map`
+//! (the GPU map's data: `/inspect` and the waiting pods), `why` (a waiting pod's verdict per node).
 
 mod claims;
 mod decode;
 mod index;
 mod inspect;
 mod map;
-mod preempt;
+mod preempt_verb;
 mod preemption;
 mod rebuild;
 mod reserve;
+pub mod slim;
 #[cfg(test)]
 mod tests;
 mod why;
@@ -44,7 +47,7 @@ pub use preemption::{Needs, Preemption, Victim};
 pub use reserve::Reservation;
 pub use why::NodeVerdict;
 
-use crate::extender::Extender;
+use crate::decide::extender::Extender;
 use decode::{NodeRecord, PodRecord};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::Engine;
@@ -144,15 +147,15 @@ pub struct ClusterState {
     /// changed without building them.
     generation: u64,
     /// The generation at which the filter last found no node for a pod, until that pod and any other
-    /// refused are sent back to kube-scheduler's queue ([`crate::requeue`]).
+    /// refused are sent back to kube-scheduler's queue ([`crate::service::requeue`]).
     refused_at: Option<u64>,
     /// Every ResourceClaim by uid, and the uid of each (namespace, name).
-    claims: HashMap<String, crate::claim::ClaimRecord>,
+    claims: HashMap<String, crate::decide::claim::ClaimRecord>,
     claim_keys: HashMap<(String, String), String>,
     /// During a re-list of claims: the uids seen so far.
     relisting_claims: Option<HashSet<String>>,
     /// Allocations being written, by claim uid: they hold their cards until written or failed.
-    in_flight: HashMap<String, crate::claim::Held>,
+    in_flight: HashMap<String, crate::decide::claim::Held>,
     /// Node name → uids of the claims holding cards on it.
     claims_on: HashMap<String, HashSet<String>>,
     /// Pending pods that use claims, by uid; per pod, the nodes kube-scheduler refused after
@@ -425,12 +428,12 @@ impl ClusterState {
         let by_name = args.node_names.is_some();
         let names = args.take_candidate_names();
         let result = self.filter_names(args.pod.as_ref(), names);
-        crate::extender::with_nodes(by_name, &args, result)
+        crate::decide::extender::with_nodes(by_name, &args, result)
     }
 
     /// Acts on a filter's answer `result` for `pod`: a pod that no node passed may preempt pods of
     /// lower priority ([`Self::preempt_for_share`]), and waits in kube-scheduler's queue for a
-    /// cluster event, which may already be behind this view ([`crate::requeue`]); one that some node
+    /// cluster event, which may already be behind this view ([`crate::service::requeue`]); one that some node
     /// passed is nominated nowhere.
     fn after_filter<N: AsRef<str> + Ord>(&mut self, pod: Option<&Pod>, result: &mut ExtenderFilterResult<N>) {
         if !result.error.is_empty() {
@@ -531,12 +534,12 @@ impl ClusterState {
         let by_name = args.node_names.is_some();
         let names = args.take_candidate_names();
         let result = self.choose_names(args.pod.as_ref(), names, now);
-        crate::extender::with_nodes(by_name, &args, result)
+        crate::decide::extender::with_nodes(by_name, &args, result)
     }
 
     /// Gives back the filter holds older than [`FILTER_HOLD`] whose bind did not come, and ends the
     /// nominations past their limit (at each filter, and every second by
-    /// [`crate::server::expire_filter_holds`], so a quiet cluster does not keep them).
+    /// [`crate::service::server::expire_filter_holds`], so a quiet cluster does not keep them).
     pub fn expire_filter_holds(&mut self, now: Instant) {
         self.expire_nominations(now);
         let expired: Vec<String> = self

@@ -4,9 +4,9 @@
 //! then the new one alone) and each step holds at once, with no restart; the ends of the CA and of
 //! the accepted client certificate are recorded for `/metrics`.
 
-use nano_gpu_allocator::binder::KubeBinder;
+use nano_gpu_allocator::service::bind_api::KubeBinder;
+use nano_gpu_allocator::service::{server, tls};
 use nano_gpu_allocator::state::ClusterState;
-use nano_gpu_allocator::{server, tls};
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::Cluster;
 use nano_gpu_engine::policy;

@@ -4,7 +4,7 @@
 use crate::cluster::{Cluster, phase, report};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
-use nano_gpu_allocator::bind;
+use nano_gpu_allocator::service::bind;
 use nano_gpu_allocator::state::FILTER_HOLD;
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory,

@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Binding, Event, Node, Pod, PodSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use nano_gpu_allocator::leader::{LEADER_LABEL, scheduler_of};
+use nano_gpu_allocator::service::leader::{LEADER_LABEL, scheduler_of};
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, GPUS_ANNOTATION, OVERRUN, OverrunMark};
 use nano_gpu_tests::browser::Browser;
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};

@@ -332,7 +332,7 @@ async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no
 /// This case found a bug (once in nine runs): a share bound during the crash ended
 /// `UnexpectedAdmissionError` with "it has no nano-gpu/assignment annotation". The binding had been
 /// made, its answer was lost in the crash, and the bind's rollback then removed the assignment of a
-/// bound pod. A failed bind now reads back what the API server holds (`allocator/src/bind.rs`).
+/// bound pod. A failed bind now reads back what the API server holds (`allocator/src/service/bind.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_bursts_lose_no_pod() {
     let cluster = Cluster::up("crashes", 3);

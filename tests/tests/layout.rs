@@ -1,6 +1,7 @@
-//! The layout stays what the README's Layout section says: inside each crate, no top-level module
-//! reaches (through `crate::` paths) a module that reaches back to it. A cycle is reported with its
-//! path, e.g. `health -> inventory -> health`.
+//! The layout stays what the layout page (docs/src/development/layout.md) says: inside each crate,
+//! no top-level module reaches (through `crate::` or `super::` paths) a module that reaches back to
+//! it, nor does a module one folder down with its siblings; the allocator's folders by job use only
+//! the folders before them. A cycle is reported with its path, e.g. `health -> inventory -> health`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,40 +22,103 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Top-level module → the top-level modules its code names as `crate::<module>`; comment lines are
-/// skipped, and `lib.rs`/`main.rs` (the module map and the wiring) are not modules.
-fn module_graph(src: &Path) -> Graph {
+/// A file's module path inside its crate: `service/watch.rs` → `service::watch`, `state.rs` →
+/// `state`; `lib.rs`, `main.rs` and `bin/` (the module map and the wiring) are no module (`None`).
+fn module_path(rel: &Path) -> Option<Vec<String>> {
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned())
+        .collect();
+    if matches!(path.first().map(String::as_str), Some("lib" | "main" | "bin")) {
+        return None;
+    }
+    if path.last().is_some_and(|l| l == "mod") {
+        path.pop();
+    }
+    Some(path)
+}
+
+/// The module paths a line names: `crate::a::b::C` gives `a::b::C`, `super::x` in module `m::n`
+/// gives `m::x` (a path is cut to a known module later). `nano_gpu_crate::x` is another crate.
+fn named_paths(line: &str, module: &[String]) -> Vec<Vec<String>> {
+    let ident = |s: &str| -> Vec<String> {
+        s.split("::")
+            .map(|part| part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>())
+            .take_while(|part| !part.is_empty())
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (prefix, up) in [("crate::", None), ("super::", Some(()))] {
+        for (i, _) in line.match_indices(prefix) {
+            if line[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let mut rest = &line[i + prefix.len()..];
+            let mut base: Vec<String> = Vec::new();
+            if up.is_some() {
+                // `super::` from module m::n is m; each further `super::` goes one more up.
+                let mut depth = module.len().saturating_sub(1);
+                while let Some(r) = rest.strip_prefix("super::") {
+                    depth = depth.saturating_sub(1);
+                    rest = r;
+                }
+                base.extend_from_slice(&module[..depth]);
+            }
+            base.extend(ident(rest));
+            if !base.is_empty() {
+                out.push(base);
+            }
+        }
+    }
+    out
+}
+
+/// Module → the modules its code names (through `crate::` or `super::` paths), each module cut to
+/// its first `depth` path segments (1: the crate's top-level modules; 2: also those one folder down).
+/// A named path is cut to the longest module the crate has; comment lines are skipped.
+fn module_graph(src: &Path, depth: usize) -> Graph {
     let mut files = Vec::new();
     rust_files(src, &mut files);
-    let mut graph = Graph::new();
+    let mut modules: Vec<(Vec<String>, PathBuf)> = Vec::new();
     for file in files {
-        let rel = file.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
-        let module = first.trim_end_matches(".rs").to_owned();
-        if module == "lib" || module == "main" || module == "bin" {
-            continue;
+        if let Some(path) = module_path(file.strip_prefix(src).unwrap()) {
+            modules.push((path, file));
         }
-        let text = std::fs::read_to_string(&file).unwrap();
-        let uses = graph.entry(module.clone()).or_default();
+    }
+    let cut = |p: &[String]| p[..p.len().min(depth)].join("::");
+    let known: BTreeSet<String> = modules.iter().map(|(p, _)| cut(p)).collect();
+    let mut graph = Graph::new();
+    for (path, file) in &modules {
+        let from = cut(path);
+        let uses = graph.entry(from.clone()).or_default();
+        let text = std::fs::read_to_string(file).unwrap();
         for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (i, _) in line.match_indices("crate::") {
-                // `nano_gpu_crate::x` is another crate, not this one.
-                if line[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-                    continue;
-                }
-                let name: String =
-                    line[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                if !name.is_empty() && name != module {
-                    uses.insert(name);
+            for named in named_paths(line, path) {
+                let to = (1..=named.len().min(depth))
+                    .rev()
+                    .map(|n| named[..n].join("::"))
+                    .find(|m| known.contains(m));
+                if let Some(to) = to.filter(|to| *to != from) {
+                    uses.insert(to);
                 }
             }
         }
     }
-    let known: BTreeSet<String> = graph.keys().cloned().collect();
-    for uses in graph.values_mut() {
-        uses.retain(|m| known.contains(m));
-    }
     graph
+}
+
+/// The graph of the modules one level down that share a parent (`service::watch`,
+/// `service::leader`, ...), with only the edges between such siblings: a folder's own file (its
+/// module map) and its children may name each other, as `lib.rs` and the top level do.
+fn sibling_graph(graph: &Graph) -> Graph {
+    let parent = |m: &str| m.rsplit_once("::").map(|(p, _)| p.to_owned());
+    let mut g = Graph::new();
+    for (from, uses) in graph {
+        let Some(p) = parent(from) else { continue };
+        let siblings = uses.iter().filter(|to| parent(to).as_deref() == Some(p.as_str())).cloned();
+        g.entry(from.clone()).or_default().extend(siblings);
+    }
+    g
 }
 
 /// A cycle in `graph`, as the path around it, if there is one.
@@ -100,10 +164,37 @@ fn graph(edges: &[(&str, &str)]) -> Graph {
 fn no_crate_has_a_module_cycle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     for krate in CRATES {
-        let g = module_graph(&root.join(krate));
-        assert!(g.len() > 1, "{krate}: no modules found");
-        if let Some(cycle) = find_cycle(&g) {
+        let top = module_graph(&root.join(krate), 1);
+        assert!(top.len() > 1, "{krate}: no modules found");
+        if let Some(cycle) = find_cycle(&top) {
             panic!("{krate}: module cycle {}", cycle.join(" -> "));
+        }
+        // One folder down: no two modules of a folder name each other, round a cycle.
+        if let Some(cycle) = find_cycle(&sibling_graph(&module_graph(&root.join(krate), 2))) {
+            panic!("{krate}: module cycle {}", cycle.join(" -> "));
+        }
+    }
+}
+
+/// The allocator's folders by job, each using only those before it (`allocator/src/lib.rs`).
+const ALLOCATOR_ORDER: &[&str] = &["decide", "state", "service", "commands", "sim"];
+
+#[test]
+fn the_allocators_folders_use_only_those_before_them() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let top = module_graph(&root.join("allocator/src"), 1);
+    let rank = |m: &str| ALLOCATOR_ORDER.iter().position(|o| *o == m);
+    for module in top.keys() {
+        // Only test helpers stand outside the folders.
+        assert!(
+            rank(module).is_some() || module == "api_replies",
+            "allocator/src/{module}: in no folder by job"
+        );
+    }
+    for (from, uses) in &top {
+        let Some(r) = rank(from) else { continue };
+        if let Some(to) = uses.iter().find(|to| rank(to).is_some_and(|t| t > r)) {
+            panic!("allocator/src/{from} reaches up to {to} (allowed: the folders before it in lib.rs)");
         }
     }
 }
@@ -116,4 +207,17 @@ fn the_check_finds_a_cycle_through_several_modules_and_none_in_a_chain() {
     assert_eq!(cycle.len(), 4, "{cycle:?}");
     let chain = graph(&[("server", "bind"), ("bind", "state"), ("watch", "state")]);
     assert_eq!(find_cycle(&chain), None);
+}
+
+#[test]
+fn paths_are_read_from_crate_and_super() {
+    let module = ["state".to_owned(), "claims".to_owned()];
+    let named =
+        named_paths("use super::preemption::{Needs, Preemptor}; crate::service::watch::run(x)", &module);
+    assert_eq!(named, [vec!["service", "watch", "run"], vec!["state", "preemption"]]);
+    // `super::super::` from a test module inside state::claims reaches the state folder.
+    let module = ["state".to_owned(), "claims".to_owned(), "tests".to_owned()];
+    assert_eq!(named_paths("use super::super::ClusterState;", &module), [vec!["state", "ClusterState"]]);
+    // Another crate's path is not this one's.
+    assert!(named_paths("nano_gpu_allocator::state::X", &module).is_empty());
 }

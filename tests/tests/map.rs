@@ -5,8 +5,8 @@
 //! size, the time to the first drawing and to a search's answer): numbers to read, not thresholds.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use nano_gpu_allocator::binder::KubeBinder;
-use nano_gpu_allocator::server;
+use nano_gpu_allocator::service::bind_api::KubeBinder;
+use nano_gpu_allocator::service::server;
 use nano_gpu_allocator::state::ClusterState;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::Cluster;

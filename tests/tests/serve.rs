@@ -2,9 +2,9 @@
 //! service becomes ready, and a filter → bind round writes the binding that carries the
 //! assignment.
 
-use nano_gpu_allocator::binder::KubeBinder;
+use nano_gpu_allocator::service::bind_api::KubeBinder;
+use nano_gpu_allocator::service::{server, watch};
 use nano_gpu_allocator::state::ClusterState;
-use nano_gpu_allocator::{server, watch};
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::Cluster;
 use nano_gpu_engine::policy;

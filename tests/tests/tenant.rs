@@ -428,7 +428,7 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     let _ = cluster.try_signal_container(SYSTEM, &agent_2, "agent", "SIGCONT");
     wait_running(&pods, &["lured".into()], Duration::from_secs(180)).await;
     // The leader sends a refused pod back to kube-scheduler's queue once its view has changed (see
-    // allocator/src/requeue.rs): its pod comes to carry the view's generation. It looks once a
+    // allocator/src/service/requeue.rs): its pod comes to carry the view's generation. It looks once a
     // second, so kube-scheduler, woken by the agent's return, may have placed `lured` first.
     let leader = cluster.allocator_leader().unwrap();
     let start = std::time::Instant::now();

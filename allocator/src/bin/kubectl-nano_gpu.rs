@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use nano_gpu_allocator::cli::{self, CheckArgs, InspectArgs, Kube, TopArgs, WhyArgs};
+use nano_gpu_allocator::commands::cli::{self, CheckArgs, InspectArgs, Kube, TopArgs, WhyArgs};
 
 #[derive(Parser)]
 #[command(name = "kubectl nano-gpu", version, about = "nano-gpu's view of a cluster's GPUs, for kubectl")]
@@ -38,7 +38,7 @@ enum Command {
     /// `nano-gpu-agent clean-node`), its labels and annotations on Nodes; an Event on each pod left
     /// Pending for `nano-gpu-scheduler`. Running GPU containers keep their cards. Exits 1 when a
     /// step fails; run again, it does only what is left.
-    Uninstall(nano_gpu_allocator::uninstall::UninstallArgs),
+    Uninstall(nano_gpu_allocator::commands::uninstall::UninstallArgs),
 }
 
 fn main() -> Result<()> {

@@ -3,7 +3,7 @@
 //! filter, our 0..=10 scores, kube-scheduler's pick (`selectHost`), then our bind and the assignment
 //! annotation read back as the agent would.
 
-use crate::extender::Extender;
+use crate::decide::extender::Extender;
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::NodeId;

@@ -17,10 +17,10 @@ use super::ClusterState;
 use super::decode::{NodeRecord, host_requests};
 use super::preemption::{Needs, Preemptor};
 use super::why::NodeVerdict;
-use crate::claim::{
+use crate::decide::claim::{
     ClaimRecord, ClaimSlot, Given, Held, Placement, PodClaim, allocation, pod_claims, template_shape,
 };
-use crate::extender::NO_INVENTORY;
+use crate::decide::extender::NO_INVENTORY;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_engine::model::NodeId;
@@ -353,7 +353,7 @@ impl ClusterState {
                 node: name.clone(),
                 devices: given
                     .iter()
-                    .map(|g| crate::claim::HeldDevice {
+                    .map(|g| crate::decide::claim::HeldDevice {
                         card: Ok(g.card),
                         percent: g.percent,
                         memory: g.memory,
@@ -570,7 +570,7 @@ impl ClusterState {
         Some(Ok(verdicts))
     }
 
-    /// The templates of nano-gpu's form ([`crate::claim::template_name`]) that waiting pods use and
+    /// The templates of nano-gpu's form ([`crate::decide::claim::template_name`]) that waiting pods use and
     /// that no claim was made from yet, by (namespace, name): to be made if they do not exist.
     pub fn take_templates_wanted(&mut self) -> std::collections::BTreeSet<(String, String)> {
         std::mem::take(&mut self.templates_wanted)

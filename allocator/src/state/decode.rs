@@ -35,7 +35,7 @@ pub(super) struct NodeRecord {
     /// Its agent serves the cards through DRA (`nano-gpu/front-end: dra`): no share goes there.
     pub(super) dra: bool,
     /// Of a DRA node only: its labels, taints and cordon, which the claims' placement reads.
-    pub(super) facts: Option<crate::claim::NodeFacts>,
+    pub(super) facts: Option<crate::decide::claim::NodeFacts>,
 }
 
 /// What a pod holds.
@@ -125,7 +125,7 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
         == Some(ENV_HONOURED);
     let dra = node.metadata.labels.as_ref().and_then(|l| l.get(FRONT_END_LABEL)).map(String::as_str)
         == Some(FRONT_END_DRA);
-    let facts = dra.then(|| crate::claim::NodeFacts {
+    let facts = dra.then(|| crate::decide::claim::NodeFacts {
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints: node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default(),
         cordoned: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),

@@ -93,7 +93,7 @@ impl ClusterState {
                 self.by_node.get(name).into_iter().flatten().filter_map(|uid| self.pods.get(uid)).collect();
             // Claims whose allocation cannot be trusted here (devices of other nodes too) count the
             // node as full and are named by the Overcommitted warning, not here.
-            let claims: Vec<((String, String), crate::claim::Held)> =
+            let claims: Vec<((String, String), crate::decide::claim::Held)> =
                 self.claims_held_on(name).into_iter().filter_map(|(key, held)| Some((key, held?))).collect();
             let cards = n
                 .cards

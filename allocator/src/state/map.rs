@@ -4,7 +4,7 @@
 
 use super::ClusterState;
 use super::inspect::InspectDoc;
-use crate::extender::{NO_INVENTORY, engine_request};
+use crate::decide::extender::{NO_INVENTORY, engine_request};
 use nano_gpu_engine::request::Reason;
 use nano_gpu_proto::demand::{CardDemand, PodDemand};
 use std::collections::BTreeMap;

@@ -20,7 +20,7 @@
 //!   preemption works: 10 % of the candidates or 100, whichever is more, as kube-scheduler's default
 //!   preemption does (from an offset that differs from pod to pod).
 //!
-//! The victims are evicted through the Eviction API by the leader ([`crate::victims`]), so
+//! The victims are evicted through the Eviction API by the leader ([`crate::service::preempt_evict`]), so
 //! PodDisruptionBudgets hold (where kube-scheduler only prefers nodes that violate fewer); a refused
 //! eviction gives the node up for [`RETRY`]. Until the victims are gone (and their claims
 //! deallocated), the pod is nominated to the node: no pod of its priority or lower is placed there.
@@ -28,7 +28,7 @@
 
 use crate::state::ClusterState;
 use crate::state::decode::{self, PodRecord};
-use crate::state::preempt::{free_record, give_back, held_percent};
+use crate::state::preempt_verb::{free_record, give_back, held_percent};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::model::{Node, NodeId};
 use nano_gpu_engine::request::{Request, Tightest, fit};

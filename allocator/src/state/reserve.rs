@@ -5,7 +5,7 @@
 
 use super::ClusterState;
 use super::decode::{Holding, PodRecord, pod_uid};
-use crate::extender::{BindError, Bound};
+use crate::decide::extender::{BindError, Bound};
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment, rfc3339};
 use nano_gpu_proto::gpushare;

@@ -13,12 +13,12 @@ use std::time::SystemTime;
 /// `value` decoded as the pod watch decodes pods, with only what the view reads: every test of the
 /// view so also checks that it reads nothing the watch drops.
 pub(super) fn watched_pod(value: serde_json::Value) -> Pod {
-    serde_json::from_value::<crate::slim::ViewPod>(value).unwrap().0
+    serde_json::from_value::<crate::state::slim::ViewPod>(value).unwrap().0
 }
 
 /// `value` decoded as the node watch decodes nodes (see [`watched_pod`]).
 pub(super) fn watched_node(value: serde_json::Value) -> KubeNode {
-    serde_json::from_value::<crate::slim::ViewNode>(value).unwrap().0
+    serde_json::from_value::<crate::state::slim::ViewNode>(value).unwrap().0
 }
 
 fn state() -> ClusterState {

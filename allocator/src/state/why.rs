@@ -37,7 +37,7 @@ impl ClusterState {
         }
         let (demand, _) = self.extender.request(pod)?;
         if !demand.wants_gpu() {
-            if !crate::claim::pod_claims(pod).is_empty() {
+            if !crate::decide::claim::pod_claims(pod).is_empty() {
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
                 return Err(match node {
                     Some(node) => format!("the pod uses ResourceClaims and is bound to node {node}"),

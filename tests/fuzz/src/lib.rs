@@ -143,9 +143,9 @@ pub fn cgroup_and_metrics(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     for line in text.lines() {
         let _ = nano_gpu_agent::usage::cgroup::container_of(line);
-        let _ = nano_gpu_allocator::top::sample(line);
+        let _ = nano_gpu_allocator::commands::top::sample(line);
     }
-    let _ = nano_gpu_allocator::top::rows(&text);
+    let _ = nano_gpu_allocator::commands::top::rows(&text);
 }
 
 /// The device plugin's Allocate over two cards: the bytes as a protobuf `AllocateRequest`, and as
@@ -311,8 +311,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 
 /// The allocator's two routers over an empty cluster, with a binder whose API calls all fail.
 fn allocator() -> (axum::Router, axum::Router) {
-    use nano_gpu_allocator::binder::{ApiError, Binder};
-    use nano_gpu_allocator::server::{Shared, public_router, router};
+    use nano_gpu_allocator::service::bind_api::{ApiError, Binder};
+    use nano_gpu_allocator::service::server::{Shared, public_router, router};
     use nano_gpu_allocator::state::ClusterState;
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy, workload::Workload};
     struct NoApi;

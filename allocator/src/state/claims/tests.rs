@@ -1,7 +1,7 @@
 //! The view's claims: what allocations hold, and the choices for pods waiting on claims.
 
 use super::*;
-use crate::claim::{Given, allocation};
+use crate::decide::claim::{Given, allocation};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::policy;

@@ -9,9 +9,9 @@
 //! eviction they refuse is tried again every [`BLOCKED_RETRY`], and said once in an Event. Who may set
 //! the mark is limited by `deploy/assignment-policy.yaml` (only nano-gpu writes it).
 
-use crate::leader::Leadership;
+use crate::service::leader::Leadership;
+use crate::service::watch::publish;
 use crate::state::Warning;
-use crate::watch::publish;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;

@@ -10,9 +10,9 @@
 //!    has the uid kube-scheduler names, and reserve the cards in the view
 //!    ([`ClusterState::reserve`](crate::state::ClusterState::reserve)): back-to-back binds never
 //!    double-book, and a repeated bind of a bound pod is answered at once. The next pod's filter,
-//!    which waited for this ([`crate::handoff`]), goes on.
+//!    which waited for this ([`crate::service::handoff`]), goes on.
 //! 4. POST `pods/binding` carrying the assignment: one write sets the node and the annotations together
-//!    (see [`binder`](crate::binder)), so no answer, however late, leaves a pod bound to one node with an
+//!    (see [`binder`](crate::service::bind_api)), so no answer, however late, leaves a pod bound to one node with an
 //!    assignment naming another.
 //!
 //! Steps 2–4 end within [`DEADLINE`] and reading back a failed binding within [`READ_BACK`], together
@@ -21,10 +21,10 @@
 //! the binding is sent, the reservation is simply given back; after, what the API server holds decides
 //! (the answer may have been lost): see [`settle_failure`].
 
-use crate::binder::{ApiError, Binder};
-use crate::extender::BindError;
-use crate::handoff::Handoff;
-use crate::leader::Leadership;
+use crate::decide::extender::BindError;
+use crate::service::bind_api::{ApiError, Binder};
+use crate::service::handoff::Handoff;
+use crate::service::leader::Leadership;
 use crate::state::{Reservation, SharedView};
 use nano_gpu_proto::annotations::ASSIGNMENT_ANNOTATION;
 use nano_gpu_proto::extender::ExtenderBindingArgs;

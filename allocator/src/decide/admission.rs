@@ -6,13 +6,13 @@
 //! With DRA ([`Shares::Claims`]), such a pod is turned into a pod with claims instead, so that it
 //! runs unchanged on nodes whose agent serves DRA: each GPU slot (a container, and the init
 //! containers that reuse its cards) gets a claim made from nano-gpu's ResourceClaimTemplate of the
-//! slot's shape (`nano-gpu-p30`, `nano-gpu-w2`, …: [`crate::claim::template_name`]), and the
+//! slot's shape (`nano-gpu-p30`, `nano-gpu-w2`, …: [`crate::decide::claim::template_name`]), and the
 //! containers lose the nano-gpu resources. The allocator makes the template in the pod's namespace
 //! and allocates the claim with its policy. Why templates: a pod's claims are fixed at creation,
 //! and the pod has no UID yet at admission; a template lets Kubernetes' ResourceClaim controller
 //! make each claim, owned by the pod, and delete it with the pod.
 
-use crate::claim::template_name;
+use crate::decide::claim::template_name;
 use k8s_openapi::api::core::v1::Pod;
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::admission::{AdmissionResponse, AdmissionReview, AdmissionStatus, base64};

@@ -337,9 +337,9 @@ pub struct Election {
 pub type CatchUp = Box<dyn Fn(Duration) -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
 
 /// How long a leader that stops waits for its decisions in flight (a bind's last API call, bounded by
-/// [`CALL_TIMEOUT`](crate::binder::CALL_TIMEOUT)) before it gives the Lease up: the next leader must
+/// [`CALL_TIMEOUT`](crate::service::bind_api::CALL_TIMEOUT)) before it gives the Lease up: the next leader must
 /// find every write of this one made.
-pub const SETTLE: Duration = Duration::from_secs(crate::binder::CALL_TIMEOUT.as_secs() + 1);
+pub const SETTLE: Duration = Duration::from_secs(crate::service::bind_api::CALL_TIMEOUT.as_secs() + 1);
 
 /// Stops deciding; once the decisions in flight ended (at most [`SETTLE`]), returns whether this
 /// replica led.

@@ -4,9 +4,9 @@
 //! by one; a watch that breaks re-lists after a short backoff (`nano_gpu_runtime::watch_backoff`: at
 //! most 4 s). The service is ready once both have listed. A reserved pod a re-list did not show is
 //! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
-//! Pods and Nodes are decoded with only the fields the view reads ([`crate::slim`]).
+//! Pods and Nodes are decoded with only the fields the view reads ([`crate::state::slim`]).
 
-use crate::slim::{ViewNode, ViewPod};
+use crate::state::slim::{ViewNode, ViewPod};
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};

@@ -15,7 +15,7 @@
 //! change, a cluster event, and queues every pod an extender refused again. At most once per
 //! [`EVERY`], only after a refusal, only by the replica that decides.
 
-use crate::leader::Leadership;
+use crate::service::leader::Leadership;
 use crate::state::SharedView;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -43,7 +43,7 @@ pub async fn run(pods: Api<Pod>, me: String, view: Arc<SharedView>, leader: Arc<
         let patch = Patch::Merge(json!({"metadata": {"labels": {VIEW_LABEL: generation.to_string()}}}));
         let params = PatchParams::default();
         let call = pods.patch(&me, &params, &patch);
-        match tokio::time::timeout(crate::binder::CALL_TIMEOUT, call).await {
+        match tokio::time::timeout(crate::service::bind_api::CALL_TIMEOUT, call).await {
             Ok(Ok(_)) => {
                 tracing::debug!(pod = %me, generation, "refused pods sent back to kube-scheduler's queue")
             }

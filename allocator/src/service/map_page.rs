@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 /// The oldest waiting pods the map lists with their reasons (each is judged against every node).
 pub const WAITING_SHOWN: usize = 200;
 
-const PAGE: &str = include_str!("../assets/map/index.html");
-const SCRIPT: &str = include_str!("../assets/map/app.js");
+const PAGE: &str = include_str!("../../assets/map/index.html");
+const SCRIPT: &str = include_str!("../../assets/map/app.js");
 
 /// `GET /map`.
 pub async fn page() -> Response {

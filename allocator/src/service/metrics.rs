@@ -47,7 +47,7 @@ struct VerbStats {
 pub struct Metrics {
     verbs: [VerbStats; 3],
     /// When the certificates this replica serves and accepts end (the TLS code records them).
-    pub certificates: std::sync::Arc<crate::tls::CertificateEnds>,
+    pub certificates: std::sync::Arc<crate::service::tls::CertificateEnds>,
 }
 
 impl Metrics {

@@ -16,9 +16,9 @@
 //! A new leader re-lists every claim (a consistent read) before its first choice: the replica that
 //! led before may have written allocations this replica's watch has not shown yet.
 
-use crate::leader::Leadership;
+use crate::service::leader::Leadership;
+use crate::service::watch::{LIST_PAGE, Listing, Watch, publish};
 use crate::state::{ClaimWrite, SharedView};
-use crate::watch::{LIST_PAGE, Listing, Watch, publish};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{ListParams, PostParams};
 use kube::runtime::events::Recorder;
@@ -89,7 +89,7 @@ pub async fn run(
             publish(&recorder, w, "Allocate").await;
         }
         for p in &preemptions {
-            crate::victims::carry_out(&client, &view, &leader, &recorder, p).await;
+            crate::service::preempt_evict::carry_out(&client, &view, &leader, &recorder, p).await;
         }
         made.retain(|_, at| at.elapsed() < TEMPLATE_RECHECK);
         for (namespace, name) in wanted {
@@ -161,10 +161,10 @@ async fn watch(
 }
 
 /// Makes nano-gpu's ResourceClaimTemplate `name` in `namespace` (a name of
-/// [`crate::claim::template_name`]'s form); one that exists already is left as it is (if someone
+/// [`crate::decide::claim::template_name`]'s form); one that exists already is left as it is (if someone
 /// else made it asking something else, the claims made from it are refused).
 async fn make_template(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
-    let Some(body) = crate::claim::template(namespace, name) else {
+    let Some(body) = crate::decide::claim::template(namespace, name) else {
         anyhow::bail!("{name} is not a name of nano-gpu's templates");
     };
     let template: ResourceClaimTemplate = serde_json::from_value(body)?;
@@ -296,10 +296,10 @@ mod tests {
             claim_uid: "u-c".into(),
             resource_version: "5".into(),
             node: "n1".into(),
-            allocation: crate::claim::allocation(
+            allocation: crate::decide::claim::allocation(
                 "u-c",
                 "n1",
-                &[crate::claim::Given {
+                &[crate::decide::claim::Given {
                     request: "gpu".into(),
                     card: 1,
                     percent: nano_gpu_proto::units::Percent(30),

@@ -4,10 +4,10 @@
 //! An eviction refused or failed ends the waiting pod's nomination for
 //! [`crate::state::PREEMPT_RETRY`] and says why on the waiting pod.
 
-use crate::evict::{self, Outcome};
-use crate::leader::Leadership;
+use crate::service::leader::Leadership;
+use crate::service::overrun_evict::{self, Outcome};
+use crate::service::watch::publish;
 use crate::state::{Needs, Preemption, SharedView, Warning};
-use crate::watch::publish;
 use kube::Client;
 use kube::runtime::events::Recorder;
 use nano_gpu_proto::events::Reason;
@@ -18,7 +18,7 @@ use std::time::Duration;
 const EVERY: Duration = Duration::from_millis(200);
 
 /// Evicts the victims of every preemption the view decided (the filter's, for GPU shares; the claim
-/// planner carries out its own at once, [`crate::dra`]) while this replica leads; one decided while
+/// planner carries out its own at once, [`crate::service::dra`]) while this replica leads; one decided while
 /// it led is dropped once it no longer does ([`carry_out`]).
 pub async fn run(client: Client, view: Arc<SharedView>, leader: Arc<Leadership>, recorder: Recorder) {
     let mut tick = tokio::time::interval(EVERY);
@@ -54,7 +54,7 @@ pub async fn carry_out(
             return;
         }
         let victim = format!("{}/{}", v.pod.0, v.pod.1);
-        let why = match evict::evict(client, &v.pod.0, &v.pod.1, &v.uid).await {
+        let why = match overrun_evict::evict(client, &v.pod.0, &v.pod.1, &v.uid).await {
             Outcome::Evicted => {
                 tracing::info!(pod = %victim, node = %p.node, preemptor = %waiting, "preempted");
                 let message = format!(

@@ -4,8 +4,8 @@
 //! room) and `check` (is nano-gpu installed and working, and if not, what to do). Each reads the cluster with the caller's kubeconfig, as kubectl does, and changes nothing;
 //! `uninstall` (the plugin's only command that changes the cluster) removes nano-gpu.
 
+use crate::commands::{inspect_table, top};
 use crate::state::{ClusterState, NodeVerdict};
-use crate::{inspect, top};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
@@ -143,13 +143,13 @@ fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(work)
 }
 
-/// Every object `api` lists, a page of [`crate::watch::LIST_PAGE`] at a time (one snapshot): a whole
+/// Every object `api` lists, a page of [`crate::service::watch::LIST_PAGE`] at a time (one snapshot): a whole
 /// cluster's pods in one response would be hundreds of megabytes at Kubernetes' scale.
 async fn list_all<K>(api: &Api<K>) -> Result<Vec<K>, kube::Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = ListParams::default().limit(crate::watch::LIST_PAGE);
+    let mut params = ListParams::default().limit(crate::service::watch::LIST_PAGE);
     let mut all = Vec::new();
     loop {
         let page = api.list(&params).await?;
@@ -201,23 +201,24 @@ pub fn inspect(args: InspectArgs, kube: &Kube) -> Result<()> {
     let view = block_on(async {
         Ok(view(&kube.client().await?, args.gpushare, &args.agents.agent_namespace).await?.inspect())
     })?;
-    let view = inspect::only_node(view, args.node.as_deref());
+    let view = inspect_table::only_node(view, args.node.as_deref());
     match args.format {
-        Format::Table => print!("{}", inspect::table(&view)),
+        Format::Table => print!("{}", inspect_table::table(&view)),
         Format::Json => println!("{}", serde_json::to_string_pretty(&view)?),
     }
     Ok(())
 }
 
-/// `check`: every check of [`crate::check`], one line each; fails (exit 1) when one fails.
+/// `check`: every check of [`crate::commands::check`], one line each; fails (exit 1) when one fails.
 pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
-    let snapshot = block_on(async { crate::check::gather(&kube.client().await?, &args.namespace).await })?;
-    let lines = crate::check::evaluate(&snapshot, std::time::SystemTime::now());
+    let snapshot =
+        block_on(async { crate::commands::check::gather(&kube.client().await?, &args.namespace).await })?;
+    let lines = crate::commands::check::evaluate(&snapshot, std::time::SystemTime::now());
     match args.format {
-        Format::Table => print!("{}", crate::check::table(&lines)),
+        Format::Table => print!("{}", crate::commands::check::table(&lines)),
         Format::Json => println!("{}", serde_json::to_string_pretty(&lines)?),
     }
-    let failed = lines.iter().filter(|l| l.status == crate::check::Status::Fail).count();
+    let failed = lines.iter().filter(|l| l.status == crate::commands::check::Status::Fail).count();
     if failed > 0 {
         bail!("{failed} check(s) failed");
     }
@@ -225,9 +226,9 @@ pub fn check(args: CheckArgs, kube: &Kube) -> Result<()> {
 }
 
 /// `uninstall`: nano-gpu removed from the cluster, with what deleting its manifests leaves
-/// ([`crate::uninstall`]); fails (exit 1) when a step failed.
-pub fn uninstall(args: crate::uninstall::UninstallArgs, kube: &Kube) -> Result<()> {
-    let failed = block_on(async { crate::uninstall::run(&kube.client().await?, &args).await })?;
+/// ([`crate::commands::uninstall`]); fails (exit 1) when a step failed.
+pub fn uninstall(args: crate::commands::uninstall::UninstallArgs, kube: &Kube) -> Result<()> {
+    let failed = block_on(async { crate::commands::uninstall::run(&kube.client().await?, &args).await })?;
     if failed > 0 {
         bail!("{failed} step(s) failed: fix what they say, then run it again");
     }

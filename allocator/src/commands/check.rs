@@ -13,7 +13,7 @@
 //! the webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS`), where one is set, existing and usable; Pod
 //! Security on nano-gpu's namespace and on every namespace with GPU pods.
 
-use crate::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
+use crate::service::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
 use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicyBinding,
@@ -504,7 +504,7 @@ fn default_scheduler_profile(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     let mut out = Vec::new();
     let pem = secret.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
     let ns = &s.namespace;
-    out.push(match crate::tls::certificate_ends(&pem).map(|ends| ends.into_iter().min()) {
+    out.push(match crate::service::tls::certificate_ends(&pem).map(|ends| ends.into_iter().min()) {
         Ok(Some(end)) => {
             let (status, days) = end_status(end, now);
             let what = match status {
@@ -989,7 +989,9 @@ mod tests {
                 Some(d) => {
                     let (from, to) =
                         (now() - Duration::from_secs(86_400), now() + Duration::from_secs(d * 86_400));
-                    crate::tls::generate(&["kube-scheduler".into()], Some((from, to))).unwrap().ca_pem
+                    crate::service::tls::generate(&["kube-scheduler".into()], Some((from, to)))
+                        .unwrap()
+                        .ca_pem
                 }
                 None => "not a certificate".into(),
             };
@@ -1025,7 +1027,7 @@ mod tests {
         let mut ended = with_ca(Some(0));
         let ca = ended.extender_client_ca.as_mut().unwrap().as_mut().unwrap();
         let (from, to) = (now() - Duration::from_secs(90 * 86_400), now() - Duration::from_secs(2 * 86_400));
-        let old = crate::tls::generate(&["kube-scheduler".into()], Some((from, to))).unwrap().ca_pem;
+        let old = crate::service::tls::generate(&["kube-scheduler".into()], Some((from, to))).unwrap().ca_pem;
         ca.data.as_mut().unwrap().insert("ca.crt".into(), k8s_openapi::ByteString(old.into_bytes()));
         assert_eq!(failing(&ended), vec![("certificate", "extender-client-ca".to_owned(), Status::Fail)]);
         assert_eq!(

@@ -6,12 +6,12 @@
 //! nodes where eviction really frees a card, only the victims needed), `POST /mutate` (the admission
 //! webhook).
 
-use crate::admission::Admission;
-use crate::bind::{self, InFlight, NOT_LEADER};
-use crate::binder::Binder;
-use crate::handoff::Handoff;
-use crate::leader::Leadership;
-use crate::metrics::{Metrics, Scrape, Verb, ViewGauges};
+use crate::decide::admission::Admission;
+use crate::service::bind::{self, InFlight, NOT_LEADER};
+use crate::service::bind_api::Binder;
+use crate::service::handoff::Handoff;
+use crate::service::leader::Leadership;
+use crate::service::metrics::{Metrics, Scrape, Verb, ViewGauges};
 use crate::state::{ClusterState, SharedView};
 use axum::Router;
 use axum::body::Bytes;
@@ -62,7 +62,7 @@ pub enum FilterAnswers {
     #[default]
     One,
     /// Every node that fits; prioritize gives the policy's choice 10, which kube-scheduler adds to
-    /// its own scores. The next pod's filter waits for the last one's bind ([`crate::handoff`]).
+    /// its own scores. The next pod's filter waits for the last one's bind ([`crate::service::handoff`]).
     Fitting,
 }
 
@@ -84,7 +84,7 @@ impl<B: Binder> Shared<B> {
     }
 
     /// Which GPU pods the webhook turns into pods with claims (call before sharing).
-    pub fn with_shares(mut self: Arc<Self>, shares: crate::admission::Shares) -> Arc<Self> {
+    pub fn with_shares(mut self: Arc<Self>, shares: crate::decide::admission::Shares) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
             s.admission.shares = shares;
         }
@@ -113,7 +113,7 @@ impl<B: Binder> Shared<B> {
             scheduler_name: SCHEDULER_NAME.to_owned(),
             demand: *state.extender().demand_options(),
             runtime_class: None,
-            shares: crate::admission::Shares::DevicePlugin,
+            shares: crate::decide::admission::Shares::DevicePlugin,
         };
         Arc::new(Shared {
             admission,
@@ -147,7 +147,7 @@ pub async fn expire_filter_holds(view: Arc<SharedView>) {
     }
 }
 
-/// Every route: the extender's verbs, `/inspect` and the GPU map (`/map`, [`crate::map`]), for
+/// Every route: the extender's verbs, `/inspect` and the GPU map (`/map`, [`crate::service::map_page`]), for
 /// kube-scheduler and operators only (served on loopback), and the [`public_router`]'s.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
     Router::new()
@@ -156,8 +156,8 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/bind", post(bind::<B>))
         .route("/preempt", post(preempt::<B>))
         .route("/inspect", get(inspect::<B>))
-        .route("/map", get(crate::map::page))
-        .route("/map/app.js", get(crate::map::script))
+        .route("/map", get(crate::service::map_page::page))
+        .route("/map/app.js", get(crate::service::map_page::script))
         .route("/map/data", get(map_data::<B>))
         .with_state(shared.clone())
         .merge(public_router(shared))
@@ -269,7 +269,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
                 true => s.state().choose_names(pod.as_ref(), names, Instant::now()),
                 false => s.state().filter_names(pod.as_ref(), names),
             };
-            let result = crate::extender::unresolvable_for_scheduler(result);
+            let result = crate::decide::extender::unresolvable_for_scheduler(result);
             (result.error.is_empty(), result.passed(), json(&result))
         }
         Candidates::Owned(args) => {
@@ -277,7 +277,7 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
                 true => s.state().choose(args, Instant::now()),
                 false => s.state().filter(args),
             };
-            let result = crate::extender::unresolvable_for_scheduler(result);
+            let result = crate::decide::extender::unresolvable_for_scheduler(result);
             (result.error.is_empty(), result.passed(), json(&result))
         }
     };
@@ -413,7 +413,7 @@ async fn metrics<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 
 async fn map_data<B: Binder>(State(s): State<Arc<Shared<B>>>, headers: HeaderMap) -> Response {
     // The view's lock is let go before the document is written out.
-    let data = crate::map::data(&mut s.state(), headers.get(header::IF_NONE_MATCH));
+    let data = crate::service::map_page::data(&mut s.state(), headers.get(header::IF_NONE_MATCH));
     data.respond()
 }
 
@@ -426,7 +426,7 @@ async fn inspect<B: Binder>(State(s): State<Arc<Shared<B>>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::binder::ApiError;
+    use crate::service::bind_api::ApiError;
     use axum::body::Body;
     use http::Request;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -532,7 +532,7 @@ mod tests {
             self.land_due();
             let tried = self.calls().iter().any(|c| c.starts_with("bind "));
             if tried && self.unreadable_after_bind.load(Ordering::SeqCst) {
-                return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
+                return Err(ApiError::Timeout(crate::service::bind_api::CALL_TIMEOUT));
             }
             self.pods.lock().unwrap().get(name).cloned().ok_or_else(|| ApiError::NotFound(name.into()))
         }
@@ -568,7 +568,7 @@ mod tests {
             }
             self.apply_binding(name, node, annotations)?;
             if self.lose_bind_answer.load(Ordering::SeqCst) {
-                return Err(ApiError::Timeout(crate::binder::CALL_TIMEOUT));
+                return Err(ApiError::Timeout(crate::service::bind_api::CALL_TIMEOUT));
             }
             Ok(())
         }
