@@ -313,6 +313,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 (true, false) => nano_gpu_allocator::decide::admission::Shares::ClaimsIfAnnotated,
                 (false, false) => nano_gpu_allocator::decide::admission::Shares::DevicePlugin,
             });
+        // Every background loop, owned: the first to end ends the service (service::tasks).
+        let mut tasks = nano_gpu_allocator::service::tasks::Tasks::default();
         // The election, and what gives its Lease up at shutdown.
         let mut election = None;
         if args.leader_elect {
@@ -344,7 +346,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 let (newest, view, leadership) = (newest.clone(), shared.view.clone(), shared.leader.clone());
                 let leads = move || leadership.is_leader();
                 let check = watch::check_pod_watch(newest, view, leads, watch::POD_WATCH_CHECK, timing.call_limit());
-                tokio::spawn(check);
+                tasks.spawn("pod watch check", check);
             }
             let view = shared.view.clone();
             let catch_up: leader::CatchUp = Box::new(move |limit| {
@@ -375,7 +377,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let recorder = Recorder::new(client.clone(), reporter);
             let evictor = nano_gpu_allocator::service::overrun_evict::Evictor::new(client.clone(), shared.leader.clone(), recorder);
             tracing::info!("evicting pods marked as over their GPU memory grant");
-            tokio::spawn(evictor.run());
+            tasks.spawn("overrun eviction", evictor.run());
         }
         {
             use kube::runtime::events::{Recorder, Reporter};
@@ -385,7 +387,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 .context("connecting to the API server")?;
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
-            tokio::spawn(nano_gpu_allocator::service::preempt_evict::run(client, shared.view.clone(), shared.leader.clone(), recorder));
+            let evictions = nano_gpu_allocator::service::preempt_evict::run(client, shared.view.clone(), shared.leader.clone(), recorder);
+            tasks.spawn("preemption eviction", evictions);
         }
         // How the watches list, read once from the API server's version.
         let listing = watch::Listing::of(&client).await;
@@ -395,7 +398,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             let reporter = Reporter { controller: "nano-gpu-allocator".into(), instance: args.pod_name.clone() };
             let recorder = Recorder::new(client.clone(), reporter);
             tracing::info!("allocating the claims of nano-gpu's DeviceClass");
-            tokio::spawn(nano_gpu_allocator::service::dra::run(
+            tasks.spawn("claims", nano_gpu_allocator::service::dra::run(
                 client.clone(),
                 shared.view.clone(),
                 shared.leader.clone(),
@@ -405,7 +408,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         if let Some(url) = args.prometheus_url.clone() {
             let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));
-            tokio::spawn(nano_gpu_allocator::service::load::follow(
+            tasks.spawn("load", nano_gpu_allocator::service::load::follow(
                 url,
                 shared.view.clone(),
                 std::time::Duration::from_secs(every),
@@ -414,10 +417,10 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         if let Some(me) = args.pod_name.clone() {
             let pods = kube::Api::namespaced(client.clone(), &args.lease_namespace);
-            tokio::spawn(nano_gpu_allocator::service::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
+            tasks.spawn("requeue", nano_gpu_allocator::service::requeue::run(pods, me, shared.view.clone(), shared.leader.clone()));
         }
-        tokio::spawn(server::expire_filter_holds(shared.view.clone()));
-        let watches = tokio::spawn(watch::run(client, shared.view.clone(), args.pod_name, listing));
+        tasks.spawn("filter holds", server::expire_filter_holds(shared.view.clone()));
+        tasks.spawn("watches", watch::run(client, shared.view.clone(), args.pod_name, listing));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
@@ -429,7 +432,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         if let Some(addr) = args.public_listen {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
             tracing::info!(listen = %addr, "serving probes, metrics and the webhook over HTTP");
-            tokio::spawn(async move {
+            tasks.spawn("public HTTP", async move {
                 if let Err(e) = axum::serve(listener, public).await {
                     tracing::error!(error = %e, "the public HTTP endpoint stopped");
                 }
@@ -454,26 +457,28 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                     let certs = std::sync::Arc::new(tls::CertSource::Shared(std::sync::RwLock::new(config)));
                     let (name, webhook) = (args.tls_secret.clone(), args.webhook_config.clone());
                     let keeper = tls::secret::keep(api, name, dns, certs.clone(), m, client_for_tls.clone(), webhook, published, ends.clone());
-                    tokio::spawn(keeper);
+                    tasks.spawn("certificate keeper", keeper);
                     certs
                 }
             };
             if let Some(addr) = args.tls_listen {
                 let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
                 tracing::info!(listen = %addr, "serving the webhook over HTTPS");
-                tokio::spawn(tls::serve(listener, webhook, certs.clone(), None));
+                tasks.spawn("webhook HTTPS", tls::serve(listener, webhook, certs.clone(), None));
             }
             if let (Some(addr), Some(ca)) = (args.extender_tls_listen, &args.extender_client_ca) {
                 let clients = std::sync::Arc::new(tls::ClientCa::open(ca.clone(), ends.clone())?);
                 let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
                 tracing::info!(listen = %addr, "serving the scheduler extender over HTTPS to clients with a certificate");
-                tokio::spawn(tls::serve(listener, app.clone(), certs, Some(clients)));
+                tasks.spawn("extender HTTPS", tls::serve(listener, app.clone(), certs, Some(clients)));
             }
         }
+        tracing::info!(tasks = tasks.len(), "background tasks started");
         tokio::select! {
             served = axum::serve(listener, app).with_graceful_shutdown(shutdown(election)) => served.context("serving HTTP")?,
-            _ = watches => bail!("the watches stopped"),
+            ended = tasks.first_ended() => bail!("{ended}; exiting, for the kubelet to start the allocator again"),
         }
+        tasks.shutdown().await;
         Ok(())
     })
 }

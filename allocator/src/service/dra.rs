@@ -17,6 +17,7 @@
 //! led before may have written allocations this replica's watch has not shown yet.
 
 use crate::service::leader::Leadership;
+use crate::service::tasks::Child;
 use crate::service::watch::{LIST_PAGE, Listing, Watch, publish};
 use crate::state::{ClaimWrite, SharedView};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
@@ -50,13 +51,19 @@ pub async fn run(
     let wake = Arc::new(Notify::new());
     let api: Api<ResourceClaim> = Api::all(client.clone());
     let claims = Watch::new(api.clone(), listing);
-    tokio::spawn(watch(claims, view.clone(), listed.clone(), wake.clone()));
+    let mut watching = Child::spawn("claim watch", watch(claims, view.clone(), listed.clone(), wake.clone()));
     let mut led = false;
     // The templates made (or found) lately, by (namespace, name): each is looked at again after
     // [`TEMPLATE_RECHECK`], in case it was deleted since.
     let mut made: HashMap<(String, String), tokio::time::Instant> = HashMap::new();
     loop {
-        let _ = tokio::time::timeout(EVERY, wake.notified()).await;
+        tokio::select! {
+            _ = tokio::time::timeout(EVERY, wake.notified()) => {}
+            () = watching.ended() => {
+                tracing::error!("the claim watch ended");
+                return;
+            }
+        }
         if !view.synced() || !listed.load(Ordering::SeqCst) {
             continue;
         }

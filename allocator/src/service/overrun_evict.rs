@@ -10,6 +10,7 @@
 //! the mark is limited by `deploy/assignment-policy.yaml` (only nano-gpu writes it).
 
 use crate::service::leader::Leadership;
+use crate::service::tasks::Child;
 use crate::service::watch::publish;
 use crate::state::Warning;
 use futures::StreamExt;
@@ -90,11 +91,17 @@ impl Evictor {
                     tracing::warn!(error = %e, "watch of marked pods failed; retrying with backoff");
                 }
             });
-        tokio::spawn(stream);
+        let mut watching = Child::spawn("marked pods watch", stream);
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = watching.ended() => {
+                    tracing::error!("the watch of marked pods ended");
+                    return;
+                }
+            }
             self.pass(&reader.state(), Instant::now()).await;
         }
     }

@@ -160,6 +160,7 @@ pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/map/app.js", get(crate::service::map_page::script))
         .route("/map/data", get(map_data::<B>))
         .with_state(shared.clone())
+        .layer(axum::middleware::from_fn(in_request_span))
         .merge(public_router(shared))
 }
 
@@ -171,6 +172,7 @@ pub fn webhook_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/mutate", post(mutate::<B>))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(shared)
+        .layer(axum::middleware::from_fn(in_request_span))
 }
 
 /// What anyone who reaches the pod may call: probes, `/metrics` (counts, latencies and per-card
@@ -182,6 +184,15 @@ pub fn public_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
         .route("/readyz", get(readyz::<B>))
         .route("/metrics", get(metrics::<B>))
         .with_state(shared)
+        .layer(axum::middleware::from_fn(in_request_span))
+}
+
+/// Every request's handling in a `request` span with its method and path (`POST /bind`), so what
+/// a handler logs says which verb it serves.
+async fn in_request_span(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let span = tracing::info_span!("request", method = %request.method(), path = %request.uri().path());
+    next.run(request).instrument(span).await
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, String> {

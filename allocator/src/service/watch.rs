@@ -6,6 +6,7 @@
 //! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
 //! Pods and Nodes are decoded with only the fields the view reads ([`crate::state::slim`]).
 
+use tracing::Instrument;
 use crate::state::slim::{ViewNode, ViewPod};
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::stream::BoxStream;
@@ -447,9 +448,11 @@ pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>
     let (events, warnings) = mpsc::channel(EVENT_QUEUE);
     let (unconfirmed, look_ups) = mpsc::unbounded_channel();
     let nodes = Watch::new(Api::<ViewNode>::all(client.clone()), listing);
-    let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone());
+    // Each watch logs in a span with its kind: "watch failed" says which.
+    let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone())
+        .instrument(tracing::info_span!("watch", kind = "nodes"));
     let pods = Watch::new(Api::<ViewPod>::all(client.clone()), listing);
-    let pods = run_watch(pods, view.clone(), events, unconfirmed);
+    let pods = run_watch(pods, view.clone(), events, unconfirmed).instrument(tracing::info_span!("watch", kind = "pods"));
     futures::join!(nodes, pods, post_events(recorder, warnings), look_up_unconfirmed(client, view, look_ups));
 }
 
