@@ -6,7 +6,6 @@
 //! looked up ([`look_up_unconfirmed`]). Lists are streamed where the API server can ([`Listing`]).
 //! Pods and Nodes are decoded with only the fields the view reads ([`crate::state::slim`]).
 
-use tracing::Instrument;
 use crate::state::slim::{ViewNode, ViewPod};
 use crate::state::{ClusterState, Listed, SharedView, Unconfirmed, Warning};
 use futures::stream::BoxStream;
@@ -20,6 +19,7 @@ use kube::{Api, Client};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// How a kind of object enters the view.
 trait Feed: Clone + Send + 'static {
@@ -452,7 +452,8 @@ pub async fn run(client: Client, view: Arc<SharedView>, instance: Option<String>
     let nodes = run_watch(nodes, view.clone(), events.clone(), unconfirmed.clone())
         .instrument(tracing::info_span!("watch", kind = "nodes"));
     let pods = Watch::new(Api::<ViewPod>::all(client.clone()), listing);
-    let pods = run_watch(pods, view.clone(), events, unconfirmed).instrument(tracing::info_span!("watch", kind = "pods"));
+    let pods = run_watch(pods, view.clone(), events, unconfirmed)
+        .instrument(tracing::info_span!("watch", kind = "pods"));
     futures::join!(nodes, pods, post_events(recorder, warnings), look_up_unconfirmed(client, view, look_ups));
 }
 
