@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Why the agent stopped.
 #[derive(Debug, Error)]
@@ -268,7 +269,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     let cards = Arc::new(cards);
     // The background tasks stop when the loop ends, however it ends.
     let _sampler = usage.map(|(sampling, latest)| {
-        AbortOnDrop(tokio::spawn(crate::usage::run(
+        AbortOnDropHandle::new(tokio::spawn(crate::usage::run(
             sampling,
             backends.clone(),
             snapshot.clone(),
@@ -279,10 +280,10 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     // Sending the devices again makes the kubelet write its checkpoint.
     let _sweeper = sweep.map(|sweep| {
         let cards = cards.clone();
-        AbortOnDrop(tokio::spawn(sweep.run(move || cards.send_modify(|_| {}))))
+        AbortOnDropHandle::new(tokio::spawn(sweep.run(move || cards.send_modify(|_| {}))))
     });
     let _daemons = match &edits.enforcement {
-        Enforcement::Mps(layout) => Some(AbortOnDrop(tokio::spawn(crate::daemons::watch(
+        Enforcement::Mps(layout) => Some(AbortOnDropHandle::new(tokio::spawn(crate::daemons::watch(
             layout.clone(),
             snapshot.clone(),
             told,
@@ -296,7 +297,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     let dra = dra.map(|front| tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone())));
     let _coexist = allocatable.map(|kubelet| {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
-        AbortOnDrop(tokio::spawn(crate::coexist::watch(
+        AbortOnDropHandle::new(tokio::spawn(crate::coexist::watch(
             kubelet,
             ours,
             snapshot.clone(),
@@ -311,7 +312,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
         let edits = edits.clone();
-        AbortOnDrop(tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
             let mut fresh = first;
@@ -824,15 +825,6 @@ fn is_ours(name: &str, resources: &[Resource], instance: &str) -> bool {
 /// files); an agent that serves (the old one of a rollout) keeps its own.
 pub(crate) async fn remove_dead_sockets(dir: &Path, resources: &[Resource]) {
     remove_unserved(dir, |n| resources.iter().any(|r| r.is_socket(n))).await;
-}
-
-/// A task stopped when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]

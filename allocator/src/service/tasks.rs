@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use tokio::task::{Id, JoinSet};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 /// The service's background tasks, each with its name.
@@ -86,17 +87,18 @@ impl Tasks {
 }
 
 /// A task one of the service's loops starts for a part of its job (the claim watch of the claim
-/// allocation, say): aborted when the loop that holds it ends, and [`Child::ended`] resolves when it
-/// ends, re-raising its panic in the loop, so the loop's own task ends as the child did.
-pub struct Child(tokio::task::JoinHandle<()>);
+/// allocation, say), in a `task` span named `name`: aborted when the loop that holds it ends (its
+/// handle is dropped), and [`Child::ended`] resolves when it ends, re-raising its panic in the loop,
+/// so the loop's own task ends as the child did.
+pub struct Child(AbortOnDropHandle<()>);
 
 impl Child {
-    /// Runs `task` in the background for the caller, in a `task` span named `name`.
+    /// Runs `task` in the background for the caller.
     pub fn spawn<F>(name: &'static str, task: F) -> Child
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        Child(tokio::spawn(task.instrument(tracing::info_span!("task", name))))
+        Child(AbortOnDropHandle::new(tokio::spawn(task.instrument(tracing::info_span!("task", name)))))
     }
 
     /// Resolves when the task ended: returns if it returned, panics as it did if it panicked.
@@ -106,12 +108,6 @@ impl Child {
         {
             std::panic::resume_unwind(payload);
         }
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
