@@ -89,10 +89,10 @@ spec:
   nodeName: node-00000
   containers: [{ name: allocator, image: registry.k8s.io/pause:3.10 }]
 EOF
-  free_port ap; free_port sp
+  free_port ap; free_port sp; free_port op
   scheduler_config "$ap" >"$DIR/scheduler-$name.yaml"
   launch "allocator-$name" env POD_NAME="$name" POD_NAMESPACE=nano-gpu-system "$ALLOCATOR" \
-    --kubeconfig "$ADMIN_KUBECONFIG" serve --listen "127.0.0.1:$ap" --leader-elect \
+    --kubeconfig "$ADMIN_KUBECONFIG" serve --listen "127.0.0.1:$ap" --operator-listen "127.0.0.1:$op" --leader-elect \
     --follow-scheduler-lease nano-gpu-scheduler
   # shellcheck disable=SC2016 # expanded by the inner shell
   launch "kube-scheduler-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
@@ -100,7 +100,7 @@ EOF
     --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
     --bind-address 127.0.0.1 --secure-port "$sp" --leader-elect-resource-namespace nano-gpu-system \
     "${SCHEDULER_FLAGS[@]}"
-  REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid"),127.0.0.1:$sp")
+  REPLICA_FLAGS+=(--replica "$name,127.0.0.1:$ap,$(cat "$DIR/allocator-$name.pid"),$(cat "$DIR/kube-scheduler-$name.pid"),127.0.0.1:$sp,127.0.0.1:$op")
 }
 
 DIR=

@@ -158,7 +158,11 @@ fn serve(flags: &Flags) -> ExitCode {
             let node = flags.node_name.clone().unwrap_or_default();
             let app =
                 nano_gpu_agent::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
-            tokio::spawn(async move { axum::serve(listener, app).await });
+            use nano_gpu_runtime::listen::{Bounds, serve_plain};
+            // The kubelet's probes, Prometheus and `kubectl nano-gpu top` (through the API server):
+            // a few peers, each with a connection or two.
+            let bounds = Bounds { connections: 64, per_peer: Some(16), ..Bounds::REACHABLE };
+            tokio::spawn(serve_plain("probes", listener, app, bounds, std::future::pending()));
         }
         if let Some(report) = flags.runtime_canary.clone() {
             let readiness = readiness.clone();

@@ -54,11 +54,15 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address of every route over HTTP: the extender's verbs and `/inspect` besides probes, metrics
-    /// and the webhook. Loopback only: kube-scheduler in the same pod calls it, operators reach it
-    /// with `kubectl port-forward`; an extender anyone can reach would bind any pod anywhere.
+    /// Address of the extender's verbs over HTTP (besides probes, metrics and the webhook). Loopback
+    /// only: kube-scheduler in the same pod calls it; an extender anyone can reach would bind any pod
+    /// anywhere. It refuses requests a web page could send.
     #[arg(long, env = "NANO_GPU_LISTEN", default_value = "127.0.0.1:8888")]
     listen: std::net::SocketAddr,
+    /// Address of what operators read over HTTP: `/inspect` and the GPU map (`/map`). Loopback only:
+    /// reached with `kubectl port-forward`, which reaches no verb here.
+    #[arg(long, env = "NANO_GPU_OPERATOR_LISTEN", default_value = "127.0.0.1:8890")]
+    operator_listen: std::net::SocketAddr,
     /// Address of what anyone who reaches the pod may call over HTTP: `/healthz`, `/readyz`,
     /// `/metrics` and the webhook (for the kubelet's probes and Prometheus).
     #[arg(long, env = "NANO_GPU_PUBLIC_LISTEN")]
@@ -271,9 +275,16 @@ fn simulate(args: SimulateArgs) -> Result<()> {
 fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
     if !args.listen.ip().is_loopback() {
         bail!(
-            "--listen {}: the extender (filter, bind, inspect) must listen on loopback, where only \
+            "--listen {}: the extender (filter, bind) must listen on loopback, where only \
              kube-scheduler in the same pod reaches it; probes and metrics go on --public-listen",
             args.listen
+        );
+    }
+    if !args.operator_listen.ip().is_loopback() {
+        bail!(
+            "--operator-listen {}: /inspect and the GPU map name every pod; they stay on loopback, \
+             reached with kubectl port-forward",
+            args.operator_listen
         );
     }
     use nano_gpu_allocator::service::{bind_api::KubeBinder, server, watch};
@@ -421,22 +432,25 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
         }
         tasks.spawn("filter holds", server::expire_filter_holds(shared.view.clone()));
         tasks.spawn("watches", watch::run(client, shared.view.clone(), args.pod_name, listing));
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
+        use nano_gpu_runtime::listen::{self, Bounds};
+        let bind = |addr: std::net::SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))
+        };
+        let listener = bind(args.listen).await?;
         tracing::info!(listen = %args.listen, "serving the scheduler extender");
+        let loopback = axum::middleware::from_fn(server::loopback_host_only);
         let app = server::router(shared.clone());
+        let operators = server::operator_router(shared.clone()).layer(loopback.clone());
         let ends = shared.metrics.certificates.clone();
         let webhook = server::webhook_router(shared.clone());
         let public = server::public_router(shared);
+        let listener_ops = bind(args.operator_listen).await?;
+        tracing::info!(listen = %args.operator_listen, "serving /inspect and the GPU map");
+        tasks.spawn("operators HTTP", listen::serve_plain("operators", listener_ops, operators, Bounds::LOOPBACK, std::future::pending()));
         if let Some(addr) = args.public_listen {
-            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+            let listener = bind(addr).await?;
             tracing::info!(listen = %addr, "serving probes, metrics and the webhook over HTTP");
-            tasks.spawn("public HTTP", async move {
-                if let Err(e) = axum::serve(listener, public).await {
-                    tracing::error!(error = %e, "the public HTTP endpoint stopped");
-                }
-            });
+            tasks.spawn("public HTTP", listen::serve_plain("public", listener, public, Bounds::REACHABLE, std::future::pending()));
         }
         if args.tls_listen.is_some() || args.extender_tls_listen.is_some() {
             use nano_gpu_allocator::service::tls;
@@ -462,20 +476,20 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 }
             };
             if let Some(addr) = args.tls_listen {
-                let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+                let listener = bind(addr).await?;
                 tracing::info!(listen = %addr, "serving the webhook over HTTPS");
-                tasks.spawn("webhook HTTPS", tls::serve(listener, webhook, certs.clone(), None));
+                tasks.spawn("webhook HTTPS", tls::serve("webhook", listener, webhook, Bounds::REACHABLE, certs.clone(), None));
             }
             if let (Some(addr), Some(ca)) = (args.extender_tls_listen, &args.extender_client_ca) {
                 let clients = std::sync::Arc::new(tls::ClientCa::open(ca.clone(), ends.clone())?);
-                let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+                let listener = bind(addr).await?;
                 tracing::info!(listen = %addr, "serving the scheduler extender over HTTPS to clients with a certificate");
-                tasks.spawn("extender HTTPS", tls::serve(listener, app.clone(), certs, Some(clients)));
+                tasks.spawn("extender HTTPS", tls::serve("extender", listener, app.clone(), Bounds::REACHABLE, certs, Some(clients)));
             }
         }
         tracing::info!(tasks = tasks.len(), "background tasks started");
         tokio::select! {
-            served = axum::serve(listener, app).with_graceful_shutdown(shutdown(election)) => served.context("serving HTTP")?,
+            () = listen::serve_plain("extender", listener, app.layer(loopback), Bounds::LOOPBACK, shutdown(election)) => {}
             ended = tasks.first_ended() => bail!("{ended}; exiting, for the kubelet to start the allocator again"),
         }
         tasks.shutdown().await;

@@ -11,6 +11,7 @@ use nano_gpu_engine::engine::Engine;
 use nano_gpu_engine::model::Cluster;
 use nano_gpu_engine::policy;
 use nano_gpu_proto::demand::DemandOptions;
+use nano_gpu_runtime::listen::Bounds;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::sync::{Arc, RwLock};
@@ -19,9 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
-/// `GET /inspect` over TLS to `addr`, trusting `server_ca`, presenting `client` (cert, key) if any;
+/// `GET /healthz` over TLS to `addr`, trusting `server_ca`, presenting `client` (cert, key) if any;
 /// the first line of the answer, or why there was none.
-async fn inspect(
+async fn healthz(
     addr: std::net::SocketAddr,
     server_ca: &str,
     client: Option<(&str, &str)>,
@@ -48,7 +49,7 @@ async fn inspect(
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let name = ServerName::try_from("localhost").unwrap();
     let mut tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let ask = tls.write_all(b"GET /inspect HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await;
+    let ask = tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await;
     ask.map_err(|e| e.to_string())?;
     let mut answer = Vec::new();
     tls.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
@@ -82,15 +83,22 @@ async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender
         server::Shared::new(ClusterState::new(engine, 0, DemandOptions::default()), KubeBinder::new(client));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tls::serve(listener, server::router(shared), certs, Some(clients)));
+    tokio::spawn(tls::serve(
+        "extender HTTPS",
+        listener,
+        server::router(shared),
+        Bounds::REACHABLE,
+        certs,
+        Some(clients),
+    ));
 
     let ca = serving.ca_pem.as_str();
     let scheduler_pair = Some((scheduler.cert_pem.as_str(), scheduler.key_pem.as_str()));
     let stranger_pair = Some((stranger.cert_pem.as_str(), stranger.key_pem.as_str()));
-    let answer = inspect(addr, ca, scheduler_pair).await;
+    let answer = healthz(addr, ca, scheduler_pair).await;
     assert_eq!(answer.as_deref(), Ok("HTTP/1.1 200 OK"), "the scheduler's certificate");
     for (who, client) in [("no certificate", None), ("another CA's certificate", stranger_pair)] {
-        let answer = inspect(addr, ca, client).await;
+        let answer = healthz(addr, ca, client).await;
         assert!(answer.is_err(), "{who} got {answer:?}");
     }
     // The certificates end at the start of their last UTC day (tls::generate).
@@ -110,11 +118,11 @@ async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender
     };
     rewrite(format!("{}{}", scheduler.ca_pem, stranger.ca_pem), 10);
     for (who, client) in [("the old CA's", scheduler_pair), ("the new CA's", stranger_pair)] {
-        assert_eq!(inspect(addr, ca, client).await.as_deref(), Ok("HTTP/1.1 200 OK"), "{who}, both CAs");
+        assert_eq!(healthz(addr, ca, client).await.as_deref(), Ok("HTTP/1.1 200 OK"), "{who}, both CAs");
     }
     rewrite(stranger.ca_pem.clone(), 20);
-    assert!(inspect(addr, ca, scheduler_pair).await.is_err(), "the old CA's certificate after the rotation");
-    assert_eq!(inspect(addr, ca, stranger_pair).await.as_deref(), Ok("HTTP/1.1 200 OK"));
+    assert!(healthz(addr, ca, scheduler_pair).await.is_err(), "the old CA's certificate after the rotation");
+    assert_eq!(healthz(addr, ca, stranger_pair).await.as_deref(), Ok("HTTP/1.1 200 OK"));
     assert_eq!(
         ends.all(),
         [(tls::Certificate::ExtenderClientCa, end(200)), (tls::Certificate::ExtenderClient, end(200))]
@@ -122,7 +130,7 @@ async fn only_clients_with_a_certificate_of_the_configured_ca_reach_the_extender
     // A broken file keeps the CA in use.
     rewrite("not a certificate".to_owned(), 30);
     assert_eq!(
-        inspect(addr, ca, stranger_pair).await.as_deref(),
+        healthz(addr, ca, stranger_pair).await.as_deref(),
         Ok("HTTP/1.1 200 OK"),
         "after a broken file"
     );

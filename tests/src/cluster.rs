@@ -255,7 +255,7 @@ impl Cluster {
             .unwrap();
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        // "Forwarding from 127.0.0.1:PORT -> 8888"
+        // "Forwarding from 127.0.0.1:PORT -> 8890"
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
         let local = line
             .strip_prefix("Forwarding from 127.0.0.1:")
@@ -292,7 +292,7 @@ impl Cluster {
             let leader = self.allocator_leader();
             let (code, body) = match &leader {
                 None => (0, "no replica holds the Lease".to_owned()),
-                Some(pod) => self.curl_in_allocator(pod, "http://127.0.0.1:8888/inspect", None),
+                Some(pod) => self.curl_in_allocator(pod, "http://127.0.0.1:8890/inspect", None),
             };
             if code == 200 {
                 return serde_json::from_str(&body).unwrap();

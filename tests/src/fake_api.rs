@@ -250,6 +250,8 @@ pub struct ServedAllocator {
     pub server: crate::Killed,
     /// Where its extender listens (`127.0.0.1:<port>`).
     pub addr: String,
+    /// Where it serves `/inspect` and the GPU map (`--operator-listen`).
+    pub operator_addr: String,
     /// Seconds from its start to ready.
     pub ready_s: f64,
     dir: std::path::PathBuf,
@@ -277,8 +279,10 @@ impl ServedAllocator {
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig())?;
         let addr = format!("127.0.0.1:{port}");
+        let operators = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let operator_addr = format!("127.0.0.1:{operators}");
         let child = std::process::Command::new(allocator)
-            .args(["serve", "--listen", &addr])
+            .args(["serve", "--listen", &addr, "--operator-listen", &operator_addr])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null())
@@ -299,7 +303,7 @@ impl ServedAllocator {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         };
         let ready_s = started.elapsed().as_secs_f64();
-        Ok((ServedAllocator { api, server, addr, ready_s, dir }, conn))
+        Ok((ServedAllocator { api, server, addr, operator_addr, ready_s, dir }, conn))
     }
 
     /// Its process id.

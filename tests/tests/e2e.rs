@@ -131,14 +131,15 @@ async fn sandboxes_made_again(pods: &Api<Pod>, events: &Api<Event>, node: &str) 
 }
 
 /// The GPU map in a real browser (Chromium's headless shell), reached as an operator reaches it:
-/// `kubectl port-forward` to the leading allocator's loopback listener. Every card of the cluster is
-/// drawn, every running pod on each card its assignment names, the waiting pod with its reasons; a
-/// pod created while the page is open shows on its card without a reload. A screenshot is saved
+/// `kubectl port-forward` to the leading allocator's loopback listener for operators. Every card of
+/// the cluster is drawn, every running pod on each card its assignment names, the waiting pod with
+/// its reasons; the page cannot bind that pod, even with a port-forward to the extender's port open
+/// too; a pod created while the page is open shows on its card without a reload. A screenshot is saved
 /// (`NANO_GPU_MAP_SCREENSHOT`; else `gpu-map.png` in `NANO_GPU_DOCS_CAPTURES`, the book's captures;
 /// else `nano-gpu-map.png` in the temporary directory).
 async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>, hot: &Hog) {
     let leader = cluster.allocator_leader().expect("a leading allocator");
-    let forward = cluster.port_forward(SYSTEM, &leader, 8888);
+    let forward = cluster.port_forward(SYSTEM, &leader, 8890);
     let url = format!("http://127.0.0.1:{}/map", forward.port);
     let mut browser = Browser::open(&url, 1400, 1000).await;
     let cards: usize = cluster.inspect()["nodes"]
@@ -184,6 +185,24 @@ async fn gpu_map_in_a_browser(cluster: &Cluster, pods: &Api<Pod>, hot: &Hog) {
     let waiting = "document.querySelector('[data-waiting=\"e2e/no-such-model\"]')?.textContent || ''";
     let text = browser.eval(waiting).await;
     assert!(text.as_str().unwrap().contains("3 × no card of an allowed model"), "{text}");
+    // A page in the operator's browser sends the waiting pod's bind, as any page may without asking
+    // (no-cors, text/plain): to the extender's port, port-forwarded too, and to the map's own port.
+    // Neither binds it: the extender refuses what a browser sends, the map's port has no verb.
+    let verbs = cluster.port_forward(SYSTEM, &leader, 8888);
+    let uid = pods.get("no-such-model").await.unwrap().metadata.uid.unwrap();
+    let bind = json!({"PodName": "no-such-model", "PodNamespace": NS, "PodUID": uid, "Node": "node-1"});
+    let body = serde_json::to_string(&bind.to_string()).unwrap();
+    let forged = format!(
+        "Promise.all([fetch('http://127.0.0.1:{}/bind', {{method: 'POST', mode: 'no-cors', body: {body}}})
+            .then(() => 'answered', (e) => 'failed: ' + e),
+          fetch('/bind', {{method: 'POST', headers: {{'Content-Type': 'application/json'}}, body: {body}}})
+            .then((r) => r.status, (e) => 'failed: ' + e)])",
+        verbs.port
+    );
+    assert_eq!(browser.eval(&forged).await, json!(["answered", 404]), "the page's binds");
+    drop(verbs);
+    let waiting = pods.get("no-such-model").await.unwrap();
+    assert_eq!(waiting.spec.unwrap().node_name, None, "a page bound the waiting pod");
     // Real load beside the grants: the card kept busy (90 % of its SMs for a minute and more) is
     // drawn hot, by the allocator's reading of Prometheus; only its node stays under the "hot" filter.
     let load = |uuid: &str| format!("Number(document.querySelector('[data-uuid=\"{uuid}\"]')?.dataset.load)");

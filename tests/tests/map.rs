@@ -66,7 +66,7 @@ async fn the_map_stays_readable_at_5000_nodes_in_a_browser() {
     shared.view.set_synced();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, server::router(shared)).await });
+    tokio::spawn(async move { axum::serve(listener, server::operator_router(shared)).await });
 
     let started = Instant::now();
     let mut browser = Browser::open(&format!("http://{addr}/map"), 1400, 1000).await;

@@ -74,7 +74,9 @@ async fn lists_then_places_and_binds(streams: bool) {
     tokio::spawn(watch::run(client, shared.view.clone(), None, listing));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, server::router(shared)).await });
+    // The extender's and the operators' routes on one port (in the pod they are two).
+    let routes = server::router(shared.clone()).merge(server::operator_router(shared));
+    tokio::spawn(async move { axum::serve(listener, routes).await });
 
     let mut conn = Conn::open(&addr).await.unwrap();
     let ready = async {

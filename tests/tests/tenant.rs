@@ -10,7 +10,8 @@
 //! - a share whose own env says `NVIDIA_VISIBLE_DEVICES=all` (and raises its MPS thread percentage)
 //!   sees its one card; a pod asking no GPU whose image says `all` sees none;
 //! - memory without a percent (which would reach no device plugin), a hostPath device list, a
-//!   privileged container, a 200 kB model list: refused at admission with the reason;
+//!   privileged container, devices asked of the runtime by annotation (CDI's, CRI-O's), a 200 kB
+//!   model list: refused at admission with the reason;
 //! - writing an assignment (on a new pod, on its running pod), the overrun label: refused; creating
 //!   a Binding, writing a pod's status, an Event in nano-gpu's namespace, a Node: not allowed;
 //! - a pod labelled as nano-gpu's agent on a node whose agent is not Ready: no GPU pod is placed there;
@@ -18,7 +19,9 @@
 //!   hung the agent, and then made the card unhealthy for everyone): the agent answers, the card
 //!   stays healthy, no neighbour is told its daemon was lost; `quit` to the daemon as a user other
 //!   than root: refused by the daemon; filling its `/dev/shm`: it holds 64 MiB at most, its card's,
-//!   and a neighbour on another card keeps all of its own.
+//!   and a neighbour on another card keeps all of its own;
+//! - holding many connections to the webhook's port without a byte: those past a share's cap are
+//!   closed at once, the rest within the handshake's bound, and the webhook keeps answering.
 //!
 //! Not tried here because it is not held (README, "Enforcing each share"): a root container of an MPS
 //! share can stop its card's daemon, or remove the daemon's socket from the pipe directory; `export`
@@ -224,6 +227,25 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         Some(serde_json::from_value(json!({"privileged": true})).unwrap());
     let why = refused("a privileged container", pods.create(&PostParams::default(), &privileged).await);
     assert!(why.contains("privileged"), "{why}");
+    // Devices asked of the runtime by annotation (CDI's, which NVIDIA's runtime honours before any
+    // device list; CRI-O's), on a pod asking no GPU and on one that does; nor added to a running pod.
+    for (key, value) in
+        [("cdi.k8s.io/all", "nvidia.com/gpu=all"), ("io.kubernetes.cri-o.Devices", "/dev/nvidia0")]
+    {
+        for (name, limits) in
+            [("annotated", &[][..]), ("annotated-share", &[("nano-gpu/gpu-percent", "10")][..])]
+        {
+            let pod = gpu_pod(name, &[("c", limits)], json!({ key: value }));
+            let why = refused(&format!("{key} on {name}"), pods.create(&PostParams::default(), &pod).await);
+            assert!(why.contains(key) && why.contains("device plugin"), "{why}");
+        }
+        let added = json!({"metadata": {"annotations": {key: value}}});
+        let why = refused(
+            &format!("{key} added to a running share"),
+            pods.patch("widen", &PatchParams::default(), &Patch::Merge(&added)).await,
+        );
+        assert!(why.contains(key), "{why}");
+    }
     let models = json!({"nano-gpu/gpu-model": "a|".repeat(100_000)});
     let huge = gpu_pod("huge-models", &[("c", &[("nano-gpu/gpu-percent", "10")])], models);
     let why = refused("a 200 kB model list", pods.create(&PostParams::default(), &huge).await);
@@ -441,6 +463,36 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // A share holds 64 connections to the webhook's port, which any pod reaches, without a byte: the
+    // allocator closes those past 32 at once, and the rest once their TLS handshake is 10 s late;
+    // meanwhile the API server's calls to the webhook are answered (a new GPU pod is created and
+    // runs), and no allocator is restarted.
+    let leader = cluster.allocator_leader().unwrap();
+    let allocator_restarts = restarts(&system, &leader).await;
+    let ip = system.get(&leader).await.unwrap().status.unwrap().pod_ip.unwrap();
+    let flood = format!(
+        "count() {{ c=0; for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = nc ] && c=$((c+1)); done; echo $c; }}; \
+         n=0; while [ $n -lt 64 ]; do (sleep 600 | nc {ip} 8443) & n=$((n+1)); done; \
+         sleep 3; echo at-once $(count); sleep 15; echo later $(count); exec sleep 86400"
+    );
+    create(&pods, &on("node-2", percent_pod_then("flood", 1, &flood))).await;
+    says("flood", "at-once ").await;
+    create(&pods, &on("node-2", percent_pod("after-flood", 10))).await;
+    wait_running(&pods, &["after-flood".into()], Duration::from_secs(120)).await;
+    says("flood", "later ").await;
+    let out = cluster.kubectl(&["logs", "-n", NS, "flood"]);
+    let logged = String::from_utf8_lossy(&out.stdout).to_string();
+    let held = |word: &str| -> u32 {
+        logged.split_whitespace().skip_while(|w| *w != word).nth(1).and_then(|w| w.parse().ok()).expect(word)
+    };
+    let (at_once, later) = (held("at-once"), held("later"));
+    eprintln!(
+        "the webhook's port: {at_once} of a share's 64 idle connections open at once, {later} after 18 s"
+    );
+    assert!(at_once <= 32, "a share held {at_once} connections to the webhook's port at once (at most 32)");
+    assert_eq!(later, 0, "connections without a handshake were still open after 18 s");
+    assert_eq!(restarts(&system, &leader).await, allocator_restarts, "{leader} was restarted");
+
     // The neighbours kept their cards, their limits and their containers.
     for (node, name, cards, env, devices) in before {
         let p = neighbours.get(&name).await.unwrap();
@@ -451,8 +503,10 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         let now = cluster.kubelet_devices(node).await[&format!("default/{name}/c")].clone();
         assert_eq!(now, devices, "{name}'s device IDs changed");
     }
-    assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &admin).await, 7);
-    for name in ["widen", "no-gpu", "quitter", "tamper", "after-tamper", "posing", "lured"] {
+    assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &admin).await, 9);
+    for name in
+        ["widen", "no-gpu", "quitter", "tamper", "after-tamper", "posing", "lured", "flood", "after-flood"]
+    {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
     cluster.down();

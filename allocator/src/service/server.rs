@@ -147,21 +147,98 @@ pub async fn expire_filter_holds(view: Arc<SharedView>) {
     }
 }
 
-/// Every route: the extender's verbs, `/inspect` and the GPU map (`/map`, [`crate::service::map_page`]), for
-/// kube-scheduler and operators only (served on loopback), and the [`public_router`]'s.
+/// The extender's verbs, for kube-scheduler only (on the pod's loopback, or over HTTPS to clients
+/// with a certificate), and the [`public_router`]'s routes. A request a web page could have sent is
+/// refused ([`refuse_browsers`]): an operator's `kubectl port-forward` to this port must not let a
+/// page in their browser bind pods.
 pub fn router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
     Router::new()
         .route("/filter", post(filter::<B>))
         .route("/prioritize", post(prioritize::<B>))
         .route("/bind", post(bind::<B>))
         .route("/preempt", post(preempt::<B>))
+        .with_state(shared.clone())
+        .layer(axum::middleware::from_fn(refuse_browsers))
+        .layer(axum::middleware::from_fn(in_request_span))
+        .merge(public_router(shared))
+}
+
+/// What an operator reads, on a loopback port of its own (`--operator-listen`, reached with
+/// `kubectl port-forward`): `/inspect` and the GPU map (`/map`, [`crate::service::map_page`]).
+/// Only reads: a port-forward for the map reaches no verb.
+pub fn operator_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
+    Router::new()
         .route("/inspect", get(inspect::<B>))
         .route("/map", get(crate::service::map_page::page))
         .route("/map/app.js", get(crate::service::map_page::script))
         .route("/map/data", get(map_data::<B>))
-        .with_state(shared.clone())
+        .with_state(shared)
         .layer(axum::middleware::from_fn(in_request_span))
-        .merge(public_router(shared))
+}
+
+/// Refuses (403) a request that a web page could have made: see [`browser_made`].
+async fn refuse_browsers(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match browser_made(request.method(), request.headers()) {
+        Some(why) => (StatusCode::FORBIDDEN, format!("refused: {why}\n")).into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// Why a request to an extender verb looks made by a browser, if it does. kube-scheduler sends
+/// `Content-Type: application/json` and none of a browser's headers; a page can send a POST to any
+/// address without asking first only as `text/plain`, a form or multipart, and a browser marks what
+/// it sends with `Origin` and `Sec-Fetch-*`.
+pub fn browser_made(method: &http::Method, headers: &HeaderMap) -> Option<String> {
+    if headers.contains_key(header::ORIGIN) {
+        return Some("the request has an Origin header, as a web page's has".into());
+    }
+    if let Some(name) = headers.keys().find(|name| name.as_str().starts_with("sec-fetch-")) {
+        return Some(format!("the request has a browser's {name} header"));
+    }
+    if method == http::Method::POST {
+        let ctype =
+            headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let essence = ctype.as_deref().and_then(|t| t.split(';').next()).map(str::trim);
+        if !essence.is_some_and(|t| t.eq_ignore_ascii_case("application/json")) {
+            let sent = ctype.unwrap_or_else(|| "missing".into());
+            return Some(format!("the extender takes Content-Type application/json, not {sent}"));
+        }
+    }
+    None
+}
+
+/// Refuses (403) a request whose `Host` names anything but a loopback address or `localhost`: a
+/// listener on the pod's loopback is reached from outside only through `kubectl port-forward`, and a
+/// page served from another name that resolves to 127.0.0.1 (DNS rebinding) would read it as its own.
+pub async fn loopback_host_only(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host =
+        request.headers().get(header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    let host = host.or_else(|| request.uri().authority().map(|a| a.to_string()));
+    match host {
+        Some(h) if !is_loopback_host(&h) => {
+            let why =
+                format!("refused: Host {h:?} is not this pod's loopback (127.0.0.1, [::1] or localhost)\n");
+            (StatusCode::FORBIDDEN, why).into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+/// Whether `host` (a `Host` header: a name or address, and maybe a port) is loopback or `localhost`.
+pub fn is_loopback_host(host: &str) -> bool {
+    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
+        return true;
+    }
+    let name = match host.strip_prefix('[') {
+        // [::1]:8888
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| match port.parse::<u16>() {
+            Ok(_) => name,
+            Err(_) => host,
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// What the webhook's HTTPS port serves: `/mutate` for the API server and `/healthz`. Any pod may
@@ -630,8 +707,16 @@ mod tests {
         path: &str,
         body: &str,
     ) -> (StatusCode, String) {
-        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_owned())).unwrap();
-        let resp = router(s.clone()).oneshot(req).await.unwrap();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        let resp = match path.starts_with("/inspect") || path.starts_with("/map") {
+            true => operator_router(s.clone()).oneshot(req).await.unwrap(),
+            false => router(s.clone()).oneshot(req).await.unwrap(),
+        };
         let status = resp.status();
         let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
         (status, String::from_utf8_lossy(&bytes).into_owned())
@@ -756,7 +841,12 @@ mod tests {
             let body = format!(r#"{{"Pod":{pod},"NodeNames":{names}}}"#);
             let s = s.clone();
             async move {
-                let req = Request::builder().method("POST").uri(path).body(Body::from(body)).unwrap();
+                let req = Request::builder()
+                    .method("POST")
+                    .uri(path)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))
+                    .unwrap();
                 let resp = router(s).oneshot(req).await.unwrap();
                 let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
                 serde_json::from_slice::<Value>(&bytes).unwrap()
@@ -881,6 +971,84 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_operators_port_reaches_no_verb_and_the_verbs_port_no_view() {
+        let s = shared();
+        for (method, path) in
+            [("POST", "/filter"), ("POST", "/bind"), ("POST", "/preempt"), ("GET", "/metrics")]
+        {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from("{}"))
+                .unwrap();
+            let resp = operator_router(s.clone()).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{method} {path} on the operators' port");
+        }
+        for path in ["/inspect", "/map", "/map/data"] {
+            let req = Request::builder().uri(path).body(Body::empty()).unwrap();
+            let resp = router(s.clone()).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{path} on the verbs' port");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bind_a_web_page_could_send_is_refused_and_binds_nothing() {
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "1", None));
+        let body = binding("a").to_string();
+        // What a page's fetch(..., {mode: "no-cors"}) or form sends, and a JSON one with a browser's marks.
+        let tries: [&[(&str, &str)]; 5] = [
+            &[("content-type", "text/plain;charset=UTF-8")],
+            &[("content-type", "application/x-www-form-urlencoded")],
+            &[],
+            &[("content-type", "application/json"), ("origin", "http://evil.example")],
+            &[("content-type", "application/json"), ("sec-fetch-site", "cross-site")],
+        ];
+        for headers in tries {
+            let mut req = Request::builder().method("POST").uri("/bind");
+            for (name, value) in headers {
+                req = req.header(*name, *value);
+            }
+            let resp = router(s.clone()).oneshot(req.body(Body::from(body.clone())).unwrap()).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        }
+        assert!(s.binder.calls().is_empty(), "{:?}", s.binder.calls());
+        // kube-scheduler's own request binds.
+        let (_, answer) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(answer, r#"{"Error":""}"#);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_2_mib_is_refused_with_413() {
+        let s = shared();
+        let names: Vec<String> = (0..150_000).map(|i| format!("node-{i:08}")).collect();
+        let body = json!({"Pod": pod("a", "1", None), "NodeNames": names}).to_string();
+        assert!(body.len() > 2 << 20, "{} bytes", body.len());
+        let (status, _) = call_raw(&s, "POST", "/filter", &body).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn only_loopback_addresses_and_localhost_are_loopback_hosts() {
+        for host in
+            ["127.0.0.1", "127.0.0.1:8888", "localhost", "LOCALHOST:8890", "[::1]:8890", "::1", "127.9.9.9:1"]
+        {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8888",
+            "10.0.0.1:8888",
+            "[fd00::1]:80",
+            "localhost.evil.example",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[tokio::test]
     async fn the_webhook_port_serves_the_webhook_and_healthz_only() {
         let s = shared();
         for (method, path, status) in [
@@ -930,7 +1098,7 @@ mod tests {
                 if let Some(e) = etag {
                     req = req.header(header::IF_NONE_MATCH, e);
                 }
-                let resp = router(s).oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+                let resp = operator_router(s).oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
                 let etag = resp.headers().get(header::ETAG).map(|v| v.to_str().unwrap().to_owned());
                 let status = resp.status();
                 let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();

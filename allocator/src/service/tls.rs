@@ -8,18 +8,17 @@
 pub mod secret;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
+use nano_gpu_runtime::listen::{self, Bounds};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::server::danger::ClientCertVerifier;
@@ -381,41 +380,37 @@ fn with_clients(
     Ok(Arc::new(config))
 }
 
-/// Serves `router` over TLS on `listener` until the process ends; with `clients`, only to clients
-/// presenting a certificate it accepts (the handshake of any other fails).
+/// Serves `router` over TLS on `listener` within `bounds` until the process ends; with `clients`,
+/// only to clients presenting a certificate it accepts (the handshake of any other fails). The
+/// handshake is the connection's first [`Bounds::handshake`].
 pub async fn serve(
+    name: &'static str,
     listener: TcpListener,
     router: Router,
+    bounds: Bounds,
     certs: Arc<CertSource>,
     clients: Option<Arc<ClientCa>>,
 ) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                continue;
-            }
-        };
+    let handshake = move |stream: TcpStream, peer: SocketAddr| {
+        // Each connection takes the certificates as they are now (they are re-read when they change).
         let config = match &clients {
-            None => certs.config(),
-            Some(ca) => match with_clients(&certs.config(), ca.verifier()) {
+            None => Ok(certs.config()),
+            Some(ca) => with_clients(&certs.config(), ca.verifier()),
+        };
+        let clients = clients.clone();
+        async move {
+            let config = match config {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "TLS with client certificates");
-                    continue;
+                    return None;
                 }
-            },
-        };
-        let acceptor = TlsAcceptor::from(config);
-        let router = router.clone();
-        let clients = clients.clone();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
+            };
+            let tls = match TlsAcceptor::from(config).accept(stream).await {
                 Ok(t) => t,
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+                    return None;
                 }
             };
             if let (Some(ca), Some(leaf)) =
@@ -423,14 +418,10 @@ pub async fn serve(
             {
                 ca.accepted(leaf);
             }
-            let service = TowerToHyperService::new(router);
-            if let Err(e) =
-                Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
+            Some(tls)
+        }
+    };
+    listen::serve(name, listener, router, bounds, handshake, std::future::pending()).await
 }
 
 #[cfg(test)]
@@ -521,7 +512,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
-        tokio::spawn(serve(listener, router, Arc::new(CertSource::Shared(RwLock::new(config))), None));
+        let certs = Arc::new(CertSource::Shared(RwLock::new(config)));
+        tokio::spawn(serve("test", listener, router, Bounds::REACHABLE, certs, None));
 
         let mut roots = RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(g.ca_pem.as_bytes()) {
@@ -544,6 +536,23 @@ mod tests {
         tls.read_to_string(&mut answer).await.unwrap();
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
         assert!(answer.ends_with("ok"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_starts_no_handshake_is_closed_within_the_handshake_bound() {
+        use tokio::io::AsyncReadExt;
+        let g = generate(&["localhost".into()], None).unwrap();
+        let config = server_config(g.cert_pem.as_bytes(), g.key_pem.as_bytes()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bounds = Bounds { handshake: std::time::Duration::from_millis(200), ..Bounds::REACHABLE };
+        let certs = Arc::new(CertSource::Shared(RwLock::new(config)));
+        tokio::spawn(serve("test", listener, Router::new(), bounds, certs, None));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut out = Vec::new();
+        let closed =
+            tokio::time::timeout(std::time::Duration::from_secs(3), silent.read_to_end(&mut out)).await;
+        assert!(closed.is_ok(), "a connection without a handshake stayed open");
     }
 
     #[test]

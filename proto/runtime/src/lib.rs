@@ -3,12 +3,14 @@
 //! `~/.kube/config` or the in-cluster service account), the signal that stops them, and a gRPC channel
 //! over a unix socket, the way the kubelet and its device plugins talk.
 //!
-//! Also [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
+//! Also [`listen`]: HTTP listeners whose every connection is bounded in number, time and memory;
+//! and [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
 //! definition.
 //!
 //! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
 
 pub mod cli_reference;
+pub mod listen;
 
 use std::io::IsTerminal;
 use std::path::Path;

@@ -130,6 +130,7 @@ async fn main() -> Result<()> {
     let (served, mut conn) =
         ServedAllocator::start(&a.allocator, objects(&a), Duration::from_secs(300)).await?;
     let (addr, pid, ready_s) = (served.addr.clone(), served.pid(), served.ready_s);
+    let operator_addr = served.operator_addr.clone();
 
     // The driver plays kube-scheduler: it must not be the bottleneck, so bodies are assembled from
     // pre-serialized parts and answers are read into typed structs.
@@ -165,9 +166,11 @@ async fn main() -> Result<()> {
         .into_iter()
         .flat_map(|every| a.scrape.iter().map(move |path| (every, path.clone())))
         .map(|(every, path)| {
-            let (addr, stop) = (addr.clone(), stop.clone());
+            // The map's data is on the operators' port.
+            let at = if path.starts_with("/map") { operator_addr.clone() } else { addr.clone() };
+            let stop = stop.clone();
             tokio::spawn(async move {
-                let mut conn = Conn::open(&addr).await?;
+                let mut conn = Conn::open(&at).await?;
                 let (mut latencies, mut bytes) = (Vec::new(), 0usize);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t = Instant::now();

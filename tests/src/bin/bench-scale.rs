@@ -104,24 +104,33 @@ struct Replica {
     scheduler_pid: u32,
     /// Its kube-scheduler's secure port (`host:port`), where its `/metrics` are read.
     scheduler_addr: Option<String>,
+    /// Its `--operator-listen` address, where the GPU map's data is read.
+    operator_addr: Option<String>,
 }
 
 impl std::str::FromStr for Replica {
     type Err = anyhow::Error;
 
-    /// `NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR]`.
+    /// `NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR[,OPERATOR_ADDR]]`.
     fn from_str(s: &str) -> Result<Replica> {
-        let (name, addr, allocator, scheduler, scheduler_addr) = match s.split(',').collect::<Vec<_>>()[..] {
-            [name, addr, allocator, scheduler] => (name, addr, allocator, scheduler, None),
-            [name, addr, allocator, scheduler, at] => (name, addr, allocator, scheduler, Some(at.to_owned())),
-            _ => bail!("--replica NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR], not {s}"),
+        let fields = s.split(',').collect::<Vec<_>>();
+        let (name, addr, allocator, scheduler, rest) = match fields[..] {
+            [name, addr, allocator, scheduler, ref rest @ ..] if rest.len() <= 2 => {
+                (name, addr, allocator, scheduler, rest)
+            }
+            _ => bail!(
+                "--replica NAME,ADDR,ALLOCATOR_PID,SCHEDULER_PID[,SCHEDULER_ADDR[,OPERATOR_ADDR]], not {s}"
+            ),
         };
+        let scheduler_addr = rest.first().map(|a| (*a).to_owned());
+        let operator_addr = rest.get(1).map(|a| (*a).to_owned());
         Ok(Replica {
             name: name.into(),
             addr: addr.into(),
             allocator_pid: allocator.parse()?,
             scheduler_pid: scheduler.parse()?,
             scheduler_addr,
+            operator_addr,
         })
     }
 }
@@ -554,13 +563,13 @@ async fn peak_rss(pid: u32, stop: tokio::sync::watch::Receiver<bool>) -> f64 {
     round(peak)
 }
 
-/// Reads `/metrics` and `/map/data` every 2 s until stopped: the slowest read of each, and sizes.
-async fn read_pages(addr: String, stop: tokio::sync::watch::Receiver<bool>) -> Value {
+/// Reads `/metrics` (at `addr`) and `/map/data` (at `operators`) every 2 s until stopped: the slowest read of each, and sizes.
+async fn read_pages(addr: String, operators: String, stop: tokio::sync::watch::Receiver<bool>) -> Value {
     let mut worst: BTreeMap<&str, (f64, usize, u32)> = BTreeMap::new();
     while !*stop.borrow() {
-        for path in ["/metrics", "/map/data"] {
+        for (at, path) in [(&addr, "/metrics"), (&operators, "/map/data")] {
             let t = Instant::now();
-            if let Ok((200, body)) = get(&addr, path).await {
+            if let Ok((200, body)) = get(at, path).await {
                 let e = worst.entry(path).or_default();
                 e.0 = e.0.max(t.elapsed().as_secs_f64() * 1000.0);
                 e.1 = body.len();
@@ -622,7 +631,8 @@ async fn burst(
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let peak = tokio::spawn(peak_rss(r.allocator_pid, stopped.clone()));
-    let reader = read.then(|| tokio::spawn(read_pages(r.addr.clone(), stopped)));
+    let operators = r.operator_addr.clone().unwrap_or_else(|| r.addr.clone());
+    let reader = read.then(|| tokio::spawn(read_pages(r.addr.clone(), operators, stopped)));
 
     let count = pods.len();
     let pods = Arc::new(pods);
