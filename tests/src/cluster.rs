@@ -284,7 +284,8 @@ impl Cluster {
         curl_in(&format!("/proc/{pid}/ns/net"), url, data, &[])
     }
 
-    /// The allocator's view (`/inspect` of the replica that decides, on its loopback).
+    /// The allocator's view (`/inspect` of the replica that decides, on its loopback: the operators'
+    /// port, or the extender's on a version from before it).
     /// (Right after a handover the Lease may name a replica that is still starting: tried for 30 s.)
     pub fn inspect(&self) -> Value {
         let start = Instant::now();
@@ -292,7 +293,12 @@ impl Cluster {
             let leader = self.allocator_leader();
             let (code, body) = match &leader {
                 None => (0, "no replica holds the Lease".to_owned()),
-                Some(pod) => self.curl_in_allocator(pod, "http://127.0.0.1:8890/inspect", None),
+                Some(pod) => match self.curl_in_allocator(pod, "http://127.0.0.1:8890/inspect", None) {
+                    // An allocator from before `--operator-listen` (the upgrade suite's previous
+                    // version) serves it on the extender's port.
+                    (0, _) => self.curl_in_allocator(pod, "http://127.0.0.1:8888/inspect", None),
+                    answer => answer,
+                },
             };
             if code == 200 {
                 return serde_json::from_str(&body).unwrap();

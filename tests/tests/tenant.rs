@@ -228,10 +228,14 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     let why = refused("a privileged container", pods.create(&PostParams::default(), &privileged).await);
     assert!(why.contains("privileged"), "{why}");
     // Devices asked of the runtime by annotation (CDI's, which NVIDIA's runtime honours before any
-    // device list; CRI-O's), on a pod asking no GPU and on one that does; nor added to a running pod.
-    for (key, value) in
-        [("cdi.k8s.io/all", "nvidia.com/gpu=all"), ("io.kubernetes.cri-o.Devices", "/dev/nvidia0")]
-    {
+    // device list; CRI-O's; the NRI device injector's), on a pod asking no GPU and on one that does;
+    // nor added to a running pod.
+    let device_annotations = [
+        ("cdi.k8s.io/all", "nvidia.com/gpu=all"),
+        ("io.kubernetes.cri-o.Devices", "/dev/fuse,/dev/nvidia0"),
+        ("devices.nri.io/container.c", "- path: /dev/nvidia0"),
+    ];
+    for (key, value) in device_annotations {
         for (name, limits) in
             [("annotated", &[][..]), ("annotated-share", &[("nano-gpu/gpu-percent", "10")][..])]
         {
@@ -246,6 +250,10 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         );
         assert!(why.contains(key), "{why}");
     }
+    // CRI-O's annotation for /dev/fuse alone, as Eclipse Che and CI runners ask it, is admitted.
+    let fuse = gpu_pod("fuse", &[("c", &[])], json!({"io.kubernetes.cri-o.Devices": "/dev/fuse"}));
+    pods.create(&PostParams::default(), &fuse).await.expect("a pod asking /dev/fuse of CRI-O");
+    pods.delete("fuse", &DeleteParams::default()).await.unwrap();
     let models = json!({"nano-gpu/gpu-model": "a|".repeat(100_000)});
     let huge = gpu_pod("huge-models", &[("c", &[("nano-gpu/gpu-percent", "10")])], models);
     let why = refused("a 200 kB model list", pods.create(&PostParams::default(), &huge).await);

@@ -224,21 +224,23 @@ pub async fn loopback_host_only(request: axum::extract::Request, next: axum::mid
     }
 }
 
-/// Whether `host` (a `Host` header: a name or address, and maybe a port) is loopback or `localhost`.
+/// Whether `host` (a `Host` header: `NAME[:PORT]` or `[IPV6][:PORT]`) is a loopback address or
+/// `localhost`.
 pub fn is_loopback_host(host: &str) -> bool {
-    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
-        return true;
-    }
-    let name = match host.strip_prefix('[') {
-        // [::1]:8888
-        Some(rest) => rest.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, port)| match port.parse::<u16>() {
-            Ok(_) => name,
-            Err(_) => host,
-        }),
+    let (loopback, port) = match host.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some((v6, port)) => (v6.parse::<std::net::Ipv6Addr>().is_ok_and(|ip| ip.is_loopback()), port),
+            None => return false,
+        },
+        None => {
+            let (name, port) = host.find(':').map_or((host, ""), |i| host.split_at(i));
+            let name = name.strip_suffix('.').unwrap_or(name);
+            let loopback = name.eq_ignore_ascii_case("localhost")
+                || name.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback());
+            (loopback, port)
+        }
     };
-    name.eq_ignore_ascii_case("localhost")
-        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    loopback && (port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()))
 }
 
 /// What the webhook's HTTPS port serves: `/mutate` for the API server and `/healthz`. Any pod may
@@ -1031,19 +1033,33 @@ mod tests {
 
     #[test]
     fn only_loopback_addresses_and_localhost_are_loopback_hosts() {
-        for host in
-            ["127.0.0.1", "127.0.0.1:8888", "localhost", "LOCALHOST:8890", "[::1]:8890", "::1", "127.9.9.9:1"]
-        {
+        let loopback = [
+            "127.0.0.1",
+            "127.0.0.1:8888",
+            "localhost",
+            "LOCALHOST:8890",
+            "localhost.:8890",
+            "[::1]:8890",
+            "[::1]",
+        ];
+        for host in loopback {
             assert!(is_loopback_host(host), "{host}");
         }
-        for host in [
+        // (A bare IPv6 address is no Host; `::1:8888` would be another address.)
+        let others = [
             "evil.example",
             "evil.example:8888",
             "10.0.0.1:8888",
             "[fd00::1]:80",
             "localhost.evil.example",
             "",
-        ] {
+            "::1",
+            "::1:8888",
+            "[::1]junk",
+            "[::1]:x",
+            "127.0.0.1:99999",
+        ];
+        for host in others {
             assert!(!is_loopback_host(host), "{host}");
         }
     }

@@ -5,11 +5,12 @@
 //! request's head one byte a minute, each cost a task and a buffer until the process runs out of
 //! file descriptors, and then the accept loop fails.
 //!
-//! [`serve`] runs one listener: it accepts a connection only while fewer than
-//! [`Bounds::connections`] are open (past that the kernel's backlog holds the next), closes a new one
-//! at once from an address that already holds [`Bounds::per_peer`], gives the `upgrade` (TLS, or
-//! nothing) [`Bounds::handshake`] to finish, each request [`Bounds::request`] to be read and
-//! answered (408 past it), and closes a connection that has read nothing for [`Bounds::idle`]. An
+//! [`serve`] runs one listener: it closes a new connection at once from an address that already
+//! holds [`Bounds::per_peer`]; when [`Bounds::connections`] are open, it makes room for a new one by
+//! closing the oldest connection of the address that holds the most (so a few addresses that fill
+//! the port cannot keep out the kubelet's probes or the API server); it gives the `upgrade` (TLS,
+//! or nothing) [`Bounds::handshake`] to finish, each request [`Bounds::request`] from its head to
+//! its answer (408 past it), and closes a connection that has read nothing for [`Bounds::idle`]. An
 //! accept that fails for want of a resource (file descriptors, memory) is tried again after a pause
 //! that doubles up to a second, instead of at once (which spins a core).
 
@@ -31,13 +32,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, watch};
 use tokio_util::task::TaskTracker;
 
 /// What one listener allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
-    /// Connections open at once; past it, accepting waits until one closes.
+    /// Connections open at once; past it, the oldest connection of the address that holds the most
+    /// is closed for the new one.
     pub connections: usize,
     /// Connections open at once from one IP address; past it, a new one is closed at once. `None`
     /// on loopback, where every peer is the same address.
@@ -48,7 +50,8 @@ pub struct Bounds {
     /// while a request's head comes in). Longer than clients keep an idle connection (Go's 90 s), so
     /// a client does not send a request on a connection just as it closes.
     pub idle: Duration,
-    /// Time for one request to be read and answered; past it the answer is 408.
+    /// Time for one request, from its head to its answer (the body read, the handler done); past it
+    /// the answer is 408.
     pub request: Duration,
 }
 
@@ -72,8 +75,10 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_STREAMS: u32 = 32;
 /// The first and the longest pause after an accept that failed for want of a resource.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
-/// At most one warning this often about a peer past its cap.
+/// At most one warning this often about a peer past its cap, or a port at its.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+/// How long a new connection waits for the one closed to make room for it.
+const EVICT_WAIT: Duration = Duration::from_secs(1);
 
 /// Serves `router` on `listener` within `bounds` until `shutdown` resolves; then accepts no more,
 /// asks every open connection to close after its requests in flight, and returns when all have
@@ -95,21 +100,19 @@ pub async fn serve<U, F, IO>(
     let router = router.layer(axum::middleware::from_fn(move |req: Request, next: Next| async move {
         within(request, req, next).await
     }));
-    let open = Arc::new(Semaphore::new(bounds.connections.max(1)));
-    let peers = Arc::new(Peers::default());
+    let open = Arc::new(Open::default());
     let tracker = TaskTracker::new();
     let (closing, closed) = watch::channel(false);
     let mut shutdown = pin!(shutdown);
     let mut backoff = Duration::ZERO;
     let mut warned: Option<Instant> = None;
+    let mut warn = |what: &str, peer: SocketAddr| {
+        if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            warned = Some(Instant::now());
+            tracing::warn!(listener = name, %peer, "{what}");
+        }
+    };
     loop {
-        let permit = tokio::select! {
-            permit = open.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
@@ -130,32 +133,46 @@ pub async fn serve<U, F, IO>(
                 }
             }
         };
-        let slot = match bounds.per_peer {
-            None => None,
-            Some(cap) => match Peers::take(&peers, peer.ip(), cap) {
-                Some(slot) => Some(slot),
-                None => {
-                    if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                        warned = Some(Instant::now());
-                        tracing::warn!(listener = name, %peer, cap, "a peer holds its most connections: closing its new ones");
-                    }
-                    continue;
+        let slot = loop {
+            match Open::admit(&open, peer.ip(), &bounds) {
+                Ok(slot) => break Some(slot),
+                Err(Full::Peer) => {
+                    warn("a peer holds its most connections: closing its new ones", peer);
+                    break None;
                 }
-            },
+                Err(Full::Port) => {
+                    warn(
+                        "the port holds its most connections: closing the oldest of the address that holds the most",
+                        peer,
+                    );
+                    let freed = open.freed.notified();
+                    let mut freed = pin!(freed);
+                    freed.as_mut().enable();
+                    open.evict();
+                    if tokio::time::timeout(EVICT_WAIT, freed).await.is_err() {
+                        break None;
+                    }
+                }
+            }
         };
+        let Some(slot) = slot else { continue };
         let handshake = upgrade(stream, peer);
         let (router, closed) = (router.clone(), closed.clone());
         tracker.spawn(async move {
-            let _held = (permit, slot);
-            let io = match tokio::time::timeout(bounds.handshake, handshake).await {
-                Ok(Some(io)) => io,
-                Ok(None) => return,
-                Err(_) => {
-                    tracing::debug!(listener = name, %peer, "handshake not done in time: closed");
-                    return;
-                }
+            let evicted = slot.evicted.clone();
+            let _held = slot;
+            let io = tokio::select! {
+                done = tokio::time::timeout(bounds.handshake, handshake) => match done {
+                    Ok(Some(io)) => io,
+                    Ok(None) => return,
+                    Err(_) => {
+                        tracing::debug!(listener = name, %peer, "handshake not done in time: closed");
+                        return;
+                    }
+                },
+                () = evicted.notified() => return,
             };
-            connection(name, peer, io, router, bounds, closed).await;
+            connection(name, peer, io, router, bounds, closed, &evicted).await;
         });
     }
     drop(listener);
@@ -184,6 +201,7 @@ async fn connection<IO>(
     router: Router,
     bounds: Bounds,
     mut closed: watch::Receiver<bool>,
+    evicted: &Notify,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -211,6 +229,10 @@ async fn connection<IO>(
                 if let Err(e) = ended {
                     tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
                 }
+                return;
+            }
+            () = evicted.notified() => {
+                tracing::debug!(listener = name, %peer, "closed to make room for a newer connection");
                 return;
             }
             changed = closed.changed(), if closing.is_none() => {
@@ -259,41 +281,89 @@ fn next_backoff(last: Duration) -> Duration {
     (last * 2).clamp(BACKOFF.0, BACKOFF.1)
 }
 
-/// Connections open per peer address.
+/// The connections a listener holds, by address, each with a way to close it.
 #[derive(Default)]
-struct Peers {
-    open: Mutex<HashMap<IpAddr, usize>>,
+struct Open {
+    held: Mutex<Held>,
+    /// Woken when a connection closes.
+    freed: Notify,
 }
 
-impl Peers {
-    /// A slot for one more connection from `ip`, unless it holds `cap` already.
-    fn take(peers: &Arc<Peers>, ip: IpAddr, cap: usize) -> Option<PeerSlot> {
+#[derive(Default)]
+struct Held {
+    /// The next connection's number: numbers grow, so the smallest is the oldest.
+    next: u64,
+    per_ip: HashMap<IpAddr, usize>,
+    /// Each open connection's address, and what closes it.
+    conns: HashMap<u64, (IpAddr, Arc<Notify>)>,
+}
+
+/// Why a connection was not admitted.
+enum Full {
+    /// Its address holds [`Bounds::per_peer`] already.
+    Peer,
+    /// The port holds [`Bounds::connections`].
+    Port,
+}
+
+impl Open {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A slot for one more connection from `ip`, unless a cap of `bounds` is reached.
+    fn admit(open: &Arc<Open>, ip: IpAddr, bounds: &Bounds) -> Result<Slot, Full> {
         let ip = ip.to_canonical();
-        let mut open = peers.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let held = open.entry(ip).or_default();
-        if *held >= cap {
-            return None;
+        let mut held = open.held();
+        let from_ip = held.per_ip.get(&ip).copied().unwrap_or(0);
+        if bounds.per_peer.is_some_and(|cap| from_ip >= cap) {
+            return Err(Full::Peer);
         }
-        *held += 1;
-        Some(PeerSlot { peers: peers.clone(), ip })
+        if held.conns.len() >= bounds.connections.max(1) {
+            return Err(Full::Port);
+        }
+        let id = held.next;
+        held.next += 1;
+        let evicted = Arc::new(Notify::new());
+        held.conns.insert(id, (ip, evicted.clone()));
+        *held.per_ip.entry(ip).or_default() += 1;
+        Ok(Slot { open: open.clone(), id, ip, evicted })
+    }
+
+    /// Closes the oldest connection of the address that holds the most.
+    fn evict(&self) {
+        let held = self.held();
+        let victim = held
+            .conns
+            .iter()
+            .max_by_key(|(id, (ip, _))| (held.per_ip.get(ip).copied().unwrap_or(0), std::cmp::Reverse(**id)));
+        if let Some((_, (_, evicted))) = victim {
+            evicted.notify_one();
+        }
     }
 }
 
-/// One open connection of a peer; given back when dropped.
-struct PeerSlot {
-    peers: Arc<Peers>,
+/// One open connection; given back when dropped.
+struct Slot {
+    open: Arc<Open>,
+    id: u64,
     ip: IpAddr,
+    /// Notified to close the connection for a newer one.
+    evicted: Arc<Notify>,
 }
 
-impl Drop for PeerSlot {
+impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.peers.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(held) = open.get_mut(&self.ip) {
-            *held -= 1;
-            if *held == 0 {
-                open.remove(&self.ip);
+        let mut held = self.open.held();
+        held.conns.remove(&self.id);
+        if let Some(n) = held.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.per_ip.remove(&self.ip);
             }
         }
+        drop(held);
+        self.open.freed.notify_waiters();
     }
 }
 
@@ -480,28 +550,35 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     }
 
+    /// A connection to `addr` from the loopback address `from` (127.0.0.N: another peer).
+    async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// Whether the peer closed `stream` within 300 ms.
+    async fn closed_soon(stream: &mut TcpStream) -> bool {
+        read_to_close(stream, Duration::from_millis(300)).await.is_some()
+    }
+
     #[tokio::test]
-    async fn past_the_listeners_cap_a_new_connection_waits_for_one_to_close() {
-        let bounds = Bounds {
-            connections: 2,
-            per_peer: None,
-            idle: Duration::from_secs(30),
-            handshake: Duration::from_secs(30),
-            ..SHORT
-        };
+    async fn past_the_listeners_cap_the_oldest_connection_of_the_address_holding_most_makes_room() {
+        let long = Duration::from_secs(30);
+        let bounds = Bounds { connections: 3, per_peer: None, idle: long, handshake: long, ..SHORT };
         let (addr, _stop, _task) = listening(bounds).await;
-        let a = TcpStream::connect(addr).await.unwrap();
-        let _b = TcpStream::connect(addr).await.unwrap();
-        // The third is in the kernel's backlog: its request gets no answer while both are open.
-        let mut third = TcpStream::connect(addr).await.unwrap();
-        third.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
-        let mut byte = [0u8; 1];
-        let waited = tokio::time::timeout(Duration::from_millis(300), third.read(&mut byte)).await;
-        assert!(waited.is_err(), "answered past the cap");
-        drop(a);
-        let answer =
-            read_to_close(&mut third, Duration::from_secs(3)).await.expect("answered once one closed");
+        let mut a1 = connect_from([127, 0, 0, 2], addr).await;
+        let mut a2 = connect_from([127, 0, 0, 2], addr).await;
+        let mut b = connect_from([127, 0, 0, 3], addr).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A new peer gets its answer at once: a1 (the oldest of the address holding two) is closed.
+        let mut c = connect_from([127, 0, 0, 4], addr).await;
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let answer = read_to_close(&mut c, Duration::from_secs(2)).await.expect("answered");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(closed_soon(&mut a1).await, "the oldest of the biggest holder stayed open");
+        assert!(!closed_soon(&mut a2).await, "the newer of the biggest holder was closed");
+        assert!(!closed_soon(&mut b).await, "the other peer's one connection was closed");
     }
 
     #[tokio::test]
