@@ -44,7 +44,7 @@ const ADMISSION: &str = "admissionregistration.k8s.io";
 
 /// Every object of the install (base and components) outside [`NAMESPACE`]: the webhook first, then
 /// the admission policies, the DeviceClass and the rights.
-pub const OUTSIDE: [Object; 22] = [
+pub const OUTSIDE: [Object; 23] = [
     object(
         ADMISSION,
         "MutatingWebhookConfiguration",
@@ -115,20 +115,24 @@ pub const OUTSIDE: [Object; 22] = [
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-agent-dra"),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-allocator"),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-allocator-dra"),
-    object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-scheduler"),
+    object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-scheduler-access"),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-scheduler-volumes"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-agent"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-agent-dra"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-allocator"),
     object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-allocator-dra"),
+    object(RBAC, "ClusterRole", "clusterroles", "", "nano-gpu-scheduler"),
 ];
 
 /// What earlier versions of the install made outside [`NAMESPACE`] and this one no longer does (an
 /// upgrade by `kubectl apply` leaves it): deleted too, where it is, by an uninstall.
-pub const EARLIER: [Object; 1] = [
+pub const EARLIER: [Object; 2] = [
     // Until 0.1.0 (commit cac7fa4 included): the allocator's kube-scheduler read the cluster's client CA
     // for its secure port; it now skips that lookup (`--authentication-skip-lookup`).
     object(RBAC, "RoleBinding", "rolebindings", "kube-system", "nano-gpu-scheduler-authentication-reader"),
+    // Until 0.1.0 (commit ced8cf9 included): the allocator's kube-scheduler held upstream's
+    // `system:kube-scheduler`, which may take the default scheduler's Lease.
+    object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-scheduler"),
 ];
 
 /// What the agent and the MPS daemons leave on a node's filesystem, by directory: the paths

@@ -821,6 +821,32 @@ async fn the_system_works_on_real_nodes() {
         Err(kube::Error::Api(e)) => assert!(e.message.contains("not e2e"), "{}", e.message),
         other => panic!("the allocator's account wrote metadata through a pod's status: {other:?}"),
     }
+    // Its kube-scheduler writes a pod's conditions, never how it runs: marking the running share t4
+    // Failed is refused, and the allocator keeps counting t4's card. (Allowed, such a write freed
+    // t4's cards in the allocator's books until t4's kubelet wrote Running back.)
+    let failed = json!({"status": {"phase": "Failed", "reason": "Forged"}});
+    match as_allocator.patch_status("t4", &PatchParams::default(), &Patch::Merge(&failed)).await {
+        Err(kube::Error::Api(e)) => assert!(e.message.contains("may not change the phase"), "{}", e.message),
+        other => panic!("the allocator's account marked a running share Failed: {other:?}"),
+    }
+    let t4_card = first_card(&pods, "t4").await;
+    let counted = cluster.inspect()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["cards"].as_array().unwrap().clone())
+        .any(|c| c["uuid"] == t4_card && c["pods"].as_array().unwrap().contains(&json!(format!("{NS}/t4"))));
+    assert!(counted, "the allocator no longer counts t4 on {t4_card}");
+    // Nor may it take the cluster's default scheduler's place: no Lease outside its namespace.
+    for args in [["update", "leases/kube-scheduler"], ["create", "leases"]] {
+        let out =
+            cluster.kubectl_as(&allocator, &[&["auth", "can-i"][..], &args, &["-n", "kube-system"]].concat());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "the allocator's account may {args:?} in kube-system"
+        );
+    }
     // Nor through a Binding, which kube-apiserver copies onto the pod it binds (the pending pod no
     // scheduler serves, from above).
     let binding = json!({"apiVersion": "v1", "kind": "Binding",
