@@ -35,10 +35,19 @@ bash "$ROOT/hack/cluster.sh" up "$DIR" --nodes "$NODES"
 source "$DIR/cluster.env"
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
 
+# The allocator places GPU pods only on nodes whose agent is Ready (--require-ready-agent), which an
+# agent is a few seconds after its node shows the resource: examples sent before that wait, and on a
+# slow machine one of them (model-select, which only node-1's A100s take) found them full after its
+# back-off. Every agent Ready first.
+kubectl -n "$NAMESPACE" rollout status daemonset/nano-gpu-agent --timeout=180s
 kubectl apply -f "$ROOT/deploy/examples/"
 echo "waiting for the example pods to run..."
-kubectl wait --for=jsonpath='{.status.phase}'=Running pod --all -n nano-gpu-demo --timeout=120s ||
+if ! kubectl wait --for=jsonpath='{.status.phase}'=Running pod --all -n nano-gpu-demo --timeout=120s; then
   fail "not every example pod is Running after 120 s"
+  kubectl get events -n nano-gpu-demo --field-selector reason=FailedScheduling || true
+  kubectl logs -n "$NAMESPACE" -l app.kubernetes.io/name=nano-gpu-allocator -c allocator --tail=40 \
+    --prefix || true
+fi
 kubectl get pods -n nano-gpu-demo -o wide
 echo
 # Each example pod: one per manifest that makes a Pod.
