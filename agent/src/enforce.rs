@@ -62,11 +62,15 @@ pub struct HamiCore {
     /// Where the agent sees the host's root (`/` outside a container; the DaemonSet mounts the
     /// host's `/usr/local` under `/host`).
     pub host_root: PathBuf,
+    /// The host directory handed to shares as HAMi-core's lock directory ([`HAMI_LOCK`]): the
+    /// shipped DaemonSet's is a 1 MiB tmpfs (an emptyDir of the agent's pod), so no share can fill
+    /// the node's disk through it.
+    pub lock: PathBuf,
 }
 
 /// Where HAMi-core is mounted in a container (HAMi's own path, so its tools find it).
 pub const HAMI_IN_CONTAINER: &str = "/usr/local/vgpu";
-/// HAMi-core's lock directory, shared by every container of the node.
+/// HAMi-core's lock directory in a container, shared by the node's HAMi-core shares.
 pub const HAMI_LOCK: &str = "/tmp/vgpulock";
 /// HAMi-core's shared-region file: in the container's own `/tmp`, so per container.
 pub const HAMI_CACHE: &str = "/tmp/cudevshr.cache";
@@ -140,7 +144,7 @@ impl Enforcement {
                 let lib = format!("{HAMI_IN_CONTAINER}/libvgpu.so");
                 response.mounts.push(mount(&hami.dir.join("libvgpu.so"), &lib, true));
                 response.mounts.push(mount(&hami.dir.join("ld.so.preload"), "/etc/ld.so.preload", true));
-                response.mounts.push(mount(Path::new(HAMI_LOCK), HAMI_LOCK, false));
+                response.mounts.push(mount(&hami.lock, HAMI_LOCK, false));
             }
         }
     }
@@ -325,7 +329,8 @@ mod tests {
 
     #[test]
     fn a_hami_core_share_gets_its_env_and_mounts() {
-        let hami = HamiCore { dir: "/usr/local/vgpu".into(), host_root: "/".into() };
+        let lock = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/hami-lock";
+        let hami = HamiCore { dir: "/usr/local/vgpu".into(), host_root: "/".into(), lock: lock.into() };
         let mut r = ContainerAllocateResponse::default();
         Enforcement::HamiCore(hami).limit("GPU-a", Share { percent: 70, memory: MiB(6144) }, &mut r);
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "6144m");
@@ -333,7 +338,9 @@ mod tests {
         assert_eq!(r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"], HAMI_CACHE);
         let preload = r.mounts.iter().find(|m| m.container_path == "/etc/ld.so.preload").unwrap();
         assert_eq!((preload.host_path.as_str(), preload.read_only), ("/usr/local/vgpu/ld.so.preload", true));
-        assert!(r.mounts.iter().any(|m| m.container_path == HAMI_LOCK && !m.read_only));
+        let locks: Vec<_> = r.mounts.iter().filter(|m| m.container_path == HAMI_LOCK).collect();
+        assert_eq!(locks.len(), 1);
+        assert_eq!((locks[0].host_path.as_str(), locks[0].read_only), (lock, false));
     }
 
     #[test]
@@ -342,7 +349,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // The agent sees the host's /usr/local/vgpu under a root of its own.
-        let hami = Enforcement::HamiCore(HamiCore { dir: "/usr/local/vgpu".into(), host_root: dir.clone() });
+        let hami = Enforcement::HamiCore(HamiCore {
+            dir: "/usr/local/vgpu".into(),
+            host_root: dir.clone(),
+            lock: HAMI_LOCK.into(),
+        });
         let mut cards = vec![nvidia("GPU-a")];
         hami.apply(&mut cards);
         assert!(!cards[0].info.healthy);

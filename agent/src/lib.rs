@@ -230,6 +230,11 @@ pub struct Flags {
     /// Host directory of an installed HAMi-core (`libvgpu.so` and its `ld.so.preload`).
     #[arg(long, env = "NANO_GPU_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,
+    /// Host directory handed to HAMi-core shares as their lock directory (`/tmp/vgpulock`), which
+    /// every share of the node may write. The shipped DaemonSet names a 1 MiB memory emptyDir of
+    /// its pod; the default, the host's own `/tmp/vgpulock`, lets a share fill the host's `/tmp`.
+    #[arg(long, env = "NANO_GPU_HAMI_LOCK_SOURCE", default_value = enforce::HAMI_LOCK)]
+    pub hami_lock_source: PathBuf,
     /// Where the host's root is seen (host paths handed to containers are checked under it).
     #[arg(long, env = "NANO_GPU_HOST_ROOT", default_value = "/")]
     pub host_root: PathBuf,
@@ -319,6 +324,7 @@ impl Flags {
             Ok(enforce::Mode::HamiCore) => enforce::Enforcement::HamiCore(enforce::HamiCore {
                 dir: self.hami_core_dir.clone(),
                 host_root: self.host_root.clone(),
+                lock: self.hami_lock_source.clone(),
             }),
             Err(why) => enforce::Enforcement::Invalid(why),
         }

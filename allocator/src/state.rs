@@ -154,6 +154,9 @@ pub struct ClusterState {
     claim_keys: HashMap<(String, String), String>,
     /// During a re-list of claims: the uids seen so far.
     relisting_claims: Option<HashSet<String>>,
+    /// Claims deleted while a pod they were reserved for still runs, by uid: kept in `claims` with
+    /// their cards until the last of those pods is gone ([`ClusterState::release_ended_claims`]).
+    ended_claims: HashSet<String>,
     /// Allocations being written, by claim uid: they hold their cards until written or failed.
     in_flight: HashMap<String, crate::decide::claim::Held>,
     /// Node name → uids of the claims holding cards on it.
@@ -315,6 +318,7 @@ impl ClusterState {
             claims: HashMap::new(),
             claim_keys: HashMap::new(),
             relisting_claims: None,
+            ended_claims: HashSet::new(),
             in_flight: HashMap::new(),
             claims_on: HashMap::new(),
             claim_pods: BTreeMap::new(),

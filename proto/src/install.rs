@@ -44,7 +44,7 @@ const ADMISSION: &str = "admissionregistration.k8s.io";
 
 /// Every object of the install (base and components) outside [`NAMESPACE`]: the webhook first, then
 /// the admission policies, the DeviceClass and the rights.
-pub const OUTSIDE: [Object; 23] = [
+pub const OUTSIDE: [Object; 25] = [
     object(
         ADMISSION,
         "MutatingWebhookConfiguration",
@@ -110,6 +110,14 @@ pub const OUTSIDE: [Object; 23] = [
         "",
         "nano-gpu-claim-for-its-pod",
     ),
+    object(
+        ADMISSION,
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "",
+        "nano-gpu-claim-owner",
+    ),
+    object(ADMISSION, "ValidatingAdmissionPolicy", "validatingadmissionpolicies", "", "nano-gpu-claim-owner"),
     object("resource.k8s.io", "DeviceClass", "deviceclasses", "", crate::dra::DRIVER),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-agent"),
     object(RBAC, "ClusterRoleBinding", "clusterrolebindings", "", "nano-gpu-agent-dra"),

@@ -18,7 +18,8 @@
 //!
 //! - `hami-core`: HAMi-core "installed" in the node's own `/usr/local/vgpu` (a marker file, not
 //!   HAMi's library: nothing here runs CUDA): a share sees HAMi-core's env with its percent and
-//!   memory, the library, `/etc/ld.so.preload` and the lock directory; a whole card none of it.
+//!   memory, the library, `/etc/ld.so.preload` and the lock directory (the agent pod's 1 MiB
+//!   tmpfs: writing more fails); a whole card none of it.
 //!
 //! The Node's `nano-gpu/memory-limit` label says what the agent found of the driver's memory limit:
 //! the fake NVML has the function, so it is `available` where the host's cgroups are v2 and
@@ -291,7 +292,7 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
 
     // hami-core, installed by the operator in the node's /usr/local/vgpu (the harness gives each
     // node its own /usr/local): a share gets HAMi-core's env with its percent and memory, the
-    // library and ld.so.preload read-only, the shared lock directory; a whole card none of it.
+    // library and ld.so.preload read-only, the shared, bounded lock directory; a whole card none of it.
     let vgpu = cluster.path(&format!("nodes/{NODE}/usr/local/vgpu"));
     std::fs::create_dir_all(&vgpu).unwrap();
     std::fs::write(vgpu.join("libvgpu.so"), "the node's HAMi-core, as its operator installed it\n").unwrap();
@@ -312,6 +313,15 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     assert_eq!(seen.get("VGPU"), "the node's HAMi-core, as its operator installed it");
     assert_eq!(seen.get("PRELOAD"), "/usr/local/vgpu/libvgpu.so");
     assert_eq!(seen.get("VGPULOCK"), "yes");
+    // The lock directory is the agent pod's 1 MiB tmpfs, not the node's /tmp: a share writing more
+    // is stopped there.
+    let fill = "dd if=/dev/zero of=/tmp/vgpulock/fill bs=64k count=64 2>&1; \
+                echo KB=$(du -k /tmp/vgpulock/fill | cut -f1); \
+                echo SIZE=$(df -Pk /tmp/vgpulock | tail -1 | awk '{print $2}'); rm -f /tmp/vgpulock/fill";
+    let out = cluster.ok(&["exec", "-n", NS, "hami-40", "-c", "c", "--", "sh", "-c", fill]);
+    let value = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok());
+    assert!(out.contains("No space left"), "a share filled past 1 MiB: {out}");
+    assert!(value("KB=").is_some_and(|kb| kb <= 1024) && value("SIZE=") == Some(1024), "{out}");
     let whole = inside(&cluster, "hami-whole");
     assert!(!whole.any("CUDA_DEVICE_"), "{:?}", whole.env);
     assert_eq!((whole.get("VGPU"), whole.get("PRELOAD")), ("", ""), "a whole card bypasses HAMi-core");
@@ -329,8 +339,6 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(&cluster, &nodes, &system, &pods).await;
     cluster.down();
     clear_mps_dirs(NODE);
-    // HAMi-core's lock directory, which containerd made in the host's /tmp for the share.
-    let _ = std::fs::remove_dir("/tmp/vgpulock");
 }
 
 /// The node's value of the label the runtime canary's verdict sets.

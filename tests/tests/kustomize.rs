@@ -286,9 +286,9 @@ fn an_overlays_namespace_moves_every_mention_of_the_install_namespace() {
         } else if !namespace.is_empty() {
             assert_eq!(namespace, "gpu-sharing", "{kind} {name}");
         }
-        // Every policy but the one that names no account of nano-gpu's reads the install's
+        // Every policy but those that name no account of nano-gpu's reads the install's
         // Namespace as its parameter.
-        let reads_namespace = name != "nano-gpu-claim-for-its-pod";
+        let reads_namespace = name != "nano-gpu-claim-for-its-pod" && name != "nano-gpu-claim-owner";
         if kind == "ValidatingAdmissionPolicy" {
             let param = &object["spec"]["paramKind"];
             assert_eq!(

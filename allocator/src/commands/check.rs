@@ -69,9 +69,9 @@ pub struct Snapshot {
 }
 
 /// nano-gpu's admission policy bindings: name, whether the base install has it (the DRA component
-/// adds the last two), whether its policy reads nano-gpu's Namespace as its parameter, and what is
+/// adds the last three), whether its policy reads nano-gpu's Namespace as its parameter, and what is
 /// open while it judges nothing.
-pub const POLICY_BINDINGS: [(&str, bool, bool, &str); 5] = [
+pub const POLICY_BINDINGS: [(&str, bool, bool, &str); 6] = [
     ("nano-gpu-assignments", true, true, "anyone who may write a pod can set its nano-gpu/assignment"),
     (
         "nano-gpu-own-keys",
@@ -86,6 +86,12 @@ pub const POLICY_BINDINGS: [(&str, bool, bool, &str); 5] = [
         false,
         false,
         "any pod may join a claim made for another pod, and escapes the driver's memory limit",
+    ),
+    (
+        "nano-gpu-claim-owner",
+        false,
+        false,
+        "anyone who may update a claim can take its owning pod off and join another pod to it",
     ),
 ];
 

@@ -10,6 +10,9 @@
 //!
 //! A newer resourceVersion of a claim always wins over an older one: a re-list and the watch may
 //! deliver one claim out of order, and an older copy must not free what a newer allocation took.
+//! A claim deleted while a pod it was reserved for still runs keeps its cards until the last such
+//! pod is gone: the kubelet keeps a prepared claim's devices in its containers until they end,
+//! whatever became of the claim (anyone who may delete claims can take its finalizer off).
 //! When kube-scheduler clears an allocation nano-gpu wrote while the pod still waits (the node
 //! failed one of its own checks, e.g. a host port), that node is not picked for the pod again.
 
@@ -100,6 +103,9 @@ impl ClusterState {
         if before == Some(&record) {
             return;
         }
+        // Deleted objects do not come back: a claim shown again after it was taken for deleted
+        // (a list that raced its deletion) is as it is now.
+        self.ended_claims.remove(&uid);
         // An allocation nano-gpu wrote, cleared while the pod still waits: kube-scheduler refused the
         // node (its PostFilter clears allocations that made a pod unschedulable).
         if let Some(node) = before.and_then(|b| b.held.as_ref()).map(|h| h.node.clone())
@@ -131,12 +137,45 @@ impl ClusterState {
         }
     }
 
+    /// Claim `uid` is gone from the API: its cards are free, unless a pod it was reserved for still
+    /// runs (see the module's doc); then it is kept until that pod is gone.
     fn forget_claim(&mut self, uid: &str) {
-        if let Some(old) = self.claims.remove(uid) {
-            if self.claim_keys.get(&old.key).is_some_and(|u| u == uid) {
-                self.claim_keys.remove(&old.key);
+        let Some(old) = self.claims.get(uid) else { return };
+        if self.claim_keys.get(&old.key).is_some_and(|u| u == uid) {
+            self.claim_keys.remove(&old.key);
+        }
+        if self.in_use(old) {
+            if self.ended_claims.insert(uid.to_owned()) {
+                tracing::info!(claim = %format!("{}/{}", old.key.0, old.key.1),
+                    "a claim was deleted while a pod it was reserved for still runs; its cards stay counted until those pods are gone");
             }
+            return;
+        }
+        self.ended_claims.remove(uid);
+        if let Some(old) = self.claims.remove(uid) {
             self.reindex_claim(uid, old.held.as_ref());
+        }
+    }
+
+    /// Whether claim `c` holds cards for a pod that is still on its node (bound, not ended). A
+    /// consumer other than a pod cannot be told from the pods: such a claim is not.
+    fn in_use(&self, c: &ClaimRecord) -> bool {
+        c.held.is_some() && c.users.iter().flatten().any(|pod| self.pods.contains_key(pod))
+    }
+
+    /// Frees the cards of deleted claims no running pod uses any more (after a pod is gone).
+    pub(super) fn release_ended_claims(&mut self) {
+        if self.ended_claims.is_empty() {
+            return;
+        }
+        let done: Vec<String> = self
+            .ended_claims
+            .iter()
+            .filter(|uid| self.claims.get(*uid).is_none_or(|c| !self.in_use(c)))
+            .cloned()
+            .collect();
+        for uid in done {
+            self.forget_claim(&uid);
         }
     }
 

@@ -231,6 +231,7 @@ impl ClusterState {
         self.filter_holds.remove(uid);
         if let Some(p) = self.remove_pod(uid) {
             self.rebuild(&p.node);
+            self.release_ended_claims();
         }
     }
 

@@ -358,6 +358,49 @@ fn a_snapshot_forgets_claims_it_did_not_show_unless_the_watch_showed_them_later(
 }
 
 #[test]
+fn a_claim_deleted_under_a_running_pod_keeps_its_card_until_the_pod_is_gone() {
+    let mut s = state();
+    s.apply_node(&node("dra", 2, true));
+    running(&mut s, "a", 0, 0, 60);
+    running(&mut s, "b", 0, 1, 30);
+    assert_eq!(free(&s, "dra"), vec![40, 70]);
+    // Deleted (its finalizer taken off) while its pod runs: the kubelet keeps the card in the pod.
+    s.delete_claim(&reserved(allocated("a", 1, 0, 60), &["a"]));
+    assert_eq!(free(&s, "dra"), vec![40, 70]);
+    let cards = &s.inspect()["nodes"][0]["cards"];
+    assert_eq!(cards[0]["claims"][0]["claim"], "t/a", "{cards}");
+    // A re-list that no longer shows it keeps it too.
+    s.begin_claim_relist();
+    s.apply_claim(&reserved(allocated("b", 1, 1, 30), &["b"]));
+    s.end_claim_relist();
+    assert_eq!(free(&s, "dra"), vec![40, 70]);
+    // A claim made again by that name is a claim of its own.
+    let mut again = share("a", 7, 10);
+    again.metadata.uid = Some("u-a-2".into());
+    s.apply_claim(&again);
+    let pod = claim_pod("next", &["a"], json!({}));
+    s.apply_pod(&pod);
+    let writes = s.plan_claims();
+    assert_eq!(writes.iter().map(|w| w.claim_uid.as_str()).collect::<Vec<_>>(), ["u-a-2"]);
+    s.not_written(&writes[0]);
+    // Its pod ends: the card is free.
+    let mut done = claim_pod("a", &["a"], json!({"nodeName": "dra"}));
+    done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    s.apply_pod(&done);
+    assert_eq!(free(&s, "dra"), vec![100, 70]);
+    // Deleted with its pod gone already (or never reserved for one), a claim frees its card at once;
+    // so does one whose pod is deleted after it.
+    s.apply_claim(&reserved(allocated("b", 2, 1, 30), &["gone"]));
+    s.delete_claim(&reserved(allocated("b", 2, 1, 30), &["gone"]));
+    assert_eq!(free(&s, "dra"), vec![100, 100]);
+    running(&mut s, "c", 0, 1, 50);
+    s.delete_claim(&reserved(allocated("c", 1, 1, 50), &["c"]));
+    assert_eq!(free(&s, "dra"), vec![100, 50]);
+    s.delete_pod(&claim_pod("c", &["c"], json!({"nodeName": "dra"})));
+    assert_eq!(free(&s, "dra"), vec![100, 100]);
+}
+
+#[test]
 fn inspect_names_each_claim_on_the_card_its_allocation_holds() {
     let mut s = state();
     s.apply_node(&node("dra", 2, true));
