@@ -22,7 +22,9 @@
 //! leading allocator is deleted the next leader allocates a new claim without over-committing a
 //! card; on the full node, a pod of higher priority whose claim also selects its card's memory
 //! preempts the one pod whose end frees a card (a Preempted Event on it) and runs there; no one can
-//! take an allocated claim's owning pod off; a deleted pod's claim is unprepared (its CDI spec goes).
+//! take an allocated claim's owning pod off; a claim deleted (its finalizer taken off) under a
+//! running pod keeps its card in the allocator's books until the pod is gone; a deleted pod's claim
+//! is unprepared (its CDI spec goes).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -449,8 +451,39 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     assert!(spec.exists(), "{} missing while its pod runs", spec.display());
     let text: Value = serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap();
     assert_eq!(text["kind"], "nano-gpu.io/claim");
+    // Its claim is deleted first, its finalizer taken off (as anyone who may update claims can): the
+    // pod keeps its card, and so do the allocator's books until the pod is gone.
+    cluster.ok(&["-n", NS, "delete", "resourceclaim", "share-30", "--wait=false"]);
+    let strip = r#"{"metadata": {"finalizers": null}}"#;
+    cluster.ok(&["-n", NS, "patch", "resourceclaim", "share-30", "--type=merge", "-p", strip]);
+    wait_until("share-30's claim gone", Duration::from_secs(30), || async {
+        claims.get_opt("share-30").await.unwrap().is_none()
+    })
+    .await;
+    // The leading allocator's own books (its /inspect): `kubectl nano-gpu inspect` builds its view
+    // from the API, where a deleted claim no longer is.
+    let counted = || {
+        cluster.inspect()["nodes"].as_array().unwrap().iter().filter(|n| n["name"] == "node-2").any(|n| {
+            n["cards"].as_array().unwrap().iter().any(|c| {
+                c["claims"].as_array().unwrap().iter().any(|h| h["claim"] == format!("{NS}/share-30"))
+            })
+        })
+    };
+    wait_until("the allocator saw the claim go", Duration::from_secs(30), || async {
+        cluster.allocator_leader().is_some_and(|leader| {
+            let log = cluster.kubectl(&["-n", SYSTEM, "logs", &leader, "-c", "allocator", "--tail=-1"]);
+            String::from_utf8_lossy(&log.stdout).contains("cards stay counted until those pods are gone")
+        })
+    })
+    .await;
+    assert!(counted(), "share-30's card freed while its pod runs: {}", cluster.inspect());
+    wait_running(&pods, &["share-30".into()], Duration::from_secs(5)).await;
     cluster.ok(&["-n", NS, "delete", "pod", "share-30", "--wait=true"]);
     wait_until("share-30's claim unprepared", Duration::from_secs(60), || async { !spec.exists() }).await;
+    wait_until("share-30's card free in the books", Duration::from_secs(30), || async {
+        !counted()
+    })
+    .await;
 
     // The rest go while the agents run; the kubelet unprepares each claim once its pod is gone.
     cluster.ok(&["-n", NS, "delete", "pods", "--all", "--wait=true", "--timeout=60s"]);
