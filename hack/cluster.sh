@@ -363,13 +363,17 @@ EOF
 # node's containerd version names it). The handler nvidia is the NVIDIA runtime's stand-in: the fake
 # driver for containers that set NVIDIA_VISIBLE_DEVICES, then runc. The default (handler runc) is
 # the stand-in too, as on nodes whose default runtime is NVIDIA's (nvidia-docker's setup); with
-# --runtime-class it is runc itself (both configurations NVIDIA's toolkit sets up).
+# --runtime-class it is runc itself (both configurations NVIDIA's toolkit sets up). Pods' CDI
+# annotations reach the runtime (pod_annotations), as on nodes set up to pass them: the stand-in
+# reads them only in its CDI mode, which the enforcement suite turns on to see the annotation canary
+# tell such a node.
 runtimes_toml() {
   local handler binary standin=$NANO_GPU_BIN/nvidia-runtime-standin
   for handler in runc nvidia; do
     binary=$standin
     if [[ $handler == runc ]] && ((RUNTIME_CLASS)); then binary=$(command -v runc); fi
     printf '  [%s.%s]\n    runtime_type = "io.containerd.runc.v2"\n' "$1" "$handler"
+    printf '    pod_annotations = ["cdi.k8s.io/*"]\n'
     printf '    [%s.%s.options]\n      SystemdCgroup = false\n      BinaryName = "%s"\n' "$1" "$handler" "$binary"
   done
 }

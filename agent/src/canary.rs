@@ -1,5 +1,5 @@
-//! The runtime canary: does this node's NVIDIA container runtime give cards to a container that asks
-//! for none and names them in its own environment?
+//! The runtime canaries: does this node's NVIDIA container runtime give cards to a container that
+//! asks for none and names them in its own environment, or in its pod's annotations?
 //!
 //! A tenant's pod is judged by the runtime, not by us: set as the README says
 //! (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`), the runtime ignores an
@@ -12,6 +12,15 @@
 //! reads it ([`watch`]): a node whose runtime honoured the variable is not ready (`/readyz` says why,
 //! so the allocator places no GPU pod there), is labelled `nano-gpu/device-isolation=env-honoured`,
 //! and gets a Warning Event `RuntimeHonoursPodEnv`; one where it did not is labelled `held`.
+//!
+//! The same holds for pod annotations: NVIDIA's runtime in its CDI mode gives a container every device
+//! a `cdi.k8s.io/*` annotation of its OCI spec names, with no privilege check, and a pod's annotations
+//! reach that spec where the node passes them (CRI-O copies them all; containerd those its runtime's
+//! `pod_annotations` lists). The agent's pod carries `cdi.k8s.io/nano-gpu-canary:
+//! runtime.nvidia.com/gpu=all` (a name the runtime resolves from the driver, with no spec file), and
+//! its container `annotation-canary` asks nothing else: given a card, the node is labelled
+//! `annotations-honoured` and warned about (`RuntimeHonoursPodAnnotations`). The annotation reaches
+//! every container of the pod, the env canary's too: when both see cards, the annotation is named.
 
 use crate::inventory::{GpuInventory, NvmlInventory};
 use crate::probe::Readiness;
@@ -25,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use nano_gpu_proto::annotations::ISOLATION_LABEL;
-use nano_gpu_proto::annotations::{ENV_HONOURED, ISOLATION_HELD};
+use nano_gpu_proto::annotations::{ANNOTATIONS_HONOURED, ENV_HONOURED, ISOLATION_HELD};
 
 /// The largest report read (it is a few dozen bytes).
 const MAX_REPORT: u64 = 4096;
@@ -83,10 +92,12 @@ pub fn write(report: &Path, seen: &Seen) -> std::io::Result<()> {
 pub enum Verdict {
     /// No report (yet), or one that cannot be read: the reason.
     Unknown(String),
-    /// The runtime gave the canary no card.
+    /// The runtime gave the canaries no card.
     Held,
-    /// The runtime gave the canary cards from its own environment.
-    Honoured(Seen),
+    /// The runtime gave the env canary cards from its own environment.
+    EnvHonoured(Seen),
+    /// The runtime gave the annotation canary cards its pod's annotation names.
+    AnnotationsHonoured(Seen),
 }
 
 impl Verdict {
@@ -95,13 +106,36 @@ impl Verdict {
         match self {
             Verdict::Unknown(_) => None,
             Verdict::Held => Some(ISOLATION_HELD),
-            Verdict::Honoured(_) => Some(ENV_HONOURED),
+            Verdict::EnvHonoured(_) => Some(ENV_HONOURED),
+            Verdict::AnnotationsHonoured(_) => Some(ANNOTATIONS_HONOURED),
+        }
+    }
+
+    /// The Event a node given this verdict gets.
+    fn reason(&self) -> Option<Reason> {
+        match self {
+            Verdict::EnvHonoured(_) => Some(Reason::RuntimeHonoursPodEnv),
+            Verdict::AnnotationsHonoured(_) => Some(Reason::RuntimeHonoursPodAnnotations),
+            Verdict::Unknown(_) | Verdict::Held => None,
         }
     }
 
     /// Why the node must not be served, if it must not.
     pub fn problem(&self) -> Option<String> {
-        let Verdict::Honoured(seen) = self else { return None };
+        let seen = match self {
+            Verdict::Unknown(_) | Verdict::Held => return None,
+            Verdict::AnnotationsHonoured(seen) => {
+                return Some(format!(
+                    "this node's NVIDIA runtime gave a container that asks no GPU the cards its pod's \
+                     annotation cdi.k8s.io/nano-gpu-canary names ({} by NVML, {} device nodes): any pod \
+                     whose annotations reach the runtime could reach every card; keep cdi.k8s.io/* pod \
+                     annotations from it (containerd: out of the runtime's pod_annotations; CRI-O passes \
+                     them all: run NVIDIA's runtime in legacy mode there), then restart this pod",
+                    seen.nvml_cards, seen.device_nodes
+                ));
+            }
+            Verdict::EnvHonoured(seen) => seen,
+        };
         Some(format!(
             "this node's NVIDIA runtime gave a container that asks no GPU the cards its own \
              NVIDIA_VISIBLE_DEVICES=all names ({} by NVML, {} device nodes): any pod here could reach \
@@ -110,6 +144,24 @@ impl Verdict {
              restart this pod",
             seen.nvml_cards, seen.device_nodes
         ))
+    }
+}
+
+/// What the two canaries' reports say together (`annotations`: `None` where there is no annotation
+/// canary). The annotation reaches every container of the pod, so a runtime that honours it gives
+/// both canaries cards: the annotation is named first.
+pub fn judge(env: Verdict, annotations: Option<Verdict>) -> Verdict {
+    let annotations = annotations.map(|v| match v {
+        // [`read`] judges a report as the env canary's.
+        Verdict::EnvHonoured(seen) => Verdict::AnnotationsHonoured(seen),
+        v => v,
+    });
+    match (env, annotations) {
+        (_, Some(v @ Verdict::AnnotationsHonoured(_))) => v,
+        (v @ Verdict::EnvHonoured(_), _) => v,
+        (Verdict::Unknown(why), _) => Verdict::Unknown(why),
+        (_, Some(Verdict::Unknown(why))) => Verdict::Unknown(format!("annotation canary: {why}")),
+        (v, _) => v,
     }
 }
 
@@ -124,7 +176,7 @@ pub fn read(path: &Path) -> Verdict {
         Err(e) => return Verdict::Unknown(format!("reading {}: {e}", path.display())),
     };
     match serde_json::from_str::<Seen>(&text) {
-        Ok(seen) if seen.any() => Verdict::Honoured(seen),
+        Ok(seen) if seen.any() => Verdict::EnvHonoured(seen),
         Ok(_) => Verdict::Held,
         Err(e) => Verdict::Unknown(format!("{}: not a canary report: {e}", path.display())),
     }
@@ -136,7 +188,10 @@ pub async fn report(nvml_lib: PathBuf, dev: PathBuf, out: PathBuf) -> Result<(),
     let seen = tokio::task::spawn_blocking(move || look(&nvml_lib, &dev)).await.map_err(|e| e.to_string())?;
     write(&out, &seen).map_err(|e| format!("writing {}: {e}", out.display()))?;
     if seen.any() {
-        tracing::warn!(?seen, "this container asks no GPU and was given cards: the runtime honours its env");
+        tracing::warn!(
+            ?seen,
+            "this container asks no GPU and was given cards: the runtime honours its env or its pod's annotations"
+        );
     } else {
         tracing::info!(?seen, "this container asks no GPU and was given none");
     }
@@ -148,11 +203,28 @@ pub async fn report(nvml_lib: PathBuf, dev: PathBuf, out: PathBuf) -> Result<(),
 /// canary that cannot run must not keep a node from serving for good; the agent's log says it).
 pub const FIRST_REPORT: Duration = Duration::from_secs(30);
 
-/// Reads the canary's report at `path` every second until there is one, then every `every`: keeps
-/// the readiness problem, the Node's label and (on every change to `env-honoured`) a Warning Event
-/// in step with it. Until the first report, for at most [`FIRST_REPORT`], the agent is not ready.
+/// Where the canaries write their reports.
+#[derive(Clone, Debug)]
+pub struct Reports {
+    /// The env canary's (`runtime-canary`).
+    pub env: PathBuf,
+    /// The annotation canary's (`annotation-canary`), if the pod has one.
+    pub annotations: Option<PathBuf>,
+}
+
+impl Reports {
+    /// What they say now ([`judge`]).
+    fn read(&self) -> Verdict {
+        judge(read(&self.env), self.annotations.as_deref().map(read))
+    }
+}
+
+/// Reads the canaries' reports every second until they have said, then every `every`: keeps the
+/// readiness problem, the Node's label and (on every change to a verdict that the runtime honours
+/// what a pod names) a Warning Event in step with them. Until the first verdict, for at most
+/// [`FIRST_REPORT`], the agent is not ready.
 pub async fn watch(
-    path: PathBuf,
+    reports: Reports,
     readiness: Arc<Readiness>,
     node: Option<(kube::Client, String)>,
     every: Duration,
@@ -171,13 +243,13 @@ pub async fn watch(
         }
         first = false;
         let read_now = {
-            let path = path.clone();
-            tokio::task::spawn_blocking(move || read(&path))
+            let reports = reports.clone();
+            tokio::task::spawn_blocking(move || reports.read())
                 .await
                 .unwrap_or_else(|e| Verdict::Unknown(e.to_string()))
         };
-        // A report that cannot be read after one was: the last verdict stands (an `env-honoured`
-        // node never turns servable by a lost file).
+        // A report that cannot be read after one was: the last verdict stands (an `env-honoured` or
+        // `annotations-honoured` node never turns servable by a lost file).
         let verdict = match (&read_now, &last) {
             (Verdict::Unknown(why), Some(last)) => {
                 tracing::warn!(
@@ -231,11 +303,11 @@ pub async fn watch(
             }
         }
         labelled = Some(label);
-        if let Some(problem) = verdict.problem() {
+        if let (Some(problem), Some(reason)) = (verdict.problem(), verdict.reason()) {
             tracing::error!("{problem}");
             let event = Event {
                 type_: EventType::Warning,
-                reason: Reason::RuntimeHonoursPodEnv.as_str().into(),
+                reason: reason.as_str().into(),
                 note: Some(problem),
                 action: "CheckRuntime".into(),
                 secondary: None,
@@ -244,7 +316,7 @@ pub async fn watch(
             let sent =
                 tokio::time::timeout(Duration::from_secs(10), recorder.publish(&event, &node_ref)).await;
             if !matches!(sent, Ok(Ok(()))) {
-                tracing::warn!("the RuntimeHonoursPodEnv Event was not written");
+                tracing::warn!("the {reason} Event was not written");
             }
         }
     }
@@ -285,7 +357,7 @@ mod tests {
         let seen = Seen { nvml_cards: 4, nvml_error: None, device_nodes: 0 };
         write(&report, &seen).unwrap();
         let verdict = read(&report);
-        assert_eq!(verdict, Verdict::Honoured(seen));
+        assert_eq!(verdict, Verdict::EnvHonoured(seen));
         assert_eq!(verdict.label(), Some("env-honoured"));
         let problem = verdict.problem().unwrap();
         assert!(
@@ -293,6 +365,37 @@ mod tests {
         );
         std::fs::write(&report, "garbage").unwrap();
         assert!(matches!(read(&report), Verdict::Unknown(ref m) if m.contains("not a canary report")));
+    }
+
+    #[test]
+    fn the_annotation_is_named_when_it_gave_cards_and_both_must_say_before_a_node_is_held() {
+        let cards = Seen { nvml_cards: 2, nvml_error: None, device_nodes: 2 };
+        let honoured = || Verdict::EnvHonoured(cards.clone());
+        let unknown = || Verdict::Unknown("not reported yet".into());
+        // The annotation reaches the env canary too: both see cards, the annotation is named.
+        let both = judge(honoured(), Some(honoured()));
+        assert_eq!(both, Verdict::AnnotationsHonoured(cards.clone()));
+        assert_eq!(
+            (both.label(), both.reason()),
+            (Some("annotations-honoured"), Some(Reason::RuntimeHonoursPodAnnotations))
+        );
+        let problem = both.problem().unwrap();
+        assert!(
+            problem.contains("cdi.k8s.io/nano-gpu-canary") && problem.contains("pod_annotations"),
+            "{problem}"
+        );
+        assert_eq!(judge(unknown(), Some(honoured())), Verdict::AnnotationsHonoured(cards.clone()));
+        // Only the env canary's own env gave it cards.
+        let env = judge(honoured(), Some(Verdict::Held));
+        assert_eq!((env.label(), env.reason()), (Some("env-honoured"), Some(Reason::RuntimeHonoursPodEnv)));
+        assert_eq!(judge(honoured(), Some(unknown())), Verdict::EnvHonoured(cards));
+        // Held only when both say so; a pod without the annotation canary is judged by the env's.
+        assert_eq!(judge(Verdict::Held, Some(Verdict::Held)), Verdict::Held);
+        assert_eq!(judge(Verdict::Held, None), Verdict::Held);
+        assert!(
+            matches!(judge(Verdict::Held, Some(unknown())), Verdict::Unknown(ref m) if m.starts_with("annotation canary"))
+        );
+        assert!(matches!(judge(unknown(), Some(Verdict::Held)), Verdict::Unknown(_)));
     }
 
     #[test]

@@ -243,6 +243,13 @@ pub struct Flags {
     /// labelled `nano-gpu/device-isolation=env-honoured` and warned about; unset: no canary.
     #[arg(long, env = "NANO_GPU_RUNTIME_CANARY")]
     pub runtime_canary: Option<PathBuf>,
+    /// The annotation canary's report, written by the `annotation-canary` container (`canary` with
+    /// `--runtime-canary` naming this file; the pod's annotation `cdi.k8s.io/nano-gpu-canary` asks
+    /// every card): a node whose runtime gave it cards is not ready, labelled
+    /// `nano-gpu/device-isolation=annotations-honoured` and warned about. Read with
+    /// `--runtime-canary` only; unset: the env canary alone judges.
+    #[arg(long, env = "NANO_GPU_ANNOTATION_CANARY", requires = "runtime_canary")]
+    pub annotation_canary: Option<PathBuf>,
     /// Also serve the cards as a DRA driver (`gpu.nano-gpu.io`): publish the node's ResourceSlice,
     /// register with the kubelet's plugin registry and prepare the claims it names as CDI devices
     /// (needs a runtime with CDI, and a node name). The node then takes claims only (the allocator

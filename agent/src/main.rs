@@ -164,10 +164,12 @@ fn serve(flags: &Flags) -> ExitCode {
             let bounds = Bounds { connections: 64, per_peer: Some(16), ..Bounds::REACHABLE };
             tokio::spawn(serve_plain("probes", listener, app, bounds, std::future::pending()));
         }
-        if let Some(report) = flags.runtime_canary.clone() {
+        if let Some(env) = flags.runtime_canary.clone() {
             let readiness = readiness.clone();
+            let reports =
+                nano_gpu_agent::canary::Reports { env, annotations: flags.annotation_canary.clone() };
             tokio::spawn(nano_gpu_agent::canary::watch(
-                report,
+                reports,
                 readiness,
                 node_client,
                 Duration::from_secs(10),

@@ -35,14 +35,17 @@ pub const MEMORY_LIMIT_DRIVER: &str = "driver";
 pub const COUNT_LABEL: &str = "nano-gpu/gpu.count";
 /// Node label: `nvidia`, `intel`, or `mixed`.
 pub const VENDOR_LABEL: &str = "nano-gpu/gpu.vendor";
-/// Node label set by the agent from its runtime canary: whether the node's NVIDIA runtime keeps a
-/// pod's own `NVIDIA_VISIBLE_DEVICES` away from the cards ([`ISOLATION_HELD`]) or hands them over
-/// ([`ENV_HONOURED`]: the node is served to no one).
+/// Node label set by the agent from its runtime canaries: whether the node's NVIDIA runtime keeps a
+/// pod's own `NVIDIA_VISIBLE_DEVICES` and `cdi.k8s.io/` annotations away from the cards
+/// ([`ISOLATION_HELD`]) or hands them over ([`ENV_HONOURED`], [`ANNOTATIONS_HONOURED`]). A node
+/// labelled with any value but [`ISOLATION_HELD`] is served to no one.
 pub const ISOLATION_LABEL: &str = "nano-gpu/device-isolation";
 /// [`ISOLATION_LABEL`]'s value when a pod's env reaches no card.
 pub const ISOLATION_HELD: &str = "held";
 /// [`ISOLATION_LABEL`]'s value when the runtime honours a pod's env.
 pub const ENV_HONOURED: &str = "env-honoured";
+/// [`ISOLATION_LABEL`]'s value when the runtime honours a pod's `cdi.k8s.io/` annotations.
+pub const ANNOTATIONS_HONOURED: &str = "annotations-honoured";
 
 /// Node label set by the agent: which of its front ends serves the node's cards. [`FRONT_END_DRA`]:
 /// the DRA driver does (claims of the DeviceClass `gpu.nano-gpu.io`), and the allocator places no

@@ -56,6 +56,10 @@ pub enum Reason {
     /// Agent, on its Node: the container runtime gave an unprivileged container cards it did not ask
     /// for through its env; the node serves no GPU pod until the runtime is fixed.
     RuntimeHonoursPodEnv,
+    /// Agent, on its Node: the container runtime gave an unprivileged container that asks no GPU the
+    /// cards its pod's `cdi.k8s.io/` annotation names; the node serves no GPU pod until the runtime
+    /// is fixed.
+    RuntimeHonoursPodAnnotations,
     /// `kubectl nano-gpu uninstall`, on a pod still Pending for `nano-gpu-scheduler`: no scheduler
     /// serves that name any more.
     Uninstalled,
@@ -63,7 +67,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the catalogue.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::InvalidAssignment,
         Reason::IgnoredAssignment,
         Reason::InvalidGpuRequest,
@@ -81,6 +85,7 @@ impl Reason {
         Reason::PreemptionFailed,
         Reason::InvalidAllocation,
         Reason::RuntimeHonoursPodEnv,
+        Reason::RuntimeHonoursPodAnnotations,
         Reason::Uninstalled,
     ];
 
@@ -104,6 +109,7 @@ impl Reason {
             Reason::PreemptionFailed => "PreemptionFailed",
             Reason::InvalidAllocation => "InvalidAllocation",
             Reason::RuntimeHonoursPodEnv => "RuntimeHonoursPodEnv",
+            Reason::RuntimeHonoursPodAnnotations => "RuntimeHonoursPodAnnotations",
             Reason::Uninstalled => "Uninstalled",
         }
     }

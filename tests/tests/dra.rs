@@ -480,10 +480,7 @@ async fn claims_of_nano_gpus_class_give_each_container_exactly_its_allocated_car
     wait_running(&pods, &["share-30".into()], Duration::from_secs(5)).await;
     cluster.ok(&["-n", NS, "delete", "pod", "share-30", "--wait=true"]);
     wait_until("share-30's claim unprepared", Duration::from_secs(60), || async { !spec.exists() }).await;
-    wait_until("share-30's card free in the books", Duration::from_secs(30), || async {
-        !counted()
-    })
-    .await;
+    wait_until("share-30's card free in the books", Duration::from_secs(30), || async { !counted() }).await;
 
     // The rest go while the agents run; the kubelet unprepares each claim once its pod is gone.
     cluster.ok(&["-n", NS, "delete", "pods", "--all", "--wait=true", "--timeout=60s"]);

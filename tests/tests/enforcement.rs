@@ -336,7 +336,10 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     wait_running(&pods, &["plain-again".to_string()], Duration::from_secs(90)).await;
     let plain = inside(&cluster, "plain-again");
     assert!(!plain.any("CUDA_MPS") && !plain.any("CUDA_DEVICE_"), "{:?}", plain.env);
-    the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(&cluster, &nodes, &system, &pods).await;
+    the_runtime_canaries_tell_a_node_whose_runtime_honours_a_pods_env_or_annotations(
+        &cluster, &nodes, &system, &pods,
+    )
+    .await;
     cluster.down();
     clear_mps_dirs(NODE);
 }
@@ -363,12 +366,15 @@ async fn new_agent_until(nodes: &Api<Node>, system: &Api<Pod>, want: &str) {
     .await;
 }
 
-/// The runtime canary: under the configuration the README asks of a node, the agent's unprivileged
-/// canary container (no GPU asked, `NVIDIA_VISIBLE_DEVICES=all` in its env) is given no card and the
-/// Node says `held`. At the NVIDIA toolkit's defaults the runtime honours the env: the Node says
-/// `env-honoured` with a `RuntimeHonoursPodEnv` Warning, the agent is not ready (so no GPU pod is
-/// placed there), and a GPU pod waits; set right again, the node serves again.
-async fn the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(
+/// The runtime canaries: under the configuration the README asks of a node, the agent's unprivileged
+/// canary containers (no GPU asked; `NVIDIA_VISIBLE_DEVICES=all` in one's env, the pod's
+/// `cdi.k8s.io/nano-gpu-canary` annotation for both) are given no card and the Node says `held`. At
+/// the NVIDIA toolkit's defaults the runtime honours the env: the Node says `env-honoured` with a
+/// `RuntimeHonoursPodEnv` Warning, the agent is not ready (so no GPU pod is placed there), and a GPU
+/// pod waits; set right again, the node serves again. The same for the runtime in its CDI mode, which
+/// reads the pod's annotations this node's containerd passes: `annotations-honoured`, with a
+/// `RuntimeHonoursPodAnnotations` Warning.
+async fn the_runtime_canaries_tell_a_node_whose_runtime_honours_a_pods_env_or_annotations(
     cluster: &Cluster,
     nodes: &Api<Node>,
     system: &Api<Pod>,
@@ -383,13 +389,35 @@ async fn the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(
     assert!(secure.contains("when-unprivileged = false"), "{secure}");
     std::fs::write(&config, "# the NVIDIA container toolkit's defaults\n").unwrap();
     new_agent_until(nodes, system, "env-honoured").await;
+    unserved(cluster, system, pods, ("RuntimeHonoursPodEnv", "when-unprivileged = false"), "waits").await;
+    // Set right again: served again, and the waiting pod runs.
+    std::fs::write(&config, &secure).unwrap();
+    new_agent_until(nodes, system, "held").await;
+    agent_ready(system).await;
+    wait_running(pods, &["waits".to_string()], Duration::from_secs(120)).await;
+
+    // Set as the README asks, but in the CDI mode: the pod's annotation, which this node's containerd
+    // passes to the runtime, names every card, and comes before the device plugin's mounts.
+    std::fs::write(&config, format!("{secure}[nvidia-container-runtime]\nmode = \"cdi\"\n")).unwrap();
+    new_agent_until(nodes, system, "annotations-honoured").await;
+    unserved(cluster, system, pods, ("RuntimeHonoursPodAnnotations", "pod_annotations"), "waits-too").await;
+    std::fs::write(&config, &secure).unwrap();
+    new_agent_until(nodes, system, "held").await;
+    agent_ready(system).await;
+    wait_running(pods, &["waits-too".to_string()], Duration::from_secs(120)).await;
+}
+
+/// On a node whose runtime hands a pod cards it named itself: a Warning Event on the Node whose
+/// reason and message are `event`'s, the agent not Ready with the reason, and GPU pod `waiting`
+/// (created here) not placed.
+async fn unserved(cluster: &Cluster, system: &Api<Pod>, pods: &Api<Pod>, event: (&str, &str), waiting: &str) {
+    let (reason, says) = event;
     let events: Api<Event> = Api::namespaced(cluster.client().await, "default");
-    wait_until("a RuntimeHonoursPodEnv Event on the Node", Duration::from_secs(30), || async {
+    wait_until(&format!("a {reason} Event on the Node"), Duration::from_secs(30), || async {
         let selector = format!("involvedObject.kind=Node,involvedObject.name={NODE}");
         let list = events.list(&ListParams::default().fields(&selector)).await.unwrap();
         list.items.iter().any(|e| {
-            e.reason.as_deref() == Some("RuntimeHonoursPodEnv")
-                && e.message.as_deref().is_some_and(|m| m.contains("when-unprivileged = false"))
+            e.reason.as_deref() == Some(reason) && e.message.as_deref().is_some_and(|m| m.contains(says))
         })
     })
     .await;
@@ -408,16 +436,11 @@ async fn the_runtime_canary_tells_a_node_whose_runtime_honours_a_pods_env(
     let ip = agent_status().await.pod_ip.unwrap_or_default();
     let (code, why) = cluster.curl(&format!("http://{ip}:9401/readyz"), None, &[]);
     assert_eq!(code, 503, "{why}");
-    assert!(why.contains("any pod here could reach every card"), "{why}");
-    create(pods, &percent_pod("waits", 10)).await;
+    assert!(why.contains("could reach every card") && why.contains(says), "{why}");
+    create(pods, &percent_pod(waiting, 10)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let waiting = pods.get("waits").await.unwrap();
-    assert_eq!(waiting.spec.and_then(|s| s.node_name), None, "a GPU pod was placed on the node");
-    // Set right again: served again, and the waiting pod runs.
-    std::fs::write(&config, secure).unwrap();
-    new_agent_until(nodes, system, "held").await;
-    agent_ready(system).await;
-    wait_running(pods, &["waits".to_string()], Duration::from_secs(120)).await;
+    let pod = pods.get(waiting).await.unwrap();
+    assert_eq!(pod.spec.and_then(|s| s.node_name), None, "a GPU pod was placed on the node");
 }
 
 /// Waits until pod `name`'s log has a line containing `text` (what its CUDA process stand-in said).

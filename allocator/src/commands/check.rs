@@ -24,7 +24,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams};
 use nano_gpu_proto::annotations::{
-    ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NODE_LABEL, NodeInventory,
+    ANNOTATIONS_HONOURED, ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NODE_LABEL,
+    NodeInventory,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -206,7 +207,7 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
         }
         match label(node, ISOLATION_LABEL) {
             Some(ISOLATION_HELD) => {
-                out.push(line("device-isolation", &name, Status::Ok, "a pod's own env reaches no card"))
+                out.push(line("device-isolation", &name, Status::Ok, "a pod's own env and annotations reach no card"))
             }
             Some(ENV_HONOURED) => out.push(line(
                 "device-isolation",
@@ -217,14 +218,26 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                  accept-nvidia-visible-devices-as-volume-mounts = true in its config.toml, then delete the node's \
                  agent pod",
             )),
-            other => out.push(line(
+            Some(ANNOTATIONS_HONOURED) => out.push(line(
+                "device-isolation",
+                &name,
+                Status::Fail,
+                "the NVIDIA runtime gives a pod every card its cdi.k8s.io/ annotations name: keep those \
+                 annotations from it (containerd: out of the runtime's pod_annotations; CRI-O passes them all: \
+                 run NVIDIA's runtime in legacy mode there), then delete the node's agent pod",
+            )),
+            Some(other) => out.push(line(
+                "device-isolation",
+                &name,
+                Status::Fail,
+                format!("{ISOLATION_LABEL}={other}, a verdict this version does not know: the allocator serves the node to no one"),
+            )),
+            None => out.push(line(
                 "device-isolation",
                 &name,
                 Status::Warn,
-                format!(
-                    "the runtime canary has not said ({ISOLATION_LABEL}={}): is the agent's runtime-canary container running?",
-                    other.unwrap_or("absent")
-                ),
+                "the runtime canaries have not said (nano-gpu/device-isolation absent): are the agent pod's \
+                 runtime-canary and annotation-canary containers running?",
             )),
         }
         let nvidia =
@@ -867,6 +880,17 @@ mod tests {
         let mut s = healthy();
         s.nodes[1].metadata.labels.as_mut().unwrap().insert(ISOLATION_LABEL.into(), "env-honoured".into());
         assert!(fail(&s, "device-isolation", "node-2").contains("when-unprivileged = false"));
+        let mut s = healthy();
+        s.nodes[1]
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(ISOLATION_LABEL.into(), "annotations-honoured".into());
+        assert!(fail(&s, "device-isolation", "node-2").contains("pod_annotations"));
+        let mut s = healthy();
+        s.nodes[1].metadata.labels.as_mut().unwrap().insert(ISOLATION_LABEL.into(), "later".into());
+        assert!(fail(&s, "device-isolation", "node-2").contains("serves the node to no one"));
         let mut s = healthy();
         s.allocators[0] = pod("allocator-a", "cpu", false);
         fail(&s, "allocator-ready", "allocator");

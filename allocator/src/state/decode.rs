@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use nano_gpu_engine::model::{Card, Host};
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::annotations::{
-    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, ENV_HONOURED, FRONT_END_DRA, FRONT_END_LABEL,
-    GPUS_ANNOTATION, ISOLATION_LABEL, NodeInventory,
+    ASSIGNMENT_ANNOTATION, Assignment, DecodeError, FRONT_END_DRA, FRONT_END_LABEL, GPUS_ANNOTATION,
+    ISOLATION_HELD, ISOLATION_LABEL, NodeInventory,
 };
 use nano_gpu_proto::demand::{
     DemandOptions, GpushareUnit, HostDemand, PodDemand, asked, host_demand, pod_demand,
@@ -28,10 +28,12 @@ pub(super) struct NodeRecord {
     /// registered (none while it is not registered).
     pub(super) ids: u64,
     pub(super) inventory: Option<Result<NodeInventory, DecodeError>>,
-    /// The agent's runtime canary found that the node's runtime hands a pod the cards its own
-    /// `NVIDIA_VISIBLE_DEVICES` names (`nano-gpu/device-isolation=env-honoured`): served to no one,
-    /// even by an older agent still Ready there during a rollout.
-    pub(super) env_honoured: bool,
+    /// The agent's runtime canaries found that the node's runtime hands a pod the cards its own
+    /// `NVIDIA_VISIBLE_DEVICES` or its `cdi.k8s.io/` annotations name
+    /// (`nano-gpu/device-isolation` set, and not `held`: `env-honoured`, `annotations-honoured`, or a
+    /// value of a later agent): served to no one, even by an older agent still Ready there during a
+    /// rollout.
+    pub(super) exposed: bool,
     /// Its agent serves the cards through DRA (`nano-gpu/front-end: dra`): no share goes there.
     pub(super) dra: bool,
     /// Of a DRA node only: its labels, taints and cordon, which the claims' placement reads.
@@ -121,8 +123,12 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
         .as_ref()
         .and_then(|a| a.get(GPUS_ANNOTATION))
         .map(|text| NodeInventory::decode(text));
-    let env_honoured = node.metadata.labels.as_ref().and_then(|l| l.get(ISOLATION_LABEL)).map(String::as_str)
-        == Some(ENV_HONOURED);
+    let exposed = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ISOLATION_LABEL))
+        .is_some_and(|v| v != ISOLATION_HELD);
     let dra = node.metadata.labels.as_ref().and_then(|l| l.get(FRONT_END_LABEL)).map(String::as_str)
         == Some(FRONT_END_DRA);
     let facts = dra.then(|| crate::decide::claim::NodeFacts {
@@ -135,7 +141,7 @@ pub(super) fn node_record(node: &KubeNode) -> NodeRecord {
         mem: read("memory", quantity::mebibytes),
         ids: read(GPU_PERCENT, quantity::whole),
         inventory,
-        env_honoured,
+        exposed,
         dra,
         facts,
     }

@@ -25,7 +25,7 @@ impl ClusterState {
         self.generation += 1;
         let serving = self.agent_ready(name);
         let Some(record) = self.nodes.get(name) else { return };
-        let serving = serving && !record.env_honoured;
+        let serving = serving && !record.exposed;
         let claims = self.claims_held_on(name);
         let cluster = self.extender.engine_mut().cluster_mut();
         let cards: Vec<Card> = match &record.inventory {

@@ -857,24 +857,29 @@ fn a_pod_holding_cards_is_judged_without_them_and_binds_to_them_again() {
 }
 
 #[test]
-fn a_node_whose_runtime_honours_a_pods_env_is_served_to_no_one() {
+fn a_node_whose_runtime_honours_a_pods_env_or_annotations_is_served_to_no_one() {
     // Even without --require-ready-agent, and whichever agent is still Ready there (a rollout keeps
-    // the old one until the new one is Ready, which on such a node it never is).
-    let mut s = state();
-    let mut honoured = node("n1", 1);
-    honoured.metadata.labels =
-        Some([("nano-gpu/device-isolation".to_owned(), "env-honoured".to_owned())].into());
-    s.apply_node(&honoured);
-    s.apply_node(&node("n2", 1));
-    let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1", "n2"]});
-    let r = s.filter(serde_json::from_value(args.clone()).unwrap());
-    assert_eq!(r.node_names, Some(vec!["n2".to_owned()]));
-    assert!(r.failed_and_unresolvable_nodes.contains_key("n1"), "{r:?}");
-    assert!(s.reserve(&pod("p", "10", None, None), "n1", SystemTime::UNIX_EPOCH).is_err());
-    // Fixed, and the agent's canary says so: served again.
-    s.apply_node(&node("n1", 1));
-    let r = s.filter(serde_json::from_value(args).unwrap());
-    assert_eq!(r.node_names, Some(vec!["n1".to_owned(), "n2".to_owned()]));
+    // the old one until the new one is Ready, which on such a node it never is). A value a later agent
+    // may write counts as not held too.
+    for verdict in ["env-honoured", "annotations-honoured", "something-new"] {
+        let mut s = state();
+        let mut honoured = node("n1", 1);
+        honoured.metadata.labels =
+            Some([("nano-gpu/device-isolation".to_owned(), verdict.to_owned())].into());
+        s.apply_node(&honoured);
+        s.apply_node(&node("n2", 1));
+        let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1", "n2"]});
+        let r = s.filter(serde_json::from_value(args.clone()).unwrap());
+        assert_eq!(r.node_names, Some(vec!["n2".to_owned()]), "{verdict}");
+        assert!(r.failed_and_unresolvable_nodes.contains_key("n1"), "{verdict}: {r:?}");
+        assert!(s.reserve(&pod("p", "10", None, None), "n1", SystemTime::UNIX_EPOCH).is_err());
+        // Fixed, and the agent's canaries say so: served again.
+        let mut held = node("n1", 1);
+        held.metadata.labels = Some([("nano-gpu/device-isolation".to_owned(), "held".to_owned())].into());
+        s.apply_node(&held);
+        let r = s.filter(serde_json::from_value(args).unwrap());
+        assert_eq!(r.node_names, Some(vec!["n1".to_owned(), "n2".to_owned()]), "{verdict}");
+    }
 }
 
 #[test]

@@ -26,10 +26,20 @@
 //!   (`CAP_SYS_ADMIN` in the bounding set) or with
 //!   `accept-nvidia-visible-devices-envvar-when-unprivileged = true` (the default); `void`, `none` or
 //!   empty name no card.
+//! - in CDI mode (`mode = "cdi"` under `[nvidia-container-runtime]`; default `auto`, which the real
+//!   runtime resolves to `legacy` unless the env or mounts name only CDI devices), before both: the
+//!   fully qualified CDI names that the OCI spec's annotations whose keys start with one of
+//!   `annotation-prefixes` (under `[nvidia-container-runtime.modes.cdi]`, default `cdi.k8s.io/`)
+//!   list, comma-separated, with no privilege check (the toolkit's `getDevicesFromSpec`). A pod's
+//!   annotations are in that spec where containerd passes them (its runtime's `pod_annotations`;
+//!   CRI-O copies them all).
 //!
 //! Where it differs from the real runtime: a device name is looked up among the node's cards by UUID
-//! or index only (no MIG or CDI names), and a name that matches no card is dropped rather than failing
-//! the container.
+//! or index only (no MIG names), and a name that matches no card is dropped rather than failing the
+//! container. Of CDI names it resolves only the kinds `runtime.nvidia.com/gpu` (which the real
+//! runtime generates from the driver) and `nvidia.com/gpu` (the default kind, which the spec
+//! `nvidia-ctk cdi generate` writes names), and fails the container on any other, as the real one
+//! fails on a name no spec holds.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -94,7 +104,7 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     let config = std::fs::read_to_string(Path::new(DRIVER).join("config.toml"))
         .map(|t| RuntimeConfig::parse(&t))
         .unwrap_or_default();
-    let Some(visible) = config.devices(&spec, var("NVIDIA_VISIBLE_DEVICES")) else {
+    let Some(visible) = config.devices(&spec, var("NVIDIA_VISIBLE_DEVICES"))? else {
         return Ok(());
     };
     // The node's cards, kept to the visible ones.
@@ -107,6 +117,14 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     let list_file = bundle.join("nano-gpu-fake-nvml.json");
     std::fs::write(&list_file, serde_json::to_vec(&list)?)?;
 
+    // A pod's sandbox (its pause container) gets the pod's annotations too, and its spec may have no
+    // env (an image without one) or no mounts.
+    if spec["mounts"].is_null() {
+        spec["mounts"] = json!([]);
+    }
+    if spec["process"]["env"].is_null() {
+        spec["process"]["env"] = json!([]);
+    }
     let mounts = spec["mounts"].as_array_mut().context("spec without mounts")?;
     let mut driver = vec![
         (Path::new(DRIVER).join("libnvidia-ml.so.1"), NVML_TARGET.into(), "ro"),
@@ -132,41 +150,70 @@ fn edit_spec(bundle: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The two keys of the NVIDIA runtime's configuration that decide where a container's device list
-/// comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The keys of the NVIDIA runtime's configuration that decide where a container's device list comes
+/// from.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct RuntimeConfig {
     /// `accept-nvidia-visible-devices-envvar-when-unprivileged`.
     envvar_when_unprivileged: bool,
     /// `accept-nvidia-visible-devices-as-volume-mounts`.
     volume_mounts: bool,
+    /// `nvidia-container-runtime.mode` is `cdi`.
+    cdi: bool,
+    /// `nvidia-container-runtime.modes.cdi.annotation-prefixes`.
+    annotation_prefixes: Vec<String>,
 }
 
 impl Default for RuntimeConfig {
     /// The toolkit's defaults.
     fn default() -> Self {
-        RuntimeConfig { envvar_when_unprivileged: true, volume_mounts: false }
+        RuntimeConfig {
+            envvar_when_unprivileged: true,
+            volume_mounts: false,
+            cdi: false,
+            annotation_prefixes: vec!["cdi.k8s.io/".into()],
+        }
     }
 }
+
+/// The CDI kinds the stand-in resolves to the node's cards.
+const CDI_KINDS: [&str; 2] = ["runtime.nvidia.com/gpu", "nvidia.com/gpu"];
 
 /// Where the runtime reads a device list from mounts.
 const DEVICE_MOUNTS: &str = "/var/run/nvidia-container-devices";
 
 impl RuntimeConfig {
-    /// The top-level keys of a `config.toml` (anything after the first `[section]` is a section's).
+    /// The keys of a `config.toml` the stand-in reads (one `key = value` a line; strings in double
+    /// quotes, a list of them in brackets).
     fn parse(text: &str) -> Self {
         let mut config = RuntimeConfig::default();
+        let mut section = String::new();
         for line in text.lines().map(str::trim) {
-            if line.starts_with('[') {
-                break;
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.trim().to_owned();
+                continue;
             }
             let Some((key, value)) = line.split_once('=') else { continue };
-            let value = value.trim() == "true";
-            match key.trim() {
-                "accept-nvidia-visible-devices-envvar-when-unprivileged" => {
-                    config.envvar_when_unprivileged = value
+            let (key, value) = (key.trim(), value.trim());
+            let strings = || -> Vec<String> {
+                value
+                    .trim_matches(['[', ']'])
+                    .split(',')
+                    .map(|s| s.trim().trim_matches('"').to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            };
+            match (section.as_str(), key) {
+                ("", "accept-nvidia-visible-devices-envvar-when-unprivileged") => {
+                    config.envvar_when_unprivileged = value == "true"
                 }
-                "accept-nvidia-visible-devices-as-volume-mounts" => config.volume_mounts = value,
+                ("", "accept-nvidia-visible-devices-as-volume-mounts") => {
+                    config.volume_mounts = value == "true"
+                }
+                ("nvidia-container-runtime", "mode") => config.cdi = value.trim_matches('"') == "cdi",
+                ("nvidia-container-runtime.modes.cdi", "annotation-prefixes") => {
+                    config.annotation_prefixes = strings()
+                }
                 _ => {}
             }
         }
@@ -174,16 +221,47 @@ impl RuntimeConfig {
     }
 
     /// The container's device list (`all` or comma-separated names), or `None` for no card, from its
-    /// OCI `spec` and its `NVIDIA_VISIBLE_DEVICES` (the last value).
-    fn devices(&self, spec: &Value, env: Option<String>) -> Option<String> {
+    /// OCI `spec` and its `NVIDIA_VISIBLE_DEVICES` (the last value); an error where the real runtime
+    /// fails the container (a CDI name it cannot resolve).
+    fn devices(&self, spec: &Value, env: Option<String>) -> Result<Option<String>> {
+        if self.cdi {
+            let annotated = self.devices_from_annotations(spec)?;
+            if !annotated.is_empty() {
+                return Ok(Some(annotated.join(",")));
+            }
+        }
         if self.volume_mounts {
             let mounted = devices_from_mounts(spec);
             if !mounted.is_empty() {
-                return Some(mounted.join(","));
+                return Ok(Some(mounted.join(",")));
             }
         }
-        let env = env.filter(|v| !matches!(v.as_str(), "" | "void" | "none"))?;
-        (self.envvar_when_unprivileged || privileged(spec)).then_some(env)
+        let Some(env) = env.filter(|v| !matches!(v.as_str(), "" | "void" | "none")) else { return Ok(None) };
+        Ok((self.envvar_when_unprivileged || privileged(spec)).then_some(env))
+    }
+
+    /// The cards (`all`, indexes or UUIDs) that the spec's annotations under the CDI prefixes name.
+    fn devices_from_annotations(&self, spec: &Value) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for (key, value) in spec["annotations"].as_object().into_iter().flatten() {
+            if !self.annotation_prefixes.iter().any(|p| key.starts_with(p.as_str())) {
+                continue;
+            }
+            for name in value.as_str().unwrap_or_default().split(',') {
+                let Some((kind, device)) =
+                    name.split_once('=').filter(|(k, d)| k.contains('/') && !d.is_empty())
+                else {
+                    anyhow::bail!("invalid device name {name:?} in annotation {key:?}");
+                };
+                if !CDI_KINDS.contains(&kind) {
+                    anyhow::bail!("unresolvable CDI devices {name}");
+                }
+                if !names.iter().any(|n| n == device) {
+                    names.push(device.to_owned());
+                }
+            }
+        }
+        Ok(names)
     }
 }
 
@@ -253,6 +331,10 @@ mod tests {
         assert_eq!(creating(&args("--log /x state --bundle /b id")), None);
     }
 
+    fn devices(config: &RuntimeConfig, spec: &Value, env: Option<String>) -> Option<String> {
+        config.devices(spec, env).unwrap()
+    }
+
     fn spec(mounts: &[(&str, &str)], bounding: &[&str]) -> Value {
         let mounts: Vec<Value> =
             mounts.iter().map(|(s, d)| json!({"source": s, "destination": d, "type": "bind"})).collect();
@@ -265,7 +347,14 @@ mod tests {
             "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\
              accept-nvidia-visible-devices-as-volume-mounts = true\n[nvidia-container-cli]\nldconfig = \"x\"\n",
         );
-        assert_eq!(secure, RuntimeConfig { envvar_when_unprivileged: false, volume_mounts: true });
+        assert_eq!(
+            secure,
+            RuntimeConfig {
+                envvar_when_unprivileged: false,
+                volume_mounts: true,
+                ..RuntimeConfig::default()
+            }
+        );
         assert_eq!(RuntimeConfig::parse("# nothing set\n"), RuntimeConfig::default());
         let all = Some("all".to_owned());
         let mounted = spec(
@@ -279,17 +368,53 @@ mod tests {
             &["CAP_CHOWN"],
         );
         // The mounts win over the env, and only /dev/null ones under the root count.
-        assert_eq!(secure.devices(&mounted, all.clone()), Some("GPU-a".into()));
+        assert_eq!(devices(&secure, &mounted, all.clone()), Some("GPU-a".into()));
         // No mounts: the env of an unprivileged container is ignored, a privileged one's is not.
-        assert_eq!(secure.devices(&spec(&[], &["CAP_CHOWN"]), all.clone()), None);
-        assert_eq!(secure.devices(&spec(&[], &["CAP_SYS_ADMIN"]), all.clone()), all);
+        assert_eq!(devices(&secure, &spec(&[], &["CAP_CHOWN"]), all.clone()), None);
+        assert_eq!(devices(&secure, &spec(&[], &["CAP_SYS_ADMIN"]), all.clone()), all);
         // The toolkit's defaults: the env counts for anyone, the mounts are not read.
         let default = RuntimeConfig::default();
-        assert_eq!(default.devices(&mounted, all.clone()), all);
-        assert_eq!(default.devices(&mounted, None), None);
+        assert_eq!(devices(&default, &mounted, all.clone()), all);
+        assert_eq!(devices(&default, &mounted, None), None);
         for nothing in ["", "void", "none"] {
-            assert_eq!(default.devices(&spec(&[], &[]), Some(nothing.into())), None);
+            assert_eq!(devices(&default, &spec(&[], &[]), Some(nothing.into())), None);
         }
+    }
+
+    #[test]
+    fn in_cdi_mode_the_annotations_name_the_cards_before_anything_else() {
+        let cdi = RuntimeConfig::parse(
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\
+             accept-nvidia-visible-devices-as-volume-mounts = true\n\
+             [nvidia-container-runtime]\nmode = \"cdi\"\n",
+        );
+        assert!(cdi.cdi && cdi.annotation_prefixes == ["cdi.k8s.io/"], "{cdi:?}");
+        let annotated = |annotations: Value| {
+            let mut s = spec(&[("/dev/null", "/var/run/nvidia-container-devices/GPU-a")], &["CAP_CHOWN"]);
+            s["annotations"] = annotations;
+            s
+        };
+        // Unprivileged, a pod's annotation wins over the device plugin's mounts.
+        let all = annotated(json!({"cdi.k8s.io/x": "runtime.nvidia.com/gpu=all"}));
+        assert_eq!(devices(&cdi, &all, None), Some("all".into()));
+        let two = annotated(json!({"cdi.k8s.io/a": "nvidia.com/gpu=0,nvidia.com/gpu=GPU-b", "other/b": "x"}));
+        assert_eq!(devices(&cdi, &two, None), Some("0,GPU-b".into()));
+        // Other annotations, or none: the mounts as before.
+        let none = annotated(json!({"example.com/cdi": "nvidia.com/gpu=all"}));
+        assert_eq!(devices(&cdi, &none, None), Some("GPU-a".into()));
+        // A name no spec holds, or one not fully qualified, fails the container.
+        let unknown = annotated(json!({"cdi.k8s.io/x": "vendor.example/gpu=0"}));
+        assert!(cdi.devices(&unknown, None).unwrap_err().to_string().contains("unresolvable"));
+        let bare = annotated(json!({"cdi.k8s.io/x": "all"}));
+        assert!(cdi.devices(&bare, None).unwrap_err().to_string().contains("invalid device name"));
+        // In the legacy (and auto) mode, and with no prefix configured, annotations are not read.
+        let legacy = RuntimeConfig { cdi: false, ..cdi.clone() };
+        assert_eq!(devices(&legacy, &all, None), Some("GPU-a".into()));
+        let prefixes = RuntimeConfig::parse(
+            "[nvidia-container-runtime]\nmode = \"cdi\"\n[nvidia-container-runtime.modes.cdi]\nannotation-prefixes = []\n",
+        );
+        assert!(prefixes.cdi && prefixes.annotation_prefixes.is_empty(), "{prefixes:?}");
+        assert_eq!(devices(&prefixes, &all, None), None);
     }
 
     #[test]
