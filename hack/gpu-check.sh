@@ -31,6 +31,7 @@ SMI=nvidia-smi
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --nvidia-smi ]] && SMI=${args[i + 1]}; done
 
+# shellcheck disable=SC2012 # the listings are for a person to read
 {
   echo "== uname -a"; uname -a
   echo "== id"; id

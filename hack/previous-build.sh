@@ -66,8 +66,9 @@ if (cd "$ROOT" && cargo build --quiet --locked --workspace --all-targets >&2 &&
   # The pin adds a package to the lock file (and may add dependencies a feature turns on), so the
   # build below cannot be --locked; the versions already locked stay as they are.
   locked=()
-  (cd "$src" && unit_graph "${packages[@]}" --bins >"$src/.previous.json") &&
+  if (cd "$src" && unit_graph "${packages[@]}" --bins >"$src/.previous.json"); then
     "$pin" compare "$src/.current.json" "$src/.previous.json" | head -1 | sed 's/^/previous-build: /' >&2 || true
+  fi
 else
   log "the checkout's features could not be read: its dependencies will be compiled again"
   locked=(--locked)

@@ -235,6 +235,7 @@ while true; do
       # compile dependencies again (a build script reads it), and undo what the next build reuses.
       # `times` at the end: the CPU the job's processes used (those it waited for: a cluster's
       # daemons run on their own, so a suite's count leaves its cluster out).
+      # shellcheck disable=SC2016 # $? and $0 are the inner shell's
       (cd "$dir" && if [[ $group == build-* ]]; then unset CARGO_MANIFEST_DIR; else export CARGO_MANIFEST_DIR=$dir; fi &&
         exec setsid --wait bash -c "$cmd"'; rc=$?; times >"$0"; exit $rc' "$work/cpu/${name//\//_}") \
         >"$work/out/${name//\//_}" 2>&1 &

@@ -34,6 +34,8 @@ for dir in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
 done
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "shellcheck (hack/, .ci/run)"
+shellcheck hack/*.sh .ci/run
 # The end-to-end tests run real upstream Kubernetes: the newest tested version here (README command 1
 # starts a cluster of it); the other upstream parts only some suites use are built by
 # hack/run-tests.sh while the tests run. The oldest still supported is not in this command: the
