@@ -46,4 +46,8 @@ for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --nvidia-smi ]] && SMI=
   echo "== cgroups"; cat /proc/self/cgroup; ls /sys/fs/cgroup 2>&1 | head -40
 } >"$OUT/machine.txt" 2>&1
 timeout 30 "$SMI" -q -x >"$OUT/nvidia-smi-q.xml" 2>&1 || true
-timeout 280 "$BIN/gpu-check" --out "$OUT" "$@" 2>"$OUT/check.log"
+# The MPS daemons it starts log to their stdout, which is gpu-check's: kept apart from the report.
+rc=0
+timeout 280 "$BIN/gpu-check" --out "$OUT" "$@" >"$OUT/daemons.log" 2>"$OUT/check.log" || rc=$?
+cat "$OUT/report.json" 2>/dev/null || echo "gpu-check: no report (exit $rc; see $OUT/check.log)" >&2
+exit "$rc"
