@@ -53,6 +53,14 @@
 #        NANO_GPU_CACHE cache root (default ~/.cache/nano-gpu)
 #        NANO_GPU_INSTALL_FROM  install: the version in this directory (hack/previous-build.sh's
 #                       bin/ and deploy/) instead of this checkout's
+#        NANO_GPU_REAL_GPU=1  up: the machine's own NVIDIA driver instead of the fake one (hack/gpu-node.sh,
+#                       on a GPU machine): every node runs containerd 2 with NVIDIA's container runtime
+#                       (NANO_GPU_NVIDIA_RUNTIME, in CDI mode, its config NANO_GPU_RUNTIME_CONFIG_FILE)
+#                       over runc, the node's CDI spec NANO_GPU_CDI_SPEC (nvidia-ctk's), the driver's
+#                       /usr/local/nvidia seen by the node; no kube-proxy (no iptables there): the
+#                       apiserver's Service address is forwarded to it, and the apiserver reaches
+#                       webhooks at their endpoints; CONTAINERD2_BIN, K8S_BIN, NANO_GPU_CNI_BIN and
+#                       NANO_GPU_BUSYBOX name the carried binaries
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -62,6 +70,7 @@ source "$ROOT/hack/cards.sh"
 source "$ROOT/hack/lib.sh"
 CP_IP=10.201.0.254
 SERVICE_CIDR=10.0.0.0/24
+SERVICE_IP=10.0.0.1 # the apiserver's Service (hack/control-plane.sh)
 POD_CIDR=10.244.0.0/16
 CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
 log() { echo "cluster: $*" >&2; }
@@ -81,10 +90,16 @@ tools() {
     (cd "$ROOT" && cargo build --locked --workspace --all-targets >&2)
     NANO_GPU_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
   fi
-  for f in nano-gpu-allocator nano-gpu-agent netns-forward pause nvidia-runtime-standin nvidia-smi gpu-use \
-    nvidia-cuda-mps-control; do
+  local f needed=(nano-gpu-allocator nano-gpu-agent netns-forward pause)
+  if ((REAL_GPU)); then
+    needed+=(cuda-probe)
+  else
+    needed+=(nvidia-runtime-standin nvidia-smi gpu-use nvidia-cuda-mps-control)
+  fi
+  for f in "${needed[@]}"; do
     [[ -x $NANO_GPU_BIN/$f ]] || die "$NANO_GPU_BIN/$f missing"
   done
+  ((REAL_GPU)) && return
   FAKE_NVML=${NANO_GPU_FAKE_NVML:-$NANO_GPU_BIN/libfakenvml.so}
   [[ -f $FAKE_NVML ]] || die "$FAKE_NVML missing (cargo build -p fakenvml)"
 }
@@ -124,6 +139,17 @@ rootfs_add() {
   done < <(ldd "$src" 2>/dev/null | grep -o '/[^ ]*' || true)
 }
 
+# glibc_fill ROOTFS: the rest of glibc that Debian's images have (libpthread, libdl, librt, libm,
+# libgcc_s). The NVIDIA driver's libraries, which the runtime mounts into a container, load them;
+# our binaries do not (their glibc has these in libc), so `rootfs_add` alone leaves them out.
+glibc_fill() {
+  local lib path
+  for lib in libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6 libgcc_s.so.1; do
+    path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ { print $NF; exit }')
+    if [[ -n $path ]]; then rootfs_add "$1" "$path"; fi
+  done
+}
+
 # image_of OUT.tar REF CONFIG FILL ARGS...: an image REF (hack/image.sh) of a fresh root filesystem
 # that `FILL ROOTFS ARGS...` filled.
 image_of() {
@@ -160,7 +186,14 @@ cached_images() {
 # cuda_fill ROOTFS: busybox with the nvidia-smi stand-in (tests/src/bin/nvidia-smi.rs) and a CUDA
 # process stand-in (tests/src/bin/gpu-use.rs).
 cuda_fill() {
-  busybox_fill "$1" /bin/busybox
+  busybox_fill "$1" "$BUSYBOX"
+  if ((REAL_GPU)); then
+    # The real driver's: what CDI mounts (and the rest of glibc it loads), and the CUDA probe
+    # (tests/cuda-probe).
+    rootfs_add "$1" "$NANO_GPU_BIN/cuda-probe" /usr/bin/cuda-probe
+    glibc_fill "$1"
+    return
+  fi
   rootfs_add "$1" "$NANO_GPU_BIN/nvidia-smi" /usr/bin/nvidia-smi
   rootfs_add "$1" "$NANO_GPU_BIN/gpu-use" /usr/bin/gpu-use
 }
@@ -171,7 +204,7 @@ cuda_fill() {
 base_images_into() {
   image_of "$1/pause.tar" nano-gpu.local/pause:1 '{"Entrypoint":["/pause"]}' rootfs_add "$NANO_GPU_BIN/pause" /pause
   image_of "$1/busybox.tar" nano-gpu.local/busybox:1 '{"Entrypoint":["/bin/sh"],"Env":["PATH=/bin"]}' \
-    busybox_fill /bin/busybox
+    busybox_fill "$BUSYBOX"
   image_of "$1/cuda.tar" "$(image_ref examples/share-30.yaml nvidia/cuda)" \
     '{"Env":["PATH=/usr/bin:/bin","NVIDIA_VISIBLE_DEVICES=all","NVIDIA_DRIVER_CAPABILITIES=compute,utility"]}' cuda_fill
 }
@@ -191,12 +224,17 @@ nano_gpu_images_into() {
   image_of "$1/allocator.tar" "$(install_image_ref allocator.yaml nano-gpu/allocator)" \
     '{"User":"65532:65532","Entrypoint":["/usr/local/bin/nano-gpu-allocator"],"Cmd":["serve"],'"$path}" \
     rootfs_add "$INSTALL_BIN/nano-gpu-allocator" /usr/local/bin/nano-gpu-allocator
-  # Dockerfile.agent: Debian slim (glibc), root, ENTRYPOINT the binary.
+  # Dockerfile.agent: Debian slim (glibc, all of it: the driver's NVML loads more than the agent), root,
+  # ENTRYPOINT the binary.
   image_of "$1/agent.tar" "$(install_image_ref agent.yaml nano-gpu/agent)" \
-    '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" \
-    rootfs_add "$INSTALL_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+    '{"Entrypoint":["/usr/local/bin/nano-gpu-agent"],'"$path}" agent_fill
   image_of "$1/kube-scheduler.tar" "$(scheduler_image)" "{$path}" \
     rootfs_add "$K8S_BIN/kube-scheduler" /usr/local/bin/kube-scheduler
+}
+
+agent_fill() {
+  rootfs_add "$1" "$INSTALL_BIN/nano-gpu-agent" /usr/local/bin/nano-gpu-agent
+  glibc_fill "$1"
 }
 
 # scheduler_image: kube-scheduler's image for this cluster's version. deploy/ names the newest tested
@@ -241,7 +279,8 @@ install_nano_gpu() {
   for f in nano-gpu-allocator nano-gpu-agent; do [[ -x $INSTALL_BIN/$f ]] || die "$INSTALL_BIN/$f missing"; done
   [[ -f $INSTALL_DEPLOY/Kustomization ]] || die "$INSTALL_DEPLOY is not a deploy/ directory"
   images=$(cached_images "$set" "$(cat "$INSTALL_BIN/nano-gpu-allocator" "$INSTALL_BIN/nano-gpu-agent" \
-    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$INSTALL_DEPLOY/"*.yaml | sha256sum | cut -c1-16)" nano_gpu_images_into)
+    "$K8S_BIN/kube-scheduler" "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" "$INSTALL_DEPLOY/"*.yaml |
+    sha256sum | cut -c1-16)" nano_gpu_images_into)
   for ((k = 1; k <= NODES; k++)); do import_images "node-$k" "$images"/{allocator,agent,kube-scheduler}.tar; done
   mkdir -p "$overlay"
   deploy=$(realpath --relative-to="$overlay" "$INSTALL_DEPLOY")
@@ -342,17 +381,27 @@ node_mounts() {
   printf '1\n' >"$root/sysctl/overcommit_memory"
   printf '10\n' >"$root/sysctl/panic"
   printf '1\n' >"$root/sysctl/panic_on_oops"
-  nsenter "--mount=$root/mntns" bash -s -- "$root" <<'EOF'
+  # The machine's /usr/local, seen from inside before the node's is bound over it.
+  mkdir -p "$root/host-usr-local"
+  nsenter "--mount=$root/mntns" mount --rbind /usr/local "$root/host-usr-local"
+  nsenter "--mount=$root/mntns" bash -s -- "$root" "$REAL_GPU" "$root/host-usr-local" <<'EOF'
     set -e
     # /usr/local too: what an operator installs there (HAMi-core's /usr/local/vgpu) is the node's.
     # /run/cdi: the CDI specs a containerd 2 node's runtime reads (/var/run/cdi).
     for d in var/lib var/log run/containerd run/netns run/cdi usr/local; do mkdir -p "/$d"; mount --bind "$1/$d" "/$d"; done
+    # A real driver (NANO_GPU_REAL_GPU): where the machine has it, the node sees it too.
+    if [[ $2 == 1 && -d $3/nvidia ]]; then mkdir -p /usr/local/nvidia; mount --rbind "$3/nvidia" /usr/local/nvidia; fi
     mount --bind "$1/sysctl/overcommit_memory" /proc/sys/vm/overcommit_memory
     mount --bind "$1/sysctl/panic" /proc/sys/kernel/panic
     mount --bind "$1/sysctl/panic_on_oops" /proc/sys/kernel/panic_on_oops
 EOF
-  # The kubelet needs its cgroup root in every hierarchy before it starts (real-nodes.md).
-  for d in /sys/fs/cgroup/*/; do mkdir -p "${d%/}$(cgroup_root "$node")"; done
+  # The kubelet needs its cgroup root in every hierarchy before it starts (real-nodes.md); cgroup v2
+  # has one.
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    mkdir -p "/sys/fs/cgroup$(cgroup_root "$node")"
+  else
+    for d in /sys/fs/cgroup/*/; do mkdir -p "${d%/}$(cgroup_root "$node")"; done
+  fi
   if [[ -d /sys/fs/cgroup/cpuset ]]; then
     cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.cpus"
     cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$(cgroup_root "$node")/cpuset.mems"
@@ -367,13 +416,16 @@ EOF
 # annotations reach the runtime (pod_annotations), as on nodes set up to pass them: the stand-in
 # reads them only in its CDI mode, which the enforcement suite turns on to see the annotation canary
 # tell such a node.
+#
+# A real GPU node (NANO_GPU_REAL_GPU) runs NVIDIA's own runtime in both, and passes no annotation.
 runtimes_toml() {
   local handler binary standin=$NANO_GPU_BIN/nvidia-runtime-standin
+  ((REAL_GPU)) && standin=$NANO_GPU_NVIDIA_RUNTIME
   for handler in runc nvidia; do
     binary=$standin
     if [[ $handler == runc ]] && ((RUNTIME_CLASS)); then binary=$(command -v runc); fi
     printf '  [%s.%s]\n    runtime_type = "io.containerd.runc.v2"\n' "$1" "$handler"
-    printf '    pod_annotations = ["cdi.k8s.io/*"]\n'
+    ((REAL_GPU)) || printf '    pod_annotations = ["cdi.k8s.io/*"]\n'
     printf '    [%s.%s.options]\n      SystemdCgroup = false\n      BinaryName = "%s"\n' "$1" "$handler" "$binary"
   done
 }
@@ -404,10 +456,13 @@ version = 3
   cdi_spec_dirs = ["/var/run/cdi"]
 $(runtimes_toml "plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes")
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/usr/lib/cni"]
+    bin_dirs = ["$CNI_BIN"]
     conf_dir = "$root/cni/net.d"
 EOF
-  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" env "PATH=$CONTAINERD2_BIN:$PATH" \
+  local env=("PATH=$CONTAINERD2_BIN:$(dirname "$(command -v runc)"):$PATH")
+  # NVIDIA's runtime, started by the shim with containerd's environment, reads this file.
+  ((REAL_GPU)) && env+=("NVIDIA_CTK_CONFIG_FILE_PATH=$NANO_GPU_RUNTIME_CONFIG_FILE")
+  launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" env "${env[@]}" \
     "$CONTAINERD2_BIN/containerd" --config "$root/containerd.toml"
 }
 
@@ -425,21 +480,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   restrict_oom_score_adj = true
 $(runtimes_toml 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes')
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$CNI_BIN"
     conf_dir = "$root/cni/net.d"
 EOF
   launch "containerd-$node" "${IN_NET[@]}" "--mount=$root/mntns" containerd --config "$root/containerd.toml"
 }
 
 # cni_config NODE K: the node's pod network, a bridge of its own.
+# (Without portmap on a real GPU node: it needs iptables, which that machine lacks.)
 cni_config() {
-  local node=$1 k=$2 root=$DIR/nodes/$1
+  local node=$1 k=$2 root=$DIR/nodes/$1 portmap=',
+  {"type": "portmap", "capabilities": {"portMappings": true}}'
+  ((REAL_GPU)) && portmap=
   cat >"$root/cni/net.d/10-bridge.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "nano-gpu-$node", "plugins": [
   {"type": "bridge", "bridge": "ngbr$k", "isGateway": true, "isDefaultGateway": true,
    "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "dataDir": "$root/cni/ipam"}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$k.0/24"}]], "dataDir": "$root/cni/ipam"}}$portmap]}
 EOF
 }
 
@@ -490,21 +547,28 @@ EOF
 up() {
   local n=$1 k node images
   tools
-  for c in containerd runc iptables nsenter unshare; do
+  local needed=(containerd runc iptables nsenter unshare) workload=(nvidia-smi gpu-use)
+  if ((REAL_GPU)); then
+    needed=(runc nsenter unshare sysctl) workload=(cuda-probe) CONTAINERD2=$n
+    [[ -x ${NANO_GPU_NVIDIA_RUNTIME:-} ]] || die "NANO_GPU_NVIDIA_RUNTIME: NVIDIA's runtime, not ${NANO_GPU_NVIDIA_RUNTIME:-set}"
+    [[ -f ${NANO_GPU_CDI_SPEC:-} ]] || die "NANO_GPU_CDI_SPEC: the node's CDI spec, not ${NANO_GPU_CDI_SPEC:-set}"
+    [[ -f ${NANO_GPU_RUNTIME_CONFIG_FILE:-} ]] ||
+      die "NANO_GPU_RUNTIME_CONFIG_FILE: the NVIDIA runtime's config.toml, not ${NANO_GPU_RUNTIME_CONFIG_FILE:-set}"
+  fi
+  for c in "${needed[@]}"; do
     command -v "$c" >/dev/null || die "$c not found; apt-get install containerd runc containernetworking-plugins iptables"
   done
-  [[ -x /usr/lib/cni/bridge ]] || die "/usr/lib/cni/bridge missing; apt-get install containernetworking-plugins"
+  [[ -x $CNI_BIN/bridge ]] || die "$CNI_BIN/bridge missing; apt-get install containernetworking-plugins"
   # (Not `busybox --list | grep -q`: with pipefail, grep leaving early can fail the pipe.)
-  if ! [[ -x /bin/busybox ]] || ! grep -qx nc <(/bin/busybox --list); then
-    die "/bin/busybox missing; apt-get install busybox-static"
+  if ! [[ -x $BUSYBOX ]] || ! grep -qx nc <("$BUSYBOX" --list); then
+    die "$BUSYBOX missing; apt-get install busybox-static"
   fi
-  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "$NANO_GPU_BIN/nvidia-smi" "$NANO_GPU_BIN/gpu-use" /bin/busybox "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
+  images=$(cached_images base "$(cat "$NANO_GPU_BIN/pause" "${workload[@]/#/$NANO_GPU_BIN/}" "$BUSYBOX" "$ROOT/hack/image.sh" "$ROOT/hack/cluster.sh" |
     sha256sum | cut -c1-16)" base_images_into)
   K8S_BIN=${K8S_BIN:-$(bash "$ROOT/hack/k8s-build.sh")}
-  CONTAINERD2_BIN=
   if ((CONTAINERD2 > 0)); then
     ((CONTAINERD2 <= n)) || die "--containerd2 $CONTAINERD2: more than the $n nodes"
-    CONTAINERD2_BIN=$(bash "$ROOT/hack/containerd-build.sh")
+    CONTAINERD2_BIN=${CONTAINERD2_BIN:-$(bash "$ROOT/hack/containerd-build.sh")}
   fi
   mkdir -p "$DIR"
   [[ -e $DIR/netns ]] && die "$DIR/netns exists: run $0 down $DIR first"
@@ -514,10 +578,10 @@ up() {
   # loopback (kube-proxy's rules take them from there), forwarding between the nodes' pod bridges.
   touch "$NETNS"
   unshare "--net=$NETNS" true
-  "${IN_NET[@]}" ip link set lo up
-  "${IN_NET[@]}" ip addr add "$CP_IP/32" dev lo
-  for ((k = 1; k <= n; k++)); do "${IN_NET[@]}" ip addr add "$(node_ip "$k")/32" dev lo; done
-  "${IN_NET[@]}" ip route add "$SERVICE_CIDR" dev lo
+  "${IN_NET[@]}" "${IP[@]}" link set lo up
+  "${IN_NET[@]}" "${IP[@]}" addr add "$CP_IP/32" dev lo
+  for ((k = 1; k <= n; k++)); do "${IN_NET[@]}" "${IP[@]}" addr add "$(node_ip "$k")/32" dev lo; done
+  "${IN_NET[@]}" "${IP[@]}" route add "$SERVICE_CIDR" dev lo
   "${IN_NET[@]}" sysctl -qw net.ipv4.ip_forward=1
 
   K8S_BIN=$K8S_BIN NETNS=$NETNS CP_IP=$CP_IP NETNS_FORWARD=$NANO_GPU_BIN/netns-forward APISERVER_ARGS=$APISERVER_ARGS \
@@ -543,6 +607,11 @@ up() {
   for ((k = 1; k <= n; k++)); do
     node=node-$k
     node_mounts "$node"
+    if ((REAL_GPU)); then
+      install -m 644 "$NANO_GPU_CDI_SPEC" "$DIR/nodes/$node/run/cdi/"
+      start_containerd "$node" "$k"
+      continue
+    fi
     # The node's fake driver (see tests/src/bin/nvidia-runtime-standin.rs): its cards and NVML.
     mkdir -p "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
     chmod 1777 "$DIR/nodes/$node/var/lib/nano-gpu-fake-driver/procs"
@@ -560,6 +629,21 @@ up() {
     start_kubelet "$node" "$k"
   done
   for ((k = 1; k <= n; k++)); do wait_for "node-$k Ready" 90 node_ready "node-$k"; done
+  if ((REAL_GPU)); then
+    # No kube-proxy: the one Service pods need, the apiserver's, is its address forwarded to it.
+    "${IN_NET[@]}" "${IP[@]}" addr add "$SERVICE_IP/32" dev lo
+    launch service-forward "${IN_NET[@]}" "$NANO_GPU_BIN/netns-forward" --netns "$NETNS" "$SERVICE_IP:443=$CP_IP:6443"
+  else
+    start_kube_proxy
+  fi
+  wait_for "default ServiceAccount" 60 kubectl get serviceaccount default -n default
+  write_cluster_env "$n"
+  ((bare)) || install_nano_gpu
+  trap - EXIT
+  log "up: $n real nodes$( ((bare)) || echo ", nano-gpu installed"); kubectl --kubeconfig $ADMIN_KUBECONFIG get nodes; stop with: $0 down $DIR"
+}
+
+start_kube_proxy() {
   # One kube-proxy: every node shares the namespace, so one set of rules serves them all. It starts
   # once its node (node-1) is registered: kube-proxy waits 30 s for its Node, and when the Node shows
   # up later with addresses it did not start with, it exits for its service manager to start it
@@ -582,8 +666,10 @@ iptables: { masqueradeAll: true }
 EOF
   launch kube-proxy "${IN_NET[@]}" "$K8S_BIN/kube-proxy" --config "$DIR/kube-proxy.yaml"
   wait_for "kube-proxy (its rules synced; log: $DIR/kube-proxy.log)" 60 kube_proxy_healthy
-  wait_for "default ServiceAccount" 60 kubectl get serviceaccount default -n default
+}
 
+write_cluster_env() {
+  local n=$1
   { cat "$DIR/control-plane.env"
     cat <<EOF
 NETNS=$NETNS
@@ -598,11 +684,13 @@ NAMESPACE=$NAMESPACE
 CGROUP_PREFIX=$CGROUP_PREFIX
 NANO_GPU_BIN=$NANO_GPU_BIN
 K8S_VERSION=$(k8s_version)
+REAL_GPU=$REAL_GPU
+CNI_BIN=$CNI_BIN
+BUSYBOX=$BUSYBOX
+NANO_GPU_NVIDIA_RUNTIME=${NANO_GPU_NVIDIA_RUNTIME:-}
+NANO_GPU_RUNTIME_CONFIG_FILE=${NANO_GPU_RUNTIME_CONFIG_FILE:-}
 EOF
   } >"$DIR/cluster.env"
-  ((bare)) || install_nano_gpu
-  trap - EXIT
-  log "up: $n real nodes$( ((bare)) || echo ", nano-gpu installed"); kubectl --kubeconfig $ADMIN_KUBECONFIG get nodes; stop with: $0 down $DIR"
 }
 
 # restart COMPONENT NODE: kill -9 of the node's kubelet or containerd, then the same one started
@@ -635,7 +723,9 @@ ns_pids() {
 # Our cgroup roots that exist, one per node and hierarchy.
 our_cgroups() {
   local cg
-  for cg in /sys/fs/cgroup/*/"${CGROUP_PREFIX#/}"-*; do [[ -d $cg ]] && echo "$cg"; done
+  for cg in /sys/fs/cgroup/*/"${CGROUP_PREFIX#/}"-* /sys/fs/cgroup/"${CGROUP_PREFIX#/}"-*; do
+    [[ -d $cg ]] && echo "$cg"
+  done
   return 0
 }
 
@@ -700,7 +790,12 @@ shift 2
 NETNS=$DIR/netns
 IN_NET=(nsenter "--net=$NETNS")
 # The node kinds `up` chose (cluster.env says them for the other commands).
-CONTAINERD2=0 CONTAINERD2_BIN='' RUNTIME_CLASS=0 DRA=0 NETWORK_POLICIES=0 NAMESPACE=nano-gpu-system
+CONTAINERD2=0 CONTAINERD2_BIN=${CONTAINERD2_BIN:-} RUNTIME_CLASS=0 DRA=0 NETWORK_POLICIES=0 NAMESPACE=nano-gpu-system
+REAL_GPU=${NANO_GPU_REAL_GPU:-0}
+CNI_BIN=${NANO_GPU_CNI_BIN:-/usr/lib/cni} BUSYBOX=${NANO_GPU_BUSYBOX:-/bin/busybox}
+# iproute2's ip, else busybox's (a GPU machine may have neither iproute2 nor iptables).
+IP=(ip)
+command -v ip >/dev/null || IP=("$BUSYBOX" ip)
 # Per cluster directory, so clusters side by side never share a cgroup.
 CGROUP_PREFIX=/nano-gpu-$(sha256sum <<<"$DIR" | cut -c1-8)
 case $CMD in
