@@ -381,9 +381,11 @@ node_mounts() {
   printf '1\n' >"$root/sysctl/overcommit_memory"
   printf '10\n' >"$root/sysctl/panic"
   printf '1\n' >"$root/sysctl/panic_on_oops"
-  # The machine's /usr/local, seen from inside before the node's is bound over it.
-  mkdir -p "$root/host-usr-local"
-  nsenter "--mount=$root/mntns" mount --rbind /usr/local "$root/host-usr-local"
+  # A real driver's /usr/local/nvidia, seen from inside before the node's /usr/local is bound over it.
+  if ((REAL_GPU)); then
+    mkdir -p "$root/host-usr-local"
+    nsenter "--mount=$root/mntns" mount --rbind /usr/local "$root/host-usr-local"
+  fi
   nsenter "--mount=$root/mntns" bash -s -- "$root" "$REAL_GPU" "$root/host-usr-local" <<'EOF'
     set -e
     # /usr/local too: what an operator installs there (HAMi-core's /usr/local/vgpu) is the node's.
