@@ -6,9 +6,9 @@
 //! - `mps`: the label also schedules `deploy/mps.yaml`; the node's runtime stand-in mounts the
 //!   stand-in `nvidia-cuda-mps-control` (`tests/src/bin/nvidia-cuda-mps-control.rs`) into it, as
 //!   NVIDIA's runtime mounts the real one. A share sees its percent and memory as MPS client limits,
-//!   the pipe directory of its own card's daemon (the daemon wrote its card there) and that daemon's
-//!   `/dev/shm`, bounded and no other card's (each daemon writes a file named after its card there);
-//!   a whole card sees none of it. A CUDA process
+//!   the pipe directory of its own card's daemon (the daemon wrote its card there) and a `/dev/shm`
+//!   of its own, bounded, and no daemon's (each daemon writes a file named after its card in its
+//!   own); a whole card sees none of it. A CUDA process
 //!   stand-in in a share finds its card's daemon and runs as an MPS client, held to its share's
 //!   percent; one whose process exports `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100` gets 100 %, until an
 //!   operator sets the daemon's default (a ceiling for every client of the card); the agent's metrics
@@ -43,7 +43,7 @@ const NODE: &str = "node-1";
 
 /// What container `c` of pod `name` sees: its environment, and what its mounts hold as these
 /// names: `PIPE_CARD` (the card its MPS pipe directory's daemon serves), `SHM_CARDS` (the cards
-/// whose MPS daemons share its `/dev/shm`), `SHM_KB` (the size of its `/dev/shm`), `VGPU` and `PRELOAD` (HAMi-core's library and
+/// whose MPS daemons share its `/dev/shm`: none), `SHM_KB` (the size of its `/dev/shm`), `VGPU` and `PRELOAD` (HAMi-core's library and
 /// `/etc/ld.so.preload`), `VGPULOCK` (`yes`: HAMi-core's lock directory); empty when absent.
 struct Inside {
     env: BTreeMap<String, String>,
@@ -177,9 +177,9 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
         assert_eq!(seen.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), format!("0={memory}M"), "{name}");
         assert_eq!(seen.get("CUDA_MPS_PIPE_DIRECTORY"), "/tmp/nvidia-mps", "{name}");
         assert_eq!(seen.get("PIPE_CARD"), card, "{name}: not its own card's daemon");
-        // Its card's daemon's, and no other card's: a share can fill only its own card's.
-        assert_eq!(seen.get("SHM_CARDS"), card, "{name}: the /dev/shm of the daemons of these cards");
-        // Bounded: the card's container's 64 MiB memory-backed emptyDir, not a directory of the host.
+        // Its own, no daemon's: what it puts there no other share reads.
+        assert_eq!(seen.get("SHM_CARDS"), "", "{name}: the /dev/shm of the daemons of these cards");
+        // Bounded: the pod's own 64 MiB /dev/shm, not a directory of the host.
         assert_eq!(seen.get("SHM_KB"), "65536", "{name}: /dev/shm of {} KiB", seen.get("SHM_KB"));
     }
     // Its use shows under its own pod: NVML lists MPS clients apart (the stand-in driver does too).

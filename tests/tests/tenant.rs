@@ -18,8 +18,8 @@
 //! - in an MPS share: replacing the daemon's PID file in the pipe directory with a FIFO (which once
 //!   hung the agent, and then made the card unhealthy for everyone): the agent answers, the card
 //!   stays healthy, no neighbour is told its daemon was lost; `quit` to the daemon as a user other
-//!   than root: refused by the daemon; filling its `/dev/shm`: it holds 64 MiB at most, its card's,
-//!   and a neighbour on another card keeps all of its own;
+//!   than root: refused by the daemon; filling its `/dev/shm`: it holds 64 MiB at most, its own,
+//!   and a neighbour keeps all of its own;
 //! - holding many connections to the webhook's port without a byte: those past a share's cap are
 //!   closed at once, the rest within the handshake's bound, and the webhook keeps answering.
 //!
@@ -377,8 +377,8 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
     wait_running(&pods, &["after-tamper".into()], Duration::from_secs(120)).await; // after-tamper
     assert_eq!(report(&pods, "after-tamper", "c").await.cards, assigned(&pods, "after-tamper").await);
 
-    // An MPS share fills its pipe directory, then its /dev/shm: both are its card's, each a bounded
-    // tmpfs, and the neighbour on another card of node-1 keeps all of its own. (80 % does not fit
+    // An MPS share fills its pipe directory (its card's), then its /dev/shm (its own): each a
+    // bounded tmpfs, and the neighbour on another card of node-1 keeps all of its own. (80 % does not fit
     // beside the neighbour's 30 %.)
     let fill = "dd if=/dev/zero of=/tmp/nvidia-mps/fill bs=1M 2>/dev/null; \
                 echo piped $(du -k /tmp/nvidia-mps/fill | cut -f1) KiB; rm -f /tmp/nvidia-mps/fill; \
@@ -396,10 +396,10 @@ async fn a_tenant_gets_its_share_and_nothing_it_creates_takes_or_breaks_anyone_e
         (12 * 1024..=16 * 1024).contains(&piped),
         "a share wrote {piped} KiB in its pipe directory: not its card's 16 MiB"
     );
-    // Stopped by its card's 64 MiB (less what the daemon keeps there), not before, not after.
+    // Stopped by its 64 MiB, not before, not after.
     assert!(
         (60 * 1024..=64 * 1024).contains(&filled),
-        "a share wrote {filled} KiB in /dev/shm: not its card's 64 MiB"
+        "a share wrote {filled} KiB in /dev/shm: not its own 64 MiB"
     );
     let neighbour_card = assigned(&neighbours, "neighbour-node-1").await;
     assert_ne!(assigned(&pods, "filler").await, neighbour_card, "the filler landed on the neighbour's card");
