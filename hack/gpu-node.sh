@@ -270,7 +270,62 @@ judge() {
     "$(grep '"event":' <<<"$logs" | paste -sd, || true)"
 }
 
+# agent_pod: the name of the node's agent pod (one node).
+agent_pod() {
+  kubectl -n nano-gpu-system get pods -l app.kubernetes.io/name=nano-gpu-agent \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' | awk 'NF == 1 { print $1; exit }'
+}
+
+# usage POD...: while the pods run, the agent's per-container usage (its /metrics) beside
+# nvidia-smi's per-process view, into $OUT/usage.json: each pod's card memory and SM use as the
+# agent attributes them, and the processes' memory as the driver lists them.
+usage() {
+  local agent metrics pod all pods_json='' first=1 used util smi_total sum=0 ok=true
+  agent=$(agent_pod)
+  for _ in $(seq 30); do
+    metrics=$(kubectl get --raw "/api/v1/namespaces/nano-gpu-system/pods/$agent:9401/proxy/metrics" 2>&1 || true)
+    all=1
+    for pod; do grep -q "^nano_gpu_container_memory_used_bytes{.*pod=\"$pod\"" <<<"$metrics" || all=0; done
+    ((all)) && break
+    sleep 1
+  done
+  printf '%s\n' "$metrics" >"$OUT/metrics-$1.txt"
+  timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits >"$OUT/smi-apps-$1.txt" 2>&1 || true
+  smi_total=$(awk -F', *' '$2 ~ /^[0-9]+$/ { s += $2 } END { print s + 0 }' "$OUT/smi-apps-$1.txt")
+  for pod; do
+    used=$(grep "^nano_gpu_container_memory_used_bytes{.*pod=\"$pod\"" <<<"$metrics" | awk '{ s += $NF } END { printf "%d", s / 1048576 }')
+    util=$(grep "^nano_gpu_container_utilization_percent{.*pod=\"$pod\"" <<<"$metrics" | awk '{ s += $NF } END { printf "%g", s }')
+    ((first)) || pods_json+=','
+    first=0
+    pods_json+="\"$pod\": {\"memory_mib\": ${used:-0}, \"utilization_percent\": ${util:-0}}"
+    ((${used:-0} > 0)) || ok=false
+    sum=$((sum + ${used:-0}))
+  done
+  # The agent's per-pod memory adds up to what the driver lists for the processes (within 5 %).
+  ((sum * 100 >= smi_total * 95 && sum * 100 <= smi_total * 105)) || ok=false
+  printf '{"ok": %s, "agent_mib": {%s}, "agent_total_mib": %s, "nvidia_smi_processes_mib": %s, "smi_processes": %s}\n' \
+    "$ok" "$pods_json" "$sum" "$smi_total" "$(grep -c . "$OUT/smi-apps-$1.txt" || true)" >"$OUT/usage.json"
+}
+
+# restart_agent POD...: deletes the node's agent pod while POD runs; the DaemonSet's new one must be
+# Ready again; into $OUT/restart.json.
+restart_agent() {
+  local old new start=$SECONDS ready=false
+  old=$(agent_pod)
+  kubectl -n nano-gpu-system delete pod "$old" --wait=false >/dev/null
+  for _ in $(seq 90); do
+    new=$(kubectl -n nano-gpu-system get pods -l app.kubernetes.io/name=nano-gpu-agent \
+      -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+      awk -v old="$old" '$1 != old && $2 == "True" { print $1; exit }')
+    if [[ -n $new ]]; then ready=true; break; fi
+    sleep 1
+  done
+  printf '{"deleted": "%s", "new": "%s", "new_ready": %s, "seconds": %s}\n' "$old" "${new:-}" "$ready" \
+    "$((SECONDS - start))" >"$OUT/restart.json"
+}
+
 # run_pods NAME:PERCENT:ARGS... : the pods at once; waits for all to end; prints their judgements.
+# $DURING, if set, is run with the pods' names once they have started.
 run_pods() {
   local spec name percent pods=() first=1
   for spec in "$@"; do
@@ -283,6 +338,7 @@ run_pods() {
   timeout 20 nvidia-smi >"$OUT/nvidia-smi-${pods[0]%%:*}.txt" 2>&1 || true
   timeout 20 nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv \
     >>"$OUT/nvidia-smi-${pods[0]%%:*}.txt" 2>&1 || true
+  if [[ -n ${DURING:-} ]]; then "$DURING" "${pods[@]%%:*}" >>"$OUT/gpu-node.log" 2>&1 || true; fi
   for spec in "${pods[@]}"; do
     for _ in $(seq 120); do finished "${spec%%:*}" && break; sleep 1; done
   done
@@ -308,7 +364,7 @@ report() {
       "$(head -1 /proc/driver/nvidia/version 2>/dev/null | grep -o '[0-9]\+\.[0-9]\+\.[0-9]\+' | head -1)" \
       "$([[ -f /sys/fs/cgroup/cgroup.controllers ]] && echo true || echo false)"
     printf ' "checks": {%s},\n' "${CHECKS:-}"
-    printf ' "not_run_yet": ["kubectl nano-gpu inspect against the node", "per-pod usage against nvidia-smi", "MPS mode", "the agent restarted under load"],\n'
+    printf ' "not_run_yet": ["kubectl nano-gpu inspect against the node", "MPS mode"],\n'
     printf ' "seconds": %s\n}\n' "$SECONDS"
   } >"$OUT/report.json"
   if [[ $rc != 0 ]]; then
@@ -367,14 +423,21 @@ node() {
 
   stage shares
   local shares whole none
-  shares=$(run_pods "share-30a:30:--alloc-mib 1024 --load-seconds 10 --hold-seconds 15" \
-    "share-30b:30:--alloc-mib 1024 --load-seconds 10 --hold-seconds 15" \
-    "share-40:40:--alloc-mib 2048 --load-seconds 10 --hold-seconds 15")
+  shares=$(DURING=usage run_pods "share-30a:30:--alloc-mib 1024 --load-seconds 20 --hold-seconds 15" \
+    "share-30b:30:--alloc-mib 1024 --load-seconds 20 --hold-seconds 15" \
+    "share-40:40:--alloc-mib 2048 --load-seconds 20 --hold-seconds 15")
   CHECKS="\"shares\": $shares"
   kubectl -n gpu-node delete pod --all --wait=true --timeout=60s >/dev/null
+  if [[ -f $OUT/usage.json ]]; then CHECKS+=", \"usage\": $(cat "$OUT/usage.json")"; fi
   stage whole-card
-  whole=$(run_pods "whole:100:--alloc-mib 4096 --load-seconds 10 --hold-seconds 10")
-  CHECKS+=", \"whole_card\": $whole"
+  # The agent restarted while a whole card's pod runs: the pod keeps its card and ends well, and
+  # a share placed after the new agent is Ready runs on the card.
+  whole=$(DURING=restart_agent run_pods "whole:100:--alloc-mib 4096 --load-seconds 10 --hold-seconds 30")
+  CHECKS+=", \"whole_card_through_an_agent_restart\": $whole"
+  CHECKS+=", \"agent_restart\": $(cat "$OUT/restart.json" 2>/dev/null || echo null)"
+  stage after-restart
+  after=$(run_pods "after-restart:30:--alloc-mib 1024 --load-seconds 5")
+  CHECKS+=", \"share_after_the_restart\": $after"
   stage no-gpu
   none=$(run_pods "no-gpu:0:--alloc-mib 16")
   CHECKS+=", \"no_gpu\": $none"
@@ -384,6 +447,7 @@ node() {
     >"$OUT/node.txt" 2>&1 || true
   CHECKS_OK=true
   grep -q '"ok": false' <<<"$CHECKS" && CHECKS_OK=false
+  grep -q '"new_ready": true' <<<"$CHECKS" || CHECKS_OK=false
   stage finished
 }
 
