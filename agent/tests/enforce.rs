@@ -193,7 +193,8 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     let first = devices.message().await.unwrap().unwrap();
     assert!(first.devices.iter().all(|d| d.health == "Healthy"), "both daemons run: every card is healthy");
 
-    // A 30 % share with 2 GiB: its own MPS limits, its card's pipe directory and /dev/shm.
+    // A 30 % share with 2 GiB: its own MPS limits and its card's pipe directory; not the daemon's
+    // /dev/shm (the container keeps its own).
     let allocate = |ids: Vec<String>| AllocateRequest {
         container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
     };
@@ -210,12 +211,11 @@ async fn mps_shares_get_their_limits_and_a_lost_daemon_is_restarted_and_told() {
     let pipe = pipe.display().to_string();
     assert_eq!(
         mounts,
-        [
-            ("/dev/null".to_owned(), "/var/run/nvidia-container-devices/GPU-a"),
-            (pipe, "/tmp/nvidia-mps"),
-            (shm_of(&root, 0).display().to_string(), "/dev/shm")
-        ]
+        [("/dev/null".to_owned(), "/var/run/nvidia-container-devices/GPU-a"), (pipe, "/tmp/nvidia-mps"),]
     );
+    // The supervisor still names its /dev/shm (the pipe directory is trusted beside it).
+    let named = std::fs::read_to_string(root.join("GPU-a").join("shm-source")).unwrap();
+    assert_eq!(named.trim(), shm_of(&root, 0).display().to_string());
     // A whole card bypasses MPS.
     fake.pod_resources.put(entry("shared", &ids("GPU-a", 0..30)));
     fake.pod_resources.put(entry("whole", &[]));
