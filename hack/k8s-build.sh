@@ -6,6 +6,8 @@
 # never product logic.
 #
 # Usage: hack/k8s-build.sh        -> prints the bin dir on stdout (logs on stderr)
+#        hack/k8s-build.sh --versions -> prints `k8s=<version> etcd=<version>` (what the build's
+#                                    .versions stamp holds) and builds nothing
 # Env:   NANO_GPU_K8S_VERSION     which tested version (default: the newest, first below)
 #        NANO_GPU_CACHE           cache root (default ~/.cache/nano-gpu)
 #        NANO_GPU_BUILD_NICE      nice level for go build (default 15)
@@ -25,6 +27,8 @@ case $K8S_VERSION in
   v1.35.8) ETCD_VERSION=v3.6.6 ;;
   *) die "NANO_GPU_K8S_VERSION=$K8S_VERSION is not a tested version (v1.37.2, v1.35.8)" ;;
 esac
+VERSIONS="k8s=$K8S_VERSION etcd=$ETCD_VERSION"
+if [[ ${1:-} == --versions ]]; then echo "$VERSIONS"; exit 0; fi
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 UPSTREAM=$ROOT/hack/upstream/${K8S_VERSION%.*}
@@ -39,7 +43,7 @@ K8S_CMDS=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager 
 built() {
   local b
   for b in "${BINARIES[@]}"; do [[ -x $BIN/$b ]] || return 1; done
-  [[ -f $STAMP && $(cat "$STAMP") == "k8s=$K8S_VERSION etcd=$ETCD_VERSION" ]]
+  [[ -f $STAMP && $(cat "$STAMP") == "$VERSIONS" ]]
 }
 if built; then echo "$BIN"; exit 0; fi
 
@@ -145,7 +149,7 @@ build "$UPSTREAM/kubernetes" "$ld" "${K8S_CMDS[@]/#/k8s.io/kubernetes/cmd/}"
 # etcd's main package is its module's root, go.etcd.io/etcd/server/v3: go names its binary `server`.
 build "$UPSTREAM/etcd" "-s -w" go.etcd.io/etcd/server/v3
 mv -f "$BIN/server" "$BIN/etcd"
-echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION" >"$STAMP"
+echo "$VERSIONS" >"$STAMP"
 
 log "all binaries built in $((SECONDS - total))s into $BIN"
 echo "$BIN"

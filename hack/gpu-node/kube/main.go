@@ -1,10 +1,11 @@
 // One binary for the upstream commands a one-node cluster runs (as hyperkube and k3s do): etcd,
-// the Kubernetes commands (but kube-proxy: that cluster has none), containerd and its ctr, so hack/gpu-node.sh can carry them to a GPU
-// machine: they share most of their code, and apart they are about three times the size. The
-// command is the first argument or the name the binary was called by (a link named kubelet runs
-// the kubelet). Each branch is that command's upstream main, unchanged. Built by
-// `hack/gpu-node.sh --build`, which writes this module's go.mod from the pinned Kubernetes one
-// (hack/upstream/<minor>/kubernetes), etcd's and containerd's.
+// the Kubernetes commands (but kube-proxy: that cluster has none), containerd and its ctr, so
+// hack/gpu-node.sh can carry them to a GPU machine: they share most of their code, and apart they
+// are two and a half times the size (441 MB against 174 MB, stripped). The command is the first
+// argument or the name the binary was called by (a link named kubelet runs the kubelet). Each
+// branch is that command's upstream main, unchanged. Built by `hack/gpu-node.sh --build`, which
+// writes this module's go.mod from the pinned Kubernetes one (hack/upstream/<minor>/kubernetes),
+// etcd's and containerd's.
 package main
 
 import (
