@@ -540,10 +540,12 @@ EOF
   # client.go at 2: the device manager's line for each device list a plugin sends ("State pushed
   # for device plugin"), which the tests read to tell when a restarted kubelet had our devices.
   # kuberuntime_manager.go at 2: why the kubelet makes a pod's sandbox again ("has no IP address",
-  # "No ready sandbox"), as after a containerd restart that lost one.
+  # "No ready sandbox"), as after a containerd restart that lost one. kubelet.go at 2: each pod's
+  # SyncLoop ADD/DELETE/REMOVE; manager.go at 3: which departed pods the device manager frees
+  # ("Pods to be removed"), which the fault suite prints when a checkpoint keeps a deleted share.
   launch "kubelet-$node" "${IN_NET[@]}" "--mount=$root/mntns" "$K8S_BIN/kubelet" --config "$root/kubelet.yaml" \
     --kubeconfig "$DIR/kubelet-$node.kubeconfig" --hostname-override "$node" --node-ip "$ip" -v=1 \
-    --vmodule=client=2,kuberuntime_manager=2
+    --vmodule=client=2,kuberuntime_manager=2,kubelet=2,manager=3
 }
 
 up() {

@@ -10,7 +10,9 @@
 //! (kubernetes#109595's family). So the agent reads the checkpoint after pods leave and every
 //! [`EVERY`]: while it names pods of our resources that are not on the node, the agent lists
 //! pod-resources (the kubelet frees what no active pod holds) and sends its device lists again
-//! (the kubelet writes its checkpoint).
+//! (the kubelet writes its checkpoint). The kubelet may still count a departed pod active for a
+//! while (its own pod watch lags the agent's, a container is still stopping), so the same pods are
+//! asked for again after [`AGAIN_FIRST`], and twice as long each time after that.
 //!
 //! Only the fields named here are read; a checkpoint that does not decode is reported and left
 //! alone (nothing is ever written to it).
@@ -36,6 +38,10 @@ const EVERY: Duration = Duration::from_secs(10);
 /// worker knows it terminated) before the API server deletes it, and it counts a finished pod
 /// inactive before it reports the phase.
 const SETTLE: Duration = Duration::from_millis(250);
+
+/// The first wait before the kubelet is asked again to free the same pods (it still counted one
+/// active when asked).
+const AGAIN_FIRST: Duration = Duration::from_secs(1);
 
 /// The longest wait before the kubelet is asked again to free the same pods (a pod it still
 /// counts active, such as one deleted with no grace whose containers are still stopping).
@@ -118,7 +124,7 @@ impl Sweep {
             lister,
             asked: BTreeSet::new(),
             again_at: Instant::now(),
-            again_wait: EVERY,
+            again_wait: AGAIN_FIRST,
         }
     }
 
@@ -149,7 +155,7 @@ impl Sweep {
             }
             self.again_wait = (self.again_wait * 2).min(AGAIN_MOST);
         } else {
-            self.again_wait = EVERY;
+            self.again_wait = AGAIN_FIRST;
         }
         self.again_at = now + self.again_wait;
         let count = departed.len();
@@ -167,16 +173,23 @@ impl Sweep {
         }
     }
 
-    /// Looks at the checkpoint after a pod leaves the node and every [`EVERY`], until the pod
-    /// watch ends (or the task is dropped).
+    /// When the pods asked for last are due to be asked for again; `None` when none are waiting.
+    fn again(&self) -> Option<Instant> {
+        (!self.asked.is_empty()).then_some(self.again_at)
+    }
+
+    /// Looks at the checkpoint after a pod leaves the node, when the pods asked for last are due
+    /// again, and every [`EVERY`], until the pod watch ends (or the task is dropped).
     pub async fn run(mut self, resend: impl Fn() + Send + Sync + 'static) {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_failure = None;
         let mut here = self.residents.borrow().clone();
         loop {
+            let again = self.again();
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(again.unwrap_or_else(Instant::now)), if again.is_some() => {}
                 changed = self.residents.changed() => {
                     if changed.is_err() {
                         return;
@@ -327,14 +340,15 @@ mod tests {
         f.pods.send_replace(residents(&["u1"]));
         assert_eq!(f.once().await, Swept::Asked(1));
         assert_eq!((f.lister.calls.load(Ordering::SeqCst), f.resent.load(Ordering::SeqCst)), (1, 1));
-        // The kubelet still names it right after: not asked again at once, but after EVERY, then
-        // after twice that.
+        // The kubelet still names it right after: not asked again at once, but after AGAIN_FIRST,
+        // then after twice that.
         assert_eq!(f.once().await, Swept::Waiting);
-        tokio::time::advance(EVERY).await;
+        assert_eq!(f.sweep.again(), Some(Instant::now() + AGAIN_FIRST));
+        tokio::time::advance(AGAIN_FIRST).await;
         assert_eq!(f.once().await, Swept::Asked(1));
-        tokio::time::advance(EVERY).await;
+        tokio::time::advance(AGAIN_FIRST).await;
         assert_eq!(f.once().await, Swept::Waiting);
-        tokio::time::advance(EVERY).await;
+        tokio::time::advance(AGAIN_FIRST).await;
         assert_eq!(f.once().await, Swept::Asked(1));
         // Another pod leaving is asked for at once.
         f.pods.send_replace(residents(&[]));
@@ -367,6 +381,10 @@ mod tests {
         pods.send_replace(residents(&[]));
         tokio::time::sleep(SETTLE * 2).await;
         assert_eq!((lister.calls.load(Ordering::SeqCst), resent.load(Ordering::SeqCst)), (1, 1));
+        // The kubelet still names it (it counted the pod active): asked again after AGAIN_FIRST,
+        // well before the next periodic look.
+        tokio::time::sleep(AGAIN_FIRST + SETTLE).await;
+        assert_eq!((lister.calls.load(Ordering::SeqCst), resent.load(Ordering::SeqCst)), (2, 2));
         task.abort();
     }
 

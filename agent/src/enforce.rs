@@ -149,17 +149,19 @@ impl Enforcement {
         }
     }
 
-    /// Under `mps`: makes the container a client of card `uuid`'s daemon (its pipe directory),
-    /// without limits of its own. The container keeps a `/dev/shm` of its own: the daemon's is not
-    /// mounted, so no share reads or writes another's shared memory there. On the cards measured
-    /// (H200, driver 580.159.04: `hack/gpu-check-reports/2026-12-04-*`, `confined_clients`), a client
-    /// with its own `/dev/shm` reached the card through MPS with its limits held, and the server of
-    /// two clients put nothing in the daemon's.
+    /// Under `mps`: makes the container a client of card `uuid`'s daemon (its pipe directory,
+    /// read-only), without limits of its own. The container keeps a `/dev/shm` of its own: the
+    /// daemon's is not mounted, so no share reads or writes another's shared memory there, and no
+    /// share can fill, replace or remove what the card's other shares find in the pipe directory. On
+    /// the cards measured (H200, driver 580.159.04: `hack/gpu-check-reports/2026-12-04-*`,
+    /// `confined_clients`), a client with its own `/dev/shm` and its pipe directory read-only reached
+    /// the card through MPS with its limits held, and the server of two clients put nothing in the
+    /// daemon's `/dev/shm`.
     pub fn mps_client(&self, uuid: &str, response: &mut ContainerAllocateResponse) {
         if let Enforcement::Mps(layout) = self {
             response.envs.insert("CUDA_MPS_PIPE_DIRECTORY".into(), mps::PIPE_IN_CONTAINER.into());
             let shm = layout.shm(uuid);
-            response.mounts.push(mount(&layout.client_pipe(uuid, &shm), mps::PIPE_IN_CONTAINER, false));
+            response.mounts.push(mount(&layout.client_pipe(uuid, &shm), mps::PIPE_IN_CONTAINER, true));
         }
     }
 
@@ -325,9 +327,10 @@ mod tests {
         assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
         let mounts: Vec<_> =
             r.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)).collect();
-        // The card's pipe directory, and not the daemon's /dev/shm: the container keeps its own.
+        // The card's pipe directory, read-only, and not the daemon's /dev/shm: the container keeps its
+        // own.
         let pipe = root.join("GPU-a/pipe").display().to_string();
-        assert_eq!(mounts, [(pipe.as_str(), "/tmp/nvidia-mps", false)]);
+        assert_eq!(mounts, [(pipe.as_str(), "/tmp/nvidia-mps", true)]);
     }
 
     #[test]

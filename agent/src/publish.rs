@@ -182,6 +182,13 @@ impl Publisher {
         }
     }
 
+    /// Resolves once the watched Node carries the labels and annotation last written, about when
+    /// other watchers of the Node (the allocator) see them; at once without a watch or a write.
+    pub async fn shown(&mut self) {
+        let (Some(seen), Some(last)) = (self.seen.as_mut(), self.last.0.as_ref()) else { return };
+        let _ = seen.wait_for(|node| node.as_ref().is_some_and(|n| n.metadata == *last)).await;
+    }
+
     /// Publishes `cards`; returns whether a write was needed.
     pub async fn publish(&mut self, cards: &[Card]) -> Result<bool, kube::Error> {
         let seen = self.seen.as_ref().and_then(|rx| rx.borrow().clone());

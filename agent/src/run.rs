@@ -240,6 +240,9 @@ pub struct Agent {
     pub dra: Option<crate::dra::FrontEnd>,
 }
 
+/// How long the agent waits for its first inventory to be on the Node before it serves the kubelet.
+const FIRST_PUBLISH: Duration = Duration::from_secs(5);
+
 /// How often the kubelet is asked which cards other device plugins serve.
 pub const COEXIST_CHECK: Duration = Duration::from_secs(10);
 
@@ -305,6 +308,30 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             COEXIST_CHECK,
         )))
     });
+    // The Node shows the cards as this agent reads them before the kubelet is told: an agent
+    // started under a new enforcement mode serves a card unhealthy until its MPS daemon runs, and
+    // the allocator, still reading the previous agent's healthy inventory, would place a share the
+    // kubelet then fails ("no healthy devices"; seen in the enforcement suite: bound 50 ms after the
+    // kubelet was told, 50 ms before the Node was). Waited for until the agent's own watch of the
+    // Node shows it; bounded, so an API server that does not answer does not keep the node's
+    // devices from the kubelet.
+    if let Some(p) = publisher.as_mut() {
+        let first = snapshot.borrow().clone();
+        let published = async {
+            let wrote = p.publish(&first).await;
+            p.shown().await;
+            wrote
+        };
+        match tokio::time::timeout(FIRST_PUBLISH, published).await {
+            Ok(Ok(true)) => tracing::info!(cards = first.len(), "node inventory published"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "publishing the node inventory failed; retrying"),
+            Err(_) => tracing::warn!(
+                "publishing the node inventory took over {} s; serving the kubelet meanwhile",
+                FIRST_PUBLISH.as_secs()
+            ),
+        }
+    }
     let _refresher = {
         let cards = cards.clone();
         let backends = backends.clone();

@@ -8,59 +8,108 @@
 //! being served have ended (an H100 and an H200 showed it; an idle server, no client, gives way at
 //! once).
 
-use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
 
-/// The daemon's record of its clients, in its pipe directory (made by the daemon, mode 1777, as any
-/// user may be a client): a file `<uid>.<tag>` per client, locked for as long as the client runs.
-pub const CLIENTS: &str = "clients";
+/// The daemon's socket for its clients, in its pipe directory. As with NVIDIA's daemon, a client
+/// reaches its server through a socket there, and connecting writes nothing to the directory: a
+/// client's pipe directory may be mounted read-only.
+pub const CLIENT_SOCKET: &str = "standin-clients";
 
-/// The user whose clients the card's MPS server serves now: the UID of a client whose file is still
-/// locked, if any (a file left unlocked is a client that ended, and is removed).
-pub fn serving(pipe: &Path) -> Option<u32> {
-    let entries = std::fs::read_dir(pipe.join(CLIENTS)).ok()?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(uid) = name.split('.').next().and_then(|u| u.parse::<u32>().ok()) else { continue };
-        let Ok(file) = File::open(entry.path()) else { continue };
-        match file.try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) => return Some(uid),
-            Ok(()) => {
-                let _ = std::fs::remove_file(entry.path());
-            }
-            Err(_) => {}
-        }
-    }
-    None
+/// The users of one card's MPS server: it serves one user at a time, any number of that user's
+/// clients.
+#[derive(Default)]
+pub struct Users {
+    /// The user served now and how many of its clients run.
+    served: Mutex<Option<(u32, usize)>>,
+    changed: Condvar,
 }
 
-/// Becomes a client of the daemon in `pipe` as user `uid` (`tag` names the client): while another
-/// user's clients run, waits, calling `waiting` once with that user. The file returned holds the
-/// client's place until it is dropped (the process ends).
-pub fn connect(pipe: &Path, uid: u32, tag: &str, mut waiting: impl FnMut(u32)) -> std::io::Result<File> {
-    let dir = pipe.join(CLIENTS);
-    let mut told = false;
-    loop {
-        // One client at a time decides, so two users never both find the card free.
-        // (Another user's gate file is read-only to this one: a lock needs no write.)
-        let path = dir.join(".connect");
-        let gate = File::open(&path)
-            .or_else(|_| std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path))?;
-        gate.lock()?;
-        match serving(pipe) {
-            Some(other) if other != uid => {
-                drop(gate);
-                if !told {
-                    waiting(other);
-                    told = true;
+impl Users {
+    /// Waits until a client of `uid` may be served (calling `waiting` once with the user served
+    /// meanwhile), and counts it among the served user's clients.
+    pub fn enter(&self, uid: u32, mut waiting: impl FnMut(u32)) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let mut told = false;
+        loop {
+            match &mut *served {
+                None => {
+                    *served = Some((uid, 1));
+                    return;
                 }
-                std::thread::sleep(Duration::from_millis(100));
+                Some((user, clients)) if *user == uid => {
+                    *clients += 1;
+                    return;
+                }
+                Some((user, _)) => {
+                    if !told {
+                        waiting(*user);
+                        told = true;
+                    }
+                    served = self.changed.wait(served).unwrap_or_else(|e| e.into_inner());
+                }
             }
+        }
+    }
+
+    /// A client of the served user ended.
+    pub fn leave(&self) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, clients)) = &mut *served {
+            *clients -= 1;
+            if *clients == 0 {
+                *served = None;
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    /// The user served now, if any client runs.
+    pub fn serving(&self) -> Option<u32> {
+        self.served.lock().unwrap_or_else(|e| e.into_inner()).map(|(user, _)| user)
+    }
+}
+
+/// The daemon's side: serves the clients that connect to `listener`, each on a thread of its own,
+/// one user at a time. A client's user is its connection's peer credentials (as the real daemon
+/// tells users apart); it is told `wait UID` while another user's clients run and `ok` once served,
+/// and keeps its place until it closes the connection (its process ends).
+pub fn serve(listener: UnixListener, users: Arc<Users>) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let users = users.clone();
+        std::thread::spawn(move || {
+            let Ok(peer) = rustix::net::sockopt::socket_peercred(&stream) else { return };
+            let mut told = stream.try_clone().ok();
+            users.enter(peer.uid.as_raw(), |other| {
+                if let Some(told) = &mut told {
+                    let _ = writeln!(told, "wait {other}");
+                }
+            });
+            if writeln!(stream, "ok").is_ok() {
+                // Held until the client closes its end (whatever it sends is ignored).
+                let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            }
+            users.leave();
+        });
+    }
+}
+
+/// The client's side: becomes a client of the daemon in `pipe`. While another user's clients run,
+/// waits, calling `waiting` once with that user. The connection returned holds the client's place
+/// until it is dropped (the process ends).
+pub fn connect(pipe: &Path, mut waiting: impl FnMut(u32)) -> std::io::Result<UnixStream> {
+    let stream = UnixStream::connect(pipe.join(CLIENT_SOCKET))?;
+    let mut lines = BufReader::new(stream.try_clone()?).lines();
+    loop {
+        let line = lines.next().transpose()?.unwrap_or_default();
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["ok"] => return Ok(stream),
+            ["wait", user] => waiting(user.parse().unwrap_or(u32::MAX)),
             _ => {
-                let file = File::create(dir.join(format!("{uid}.{tag}")))?;
-                file.lock()?;
-                return Ok(file);
+                return Err(std::io::Error::other(format!("the MPS daemon answered {line:?}")));
             }
         }
     }
@@ -115,32 +164,58 @@ pub fn client_limits(pipe: &Path, threads_env: Option<&str>, memory_env: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_client_of_another_user_waits_until_the_served_users_clients_end() {
-        let pipe = std::env::temp_dir().join(format!("nano-gpu-mps-users-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&pipe);
-        std::fs::create_dir_all(pipe.join(CLIENTS)).unwrap();
-        assert_eq!(serving(&pipe), None, "no client: any user is served at once");
-        let first = connect(&pipe, 1000, "a", |u| panic!("waited for {u} on an idle card")).unwrap();
-        let second =
-            connect(&pipe, 1000, "b", |u| panic!("a client of the served user waited for {u}")).unwrap();
-        assert_eq!(serving(&pipe), Some(1000));
+        let users = Arc::new(Users::default());
+        assert_eq!(users.serving(), None, "no client: any user is served at once");
+        users.enter(1000, |u| panic!("waited for {u} on an idle card"));
+        users.enter(1000, |u| panic!("a client of the served user waited for {u}"));
+        assert_eq!(users.serving(), Some(1000));
         let (tx, rx) = std::sync::mpsc::channel();
         let root = {
-            let pipe = pipe.clone();
+            let users = users.clone();
             std::thread::spawn(move || {
-                let held = connect(&pipe, 0, "c", |u| tx.send(u).unwrap()).unwrap();
-                drop(held);
+                users.enter(0, |u| tx.send(u).unwrap());
+                users.leave();
             })
         };
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(1000), "root did not wait for user 1000");
-        drop(first);
+        users.leave();
         std::thread::sleep(Duration::from_millis(300));
         assert!(!root.is_finished(), "root was served while a client of user 1000 still ran");
-        drop(second);
+        users.leave();
         root.join().unwrap();
-        assert_eq!(serving(&pipe), None, "every client ended");
+        assert_eq!(users.serving(), None, "every client ended");
+    }
+
+    #[test]
+    fn clients_reach_the_daemon_through_its_socket_and_hold_their_place_while_connected() {
+        let pipe = std::env::temp_dir().join(format!("nano-gpu-mps-socket-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&pipe);
+        std::fs::create_dir_all(&pipe).unwrap();
+        let users = Arc::new(Users::default());
+        let listener = UnixListener::bind(pipe.join(CLIENT_SOCKET)).unwrap();
+        std::thread::spawn({
+            let users = users.clone();
+            move || serve(listener, users)
+        });
+        let own = crate::own_uid().unwrap();
+        // Two clients of one user (this process's, from the connection's credentials): both at once.
+        let first = connect(&pipe, |u| panic!("waited for {u} on an idle card")).unwrap();
+        let second = connect(&pipe, |u| panic!("a client of the served user waited for {u}")).unwrap();
+        assert_eq!(users.serving(), Some(own));
+        drop(first);
+        drop(second);
+        let gone = std::time::Instant::now();
+        while users.serving().is_some() {
+            assert!(gone.elapsed() < Duration::from_secs(5), "closed clients still counted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // No daemon: no client.
+        std::fs::remove_file(pipe.join(CLIENT_SOCKET)).unwrap();
+        assert!(connect(&pipe, |_| {}).is_err());
         let _ = std::fs::remove_dir_all(&pipe);
     }
 

@@ -44,13 +44,11 @@ fn main() -> Result<()> {
     // Its place among the card's clients, held until it ends: MPS serves one user at a time.
     let _client = match &pipe {
         Some(pipe) => {
-            let uid = nano_gpu_tests::own_uid().context("reading this process's user")?;
-            let tag = format!("{}.{}", hostname(), std::process::id());
             let waiting = |other| {
                 println!("waiting: the card's MPS server serves UID {other}");
                 let _ = std::io::stdout().flush();
             };
-            let client = nano_gpu_tests::mps_standin::connect(pipe, uid, &tag, waiting);
+            let client = nano_gpu_tests::mps_standin::connect(pipe, waiting);
             Some(client.context("connecting to the MPS control daemon")?)
         }
         None => None,

@@ -15,9 +15,10 @@
 //! and `set_default_device_pinned_mem_limit DEV VALUE` keep the daemon's defaults in the pipe
 //! directory (`nano_gpu_tests::mps_standin`), which `gpu-use`, as an MPS client, takes as
 //! ceilings its own environment may only lower, as NVIDIA documents and a real card showed;
-//! `get_default_active_thread_percentage` answers it. It keeps its clients' record
-//! (`nano_gpu_tests::mps_standin::CLIENTS`), by which a client of another user than the one served
-//! waits, as with NVIDIA's. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
+//! `get_default_active_thread_percentage` answers it. Its clients connect to its socket in the pipe
+//! directory (`nano_gpu_tests::mps_standin::CLIENT_SOCKET`), which writes nothing there, so a
+//! client's pipe directory may be read-only, as with NVIDIA's; a client of another user than the
+//! one served waits, as with NVIDIA's. Both append what they saw to `control.log` in `CUDA_MPS_LOG_DIRECTORY`
 //! (default `/var/log/nvidia-mps`). No MPS server is started: nothing here runs CUDA.
 
 use std::io::{BufRead, Write};
@@ -27,7 +28,7 @@ use std::time::Duration;
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// Left in the pipe directory by a client told `quit`; the daemon ends when it sees it.
 const QUIT: &str = "quit";
-use nano_gpu_tests::mps_standin::{DEFAULT_MEMORY, DEFAULT_THREADS};
+use nano_gpu_tests::mps_standin::{CLIENT_SOCKET, DEFAULT_MEMORY, DEFAULT_THREADS};
 
 fn dir(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
@@ -49,10 +50,12 @@ fn main() -> std::io::Result<()> {
         let _ = std::fs::remove_file(pipe.join(QUIT));
         log(&logs, &format!("start CUDA_VISIBLE_DEVICES={card}"));
         std::fs::write(pipe.join("card"), &card)?;
-        // Its record of its clients (`nano_gpu_tests::mps_standin::CLIENTS`): any user may be one.
-        let clients = pipe.join(nano_gpu_tests::mps_standin::CLIENTS);
-        std::fs::create_dir_all(&clients)?;
-        std::fs::set_permissions(&clients, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+        // Its clients connect to its socket (`nano_gpu_tests::mps_standin::serve`): any user may be one.
+        let socket = pipe.join(CLIENT_SOCKET);
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+        std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+        std::thread::spawn(move || nano_gpu_tests::mps_standin::serve(listener, Default::default()));
         // The daemon's /dev/shm, as its clients get it: which cards' daemons share it.
         let shm = format!("/dev/shm/nano-gpu-mps-standin-{card}");
         let _ = std::fs::write(&shm, "an MPS daemon's /dev/shm\n");
@@ -63,6 +66,7 @@ fn main() -> std::io::Result<()> {
         let _ = std::fs::remove_file(pipe.join(PID_FILE));
         let _ = std::fs::remove_file(pipe.join(QUIT));
         let _ = std::fs::remove_file(pipe.join("server"));
+        let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&shm);
         log(&logs, "stopped");
         return Ok(());
