@@ -229,26 +229,6 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     assert!(!whole.any("CUDA_MPS"), "{:?}", whole.env);
     assert_eq!((whole.get("PIPE_CARD"), whole.get("SHM_CARDS")), ("", ""), "a whole card bypasses MPS");
 
-    // The daemon of mps-30's card is killed: started again, and the pod is told.
-    let pid_file = mps_client_pipe(&card).join("nvidia-cuda-mps-control.pid").display().to_string();
-    let pid = cluster.read_on_node(NODE, &pid_file).unwrap().trim().to_owned();
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
-    let events: Api<Event> = Api::namespaced(client.clone(), NS);
-    wait_until("MpsDaemonLost on mps-30", Duration::from_secs(60), || async {
-        events.list(&ListParams::default()).await.is_ok_and(|l| {
-            l.items.iter().any(|e| {
-                e.reason.as_deref() == Some("MpsDaemonLost")
-                    && e.involved_object.name.as_deref() == Some("mps-30")
-            })
-        })
-    })
-    .await;
-    wait_until("a new daemon on the card", Duration::from_secs(60), || async {
-        cluster.read_on_node(NODE, &pid_file).is_ok_and(|p| p.trim() != pid)
-    })
-    .await;
-    assert_eq!(check_consistency(&cluster, &client).await, shares.len());
-
     // MPS serves one user at a time per card: a CUDA process of user 1000 in a share waits while its
     // card's server serves root's clients (mps-30's, mps-20's), and is served once they have ended.
     // The cards no share holds are taken whole first, so its share lands beside one of theirs.
@@ -284,6 +264,37 @@ async fn each_share_container_sees_the_limits_of_its_assignment_in_each_mode() {
     }
     client_says(&cluster, "mps-user", &format!("using 100 MiB and 10 % of {card} as an MPS client")).await;
     println!("mps-user, user 1000 on {card}: served after {ended:?} ended");
+    wait_until("the ended shares gone", Duration::from_secs(60), || async {
+        for name in &ended {
+            if pods.get_opt(name).await.unwrap().is_some() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+
+    // The daemon of mps-user's card is killed: started again, and the pod is told. (Its client
+    // exits, as a CUDA process whose server is gone fails, and its container starts again.)
+    let pid_file = mps_client_pipe(&card).join("nvidia-cuda-mps-control.pid").display().to_string();
+    let pid = cluster.read_on_node(NODE, &pid_file).unwrap().trim().to_owned();
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    wait_until("MpsDaemonLost on mps-user", Duration::from_secs(60), || async {
+        events.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                e.reason.as_deref() == Some("MpsDaemonLost")
+                    && e.involved_object.name.as_deref() == Some("mps-user")
+            })
+        })
+    })
+    .await;
+    wait_until("a new daemon on the card", Duration::from_secs(60), || async {
+        cluster.read_on_node(NODE, &pid_file).is_ok_and(|p| p.trim() != pid)
+    })
+    .await;
+    let running = names.len() - ended.len() + blockers.len() + 1;
+    assert_eq!(check_consistency(&cluster, &client).await, running);
 
     let rest = names.iter().chain(&blockers).map(String::as_str).chain(["mps-user"]);
     for name in rest.filter(|n| !ended.contains(n)) {
@@ -445,11 +456,23 @@ async fn unserved(cluster: &Cluster, system: &Api<Pod>, pods: &Api<Pod>, event: 
 
 /// Waits until pod `name`'s log has a line containing `text` (what its CUDA process stand-in said).
 async fn client_says(cluster: &Cluster, name: &str, text: &str) {
-    wait_until(&format!("{name} says {text:?}"), Duration::from_secs(60), || async {
+    let start = std::time::Instant::now();
+    loop {
         let out = cluster.kubectl(&["logs", "-n", NS, name]);
-        String::from_utf8_lossy(&out.stdout).lines().any(|l| l.contains(text))
-    })
-    .await;
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        if said.lines().any(|l| l.contains(text)) {
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let before = cluster.kubectl(&["logs", "-n", NS, name, "--previous"]);
+            panic!(
+                "{name} did not say {text:?} within 60 s; it said:\n{said}{}\nbefore its last restart:\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&before.stdout)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The UUIDs of this node's cards whose MPS daemons have directories on the host.

@@ -9,7 +9,8 @@
 //! real client gets (`nano_gpu_tests::mps_standin::client_limits`: the daemon's defaults, lowered by
 //! its own environment): its SM use is at most its active-thread percentage, and memory past its
 //! pinned limit fails as an allocation does (out of memory); while the card's server serves another
-//! user's clients, it waits (`waiting: ...`), as a client of MPS does. It prints what it uses and its
+//! user's clients, it waits (`waiting: ...`), as a client of MPS does, and when its daemon goes away
+//! it exits, as a CUDA process whose MPS server is gone fails. It prints what it uses and its
 //! limits.
 
 use anyhow::{Context, Result, bail};
@@ -49,7 +50,17 @@ fn main() -> Result<()> {
                 let _ = std::io::stdout().flush();
             };
             let client = nano_gpu_tests::mps_standin::connect(pipe, waiting);
-            Some(client.context("connecting to the MPS control daemon")?)
+            let client = client.context("connecting to the MPS control daemon")?;
+            // A CUDA process whose MPS server is gone fails at its next call: this one ends (its
+            // container is started again, and connects anew).
+            let mut gone = client.try_clone().context("watching the MPS connection")?;
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut gone, &mut std::io::sink());
+                println!("the MPS server went away; exiting");
+                let _ = std::io::stdout().flush();
+                std::process::exit(1);
+            });
+            Some(client)
         }
         None => None,
     };
