@@ -4,37 +4,14 @@
 //! `model`, and `node` on every series. The list, with meanings, is in the README.
 
 use super::Report;
-use std::fmt::Write;
+use nano_gpu_runtime::exposition::Exposition;
 
 /// Bytes in a MiB.
 const MIB: u64 = 1 << 20;
 
-/// A label value with `\`, `"` and newlines escaped.
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// One metric family being written.
-struct Family<'a> {
-    out: &'a mut String,
-    name: &'a str,
-}
-
-impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Self {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        Family { out, name }
-    }
-
-    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-        let _ = writeln!(self.out, "{}{{{}}} {value}", self.name, labels.join(","));
-    }
-}
-
 /// The report of node `node` as metrics; `at` is when it was sampled (seconds since the epoch).
 pub fn render(report: &Report, node: &str, at: f64) -> String {
-    let mut out = String::new();
+    let mut out = Exposition::default();
     type CardValue = fn(&super::CardUsage) -> Option<f64>;
     let per_card: [(&str, &str, &str, CardValue); 8] = [
         (
@@ -78,7 +55,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         ),
     ];
     for (name, kind, help, value) in per_card {
-        let mut f = Family::new(&mut out, name, kind, help);
+        let mut f = out.family(name, kind, help);
         for c in &report.cards {
             if let Some(v) = value(c) {
                 let gpu = c.sample.index.to_string();
@@ -114,7 +91,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         ),
     ];
     for (name, help, value) in per_container {
-        let mut f = Family::new(&mut out, name, "gauge", help);
+        let mut f = out.family(name, "gauge", help);
         for r in &report.containers {
             let gpu = r.index.to_string();
             let labels = [
@@ -128,8 +105,7 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
             f.sample(&labels, value(r));
         }
     }
-    let mut f = Family::new(
-        &mut out,
+    let mut f = out.family(
         "nano_gpu_card_unattributed_memory_used_bytes",
         "gauge",
         "Card memory used by processes of no pod on this node (the host's, or a pod's the agent cannot name).",
@@ -140,22 +116,8 @@ pub fn render(report: &Report, node: &str, at: f64) -> String {
         let (gpu, uuid) = (c.sample.index.to_string(), c.sample.uuid.as_str());
         f.sample(&[("node", node), ("gpu", &gpu), ("uuid", uuid)], bytes);
     }
-    let mut f = Family::new(
-        &mut out,
-        "nano_gpu_usage_sampled_timestamp_seconds",
-        "gauge",
-        "When the cards were last sampled.",
-    );
+    let mut f =
+        out.family("nano_gpu_usage_sampled_timestamp_seconds", "gauge", "When the cards were last sampled.");
     f.sample(&[("node", node)], at);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
+    out.finish()
 }

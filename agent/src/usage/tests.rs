@@ -217,8 +217,9 @@ fn a_grant_without_processes_shows_zero_use_and_the_metrics_name_it() {
         line("nano_gpu_card_healthy{"),
         "nano_gpu_card_healthy{node=\"node-1\",gpu=\"0\",uuid=\"GPU-0\",model=\"NVIDIA \\\"A10\\\"\"} 1"
     );
-    // Families are declared once, each with its help and type.
+    // Families are declared once, each with its help and type, and written whole.
     assert_eq!(text.matches("# TYPE nano_gpu_card_xid_errors_total counter").count(), 1);
+    assert_eq!(nano_gpu_runtime::exposition::check_whole(&text), Ok(()));
     assert_eq!(
         line("nano_gpu_usage_sampled_timestamp_seconds{"),
         "nano_gpu_usage_sampled_timestamp_seconds{node=\"node-1\"} 1.5"

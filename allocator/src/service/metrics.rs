@@ -1,9 +1,10 @@
 //! Prometheus text metrics: decisions by verb and result, latency histograms per verb, and per-card
-//! allocated percent and memory (read from the cluster view at scrape time).
+//! allocated percent and memory (read from the cluster view at scrape time), written through
+//! [`nano_gpu_runtime::exposition`] as the agent's are.
 
 use nano_gpu_engine::engine::Engine;
 use nano_gpu_proto::units::Percent;
-use std::fmt::Write as _;
+use nano_gpu_runtime::exposition::Exposition;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -67,98 +68,86 @@ impl Metrics {
 
     /// The exposition text: the calls, and what `view` holds of the cluster ([`Scrape::of`]).
     pub fn render(&self, view: &Scrape) -> String {
-        let mut out =
-            String::with_capacity(256 + view.nodes.iter().map(|n| 64 + 160 * n.cards.len()).sum::<usize>());
-        let _ = writeln!(out, "# HELP nano_gpu_decisions_total Extender calls by verb and result.");
-        let _ = writeln!(out, "# TYPE nano_gpu_decisions_total counter");
+        let mut out = Exposition::with_capacity(
+            512 + view.nodes.iter().map(|n| 64 + 160 * n.cards.len()).sum::<usize>(),
+        );
+        let mut f = out.family("nano_gpu_decisions_total", "counter", "Extender calls by verb and result.");
         for verb in Verb::ALL {
             let v = &self.verbs[verb as usize];
             for (result, n) in [("ok", &v.ok), ("error", &v.error)] {
-                let _ = writeln!(
-                    out,
-                    "nano_gpu_decisions_total{{verb=\"{}\",result=\"{result}\"}} {}",
-                    verb.name(),
-                    n.load(Ordering::Relaxed)
-                );
+                f.sample(&[("verb", verb.name()), ("result", result)], n.load(Ordering::Relaxed));
             }
         }
-        let _ = writeln!(out, "# HELP nano_gpu_decision_seconds Extender call latency.");
-        let _ = writeln!(out, "# TYPE nano_gpu_decision_seconds histogram");
+        let mut f = out.family("nano_gpu_decision_seconds", "histogram", "Extender call latency.");
         for verb in Verb::ALL {
             let v = &self.verbs[verb as usize];
             for (bound, bucket) in BUCKETS.iter().zip(&v.buckets) {
-                let _ = writeln!(
-                    out,
-                    "nano_gpu_decision_seconds_bucket{{verb=\"{}\",le=\"{bound}\"}} {}",
-                    verb.name(),
-                    bucket.load(Ordering::Relaxed)
-                );
+                let le = bound.to_string();
+                f.sample_of("_bucket", &[("verb", verb.name()), ("le", &le)], bucket.load(Ordering::Relaxed));
             }
             let count = v.count.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "nano_gpu_decision_seconds_bucket{{verb=\"{}\",le=\"+Inf\"}} {count}",
-                verb.name()
-            );
+            f.sample_of("_bucket", &[("verb", verb.name()), ("le", "+Inf")], count);
             let sum = v.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-            let _ = writeln!(out, "nano_gpu_decision_seconds_sum{{verb=\"{}\"}} {sum}", verb.name());
-            let _ = writeln!(out, "nano_gpu_decision_seconds_count{{verb=\"{}\"}} {count}", verb.name());
+            f.sample_of("_sum", &[("verb", verb.name())], sum);
+            f.sample_of("_count", &[("verb", verb.name())], count);
         }
-        let _ =
-            writeln!(out, "# HELP nano_gpu_card_allocated_percent Percent of each card allocated to pods.");
-        let _ = writeln!(out, "# TYPE nano_gpu_card_allocated_percent gauge");
-        let _ = writeln!(
-            out,
-            "# HELP nano_gpu_card_allocated_memory_mib GPU memory of each card allocated to pods."
-        );
-        let _ = writeln!(out, "# TYPE nano_gpu_card_allocated_memory_mib gauge");
-        for n in &view.nodes {
-            for c in &n.cards {
-                let labels = format_args!("node=\"{}\",gpu=\"{}\",index=\"{}\"", n.name, c.uuid, c.index);
-                let _ = writeln!(out, "nano_gpu_card_allocated_percent{{{labels}}} {}", c.percent);
-                let _ = writeln!(out, "nano_gpu_card_allocated_memory_mib{{{labels}}} {}", c.memory_mib);
+        type CardValue = fn(&CardRow) -> u64;
+        let per_card: [(&str, &str, CardValue); 2] = [
+            ("nano_gpu_card_allocated_percent", "Percent of each card allocated to pods.", |c| {
+                u64::from(c.percent)
+            }),
+            ("nano_gpu_card_allocated_memory_mib", "GPU memory of each card allocated to pods.", |c| {
+                c.memory_mib
+            }),
+        ];
+        for (name, help, value) in per_card {
+            let mut f = out.family(name, "gauge", help);
+            for n in &view.nodes {
+                for c in &n.cards {
+                    let index = c.index.to_string();
+                    f.sample(&[("node", &n.name), ("gpu", &c.uuid), ("index", &index)], value(c));
+                }
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP nano_gpu_node_fragmentation_percent GPU (percent of a card) the expected workload could not use on the node, the measure the policy places by."
+        let mut f = out.family(
+            "nano_gpu_node_fragmentation_percent",
+            "gauge",
+            "GPU (percent of a card) the expected workload could not use on the node, the measure the policy places by.",
         );
-        let _ = writeln!(out, "# TYPE nano_gpu_node_fragmentation_percent gauge");
         for n in &view.nodes {
-            let _ = writeln!(out, "nano_gpu_node_fragmentation_percent{{node=\"{}\"}} {:.1}", n.name, n.frag);
+            f.sample(&[("node", &n.name)], format_args!("{:.1}", n.frag));
         }
-        let _ = writeln!(out, "# HELP nano_gpu_allocator_leading 1 when this replica decides, else 0.");
-        let _ = writeln!(out, "# TYPE nano_gpu_allocator_leading gauge");
-        let _ = writeln!(out, "nano_gpu_allocator_leading {}", u8::from(view.gauges.leading));
-        let _ = writeln!(out, "# HELP nano_gpu_pods_waiting GPU pods pending without an assignment.");
-        let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting gauge");
-        let _ = writeln!(out, "nano_gpu_pods_waiting {}", view.gauges.waiting);
-        let _ = writeln!(
-            out,
-            "# HELP nano_gpu_pods_waiting_oldest_seconds Age of the oldest waiting GPU pod (0 when none waits)."
+        let gauges: [(&str, &str, u64); 4] = [
+            (
+                "nano_gpu_allocator_leading",
+                "1 when this replica decides, else 0.",
+                u64::from(view.gauges.leading),
+            ),
+            ("nano_gpu_pods_waiting", "GPU pods pending without an assignment.", view.gauges.waiting as u64),
+            (
+                "nano_gpu_pods_waiting_oldest_seconds",
+                "Age of the oldest waiting GPU pod (0 when none waits).",
+                view.gauges.oldest_waiting_seconds,
+            ),
+            (
+                "nano_gpu_load_cards",
+                "Cards with a fresh utilisation reading breaking placement ties (0: none, --prometheus-url unset or stale).",
+                view.gauges.load_cards as u64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            out.family(name, "gauge", help).sample(&[], value);
+        }
+        let mut f = out.family(
+            "nano_gpu_certificate_not_after_seconds",
+            "gauge",
+            "When each certificate this replica serves or accepts ends (Unix time): serving (the webhook's), extender-client-ca (the soonest-ending CA of --extender-client-ca), extender-client (the client certificate kube-scheduler last presented).",
         );
-        let _ = writeln!(out, "# TYPE nano_gpu_pods_waiting_oldest_seconds gauge");
-        let _ = writeln!(out, "nano_gpu_pods_waiting_oldest_seconds {}", view.gauges.oldest_waiting_seconds);
-        let _ = writeln!(
-            out,
-            "# HELP nano_gpu_load_cards Cards with a fresh utilisation reading breaking placement ties (0: none, --prometheus-url unset or stale)."
-        );
-        let _ = writeln!(out, "# TYPE nano_gpu_load_cards gauge");
-        let _ = writeln!(out, "nano_gpu_load_cards {}", view.gauges.load_cards);
-        let _ = writeln!(
-            out,
-            "# HELP nano_gpu_certificate_not_after_seconds When each certificate this replica serves or accepts ends (Unix time): serving (the webhook's), extender-client-ca (the soonest-ending CA of --extender-client-ca), extender-client (the client certificate kube-scheduler last presented)."
-        );
-        let _ = writeln!(out, "# TYPE nano_gpu_certificate_not_after_seconds gauge");
         for (which, end) in self.certificates.all() {
             let secs = end.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-            let _ = writeln!(
-                out,
-                "nano_gpu_certificate_not_after_seconds{{certificate=\"{}\"}} {secs}",
-                which.label()
-            );
+            f.sample(&[("certificate", which.label())], secs);
         }
-        out
+        out.finish()
     }
 }
 
@@ -291,6 +280,8 @@ mod tests {
         assert!(
             text.contains("nano_gpu_card_allocated_memory_mib{node=\"n1\",gpu=\"GPU-a\",index=\"0\"} 600\n")
         );
+        // Each family whole: its samples together, after its TYPE (they were interleaved before).
+        assert_eq!(nano_gpu_runtime::exposition::check_whole(&text), Ok(()), "{text}");
         // Every sample line is `name{labels} number` and nothing more (Prometheus refused the
         // whole scrape over a "600 MiB").
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -4,12 +4,13 @@
 //! over a unix socket, the way the kubelet and its device plugins talk.
 //!
 //! Also [`listen`]: HTTP listeners whose every connection is bounded in number, time and memory;
-//! and [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
-//! definition.
+//! [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
+//! definition; and [`exposition`]: the Prometheus text both write.
 //!
 //! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
 
 pub mod cli_reference;
+pub mod exposition;
 pub mod listen;
 
 use std::io::IsTerminal;
