@@ -17,13 +17,13 @@ use crate::probe::Readiness;
 use crate::publish::Publisher;
 use crate::resource::Resource;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
+use nano_gpu_runtime::tasks::Tasks;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::watch;
-use tokio_util::task::AbortOnDropHandle;
 
 /// Why the agent stopped.
 #[derive(Debug, Error)]
@@ -31,6 +31,9 @@ pub enum RunError {
     /// The kubelet answered the registration with an error.
     #[error("the kubelet refused the registration: {0}")]
     Refused(String),
+    /// A background task ended (returned or panicked): the agent no longer does all of its job.
+    #[error("{0}")]
+    Task(String),
     /// The plugin socket could not be served.
     #[error("serving {path}: {message}")]
     Serve {
@@ -270,44 +273,32 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     let first = read_blocking(&backends, &health, &readiness, &edits).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);
-    // The background tasks stop when the loop ends, however it ends.
-    let _sampler = usage.map(|(sampling, latest)| {
-        AbortOnDropHandle::new(tokio::spawn(crate::usage::run(
-            sampling,
-            backends.clone(),
-            snapshot.clone(),
-            health.clone(),
-            latest,
-        )))
-    });
+    // The background tasks: the first to end, by returning or by a panic, ends the loop with an
+    // error that names it (the agent exits and its keeper starts it again); the rest stop when the
+    // loop ends, however it ends.
+    let mut tasks = Tasks::default();
+    if let Some((sampling, latest)) = usage {
+        let usage = crate::usage::run(sampling, backends.clone(), snapshot.clone(), health.clone(), latest);
+        tasks.spawn("usage sampler", usage);
+    }
     // Sending the devices again makes the kubelet write its checkpoint.
-    let _sweeper = sweep.map(|sweep| {
+    if let Some(sweep) = sweep {
         let cards = cards.clone();
-        AbortOnDropHandle::new(tokio::spawn(sweep.run(move || cards.send_modify(|_| {}))))
-    });
-    let _daemons = match &edits.enforcement {
-        Enforcement::Mps(layout) => Some(AbortOnDropHandle::new(tokio::spawn(crate::daemons::watch(
-            layout.clone(),
-            snapshot.clone(),
-            told,
-            health.clone(),
-            DAEMON_CHECK,
-        )))),
-        _ => None,
-    };
+        tasks.spawn("checkpoint sweep", sweep.run(move || cards.send_modify(|_| {})));
+    }
+    if let Enforcement::Mps(layout) = &edits.enforcement {
+        let watch =
+            crate::daemons::watch(layout.clone(), snapshot.clone(), told, health.clone(), DAEMON_CHECK);
+        tasks.spawn("MPS daemon watch", watch);
+    }
     // Not aborted with the loop: at a shutdown it removes its own sockets, so the kubelet
     // unregisters it (see `stop_front_end`).
     let dra = dra.map(|front| tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone())));
-    let _coexist = allocatable.map(|kubelet| {
+    if let Some(kubelet) = allocatable {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
-        AbortOnDropHandle::new(tokio::spawn(crate::coexist::watch(
-            kubelet,
-            ours,
-            snapshot.clone(),
-            health.clone(),
-            COEXIST_CHECK,
-        )))
-    });
+        let watch = crate::coexist::watch(kubelet, ours, snapshot.clone(), health.clone(), COEXIST_CHECK);
+        tasks.spawn("other plugins' cards", watch);
+    }
     // The Node shows the cards as this agent reads them before the kubelet is told: an agent
     // started under a new enforcement mode serves a card unhealthy until its MPS daemon runs, and
     // the allocator, still reading the previous agent's healthy inventory, would place a share the
@@ -332,14 +323,14 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             ),
         }
     }
-    let _refresher = {
+    {
         let cards = cards.clone();
         let backends = backends.clone();
         let health = health.clone();
         let readiness = readiness.clone();
         let first = snapshot.borrow().clone();
         let edits = edits.clone();
-        AbortOnDropHandle::new(tokio::spawn(async move {
+        tasks.spawn("card refresh", async move {
             let mut tick = tokio::time::interval(timing.refresh);
             tick.tick().await;
             let mut fresh = first;
@@ -378,14 +369,18 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
                     changed
                 });
             }
-        }))
-    };
+        });
+    }
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
     if let Some(dir) = &backend_dir {
         // The keeper registers, and relays the kubelet's calls to these sockets.
-        let result = serve_backend(dir, &resources, &served, &readiness, &mut shutdown).await;
+        let result = tokio::select! {
+            result = serve_backend(dir, &resources, &served, &readiness, &mut shutdown) => result,
+            ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
+        };
         stop_front_end(dra).await;
+        tasks.shutdown().await;
         return result;
     }
     remove_dead_sockets(&plugin_dir, &resources).await;
@@ -397,9 +392,13 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         timing,
         readiness: &readiness,
     };
-    let result = serve_and_register(serving, &mut shutdown).await;
+    let result = tokio::select! {
+        result = serve_and_register(serving, &mut shutdown) => result,
+        ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
+    };
     remove_own_sockets(&plugin_dir, &resources, &instance).await;
     stop_front_end(dra).await;
+    tasks.shutdown().await;
     result
 }
 

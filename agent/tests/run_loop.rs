@@ -128,11 +128,22 @@ fn agent_named(
     backends: Vec<Box<dyn GpuInventory>>,
     stopped: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = Result<(), RunError>> {
+    let instance = instance.to_owned();
+    agent_with(dir, backends, stopped, move |a| a.instance = instance)
+}
+
+/// [`agent`] with `change` made to it.
+fn agent_with(
+    dir: PathBuf,
+    backends: Vec<Box<dyn GpuInventory>>,
+    stopped: watch::Receiver<bool>,
+    change: impl FnOnce(&mut run::Agent),
+) -> impl std::future::Future<Output = Result<(), RunError>> {
     let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
-    let agent = run::Agent {
+    let mut agent = run::Agent {
         plugin_dir: dir,
         backend_dir: None,
-        instance: instance.to_owned(),
+        instance: String::new(),
         backends,
         timing: TIMING,
         edits: Default::default(),
@@ -146,6 +157,7 @@ fn agent_named(
         allocatable: None,
         dra: None,
     };
+    change(&mut agent);
     run::run(agent, stopped)
 }
 
@@ -282,6 +294,34 @@ async fn a_refused_registration_stops_the_agent_with_the_reason() {
     match result {
         Err(RunError::Refused(reason)) => assert!(reason.contains("already registered"), "{reason}"),
         other => panic!("expected a refusal, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_task_that_ends_stops_the_agent_with_its_name() {
+    // The checkpoint sweep follows the node's pods; their watch gone, it ends, and so does the
+    // loop (the keeper starts the agent again), instead of serving on without it.
+    let (dir, backends) = setup("task-ended");
+    let (mut seen, _keep) = kubelet(&dir, 0);
+    let (_shutdown, stopped) = watch::channel(false);
+    let (pods, residents) = watch::channel(nano_gpu_agent::pods::Residents::default());
+    let lister =
+        Arc::new(nano_gpu_agent::podresources::PodResourcesSocket::new(dir.join("pod-resources.sock")));
+    let sweep = nano_gpu_agent::checkpoint::Sweep::new(
+        dir.join("kubelet_internal_checkpoint"),
+        vec!["nano-gpu/gpu-percent"],
+        residents,
+        lister,
+    );
+    let running = tokio::spawn(agent_with(dir.clone(), backends, stopped, |a| a.sweep = Some(sweep)));
+    within(Duration::from_secs(5), &mut seen).await;
+    assert!(!running.is_finished(), "the agent stopped while its tasks ran");
+    drop(pods);
+    let result = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap().unwrap();
+    match result {
+        Err(RunError::Task(why)) => assert!(why.contains("\"checkpoint sweep\" ended"), "{why}"),
+        other => panic!("expected the task's end, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -324,8 +324,8 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
                 (true, false) => nano_gpu_allocator::decide::admission::Shares::ClaimsIfAnnotated,
                 (false, false) => nano_gpu_allocator::decide::admission::Shares::DevicePlugin,
             });
-        // Every background loop, owned: the first to end ends the service (service::tasks).
-        let mut tasks = nano_gpu_allocator::service::tasks::Tasks::default();
+        // Every background loop, owned: the first to end ends the service (nano_gpu_runtime::tasks).
+        let mut tasks = nano_gpu_runtime::tasks::Tasks::default();
         // The election, and what gives its Lease up at shutdown.
         let mut election = None;
         if args.leader_elect {

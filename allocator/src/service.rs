@@ -12,8 +12,8 @@
 //! - [`map_page`]: the GPU map page and its live data, on the loopback listener with `/inspect`;
 //! - [`load`]: with `--prometheus-url`, each card's real utilisation for the engine's last tie rule;
 //! - [`leader`] decides which replica may decide; [`tls`] serves the webhook over HTTPS;
-//!   [`metrics`] renders the Prometheus text;
-//! - [`tasks`] owns every background loop: the first that ends or panics ends the service.
+//!   [`metrics`] renders the Prometheus text. Their owner is `nano_gpu_runtime::tasks`: the first
+//!   loop that ends or panics ends the service.
 
 pub mod bind;
 pub mod bind_api;
@@ -27,6 +27,5 @@ pub mod overrun_evict;
 pub mod preempt_evict;
 pub mod requeue;
 pub mod server;
-pub mod tasks;
 pub mod tls;
 pub mod watch;

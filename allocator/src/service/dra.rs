@@ -17,7 +17,6 @@
 //! led before may have written allocations this replica's watch has not shown yet.
 
 use crate::service::leader::Leadership;
-use crate::service::tasks::Child;
 use crate::service::watch::{LIST_PAGE, Listing, Watch, publish};
 use crate::state::{ClaimWrite, SharedView};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimTemplate};
@@ -26,6 +25,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use nano_gpu_proto::dra::ALLOCATED_FINALIZER;
+use nano_gpu_runtime::tasks::Child;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

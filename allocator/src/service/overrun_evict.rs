@@ -10,7 +10,6 @@
 //! the mark is limited by `deploy/assignment-policy.yaml` (only nano-gpu writes it).
 
 use crate::service::leader::Leadership;
-use crate::service::tasks::Child;
 use crate::service::watch::publish;
 use crate::state::Warning;
 use futures::StreamExt;
@@ -24,6 +23,7 @@ use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Config};
 use nano_gpu_proto::annotations::{OVERRUN, OverrunMark};
 use nano_gpu_proto::events::Reason;
+use nano_gpu_runtime::tasks::Child;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,13 +5,15 @@
 //!
 //! Also [`listen`]: HTTP listeners whose every connection is bounded in number, time and memory;
 //! [`cli_reference`]: each binary's flag reference in the book, rendered from its clap
-//! definition; and [`exposition`]: the Prometheus text both write.
+//! definition; [`exposition`]: the Prometheus text both write; and [`tasks`]: one owner for each
+//! process's background loops.
 //!
 //! The contracts themselves (payloads, the kubelet's generated gRPC types) are in `nano-gpu-proto`.
 
 pub mod cli_reference;
 pub mod exposition;
 pub mod listen;
+pub mod tasks;
 
 use std::io::IsTerminal;
 use std::path::Path;

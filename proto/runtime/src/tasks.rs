@@ -1,10 +1,11 @@
-//! One owner for the service's background work. Every loop `serve` starts (the watches, the claim
-//! allocation, the evictions, the requeue, the load reader, the certificate keeper, the listeners)
-//! runs under [`Tasks`], by name, in a span that carries the name. None of them ends while the
-//! service runs, so the first that does, by returning or by a panic, ends `serve` with an error that
-//! names it: the process exits and the kubelet starts it again, where a replica that lost a loop
-//! silently would stay Ready, even lead, and no longer do that job. At shutdown the rest are
-//! aborted and waited for.
+//! One owner for a process's background work. Every loop a binary starts for as long as it serves
+//! (the allocator's watches, claim allocation, evictions, requeue, load reader, certificate keeper
+//! and listeners; the agent's card refresh, usage sampler, checkpoint sweep, MPS daemon watch and
+//! other plugins' watch) runs under [`Tasks`], by name, in a span that carries the name. None of them
+//! ends while the process serves, so the first that does, by returning or by a panic, ends the
+//! serving with an error that names it: the process exits and is started again (by the kubelet, or
+//! the agent's keeper), where one that lost a loop silently would stay Ready and no longer do that
+//! job. At shutdown the rest are aborted and waited for.
 
 use std::collections::HashMap;
 use std::fmt;
