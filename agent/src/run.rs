@@ -371,6 +371,20 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             }
         });
     }
+    // The containers that run already are checked once, as starting ones are: one whose check a
+    // killed agent did not finish keeps other cards than its assignment names until repaired (the
+    // fault suite's killed agent containers left one so, 2026-12-04).
+    for identity in plugins.iter().filter_map(|(_, identity)| identity.as_ref()) {
+        let cards = snapshot.borrow().clone();
+        match tokio::time::timeout(Duration::from_secs(5), identity.recheck_running(&cards)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(sent)) => {
+                tracing::info!(containers = sent, "checking the assignments of running containers")
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "running containers not checked"),
+            Err(_) => tracing::warn!("running containers not checked: pod-resources took over 5 s"),
+        }
+    }
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
     if let Some(dir) = &backend_dir {

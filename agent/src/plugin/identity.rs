@@ -107,6 +107,33 @@ impl Identity {
         self
     }
 
+    /// Sends every container that holds IDs of this resource now (pod-resources `List`) to the
+    /// check a starting one gets: at an agent's start, one that started while no agent ran, or whose
+    /// check the previous agent did not finish (killed between the kubelet's Allocate and the
+    /// check), has its assignment repaired to the cards the kubelet gave it. A container whose
+    /// assignment agrees is left as it is. Returns how many were sent.
+    pub async fn recheck_running(&self, cards: &Snapshot) -> Result<usize, String> {
+        let listed = self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))?;
+        let mut sent = 0;
+        for container in listed.pod_resources.iter().flat_map(|p| &p.containers) {
+            let ids: Vec<String> = container
+                .devices
+                .iter()
+                .filter(|d| d.resource_name == self.resource.name())
+                .flat_map(|d| d.device_ids.iter().cloned())
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let report = Report::Starting { ids, cards: cards.clone(), resource: self.resource };
+            if self.reports.send(report).await.is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
     /// The containers that may be asking `size` now, likeliest first. Certain is a candidate whose
     /// pod the kubelet lists (it is admitting it). Waits up to `wait` for the pod watch to show one
     /// (the kubelet can see a pod before our watch does); then, with direct reads, asks the API
@@ -378,6 +405,54 @@ mod tests {
         // The watch's wait, one read (and the retry without the agent's record): no patience spent.
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert!(reads.0.lock().unwrap().1 <= 2);
+    }
+
+    /// pod-resources listing `ns/<name>`'s container `c` holding `devices` of each resource.
+    struct Holding(Vec<(&'static str, &'static str, Vec<String>)>);
+
+    #[tonic::async_trait]
+    impl Lister for Holding {
+        async fn list(&self) -> Result<ListPodResourcesResponse, Status> {
+            use nano_gpu_proto::kubelet::podresources::{ContainerDevices, ContainerResources};
+            let pod_resources = self
+                .0
+                .iter()
+                .map(|(name, resource, ids)| PodResources {
+                    name: (*name).into(),
+                    namespace: "ns".into(),
+                    containers: vec![ContainerResources {
+                        name: "c".into(),
+                        devices: vec![ContainerDevices {
+                            resource_name: (*resource).into(),
+                            device_ids: ids.clone(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                })
+                .collect();
+            Ok(ListPodResourcesResponse { pod_resources })
+        }
+    }
+
+    #[tokio::test]
+    async fn running_containers_of_the_resource_are_sent_to_the_starting_check() {
+        let (_, pods) = watch::channel(Pods::default());
+        let (reports, mut queue) = mpsc::channel(8);
+        let lister = Holding(vec![
+            ("a", GPU_PERCENT, claim_ids()),
+            ("b", "nvidia.com/gpu", vec!["GPU-x".into()]),
+            ("c", GPU_PERCENT, vec![]),
+        ]);
+        let identity =
+            Identity::new("n1".into(), Resource::Percent, pods, Arc::new(lister), reports, Duration::ZERO);
+        let cards: Snapshot = Arc::new(vec![]);
+        assert_eq!(identity.recheck_running(&cards).await, Ok(1));
+        match queue.try_recv() {
+            Ok(Report::Starting { ids, resource: Resource::Percent, .. }) => assert_eq!(ids, claim_ids()),
+            other => panic!("expected the check of a's container, got {other:?}"),
+        }
+        assert!(queue.try_recv().is_err(), "only the container holding IDs of the resource");
     }
 
     #[tokio::test(start_paused = true)]
