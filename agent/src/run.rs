@@ -306,21 +306,17 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     // kubelet was told, 50 ms before the Node was). Waited for until the agent's own watch of the
     // Node shows it; bounded, so an API server that does not answer does not keep the node's
     // devices from the kubelet.
+    let first = snapshot.borrow().clone();
     if let Some(p) = publisher.as_mut() {
-        let first = snapshot.borrow().clone();
         let published = async {
-            let wrote = p.publish(&first).await;
+            publish_logged(p, &first).await;
             p.shown().await;
-            wrote
         };
-        match tokio::time::timeout(FIRST_PUBLISH, published).await {
-            Ok(Ok(true)) => tracing::info!(cards = first.len(), "node inventory published"),
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "publishing the node inventory failed; retrying"),
-            Err(_) => tracing::warn!(
+        if tokio::time::timeout(FIRST_PUBLISH, published).await.is_err() {
+            tracing::warn!(
                 "publishing the node inventory took over {} s; serving the kubelet meanwhile",
                 FIRST_PUBLISH.as_secs()
-            ),
+            );
         }
     }
     {
@@ -328,7 +324,6 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         let backends = backends.clone();
         let health = health.clone();
         let readiness = readiness.clone();
-        let first = snapshot.borrow().clone();
         let edits = edits.clone();
         tasks.spawn("card refresh", async move {
             let mut tick = tokio::time::interval(timing.refresh);
@@ -336,13 +331,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             let mut fresh = first;
             loop {
                 if let Some(p) = publisher.as_mut() {
-                    match p.publish(&fresh).await {
-                        Ok(true) => tracing::info!(cards = fresh.len(), "node inventory published"),
-                        Ok(false) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "publishing the node inventory failed; retrying at the next refresh")
-                        }
-                    }
+                    publish_logged(p, &fresh).await;
                 }
                 // Re-read on the period, at once when a card's health changed, and publish again
                 // when the Node changed (someone removed or edited what we wrote).
@@ -414,6 +403,18 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     stop_front_end(dra).await;
     tasks.shutdown().await;
     result
+}
+
+/// Publishes `cards` on the Node, saying when it wrote and when it failed (the refresh loop tries
+/// again at its next turn).
+async fn publish_logged(publisher: &mut Publisher, cards: &[crate::inventory::Card]) {
+    match publisher.publish(cards).await {
+        Ok(true) => tracing::info!(cards = cards.len(), "node inventory published"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "publishing the node inventory failed; retrying at the next refresh")
+        }
+    }
 }
 
 /// Waits a moment for the DRA front end to end by itself (it does at a shutdown, after removing its
