@@ -205,17 +205,22 @@ EOF
 }
 
 # fake_cdi_spec: for --dry-run, one fake card as a CDI device (by UUID, and `all`): the fake NVML
-# mounted where the driver's library is, and its card list.
+# mounted where the driver's library is, its card list, and the harness's stand-in for
+# nvidia-cuda-mps-control where a driver's programs are.
 fake_cdi_spec() {
-  local lib=${NANO_GPU_FAKE_NVML:-${CARGO_TARGET_DIR:-$ROOT/target}/release/libfakenvml.so} uuid=GPU-node-1-0
+  local release=${CARGO_TARGET_DIR:-$ROOT/target}/release uuid=GPU-node-1-0
+  local lib=${NANO_GPU_FAKE_NVML:-$release/libfakenvml.so} mps=$release/nvidia-cuda-mps-control
   [[ -f $lib ]] || die "$lib missing (cargo build --release -p fakenvml)"
+  [[ -x $mps ]] || die "$mps missing (cargo build --release -p nano-gpu-tests --bin nvidia-cuda-mps-control)"
   mkdir -p "$WORK/fake"
   install -m 755 "$lib" "$WORK/fake/libnvidia-ml.so.1"
+  install -m 755 "$mps" "$WORK/fake/nvidia-cuda-mps-control"
   printf '{"cards":[{"uuid":"%s","name":"NVIDIA H200","memoryMiB":143771,"minor":0,"pciBusId":"00000000:10:00.0"}]}\n' \
     "$uuid" >"$WORK/fake/nvml.json"
   local edits='{"env":["FAKE_NVML_CONFIG=/run/nano-gpu-fake-driver/nvml.json"],"mounts":[
     {"hostPath":"'"$WORK"'/fake/libnvidia-ml.so.1","containerPath":"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1","options":["ro","bind"]},
-    {"hostPath":"'"$WORK"'/fake/nvml.json","containerPath":"/run/nano-gpu-fake-driver/nvml.json","options":["ro","bind"]}]}'
+    {"hostPath":"'"$WORK"'/fake/nvml.json","containerPath":"/run/nano-gpu-fake-driver/nvml.json","options":["ro","bind"]},
+    {"hostPath":"'"$WORK"'/fake/nvidia-cuda-mps-control","containerPath":"/usr/local/nvidia/bin/nvidia-cuda-mps-control","options":["ro","bind"]}]}'
   printf '{"cdiVersion":"0.6.0","kind":"nvidia.com/gpu","devices":[{"name":"%s","containerEdits":%s},{"name":"all","containerEdits":%s}]}\n' \
     "$uuid" "$edits" "$edits"
 }
@@ -308,6 +313,112 @@ usage() {
     "$ok" "$pods_json" "$sum" "$smi_total" "$(grep -c . "$OUT/smi-apps-$1.txt" || true)" >"$OUT/usage.json"
 }
 
+# agent_metrics: the node's agent's /metrics, through the API server's pod proxy.
+agent_metrics() {
+  kubectl get --raw "/api/v1/namespaces/nano-gpu-system/pods/$(agent_pod):9401/proxy/metrics" 2>/dev/null
+}
+
+# inspect_json: `kubectl nano-gpu inspect -o json` (the allocator binary runs the same code).
+inspect_json() {
+  "$WORK/bin/nano-gpu-allocator" --kubeconfig "$WORK/cluster/admin.kubeconfig" inspect -o json 2>>"$OUT/gpu-node.log"
+}
+
+# inspect_books: from inspect's JSON on stdin (pretty-printed, one key a line, in any order), one line
+# per card (`card UUID PERCENT_USED`) and per share (`share UUID NAMESPACE/POD PERCENT`), sorted.
+inspect_books() {
+  awk -F': ' '
+    function value(v) { gsub(/[",]/, "", v); return v }
+    /\{$/ { d++; pod[d] = pct[d] = uuid[d] = used[d] = "" }
+    $1 ~ /"pod"$/ { pod[d] = value($2) }
+    $1 ~ /"percent"$/ { pct[d] = value($2) }
+    $1 ~ /"uuid"$/ { uuid[d] = value($2) }
+    $1 ~ /"percentUsed"$/ { used[d] = value($2) }
+    /^ *\},?$/ {
+      if (pod[d] != "") shares[++n] = pod[d] " " pct[d]
+      if (uuid[d] != "") {
+        print "card", uuid[d], used[d]
+        for (i = 1; i <= n; i++) print "share", uuid[d], shares[i]
+        n = 0
+      }
+      d--
+    }' | sort
+}
+
+# agent_books: the same lines from the agent's /metrics on stdin: each card's granted percent, and
+# each pod's granted percent per card (its containers' summed; none where nothing is granted).
+agent_books() {
+  awk '
+    function label(s, name) {
+      if (!match(s, name "=\"[^\"]*\"")) return ""
+      return substr(s, RSTART + length(name) + 2, RLENGTH - length(name) - 3)
+    }
+    /^nano_gpu_card_granted_percent\{/ { printf "card %s %d\n", label($0, "uuid"), $NF }
+    /^nano_gpu_container_granted_percent\{/ { held[label($0, "uuid") " " label($0, "namespace") "/" label($0, "pod")] += $NF }
+    END { for (k in held) if (held[k] > 0) printf "share %s %d\n", k, held[k] }' | sort
+}
+
+# json_lines TEXT: TEXT's lines as JSON strings, comma-separated.
+json_lines() { awk 'NF { printf "%s\"%s\"", s, $0; s = ", " }' <<<"$1"; }
+
+# accounting POD...: while the pods run, `kubectl nano-gpu inspect` (the allocator's view, rebuilt
+# from the API) beside the agent's own books (what the kubelet gave each container, from its
+# /metrics): per card the percent used, per pod what it holds where; into $OUT/accounting.json. They
+# must agree and name every POD.
+accounting() {
+  local inspect agent ok=false pod
+  for _ in $(seq 20); do
+    inspect=$(inspect_json | tee "$OUT/inspect.json" | inspect_books)
+    agent=$(agent_metrics | agent_books)
+    ok=true
+    [[ -n $inspect && $inspect == "$agent" ]] || ok=false
+    for pod; do grep -q " gpu-node/$pod " <<<"$inspect" || ok=false; done
+    [[ $ok == true ]] && break
+    sleep 1
+  done
+  printf '{"ok": %s, "inspect": [%s], "agent": [%s]}\n' "$ok" "$(json_lines "$inspect")" "$(json_lines "$agent")" \
+    >"$OUT/accounting.json"
+}
+
+# shares_running POD...: what is checked while the three shares run.
+shares_running() {
+  accounting "$@"
+  usage "$@"
+}
+
+# mps_serving: the node's MPS daemon runs (the shipped DaemonSet's pod is Ready), its agent enforces
+# MPS, and the allocator's view shows its card healthy again.
+mps_serving() {
+  kubectl -n nano-gpu-system get pods -l app.kubernetes.io/name=nano-gpu-mps \
+    -o jsonpath='{.items[*].status.containerStatuses[*].ready}' 2>/dev/null | grep -q true || return 1
+  kubectl -n nano-gpu-system logs "$(agent_pod)" 2>/dev/null | grep 'shares are enforced' | tail -1 | grep -q 'mode="mps"' ||
+    return 1
+  agent_metrics | grep -q '^nano_gpu_card_healthy{.*} 1$' || return 1
+  inspect_json | grep -q '"healthy": true'
+}
+
+# mps_judge POD PERCENT: one JSON object: an MPS share's limits as its CUDA process met them (from
+# its log): the SM count the driver showed it against PERCENT of the card's (the whole-card pod's
+# count), and its allocations under CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (the last one of mps-25 asks
+# more than its limit, and must fail).
+mps_judge() {
+  local pod=$1 percent=$2 log full sms threads limit allocs want ok=true
+  log=$OUT/pod-$pod.log
+  full=$(grep -o '"sms":[0-9]*' "$OUT/pod-whole.log" 2>/dev/null | head -1 | cut -d: -f2)
+  sms=$(grep '"event":"init"' "$log" | grep -o '"sms":[0-9]*' | head -1 | cut -d: -f2)
+  threads=$(grep -o '"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE":"[^"]*"' "$log" | cut -d'"' -f4)
+  limit=$(grep -o '"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":"[^"]*"' "$log" | cut -d'"' -f4)
+  allocs=$(grep '"event":"alloc"' "$log" | grep -o '"mib":[0-9]*,"ok":[a-z]*' | sed 's/"mib":\([0-9]*\),"ok":\(.*\)/\1=\2/' | paste -sd' ')
+  want=$((${full:-0} * percent / 100))
+  [[ $threads == "$percent" ]] || ok=false
+  [[ -n $sms && -n $full ]] && ((sms >= want - 2 && sms <= want + 2)) || ok=false
+  case $pod in
+    mps-25) [[ $allocs == "4096=true 40000=false" ]] || ok=false ;;
+    *) [[ $allocs == "4096=true" ]] || ok=false ;;
+  esac
+  printf '{"pod": "%s", "ok": %s, "thread_percentage": "%s", "sms": %s, "sms_expected": %s, "card_sms": %s, "memory_limit": "%s", "allocations": "%s"}' \
+    "$pod" "$ok" "$threads" "${sms:-null}" "$want" "${full:-null}" "$limit" "$allocs"
+}
+
 # restart_agent POD...: deletes the node's agent pod while POD runs; the DaemonSet's new one must be
 # Ready again; into $OUT/restart.json.
 restart_agent() {
@@ -369,7 +480,6 @@ report() {
       "$(head -1 /proc/driver/nvidia/version 2>/dev/null | grep -o '[0-9]\+\.[0-9]\+\.[0-9]\+' | head -1)" \
       "$([[ -f /sys/fs/cgroup/cgroup.controllers ]] && echo true || echo false)"
     printf ' "checks": {%s},\n' "${CHECKS:-}"
-    printf ' "not_run_yet": ["kubectl nano-gpu inspect against the node", "MPS mode"],\n'
     printf ' "seconds": %s\n}\n' "$SECONDS"
   } >"$OUT/report.json"
   if [[ $rc != 0 ]]; then
@@ -391,6 +501,8 @@ collect() {
       kubectl -n nano-gpu-system logs "$p" --all-containers --prefix >"$WORK/cluster/${p#pod/}.log" 2>&1 || true
     done
   fi
+  # The MPS daemons' own logs (the node's /run is the machine's).
+  tar -C /run/nano-gpu -czf "$OUT/mps-logs.tgz" mps 2>/dev/null || true
   tar -C "$WORK" -czf "$OUT/cluster-logs.tgz" --exclude='*/var/lib/*' --exclude='*.tar' cluster 2>/dev/null || true
 }
 
@@ -428,12 +540,13 @@ node() {
 
   stage shares
   local shares whole none
-  shares=$(DURING=usage run_pods "share-30a:30:--alloc-mib 1024 --load-seconds 20 --hold-seconds 15" \
+  shares=$(DURING=shares_running run_pods "share-30a:30:--alloc-mib 1024 --load-seconds 20 --hold-seconds 15" \
     "share-30b:30:--alloc-mib 1024 --load-seconds 20 --hold-seconds 15" \
     "share-40:40:--alloc-mib 2048 --load-seconds 20 --hold-seconds 15")
   CHECKS="\"shares\": $shares"
   kubectl -n gpu-node delete pod --all --wait=true --timeout=60s >/dev/null
   if [[ -f $OUT/usage.json ]]; then CHECKS+=", \"usage\": $(cat "$OUT/usage.json")"; fi
+  CHECKS+=", \"inspect_and_agent_agree\": $(cat "$OUT/accounting.json" 2>/dev/null || echo null)"
   stage whole-card
   # The agent restarted while a whole card's pod runs: the pod keeps its card and ends well, and
   # a share placed after the new agent is Ready runs on the card.
@@ -450,6 +563,21 @@ node() {
   # The node as nano-gpu's agent describes it (its cards, its labels) and what it advertises.
   kubectl get node node-1 -o jsonpath='{.metadata.annotations}{"\n"}{.metadata.labels}{"\n"}{.status.allocatable}{"\n"}' \
     >"$OUT/node.txt" 2>&1 || true
+  stage mps
+  # The node switched to MPS by its label: the shipped DaemonSet runs the driver's own
+  # nvidia-cuda-mps-control for the card, the agent restarts under the mode, and two shares run as
+  # MPS clients held to their percent of the SMs and of the memory.
+  kubectl label node node-1 nano-gpu/enforcement=mps --overwrite >/dev/null
+  local serving=false mps
+  for _ in $(seq 120); do
+    if mps_serving; then serving=true; break; fi
+    sleep 1
+  done
+  CHECKS+=", \"mps_serving\": $serving"
+  [[ $serving == true ]] || die "the node did not serve MPS in 120 s (see the nano-gpu-mps pod's log in cluster-logs.tgz)"
+  mps=$(run_pods "mps-25:25:--alloc-mib 4096 --alloc-mib 40000 --load-seconds 10 --hold-seconds 5" \
+    "mps-50:50:--alloc-mib 4096 --load-seconds 10 --hold-seconds 5")
+  CHECKS+=", \"mps\": $mps, \"mps_limits\": [$(mps_judge mps-25 25), $(mps_judge mps-50 50)]"
   CHECKS_OK=true
   grep -q '"ok": false' <<<"$CHECKS" && CHECKS_OK=false
   grep -q '"new_ready": true' <<<"$CHECKS" || CHECKS_OK=false

@@ -313,12 +313,55 @@ enum Daemon {
 
 /// Longest wait before a daemon that keeps stopping is started again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Where drivers put their programs, looked in after `PATH` for a control program named without a
+/// directory: NVIDIA's runtime mounts the driver's programs at the paths they have on the node, and
+/// a node whose driver lives in `/usr/local/nvidia` (GKE, and the lent H100/H200 machines) or under
+/// the GPU Operator's `/run/nvidia/driver` puts them where no image's `PATH` looks.
+const DRIVER_BIN_DIRS: [&str; 4] =
+    ["/usr/local/nvidia/bin", "/usr/bin", "/run/nvidia/driver/usr/bin", "/home/kubernetes/bin/nvidia/bin"];
+
+/// The control program to run for `name`: itself when it names a directory, else the first
+/// executable file of that name on `path` (a `PATH` value), then in [`DRIVER_BIN_DIRS`]; `None`
+/// when there is none.
+pub fn find_control(name: &Path, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if name.components().count() != 1 {
+        return Some(name.to_path_buf());
+    }
+    let on_path = path.map(std::env::split_paths).into_iter().flatten();
+    on_path.chain(DRIVER_BIN_DIRS.iter().map(PathBuf::from)).map(|dir| dir.join(name)).find(|file| {
+        std::fs::metadata(file).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+/// `PATH` for the control program, with its own directory first: the daemon starts the driver's
+/// `nvidia-cuda-mps-server`, which lies beside it.
+fn control_path(program: &Path) -> Option<std::ffi::OsString> {
+    let dir = program.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&rest))).ok()
+}
 
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
     let Supervisor { layout, program, backends, every, exclusive, shm_source, pipe_source, card_index } =
         supervisor;
+    let program = match find_control(&program, std::env::var_os("PATH").as_deref()) {
+        Some(found) => {
+            tracing::info!(program = %found.display(), "the MPS control program");
+            found
+        }
+        None => {
+            tracing::error!(
+                program = %program.display(),
+                "the MPS control program is neither on PATH nor in {}: no card's daemon starts until it is \
+                 (is the node's NVIDIA runtime mounting the driver's programs into this container?)",
+                DRIVER_BIN_DIRS.join(", ")
+            );
+            program
+        }
+    };
     if layout.pipe_in.is_some() != pipe_source.is_some() || (pipe_source.is_some() && card_index.is_none()) {
         return Err("a pipe directory of this pod's own (--mps-pipe-source, --mps-pipe-dir) is one card's: \
                     it needs --mps-card-index"
@@ -463,7 +506,11 @@ fn start(layout: &Layout, program: &Path, uuid: &str, first: bool) -> std::io::R
     {
         tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
     }
-    Command::new(program)
+    let mut daemon = Command::new(program);
+    if let Some(path) = control_path(program) {
+        daemon.env("PATH", path);
+    }
+    daemon
         .arg("-f")
         .envs(layout.control_env(uuid))
         .stdin(Stdio::null())
@@ -488,7 +535,11 @@ fn empty(dir: &Path) -> std::io::Result<()> {
 /// why there is none (it did not run or answer within 5 s).
 async fn control(layout: &Layout, program: &Path, uuid: &str, commands: &str) -> Result<String, String> {
     let asked = async {
-        let mut control = Command::new(program)
+        let mut command = Command::new(program);
+        if let Some(path) = control_path(program) {
+            command.env("PATH", path);
+        }
+        let mut control = command
             .envs(layout.control_env(uuid))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -642,6 +693,30 @@ async fn quit(layout: &Layout, program: &Path, uuid: &str, mut child: Child) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_program_is_found_on_path_and_only_as_an_executable_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nano-gpu-mps-find-{}", std::process::id()));
+        let (plain, runnable) = (dir.join("plain"), dir.join("runnable"));
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::create_dir_all(&runnable).unwrap();
+        let name = "nano-gpu-test-mps-control";
+        std::fs::write(plain.join(name), "").unwrap();
+        std::fs::write(runnable.join(name), "").unwrap();
+        std::fs::set_permissions(runnable.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([&plain, &runnable]).unwrap();
+        // The file that is not executable is passed over; the one after it on PATH is taken.
+        assert_eq!(find_control(Path::new(name), Some(&path)), Some(runnable.join(name)));
+        // A name with a directory is taken as it is; a name found nowhere is none.
+        assert_eq!(find_control(Path::new("./x/y"), None), Some(PathBuf::from("./x/y")));
+        assert_eq!(find_control(Path::new(name), Some(plain.as_os_str())), None);
+        // Its own directory comes first on the daemon's PATH.
+        let first = std::env::split_paths(&control_path(&runnable.join(name)).unwrap()).next();
+        assert_eq!(first, Some(runnable.clone()));
+        assert_eq!(control_path(Path::new(name)), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_daemon_is_running_only_while_its_record_names_a_control_process() {

@@ -3,8 +3,8 @@
 //! It loads the driver's `libcuda.so.1` (the library the container runtime mounted from the node:
 //! no CUDA toolkit is in the image), lists the devices it sees (index, UUID as `nvidia-smi` prints
 //! it, name, SMs, memory), allocates what it is asked on device 0, runs a kernel (PTX, compiled by
-//! the driver) for as long as asked, holds its context for a while so the node's tools can see it,
-//! and prints each step as one JSON line.
+//! the driver) for as long as asked, holds its context for a while so the node's tools can see it
+//! (and holds as long when no driver answered), and prints each step as one JSON line.
 //!
 //! Usage: `cuda-probe [--alloc-mib N]... [--load-seconds S] [--hold-seconds S]`. Exit status 0 when
 //! the driver answered (a refused allocation is a result, not a failure), 3 when no driver or device
@@ -351,6 +351,9 @@ fn main() {
         Ok(s) => s,
         Err(e) => {
             emit(json!({"event": "init", "ok": false, "error": e}));
+            // Held all the same: the pod runs as long as asked, with or without a card (the node's
+            // books are read while it runs).
+            hold(args.hold_seconds);
             emit(json!({"event": "done", "ok": false}));
             std::process::exit(3);
         }
@@ -395,11 +398,16 @@ fn main() {
             "launches": ran.as_ref().ok(), "error": ran.err(),
         }));
     }
-    if args.hold_seconds > 0.0 {
-        emit(json!({"event": "holding", "seconds": args.hold_seconds}));
-        std::thread::sleep(Duration::from_secs_f64(args.hold_seconds));
-    }
+    hold(args.hold_seconds);
     emit(json!({"event": "done", "ok": ok}));
+}
+
+/// Sleeps `seconds` (none when 0), saying so first.
+fn hold(seconds: f64) {
+    if seconds > 0.0 {
+        emit(json!({"event": "holding", "seconds": seconds}));
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+    }
 }
 
 #[cfg(test)]
