@@ -198,7 +198,10 @@ pub struct Flags {
     /// and the names of its `/dev/shm` and pipe directory, or the pipe directory itself).
     #[arg(long, env = "NANO_GPU_MPS_ROOT", default_value = "/run/nano-gpu/mps")]
     pub mps_root: PathBuf,
-    /// NVIDIA's MPS control program, which `mps-control` runs once per card.
+    /// NVIDIA's MPS control program, which `mps-control` runs once per card. A name without a
+    /// directory is looked for on `PATH`, then where drivers put their programs
+    /// (`/usr/local/nvidia/bin`, `/usr/bin`, `/run/nvidia/driver/usr/bin`,
+    /// `/home/kubernetes/bin/nvidia/bin`).
     #[arg(long, env = "NANO_GPU_MPS_CONTROL", default_value = "nvidia-cuda-mps-control")]
     pub mps_control: PathBuf,
     /// `mps-control`: put each card in `EXCLUSIVE_PROCESS` compute mode and keep an MPS server

@@ -510,12 +510,7 @@ fn start(layout: &Layout, program: &Path, uuid: &str, first: bool) -> std::io::R
     if let Some(path) = control_path(program) {
         daemon.env("PATH", path);
     }
-    daemon
-        .arg("-f")
-        .envs(layout.control_env(uuid))
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
+    daemon.arg("-f").envs(layout.control_env(uuid)).stdin(Stdio::null()).kill_on_drop(true).spawn()
 }
 
 /// Removes everything in `dir`, never following a link (a link is removed, not what it names).
