@@ -9,8 +9,12 @@
 #                                   path): unpacks the bundle, starts the cluster, runs the checks;
 #                                   the report goes to stdout and, with the logs, to $OUT
 #   bash hack/gpu-node.sh --dry-run here, after --build: the same, on one fake card (the fake NVML,
-#                                   tests/fakenvml, in a CDI spec of its own instead of nvidia-ctk's);
-#                                   the CUDA checks fail there, as no CUDA driver answers
+#                                   tests/fakenvml, in a CDI spec of its own instead of nvidia-ctk's,
+#                                   and the harness's nvidia-cuda-mps-control stand-in); the CUDA
+#                                   checks fail there, as no CUDA driver answers
+#   bash hack/gpu-node.sh --dry-run --from-harness
+#                                   the dry run without a bundle: the harness's own builds in its
+#                                   place (the test command runs it: tests/tests/gpu_node.rs)
 #
 # What the bundle carries, since such a machine has neither network nor packages: etcd, the
 # Kubernetes commands and containerd 2 with its ctr as one binary (hack/gpu-node/kube, a multi-call
@@ -33,7 +37,6 @@ BUNDLE=${GPU_NODE_BUNDLE:-$ROOT/.gpu-node}
 CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
 RUNC_VERSION=v1.5.3
 CNI_VERSION=v1.9.1
-TOOLKIT_VERSION=v1.20.2
 # The largest bundle a GPU machine's call carries beside the repository (64 MiB in all).
 BUNDLE_LIMIT_MIB=56
 
@@ -88,7 +91,7 @@ part() {
 }
 
 build() {
-  local versions k8s etcd ld pkg bin=$CACHE/gpu-node containerd cver target total libs
+  local versions k8s etcd ld pkg bin=$CACHE/gpu-node containerd cver target total libs toolkit
   # The versions the harness tests (the newest), as hack/k8s-build.sh stamps its build.
   versions=$(bash "$ROOT/hack/k8s-build.sh" --versions)
   k8s=$(sed -n 's/^k8s=\([^ ]*\) .*/\1/p' <<<"$versions") etcd=${versions##*etcd=}
@@ -111,7 +114,7 @@ build() {
   go_build "$ROOT/hack/gpu-node/kube" "$bin/kube-$k8s" 0 selinux,notest,grpcnotrace,no_btrfs,no_devmapper,no_zfs "$ld" .
   echo "$versions" >"$bin/kube-$k8s/versions"
 
-  log "runc $RUNC_VERSION, the CNI plugins $CNI_VERSION, NVIDIA's toolkit $TOOLKIT_VERSION ..."
+  log "runc $RUNC_VERSION, the CNI plugins $CNI_VERSION, NVIDIA's toolkit (hack/nvidia-toolkit-build.sh) ..."
   pin_module "$ROOT/hack/upstream/runc" hack/gpu-node.sh github.com/opencontainers/runc "$RUNC_VERSION" \
     github.com/opencontainers/runc
   # Static, with seccomp, as runc's release builds are (libseccomp-dev's static library).
@@ -122,12 +125,7 @@ build() {
     "$cni/main/bridge" "$cni/ipam/host-local" "$cni/main/loopback"
   go_build "$ROOT/hack/upstream/cni-plugins" "$bin/cni-$CNI_VERSION" 0 "" "-s -w" \
     "$cni/main/bridge" "$cni/ipam/host-local" "$cni/main/loopback"
-  local tk=github.com/NVIDIA/nvidia-container-toolkit/cmd
-  pin_module "$ROOT/hack/upstream/nvidia-container-toolkit" hack/gpu-node.sh github.com/NVIDIA/nvidia-container-toolkit \
-    "$TOOLKIT_VERSION" "$tk/nvidia-ctk" "$tk/nvidia-container-runtime"
-  # cgo: nvidia-ctk loads NVML (go-nvml) to find the cards.
-  go_build "$ROOT/hack/upstream/nvidia-container-toolkit" "$bin/toolkit-$TOOLKIT_VERSION" 1 "" "-s -w" \
-    "$tk/nvidia-ctk" "$tk/nvidia-container-runtime"
+  toolkit=$(bash "$ROOT/hack/nvidia-toolkit-build.sh")
 
   log "nano-gpu (release) ..."
   (cd "$ROOT" && cargo build --release --locked -p nano-gpu-agent -p nano-gpu-allocator -p nano-gpu-tests -p cuda-probe \
@@ -138,7 +136,7 @@ build() {
   part shim "$containerd/containerd-shim-runc-v2"
   part runc "$bin/runc-$RUNC_VERSION/runc"
   part cni "$bin/cni-$CNI_VERSION"/{bridge,host-local,loopback}
-  part toolkit "$bin/toolkit-$TOOLKIT_VERSION"/{nvidia-ctk,nvidia-container-runtime}
+  part toolkit "$toolkit"/{nvidia-ctk,nvidia-container-runtime}
   # Stripped of their symbols, as the release images' binaries are not: a third of the size.
   mkdir -p "$bin/nano-gpu"
   for f in nano-gpu-agent nano-gpu-allocator netns-forward pause cuda-probe; do
@@ -183,6 +181,31 @@ unpack() {
   fi
 }
 
+# harness_bins: for --dry-run --from-harness, $WORK/bin and $WORK/cni as unpack makes them, from
+# the harness's own builds instead of a bundle (what the test command runs): its Kubernetes and
+# containerd 2 builds, NVIDIA's toolkit, the workspace's debug binaries, and the machine's runc, CNI
+# plugins and busybox. Only the bundle's multi-call binary is not run so.
+harness_bins() {
+  local k8s containerd toolkit debug=${CARGO_TARGET_DIR:-$ROOT/target}/debug f
+  k8s=$(bash "$ROOT/hack/k8s-build.sh") || die "hack/k8s-build.sh failed"
+  containerd=$(bash "$ROOT/hack/containerd-build.sh") || die "hack/containerd-build.sh failed"
+  toolkit=$(bash "$ROOT/hack/nvidia-toolkit-build.sh") || die "hack/nvidia-toolkit-build.sh failed"
+  rm -rf "${WORK:?}/bin" "$WORK/cni"
+  mkdir -p "$WORK/bin" "$WORK/cni"
+  for f in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl .versions; do
+    ln -s "$k8s/$f" "$WORK/bin/$f"
+  done
+  for f in containerd containerd-shim-runc-v2 ctr; do ln -s "$containerd/$f" "$WORK/bin/$f"; done
+  for f in nvidia-ctk nvidia-container-runtime; do ln -s "$toolkit/$f" "$WORK/bin/$f"; done
+  for f in nano-gpu-agent nano-gpu-allocator netns-forward pause cuda-probe; do
+    [[ -x $debug/$f ]] || die "$debug/$f missing (cargo build --workspace)"
+    ln -s "$debug/$f" "$WORK/bin/$f"
+  done
+  for f in bridge host-local loopback; do ln -s "${NANO_GPU_CNI_BIN:-/usr/lib/cni}/$f" "$WORK/cni/$f"; done
+  ln -s "$(command -v runc)" "$WORK/bin/runc" || die "runc not found"
+  ln -s "${NANO_GPU_BUSYBOX:-/bin/busybox}" "$WORK/bin/busybox"
+}
+
 # The node's NVIDIA runtime, as the toolkit's docs set it up for CDI: devices named by the device
 # plugin's volume mounts (README: a pod's own NVIDIA_VISIBLE_DEVICES does not count unless it is
 # privileged), resolved from the node's CDI spec.
@@ -208,10 +231,12 @@ EOF
 # mounted where the driver's library is, its card list, and the harness's stand-in for
 # nvidia-cuda-mps-control where a driver's programs are.
 fake_cdi_spec() {
-  local release=${CARGO_TARGET_DIR:-$ROOT/target}/release uuid=GPU-node-1-0
-  local lib=${NANO_GPU_FAKE_NVML:-$release/libfakenvml.so} mps=$release/nvidia-cuda-mps-control
-  [[ -f $lib ]] || die "$lib missing (cargo build --release -p fakenvml)"
-  [[ -x $mps ]] || die "$mps missing (cargo build --release -p nano-gpu-tests --bin nvidia-cuda-mps-control)"
+  local profile=release uuid=GPU-node-1-0 built lib mps how="cargo build --release"
+  ((FROM_HARNESS)) && profile=debug how="cargo build"
+  built=${CARGO_TARGET_DIR:-$ROOT/target}/$profile
+  lib=${NANO_GPU_FAKE_NVML:-$built/libfakenvml.so} mps=$built/nvidia-cuda-mps-control
+  [[ -f $lib ]] || die "$lib missing ($how -p fakenvml)"
+  [[ -x $mps ]] || die "$mps missing ($how -p nano-gpu-tests --bin nvidia-cuda-mps-control)"
   mkdir -p "$WORK/fake"
   install -m 755 "$lib" "$WORK/fake/libnvidia-ml.so.1"
   install -m 755 "$mps" "$WORK/fake/nvidia-cuda-mps-control"
@@ -512,8 +537,12 @@ node() {
   export PATH=$WORK/bin:/usr/local/nvidia/bin:$PATH
   trap 'report $?' EXIT
   stage unpack
-  [[ -d $BUNDLE ]] || die "$BUNDLE missing (bash hack/gpu-node.sh --build, then carry .gpu-node)"
-  unpack
+  if ((FROM_HARNESS)); then
+    harness_bins
+  else
+    [[ -d $BUNDLE ]] || die "$BUNDLE missing (bash hack/gpu-node.sh --build, then carry .gpu-node)"
+    unpack
+  fi
   stage cdi-spec
   mkdir -p "$WORK/cdi"
   if ((DRY_RUN)); then
@@ -584,10 +613,11 @@ node() {
   stage finished
 }
 
-DRY_RUN=0
-case ${1:-} in
-  --build) build ;;
-  --dry-run) DRY_RUN=1; node ;;
-  "") node ;;
-  *) die "usage: $0 [--build|--dry-run]" ;;
+DRY_RUN=0 FROM_HARNESS=0
+case "${1:-} ${2:-}" in
+  "--build ") build ;;
+  "--dry-run ") DRY_RUN=1; node ;;
+  "--dry-run --from-harness") DRY_RUN=1 FROM_HARNESS=1; node ;;
+  " ") node ;;
+  *) die "usage: $0 [--build | --dry-run [--from-harness]]" ;;
 esac

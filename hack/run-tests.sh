@@ -16,9 +16,9 @@
 # What it runs, all at once as far as the machine allows:
 # - in the background, in two lanes (Go's builds, cargo's), a little niced but not starved (a build
 #   that gets only what the tests leave finishes last, and the suites that need it run after all the
-#   rest): the upstream parts only some suites use (containerd 2, Kubernetes' oldest supported
-#   version, the previous nano-gpu, gpushare's tool, the Prometheus Operator), each ahead of the
-#   suites that need it; then the lints (clippy), the book and the doc tests, which in a full run
+#   rest): the upstream parts only some suites use (containerd 2, NVIDIA's toolkit, Kubernetes'
+#   oldest supported version, the previous nano-gpu, gpushare's tool, the Prometheus Operator), each
+#   ahead of the suites that need it; then the lints (clippy), the book and the doc tests, which in a full run
 #   always run and fail the run as a test does;
 # - every test executable cargo built for `cargo test --workspace` (each crate's unit tests, every
 #   suite of tests/tests), run as cargo runs it (from its package's directory, with cargo's library
@@ -70,6 +70,7 @@ tenant              1 mps -
 gpushare            1 - gpushare
 dra                 1 - containerd2
 enforcement         1 mps -
+gpu_node            1 mps containerd2,nvidia-toolkit
 containerd2         1 - containerd2
 prometheus_operator 1 - prometheus-operator
 runtime_class       1 - -
@@ -83,6 +84,7 @@ nodes               1 - -
 # doc tests) in every full run.
 BUILDS=(
   "containerd2|go|bash hack/containerd-build.sh"
+  "nvidia-toolkit|go|bash hack/nvidia-toolkit-build.sh"
   "k8s-oldest|go|NANO_GPU_K8S_VERSION=$oldest bash hack/k8s-build.sh"
   "previous|cargo|bash hack/previous-build.sh"
   "gpushare|go|bash hack/gpushare-inspect-build.sh"
