@@ -9,6 +9,7 @@
 //! agent was Ready after the old one's deletion, a pod asking no GPU got none, and the node served
 //! MPS with each share's limits in its env.
 
+use nano_gpu_tests::cluster::clear_mps_dirs;
 use serde_json::Value;
 use std::path::Path;
 
@@ -25,6 +26,9 @@ fn env(pod: &Value) -> &Value {
 
 #[test]
 fn the_real_gpu_node_script_runs_every_stage_on_a_fake_card() {
+    // Its node's card is GPU-node-1-0, whose MPS directories on this machine another cluster's
+    // node-1 may have left.
+    clear_mps_dirs("node-1");
     let dir = std::env::temp_dir().join(format!("nano-gpu-gpu-node-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (out, work) = (dir.join("out"), dir.join("work"));
@@ -90,4 +94,5 @@ fn the_real_gpu_node_script_runs_every_stage_on_a_fake_card() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+    clear_mps_dirs("node-1");
 }

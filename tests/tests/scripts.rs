@@ -146,6 +146,8 @@ fn the_test_runner_keeps_the_mps_suites_apart() {
         ("previous-build.sh", "previous"),
         ("gpushare-inspect-build.sh", "gpushare"),
         ("prometheus-operator-build.sh", "prometheus-operator"),
+        ("--from-harness", "containerd2"),
+        ("--from-harness", "nvidia-toolkit"),
     ];
     let mut mps_users = BTreeSet::new();
     for entry in std::fs::read_dir(root().join("tests/tests")).unwrap().flatten() {
