@@ -307,14 +307,18 @@ agent_pod() {
     -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' | awk 'NF == 1 { print $1; exit }'
 }
 
+# agent_metrics: the node's agent's /metrics, through the API server's pod proxy.
+agent_metrics() {
+  kubectl get --raw "/api/v1/namespaces/nano-gpu-system/pods/$(agent_pod):9401/proxy/metrics" 2>/dev/null
+}
+
 # usage POD...: while the pods run, the agent's per-container usage (its /metrics) beside
 # nvidia-smi's per-process view, into $OUT/usage.json: each pod's card memory and SM use as the
 # agent attributes them, and the processes' memory as the driver lists them.
 usage() {
-  local agent metrics pod all pods_json='' first=1 used util smi_total sum=0 ok=true
-  agent=$(agent_pod)
+  local metrics pod all pods_json='' first=1 used util smi_total sum=0 ok=true
   for _ in $(seq 30); do
-    metrics=$(kubectl get --raw "/api/v1/namespaces/nano-gpu-system/pods/$agent:9401/proxy/metrics" 2>&1 || true)
+    metrics=$(agent_metrics || true)
     all=1
     for pod; do grep -q "^nano_gpu_container_memory_used_bytes{.*pod=\"$pod\"" <<<"$metrics" || all=0; done
     ((all)) && break
@@ -336,11 +340,6 @@ usage() {
   ((sum * 100 >= smi_total * 95 && sum * 100 <= smi_total * 105)) || ok=false
   printf '{"ok": %s, "agent_mib": {%s}, "agent_total_mib": %s, "nvidia_smi_processes_mib": %s, "smi_processes": %s}\n' \
     "$ok" "$pods_json" "$sum" "$smi_total" "$(grep -c . "$OUT/smi-apps-$1.txt" || true)" >"$OUT/usage.json"
-}
-
-# agent_metrics: the node's agent's /metrics, through the API server's pod proxy.
-agent_metrics() {
-  kubectl get --raw "/api/v1/namespaces/nano-gpu-system/pods/$(agent_pod):9401/proxy/metrics" 2>/dev/null
 }
 
 # inspect_json: `kubectl nano-gpu inspect -o json` (the allocator binary runs the same code).

@@ -8,7 +8,7 @@
 //! command), the agent runs as the keeper's child and serves its plugins on sockets in a directory
 //! of its own (`--backend-dir`); the keeper starts it again whenever it exits (a crash, an OOM kill,
 //! a segfault in the driver's library), registers with the kubelet what it serves (the same loop as
-//! the agent's own, [`crate::run::serve_and_register`]: kubelet restarts and rollouts alike), and
+//! the agent's own, [`crate::kubelet::serve_and_register`]: kubelet restarts and rollouts alike), and
 //! relays:
 //! - ListAndWatch: the agent's device lists as they come; while the agent is away the kubelet's
 //!   stream stays open with the last list, marked unhealthy only once the agent has been away for
@@ -24,10 +24,10 @@
 
 pub mod memory;
 
+use crate::kubelet::{self, RunError, Served, Serving, Timing};
 use crate::plugin;
 use crate::probe::Readiness;
 use crate::resource::Resource;
-use crate::run::{self, RunError, Served, Serving, Timing};
 use nano_gpu_proto::kubelet::UNHEALTHY;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
@@ -228,11 +228,11 @@ async fn relay(
     }
     let (again, _) = watch::channel(());
     let relays = Relays { backend: backend.to_owned(), patience, again };
-    run::remove_dead_sockets(plugin_dir, resources).await;
+    kubelet::remove_dead_sockets(plugin_dir, resources).await;
     let readiness = Arc::new(Readiness::default());
     let serving = Serving { resources, served: &relays, instance, plugin_dir, timing, readiness: &readiness };
-    let result = run::serve_and_register(serving, shutdown).await;
-    run::remove_own_sockets(plugin_dir, resources, instance).await;
+    let result = kubelet::serve_and_register(serving, shutdown).await;
+    kubelet::remove_own_sockets(plugin_dir, resources, instance).await;
     result
 }
 
@@ -251,7 +251,7 @@ impl Served for Relays {
         stop: oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<Result<(), String>> {
         let relay = Relay::new(self.backend.join(resource.socket("")), self.patience, self.again.subscribe());
-        run::spawn_server(listener, relay, stop)
+        kubelet::spawn_server(listener, relay, stop)
     }
 
     fn send_again(&self) {

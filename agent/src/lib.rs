@@ -15,9 +15,10 @@
 //! - [`repair`]: the background worker (Events, verify-and-repair of starting containers);
 //!   [`checkpoint`]: the kubelet's device checkpoint kept free of pods that left.
 //! - [`publish`]: the inventory annotation and labels on the Node; [`probe`]: `/healthz`, `/readyz`.
-//! - [`run`]: the serve/register loop that survives kubelet restarts; [`keeper`]: the agent's
-//!   parent process, registering through that loop and relaying to the agent, so the kubelet's side
-//!   outlives an agent crash.
+//! - [`run`]: the agent's main loop and its background tasks; [`kubelet`]: the serve/register
+//!   protocol that survives kubelet restarts and rollouts; [`keeper`]: the agent's parent process,
+//!   registering through that protocol and relaying to the agent, so the kubelet's side outlives an
+//!   agent crash.
 //! - [`clean`]: what `clean-node` removes from a node at uninstall.
 //! - [`enforce`]: how each share is limited (MPS, HAMi-core), and the MPS daemons;
 //!   [`daemons`]: the agent's watch on them.
@@ -36,6 +37,7 @@ pub mod enforce;
 pub mod health;
 pub mod inventory;
 pub mod keeper;
+pub mod kubelet;
 pub mod plugin;
 pub mod podresources;
 pub mod pods;

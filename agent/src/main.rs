@@ -5,7 +5,7 @@ use clap::Parser;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_agent::resource::Resource;
-use nano_gpu_agent::{Command, Flags, checkpoint, enforce, inventory, pods, repair, run, usage};
+use nano_gpu_agent::{Command, Flags, checkpoint, enforce, inventory, kubelet, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ fn print_inventory(flags: &Flags) -> ExitCode {
 }
 
 fn serve(flags: &Flags) -> ExitCode {
-    let timing = run::Timing {
+    let timing = kubelet::Timing {
         refresh: std::time::Duration::from_secs(flags.refresh_seconds.max(1)),
         ..Default::default()
     };
@@ -293,7 +293,7 @@ fn keeper(flags: &Flags) -> ExitCode {
         instance: flags.instance.clone(),
         resources: flags.resources(),
         patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
-        timing: run::Timing::default(),
+        timing: kubelet::Timing::default(),
         agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args, memory }),
     };
     until_terminated(flags, "keeper: ", |_, stopped| async move {

@@ -4,7 +4,8 @@
 //! reason; the two agents of a rollout side by side.
 
 use nano_gpu_agent::inventory::{FakeFile, GpuInventory};
-use nano_gpu_agent::run::{self, RunError, Timing};
+use nano_gpu_agent::kubelet::{RunError, Timing};
+use nano_gpu_agent::run;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};

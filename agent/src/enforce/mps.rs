@@ -692,7 +692,7 @@ mod tests {
     #[test]
     fn the_control_program_is_found_on_path_and_only_as_an_executable_file() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("nano-gpu-mps-find-{}", std::process::id()));
+        let dir = crate::Scratch::new("mps-find");
         let (plain, runnable) = (dir.join("plain"), dir.join("runnable"));
         std::fs::create_dir_all(&plain).unwrap();
         std::fs::create_dir_all(&runnable).unwrap();
@@ -710,7 +710,6 @@ mod tests {
         let first = std::env::split_paths(&control_path(&runnable.join(name)).unwrap()).next();
         assert_eq!(first, Some(runnable.clone()));
         assert_eq!(control_path(Path::new(name)), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
