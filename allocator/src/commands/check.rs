@@ -147,6 +147,33 @@ fn minor(version: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// Labels that say a node has NVIDIA cards, put there by NVIDIA's GPU feature discovery or by Node
+/// Feature Discovery (PCI vendor 10de), with the value they carry then.
+const GPU_NODE_LABELS: [(&str, &str); 2] =
+    [("nvidia.com/gpu.present", "true"), ("feature.node.kubernetes.io/pci-10de.present", "true")];
+
+/// Whether `node` shows NVIDIA cards to someone other than nano-gpu: a label of [`GPU_NODE_LABELS`],
+/// or `nvidia.com/gpu` in its capacity.
+fn shows_nvidia_cards(node: &Node) -> bool {
+    GPU_NODE_LABELS.iter().any(|(key, value)| label(node, key) == Some(*value))
+        || !other_gpu_resources(node).is_empty()
+}
+
+/// The extended resources in `node`'s capacity that another device plugin serves cards under
+/// (NVIDIA's: `nvidia.com/gpu`, `nvidia.com/gpu.shared` of its time-slicing, `nvidia.com/mig-*`;
+/// Intel's `gpu.intel.com/*`), with their quantities, where not zero.
+fn other_gpu_resources(node: &Node) -> Vec<(String, String)> {
+    let capacity = node.status.as_ref().and_then(|st| st.capacity.as_ref());
+    capacity
+        .into_iter()
+        .flatten()
+        .filter(|(name, q)| {
+            (name.starts_with("nvidia.com/") || name.starts_with("gpu.intel.com/")) && q.0 != "0"
+        })
+        .map(|(name, q)| (name.clone(), q.0.clone()))
+        .collect()
+}
+
 /// Judges `s` at `now`.
 pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     let mut out = Vec::new();
@@ -162,6 +189,30 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     } else {
         out.push(line("nodes-labelled", "nodes", Status::Ok, format!("{} GPU node(s)", gpu_nodes.len())));
     }
+    // Nodes with NVIDIA cards that nano-gpu does not serve: left to another plugin on purpose, or
+    // forgotten.
+    let unlabelled: Vec<&str> = s
+        .nodes
+        .iter()
+        .filter(|n| label(n, NODE_LABEL) != Some("true") && shows_nvidia_cards(n))
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    out.push(if unlabelled.is_empty() {
+        line("gpu-nodes", "nodes", Status::Ok, "every node that shows NVIDIA cards is labelled")
+    } else {
+        line(
+            "gpu-nodes",
+            "nodes",
+            Status::Warn,
+            format!(
+                "{} node(s) show NVIDIA cards (NVIDIA's or NFD's labels, or nvidia.com/gpu) but are not labelled \
+                 {NODE_LABEL}=true, so nano-gpu serves no card there: {}; if that is not on purpose, label each \
+                 (kubectl label node NAME {NODE_LABEL}=true)",
+                unlabelled.len(),
+                unlabelled.join(", ")
+            ),
+        )
+    });
     for node in &gpu_nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
         let on_node =
@@ -182,9 +233,25 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
         }
         let inventory = node.metadata.annotations.as_ref().and_then(|a| a.get(GPUS_ANNOTATION));
         match inventory.map(|text| NodeInventory::decode(text.as_str())) {
+            Some(Ok(inv)) if inv.gpus.iter().all(|g| g.healthy) && !inv.gpus.is_empty() => {
+                out.push(line("cards", &name, Status::Ok, format!("{} healthy card(s)", inv.gpus.len())));
+            }
             Some(Ok(inv)) if inv.gpus.iter().any(|g| g.healthy) => {
                 let healthy = inv.gpus.iter().filter(|g| g.healthy).count();
-                out.push(line("cards", &name, Status::Ok, format!("{healthy} healthy card(s) of {}", inv.gpus.len())));
+                let unhealthy: Vec<String> =
+                    inv.gpus.iter().filter(|g| !g.healthy).map(|g| g.index.to_string()).collect();
+                out.push(line(
+                    "cards",
+                    &name,
+                    Status::Warn,
+                    format!(
+                        "{healthy} healthy card(s) of {}: card(s) {} serve no pod; the agent's /readyz and log give \
+                         each one's fault (kubectl -n {ns} get pod -l app.kubernetes.io/name=nano-gpu-agent \
+                         --field-selector spec.nodeName={name}, then kubectl -n {ns} logs POD -c agent)",
+                        inv.gpus.len(),
+                        unhealthy.join(", ")
+                    ),
+                ));
             }
             Some(Ok(inv)) => out.push(line(
                 "cards",
@@ -240,21 +307,42 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                  runtime-canary and annotation-canary containers running?",
             )),
         }
-        let nvidia =
-            node.status.as_ref().and_then(|st| st.capacity.as_ref()).and_then(|c| c.get("nvidia.com/gpu"));
-        match nvidia.filter(|q| q.0 != "0") {
-            Some(q) => out.push(line(
+        let others = other_gpu_resources(node);
+        let intel: Vec<String> = others
+            .iter()
+            .filter(|(r, _)| r.starts_with("gpu.intel.com/"))
+            .map(|(r, q)| format!("{r} {q}"))
+            .collect();
+        if !intel.is_empty() {
+            // Intel's plugin names its devices `card0-0` and the like, which the agent cannot tie to
+            // a card: both plugins may hand out the same one.
+            out.push(line(
+                "one-plugin",
+                &name,
+                Status::Fail,
+                format!(
+                    "Intel's device plugin serves cards here ({}), and nano-gpu cannot tell which: both may hand out \
+                     the same card; keep Intel's plugin off nano-gpu nodes (its DaemonSet's nodeSelector or \
+                     affinity: not {NODE_LABEL}=true)",
+                    intel.join(", ")
+                ),
+            ));
+        } else if others.is_empty() {
+            out.push(line("one-plugin", &name, Status::Ok, "only nano-gpu serves the cards"));
+        } else {
+            let served: Vec<String> = others.iter().map(|(r, q)| format!("{r} {q}")).collect();
+            out.push(line(
                 "one-plugin",
                 &name,
                 Status::Warn,
                 format!(
-                    "another device plugin serves nvidia.com/gpu ({}) here: nano-gpu serves only the cards it does \
-                     not (the others show unhealthy, with the reason in the agent's /readyz); if that split is not \
-                     yours, keep NVIDIA's device plugin (or the GPU Operator's) off nano-gpu nodes",
-                    q.0
+                    "another device plugin serves cards here ({}): nano-gpu serves only the cards it does not \
+                     (the others show unhealthy, with the reason in the agent's /readyz); if that split is not \
+                     yours, keep NVIDIA's device plugin (or the GPU Operator's, its time-slicing and MIG \
+                     resources included) off nano-gpu nodes",
+                    served.join(", ")
                 ),
-            )),
-            None => out.push(line("one-plugin", &name, Status::Ok, "only nano-gpu serves the cards")),
+            ));
         }
     }
 
@@ -850,6 +938,7 @@ mod tests {
             "cards",
             "certificate",
             "device-isolation",
+            "gpu-nodes",
             "leader",
             "nodes-labelled",
             "one-plugin",
@@ -860,6 +949,44 @@ mod tests {
         ];
         assert_eq!(checks, want.into_iter().collect());
         assert!(table(&lines).ends_with("failed, 0 to look at\n"));
+    }
+
+    #[test]
+    fn nodes_with_cards_nano_gpu_does_not_serve_are_named() {
+        // A node NVIDIA's feature discovery (or NFD) says has cards, not labelled for nano-gpu.
+        let mut s = healthy();
+        s.nodes[2].metadata.labels.as_mut().unwrap().insert("nvidia.com/gpu.present".into(), "true".into());
+        assert_eq!(failing(&s), vec![("gpu-nodes", "nodes".to_owned(), Status::Warn)]);
+        let lines = evaluate(&s, now());
+        let l = lines.iter().find(|l| l.check == "gpu-nodes").unwrap();
+        assert!(
+            l.message.contains(": cpu;") && l.message.contains("kubectl label node NAME"),
+            "{}",
+            l.message
+        );
+        // Or whose capacity shows another plugin's cards; a label of another value says nothing.
+        let mut s = healthy();
+        s.nodes[2].status =
+            Some(serde_json::from_value(json!({"capacity": {"nvidia.com/gpu": "2"}})).unwrap());
+        assert_eq!(failing(&s), vec![("gpu-nodes", "nodes".to_owned(), Status::Warn)]);
+        let mut s = healthy();
+        let labels = s.nodes[2].metadata.labels.as_mut().unwrap();
+        labels.insert("feature.node.kubernetes.io/pci-10de.present".into(), "false".into());
+        assert!(failing(&s).is_empty());
+    }
+
+    #[test]
+    fn a_node_with_some_cards_unhealthy_is_worth_a_look() {
+        let mut s = healthy();
+        let gpus = json!({"v": 1, "gpus": [
+            {"index": 0, "uuid": "GPU-a", "vendor": "nvidia", "model": "H100", "memoryMiB": 81559, "healthy": true},
+            {"index": 1, "uuid": "GPU-b", "vendor": "nvidia", "model": "H100", "memoryMiB": 81559, "healthy": false},
+            {"index": 2, "uuid": "GPU-c", "vendor": "nvidia", "model": "H100", "memoryMiB": 81559, "healthy": false}]});
+        s.nodes[0].metadata.annotations.as_mut().unwrap().insert(GPUS_ANNOTATION.into(), gpus.to_string());
+        assert_eq!(failing(&s), vec![("cards", "node-1".to_owned(), Status::Warn)]);
+        let lines = evaluate(&s, now());
+        let l = lines.iter().find(|l| l.check == "cards" && l.object == "node-1").unwrap();
+        assert!(l.message.starts_with("1 healthy card(s) of 3: card(s) 1, 2 serve no pod"), "{}", l.message);
     }
 
     #[test]
@@ -1004,6 +1131,22 @@ mod tests {
         s.nodes[0].status =
             Some(serde_json::from_value(json!({"capacity": {"nvidia.com/gpu": "4"}})).unwrap());
         assert_eq!(failing(&s), vec![("one-plugin", "node-1".to_owned(), Status::Warn)]);
+        // NVIDIA's time-slicing and MIG resources are other plugins' cards too; Intel's plugin's
+        // devices cannot be tied to a card, so it fails.
+        let mut s = healthy();
+        s.nodes[0].status = Some(
+            serde_json::from_value(
+                json!({"capacity": {"nvidia.com/gpu.shared": "8", "nvidia.com/mig-1g.10gb": "0"}}),
+            )
+            .unwrap(),
+        );
+        let lines = evaluate(&s, now());
+        let plugin = lines.iter().find(|l| l.check == "one-plugin" && l.object == "node-1").unwrap();
+        assert_eq!(plugin.status, Status::Warn);
+        assert!(plugin.message.contains("(nvidia.com/gpu.shared 8)"), "{}", plugin.message);
+        s.nodes[0].status =
+            Some(serde_json::from_value(json!({"capacity": {"gpu.intel.com/i915": "1"}})).unwrap());
+        assert_eq!(failing(&s), vec![("one-plugin", "node-1".to_owned(), Status::Fail)]);
         assert_eq!(
             (minor("v1.37.2"), minor("registry.k8s.io/kube-scheduler:v1.35.8")),
             (Some((1, 37)), Some((1, 35)))
