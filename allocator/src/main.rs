@@ -138,6 +138,17 @@ struct ServeArgs {
     /// `--set-as-default` leaves it). Unset: GPU pods run under the nodes' default runtime.
     #[arg(long, env = "NANO_GPU_RUNTIME_CLASS")]
     runtime_class: Option<String>,
+    /// Tolerations the webhook gives every pod that asks nano-gpu resources (those it lacks), for
+    /// the taints GPU nodes carry: written as taints are, `KEY[=VALUE][:EFFECT]`, comma separated
+    /// (`KEY` alone: any value); `none`: no toleration. The default tolerates GKE's GPU node pools
+    /// (`nvidia.com/gpu=present:NoSchedule`), the same key elsewhere, and AKS's documented
+    /// `sku=gpu:NoSchedule`.
+    #[arg(
+        long,
+        env = "NANO_GPU_GPU_POD_TOLERATIONS",
+        default_value = nano_gpu_allocator::decide::admission::DEFAULT_GPU_POD_TOLERATIONS
+    )]
+    gpu_pod_tolerations: nano_gpu_allocator::decide::admission::Tolerations,
     /// Secret (in the `--lease-namespace` namespace) that holds the webhook certificate all replicas
     /// serve.
     #[arg(long, env = "NANO_GPU_TLS_SECRET", default_value = "nano-gpu-allocator-webhook-tls")]
@@ -315,6 +326,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             server::Shared::new(view, KubeBinder::new(client.clone()))
             .with_scheduler_name(&args.scheduler_name)
             .with_runtime_class(args.runtime_class.as_deref())
+            .with_tolerations(args.gpu_pod_tolerations.0.clone())
             .with_filter_answers(match args.filter_answers {
                 FilterAnswersArg::One => server::FilterAnswers::One,
                 FilterAnswersArg::Fitting => server::FilterAnswers::Fitting,

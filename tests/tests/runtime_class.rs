@@ -7,7 +7,8 @@
 //! card (so the class is what gives containers their cards); a pod asking no GPU whose image says
 //! `NVIDIA_VISIBLE_DEVICES=all` sees none; once the class has an overhead and a toleration, a GPU pod
 //! the webhook gives it is admitted with both and runs on its card; `kubectl nano-gpu check` finds the
-//! class; then the card and accounting checks.
+//! class; a share still lands on the node once it is tainted as GKE taints GPU nodes (the webhook's
+//! default tolerations); then the card and accounting checks.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -110,7 +111,16 @@ async fn a_runtime_class_gives_gpu_pods_their_cards_and_nothing_else_gets_any() 
     let class = lines.as_array().unwrap().iter().find(|l| l["check"] == "runtime-class").cloned();
     assert_eq!(class.map(|l| l["status"].clone()), Some(json!("ok")), "{lines:#}");
 
+    // A GPU node tainted as GKE taints its GPU node pools: the webhook gives GPU pods the
+    // toleration, so a share still lands there.
+    cluster.ok(&["taint", "node", "node-1", "nvidia.com/gpu=present:NoSchedule"]);
+    let tainted = create(&pods, &percent_pod("tainted", 20)).await;
+    let tolerated = tainted.spec.unwrap().tolerations.unwrap_or_default();
+    assert!(tolerated.iter().any(|t| t.key.as_deref() == Some("nvidia.com/gpu")), "{tolerated:?}");
+    wait_running(&pods, &["tainted".into()], Duration::from_secs(120)).await;
+    cluster.ok(&["taint", "node", "node-1", "nvidia.com/gpu=present:NoSchedule-"]);
+
     // The card and accounting checks, over the pods a runtime gave their cards.
-    cluster.ok(&["-n", NS, "delete", "pod", "plain-runc", "no-gpu", "--wait=true"]);
+    cluster.ok(&["-n", NS, "delete", "pod", "plain-runc", "no-gpu", "tainted", "--wait=true"]);
     assert_eq!(nano_gpu_tests::checks::check_consistency(&cluster, &client).await, 2);
 }

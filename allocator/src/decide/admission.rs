@@ -13,7 +13,7 @@
 //! make each claim, owned by the pod, and delete it with the pod.
 
 use crate::decide::claim::template_name;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_proto::admission::{AdmissionResponse, AdmissionReview, AdmissionStatus, base64};
 use nano_gpu_proto::annotations::{FRONT_END_DRA, FRONT_END_LABEL};
@@ -38,6 +38,80 @@ pub struct Admission {
     pub runtime_class: Option<String>,
     /// Which pods asking nano-gpu resources are turned into pods with claims.
     pub shares: Shares,
+    /// Tolerations every pod asking nano-gpu resources is given (those it lacks): for the taints
+    /// GPU nodes carry on managed clusters, which would keep such pods off every GPU node.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// The tolerations GPU pods get unless told otherwise (`--gpu-pod-tolerations`): GKE taints its
+/// GPU node pools `nvidia.com/gpu=present:NoSchedule`, the same key is the usual taint on EKS, and
+/// AKS's documentation taints GPU node pools `sku=gpu:NoSchedule`.
+pub const DEFAULT_GPU_POD_TOLERATIONS: &str = "nvidia.com/gpu:NoSchedule,sku=gpu:NoSchedule";
+
+/// Parses tolerations written as taints are (`kubectl taint`): `KEY[=VALUE][:EFFECT]`, comma
+/// separated; `KEY` alone tolerates the key whatever its value (`Exists`), `KEY=VALUE` only that
+/// value (`Equal`), no effect every effect. `none` is no toleration.
+pub fn parse_tolerations(text: &str) -> Result<Vec<Toleration>, String> {
+    if text.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    text.split(',').map(str::trim).map(parse_toleration).collect()
+}
+
+/// [`parse_tolerations`]' list, as a flag's value.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tolerations(pub Vec<Toleration>);
+
+impl std::str::FromStr for Tolerations {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        parse_tolerations(text).map(Tolerations)
+    }
+}
+
+fn parse_toleration(text: &str) -> Result<Toleration, String> {
+    let (pair, effect) = match text.rsplit_once(':') {
+        Some((pair, effect)) => (pair, Some(effect)),
+        None => (text, None),
+    };
+    if let Some(e) = effect
+        && !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&e)
+    {
+        return Err(format!("{text:?}: the effect {e:?} is none of NoSchedule, PreferNoSchedule, NoExecute"));
+    }
+    let (key, value) = match pair.split_once('=') {
+        Some((key, value)) => (key, Some(value)),
+        None => (pair, None),
+    };
+    let name = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 316
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    };
+    if !name(key)
+        || value.is_some_and(|v| {
+            v.len() > 63 || !v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        })
+    {
+        return Err(format!("{text:?}: not a taint's KEY[=VALUE][:EFFECT] (a label key, and a label value)"));
+    }
+    Ok(Toleration {
+        key: Some(key.to_owned()),
+        operator: Some(if value.is_some() { "Equal" } else { "Exists" }.to_owned()),
+        value: value.map(str::to_owned),
+        effect: effect.map(str::to_owned),
+        toleration_seconds: None,
+    })
+}
+
+/// Whether `have` tolerates every taint `want` does.
+fn covers(have: &Toleration, want: &Toleration) -> bool {
+    let exists = have.operator.as_deref() == Some("Exists");
+    let key = have.key.as_deref().unwrap_or("").is_empty() && exists || have.key == want.key;
+    let value = exists || (want.operator.as_deref() != Some("Exists") && have.value == want.value);
+    let effect = have.effect.as_deref().unwrap_or("").is_empty() || have.effect == want.effect;
+    // A toleration that expires does not keep a pod on a NoExecute node for good.
+    key && value && effect && have.toleration_seconds.is_none()
 }
 
 /// Which pods asking nano-gpu's resources the webhook turns into pods with claims (DRA).
@@ -129,6 +203,17 @@ impl Admission {
             if let Some(op) = op {
                 ops.push(serde_json::json!({"op": op, "path": "/spec/runtimeClassName", "value": class}));
             }
+        }
+        // The tolerations the pod lacks, so that tainted GPU nodes take it.
+        let have = spec.and_then(|s| s.tolerations.as_ref());
+        let missing: Vec<&Toleration> =
+            self.tolerations.iter().filter(|t| !have.into_iter().flatten().any(|h| covers(h, t))).collect();
+        match have {
+            _ if missing.is_empty() => {}
+            None => ops.push(json!({"op": "add", "path": "/spec/tolerations", "value": missing})),
+            Some(_) => ops.extend(
+                missing.iter().map(|t| json!({"op": "add", "path": "/spec/tolerations/-", "value": t})),
+            ),
         }
         if ops.is_empty() {
             return AdmissionReview::reply(allow);
@@ -224,6 +309,7 @@ mod tests {
             demand: DemandOptions::default(),
             runtime_class: None,
             shares: Shares::DevicePlugin,
+            tolerations: Vec::new(),
         }
     }
 
@@ -256,6 +342,56 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn tolerations_are_written_as_taints() {
+        let t = parse_tolerations(DEFAULT_GPU_POD_TOLERATIONS).unwrap();
+        assert_eq!(
+            serde_json::to_value(&t).unwrap(),
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                   {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}])
+        );
+        let any = parse_tolerations("example.com/gpu").unwrap();
+        assert_eq!(
+            serde_json::to_value(&any).unwrap(),
+            json!([{"key": "example.com/gpu", "operator": "Exists"}])
+        );
+        assert!(parse_tolerations("none").unwrap().is_empty());
+        for bad in ["", "a:NoWay", "=x:NoSchedule", "a=b c", "a,,b", "k=v=w"] {
+            assert!(parse_tolerations(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_tolerations("a:NoWay").unwrap_err().contains("none of NoSchedule"));
+    }
+
+    #[test]
+    fn a_gpu_pod_gets_the_tolerations_it_lacks() {
+        let a =
+            Admission { tolerations: parse_tolerations(DEFAULT_GPU_POD_TOLERATIONS).unwrap(), ..admission() };
+        let r = a.review(&review(gpu("30"))).response.unwrap();
+        let patch = decoded_patch(&r);
+        assert_eq!(patch[1]["path"], "/spec/tolerations");
+        assert_eq!(patch[1]["value"].as_array().unwrap().len(), 2, "{patch}");
+        // One it has (or one that covers it: any value of the key) is not given again; the rest
+        // are added to its own.
+        let mut spec = gpu("30");
+        spec["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+        let patch = decoded_patch(&a.review(&review(spec)).response.unwrap());
+        assert_eq!(
+            patch.as_array().unwrap()[1..],
+            [json!({"op": "add", "path": "/spec/tolerations/-",
+                    "value": {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}})]
+        );
+        // A toleration of everything covers all; one that expires covers nothing.
+        let mut spec = gpu("30");
+        spec["tolerations"] = json!([{"operator": "Exists"}]);
+        assert_eq!(decoded_patch(&a.review(&review(spec)).response.unwrap()).as_array().unwrap().len(), 1);
+        let mut spec = gpu("30");
+        spec["tolerations"] = json!([{"operator": "Exists", "tolerationSeconds": 60}]);
+        assert_eq!(decoded_patch(&a.review(&review(spec)).response.unwrap()).as_array().unwrap().len(), 3);
+        // A pod that asks no GPU gets none.
+        let cpu = json!({"containers": [{"name": "c"}]});
+        assert!(a.review(&review(cpu)).response.unwrap().patch.is_none());
     }
 
     #[test]

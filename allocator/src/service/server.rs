@@ -83,6 +83,17 @@ impl<B: Binder> Shared<B> {
         self
     }
 
+    /// The tolerations the webhook gives GPU pods that lack them (call before sharing).
+    pub fn with_tolerations(
+        mut self: Arc<Self>,
+        tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    ) -> Arc<Self> {
+        if let Some(s) = Arc::get_mut(&mut self) {
+            s.admission.tolerations = tolerations;
+        }
+        self
+    }
+
     /// Which GPU pods the webhook turns into pods with claims (call before sharing).
     pub fn with_shares(mut self: Arc<Self>, shares: crate::decide::admission::Shares) -> Arc<Self> {
         if let Some(s) = Arc::get_mut(&mut self) {
@@ -114,6 +125,7 @@ impl<B: Binder> Shared<B> {
             demand: *state.extender().demand_options(),
             runtime_class: None,
             shares: crate::decide::admission::Shares::DevicePlugin,
+            tolerations: Vec::new(),
         };
         Arc::new(Shared {
             admission,
