@@ -18,44 +18,14 @@ die() { log "error: $*"; exit 1; }
 
 VERSION=v2.2.9
 MODULE=github.com/containerd/containerd/v2
-CMDS=(containerd containerd-shim-runc-v2 ctr)
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 UPSTREAM=$ROOT/hack/upstream/containerd
 CACHE=${NANO_GPU_CACHE:-$HOME/.cache/nano-gpu}
-BIN=$CACHE/containerd/$VERSION/bin
-STAMP=$BIN/.version
 NICE=${NANO_GPU_BUILD_NICE:-15}
-
-built() {
-  local c
-  for c in "${CMDS[@]}"; do [[ -x $BIN/$c ]] || return 1; done
-  [[ -f $STAMP && $(cat "$STAMP") == "containerd=$VERSION" ]]
-}
-if built; then echo "$BIN"; exit 0; fi
 # shellcheck source=hack/upstream-module.sh
 source "$ROOT/hack/upstream-module.sh"
-build_lock "$CACHE/containerd"
-if built; then echo "$BIN"; exit 0; fi
-command -v go >/dev/null 2>&1 || die "'go' not found in PATH; install Go to build containerd"
-# containerd's own module has no replace directives.
-pin_module "$UPSTREAM" hack/containerd-build.sh "$MODULE" "$VERSION" "${CMDS[@]/#/$MODULE/cmd/}"
-
-total=$SECONDS
-mkdir -p "$BIN"
-rm -f "$STAMP"
-# Static, as containerd's release builds are: without the btrfs, devmapper and zfs snapshotters,
-# which need cgo and which the nodes do not use.
-ld="-s -w -X $MODULE/version.Version=$VERSION -X $MODULE/version.Package=$MODULE"
-for c in "${CMDS[@]}"; do
-  start=$SECONDS
-  log "building $c ..."
-  (cd "$UPSTREAM" && CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -buildvcs=false -gcflags=all=-dwarf=false \
-    -tags=no_btrfs,no_devmapper,no_zfs -ldflags="$ld" -o "$BIN/$c.tmp" "$MODULE/cmd/$c") ||
-    die "building $c failed"
-  mv -f "$BIN/$c.tmp" "$BIN/$c"
-  log "built $c in $((SECONDS - start))s"
-done
-echo "containerd=$VERSION" >"$STAMP"
-log "built in $((SECONDS - total))s into $BIN"
-echo "$BIN"
+# containerd's own module has no replace directives. Static, as containerd's release builds are:
+# without the btrfs, devmapper and zfs snapshotters, which need cgo and which the nodes do not use.
+cached_commands containerd "$VERSION" "$MODULE" hack/containerd-build.sh 0 no_btrfs,no_devmapper,no_zfs \
+  "-s -w -X $MODULE/version.Version=$VERSION -X $MODULE/version.Package=$MODULE" \
+  containerd containerd-shim-runc-v2 ctr

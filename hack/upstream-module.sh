@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # What the scripts that build a pinned upstream Go program share (hack/containerd-build.sh,
-# hack/prometheus-operator-build.sh): our own module in hack/upstream/<name> requires the upstream
+# hack/nvidia-toolkit-build.sh, hack/prometheus-operator-build.sh, hack/gpu-node.sh): our own module in hack/upstream/<name> requires the upstream
 # module at its pinned version and names its commands as tools, so `go build` takes every dependency
 # at the versions upstream pins (a dependency's replace directives do not apply, so this also builds
 # modules that cannot be `go install`ed). Sourced; the caller defines `log` and `die`.
@@ -39,4 +39,40 @@ pin_module() {
     echo ")"
   } >"$dir/go.mod"
   (cd "$dir" && go mod tidy) || die "go mod tidy failed in $dir"
+}
+
+# cached_commands NAME VERSION MODULE SCRIPT CGO TAGS LDFLAGS COMMAND...: the bin directory (printed
+# on stdout) of MODULE@VERSION's COMMANDs (names under MODULE/cmd/), built once per version into
+# $CACHE/NAME/VERSION/bin and stamped `NAME=VERSION`: at once when that is there, else under the build
+# lock, from our module hack/upstream/<its folder> (pinned first by SCRIPT, see pin_module), with
+# CGO_ENABLED=CGO, the build tags TAGS and LDFLAGS, niced by $NICE. The caller sets CACHE, NICE and
+# UPSTREAM (the folder).
+cached_commands() {
+  local name=$1 version=$2 module=$3 script=$4 cgo=$5 tags=$6 ld=$7 c start total
+  shift 7
+  local bin=$CACHE/$name/$version/bin
+  local stamp=$bin/.version
+  cached_built() {
+    for c in "$@"; do [[ -x $bin/$c ]] || return 1; done
+    [[ -f $stamp && $(cat "$stamp") == "$name=$version" ]]
+  }
+  if cached_built "$@"; then echo "$bin"; return; fi
+  build_lock "$CACHE/$name"
+  if cached_built "$@"; then echo "$bin"; return; fi
+  command -v go >/dev/null 2>&1 || die "'go' not found in PATH; install Go to build $module"
+  pin_module "$UPSTREAM" "$script" "$module" "$version" "${@/#/$module/cmd/}"
+  total=$SECONDS
+  mkdir -p "$bin"
+  rm -f "$stamp"
+  for c in "$@"; do
+    start=$SECONDS
+    log "building $c ..."
+    (cd "$UPSTREAM" && CGO_ENABLED=$cgo nice -n "$NICE" go build -trimpath -buildvcs=false -gcflags=all=-dwarf=false \
+      -tags="$tags" -ldflags="$ld" -o "$bin/$c.tmp" "$module/cmd/$c") || die "building $c failed"
+    mv -f "$bin/$c.tmp" "$bin/$c"
+    log "built $c in $((SECONDS - start))s"
+  done
+  echo "$name=$version" >"$stamp"
+  log "built in $((SECONDS - total))s into $bin"
+  echo "$bin"
 }
