@@ -342,6 +342,16 @@ fn control_path(program: &Path) -> Option<std::ffi::OsString> {
     std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&rest))).ok()
 }
 
+/// A command of the control program for card `uuid`'s daemon, with [`control_path`] as its `PATH`.
+fn control_command(layout: &Layout, program: &Path, uuid: &str) -> Command {
+    let mut command = Command::new(program);
+    if let Some(path) = control_path(program) {
+        command.env("PATH", path);
+    }
+    command.envs(layout.control_env(uuid));
+    command
+}
+
 /// Runs one control daemon per NVIDIA card not in MIG mode, starting again (with backoff) any that
 /// stops, until `stop` flips to true; then tells each of ours to quit.
 pub async fn supervise(supervisor: Supervisor, mut stop: watch::Receiver<bool>) -> Result<(), String> {
@@ -506,11 +516,7 @@ fn start(layout: &Layout, program: &Path, uuid: &str, first: bool) -> std::io::R
     {
         tracing::warn!(card = %uuid, error = %e, "the card's pipe directory could not be emptied");
     }
-    let mut daemon = Command::new(program);
-    if let Some(path) = control_path(program) {
-        daemon.env("PATH", path);
-    }
-    daemon.arg("-f").envs(layout.control_env(uuid)).stdin(Stdio::null()).kill_on_drop(true).spawn()
+    control_command(layout, program, uuid).arg("-f").stdin(Stdio::null()).kill_on_drop(true).spawn()
 }
 
 /// Removes everything in `dir`, never following a link (a link is removed, not what it names).
@@ -530,12 +536,7 @@ fn empty(dir: &Path) -> std::io::Result<()> {
 /// why there is none (it did not run or answer within 5 s).
 async fn control(layout: &Layout, program: &Path, uuid: &str, commands: &str) -> Result<String, String> {
     let asked = async {
-        let mut command = Command::new(program);
-        if let Some(path) = control_path(program) {
-            command.env("PATH", path);
-        }
-        let mut control = command
-            .envs(layout.control_env(uuid))
+        let mut control = control_command(layout, program, uuid)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
