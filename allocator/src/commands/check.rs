@@ -153,10 +153,10 @@ const GPU_NODE_LABELS: [(&str, &str); 2] =
     [("nvidia.com/gpu.present", "true"), ("feature.node.kubernetes.io/pci-10de.present", "true")];
 
 /// Whether `node` shows NVIDIA cards to someone other than nano-gpu: a label of [`GPU_NODE_LABELS`],
-/// or `nvidia.com/gpu` in its capacity.
+/// or an `nvidia.com/` resource in its capacity.
 fn shows_nvidia_cards(node: &Node) -> bool {
     GPU_NODE_LABELS.iter().any(|(key, value)| label(node, key) == Some(*value))
-        || !other_gpu_resources(node).is_empty()
+        || other_gpu_resources(node).iter().any(|(name, _)| name.starts_with("nvidia.com/"))
 }
 
 /// The extended resources in `node`'s capacity that another device plugin serves cards under
@@ -205,7 +205,7 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
             "nodes",
             Status::Warn,
             format!(
-                "{} node(s) show NVIDIA cards (NVIDIA's or NFD's labels, or nvidia.com/gpu) but are not labelled \
+                "{} node(s) show NVIDIA cards (NVIDIA's or NFD's labels, or an nvidia.com/ resource) but are not labelled \
                  {NODE_LABEL}=true, so nano-gpu serves no card there: {}; if that is not on purpose, label each \
                  (kubectl label node NAME {NODE_LABEL}=true)",
                 unlabelled.len(),
@@ -972,6 +972,10 @@ mod tests {
         let mut s = healthy();
         let labels = s.nodes[2].metadata.labels.as_mut().unwrap();
         labels.insert("feature.node.kubernetes.io/pci-10de.present".into(), "false".into());
+        assert!(failing(&s).is_empty());
+        // Intel's plugin's cards are no NVIDIA cards.
+        s.nodes[2].status =
+            Some(serde_json::from_value(json!({"capacity": {"gpu.intel.com/i915": "1"}})).unwrap());
         assert!(failing(&s).is_empty());
     }
 
