@@ -6,7 +6,7 @@
 use std::fmt::{Display, Write};
 
 /// A label value with `\`, `"` and newlines escaped.
-pub fn escape_label(value: &str) -> String {
+fn escape_label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
