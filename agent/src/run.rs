@@ -232,18 +232,11 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     }
     // The containers that run already are checked once, as starting ones are: one whose check a
     // killed agent did not finish keeps other cards than its assignment names until repaired (the
-    // fault suite's killed agent containers left one so, 2026-12-04).
-    for identity in plugins.iter().filter_map(|(_, identity)| identity.as_ref()) {
-        let cards = snapshot.borrow().clone();
-        match tokio::time::timeout(Duration::from_secs(5), identity.recheck_running(&cards)).await {
-            Ok(Ok(0)) => {}
-            Ok(Ok(sent)) => {
-                tracing::info!(containers = sent, "checking the assignments of running containers")
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "running containers not checked"),
-            Err(_) => tracing::warn!("running containers not checked: pod-resources took over 5 s"),
-        }
-    }
+    // fault suite's killed agent containers left one so, 2026-12-04). Beside serving, not before
+    // it: the kubelet is not kept waiting while many containers queue for their check.
+    let identities: Vec<Arc<Identity>> =
+        plugins.iter().filter_map(|(_, identity)| identity.clone()).collect();
+    let recheck = tokio::spawn(recheck_running(identities, snapshot.borrow().clone()));
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
     if let Some(dir) = &backend_dir {
@@ -252,6 +245,7 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
             result = serve_backend(dir, &resources, &served, &readiness, &mut shutdown) => result,
             ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
         };
+        recheck.abort();
         stop_front_end(dra).await;
         tasks.shutdown().await;
         return result;
@@ -270,9 +264,22 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
     };
     remove_own_sockets(&plugin_dir, &resources, &instance).await;
+    recheck.abort();
     stop_front_end(dra).await;
     tasks.shutdown().await;
     result
+}
+
+/// Sends each resource's running containers to the starting check ([`Identity::recheck_running`]),
+/// once, saying how many.
+async fn recheck_running(identities: Vec<Arc<Identity>>, cards: Snapshot) {
+    for identity in identities {
+        match identity.recheck_running(&cards).await {
+            Ok(0) => {}
+            Ok(sent) => tracing::info!(containers = sent, "checking the assignments of running containers"),
+            Err(e) => tracing::warn!(error = %e, "running containers not checked"),
+        }
+    }
 }
 
 /// Publishes `cards` on the Node, saying when it wrote and when it failed (the refresh loop tries
