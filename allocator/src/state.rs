@@ -569,15 +569,19 @@ impl ClusterState {
     /// The bind of pod `uid` to `node` takes the hold of the filter that chose that node: its
     /// reservation, now the bind's own (`fresh`). Only while the pod asks what the watch last showed
     /// it asking (what is bound is what the API server holds, never only what a filter body said).
-    /// `None`: no such hold (another node, expired, another request, or a `fitting` filter); the bind
-    /// then reads the pod and [`reserve`](ClusterState::reserve)s, which gives the hold back.
+    /// `None`: no such hold (another node, expired, another request, or a `fitting` filter), or the
+    /// node no longer serves (its agent stopped being ready since the filter: an agent pod deleted
+    /// or rolled, whose kubelet would refuse the pod for want of healthy devices); the bind then reads
+    /// the pod and [`reserve`](ClusterState::reserve)s, which gives the hold back and decides anew.
     pub fn take_filter_hold(&mut self, uid: &str, node: &str) -> Option<Reservation> {
         let hold = self.filter_holds.get(uid)?;
         let assignment = &hold.reservation.assignment;
         let ours =
             |p: &PodRecord| p.reserved && matches!(&p.holding, decode::Holding::Cards(a) if a == assignment);
         let as_watched = self.waiting.get(uid).is_some_and(|w| w.demand == hold.demand);
-        if assignment.node != node || !self.pods.get(uid).is_some_and(ours) || !as_watched {
+        let cluster = self.extender.engine().cluster();
+        let serving = cluster.id(node).is_some_and(|id| cluster.node(id).serving);
+        if assignment.node != node || !self.pods.get(uid).is_some_and(ours) || !as_watched || !serving {
             return None;
         }
         self.filter_holds.remove(uid).map(|h| h.reservation)

@@ -722,6 +722,28 @@ fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
     assert_eq!(filter(&mut s).node_names, Some(vec![]));
 }
 
+/// A node chosen while its agent was Ready whose agent pod is deleted before the bind (a DaemonSet
+/// rollout, an operator's delete): the bind does not take the filter's hold there but decides anew,
+/// and is refused, so kube-scheduler tries the pod again elsewhere instead of its kubelet refusing it
+/// for want of healthy devices once the plugin is gone.
+#[test]
+fn a_bind_to_a_node_whose_agent_went_away_since_the_filter_is_refused() {
+    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent", "nano-gpu-system");
+    s.apply_node(&node("n1", 1));
+    s.apply_pod(&agent("a1", "n1", true, false));
+    let p = pod("p", "30", None, None);
+    s.apply_pod(&p);
+    let t0 = Instant::now();
+    assert_eq!(s.choose_names(Some(&p), vec!["n1"], t0).node_names, Some(vec!["n1"]));
+    assert!(s.held_by_filter("p"));
+    s.apply_pod(&agent("a1", "n1", true, true));
+    assert_eq!(s.take_filter_hold("p", "n1"), None);
+    let refused = s.reserve(&p, "n1", SystemTime::UNIX_EPOCH).unwrap_err();
+    assert!(refused.to_string().contains("no Ready nano-gpu agent"), "{refused}");
+    assert!(!s.held_by_filter("p"));
+    assert_eq!(free(&s, "n1"), vec![100], "the hold was given back");
+}
+
 /// A share its kubelet failed for want of our devices (the agent's whole container restarting) pauses
 /// its node for [`super::REFUSAL_PAUSE`]: the agent may still look Ready, and the failed share's
 /// cards are free again, so the policy would choose the node again. Other failures, pods bound by
