@@ -264,7 +264,7 @@ pub async fn node_label(
 /// Follows the Node's label through the agent's watch on its Node and, once it chooses another
 /// mode than `current`, says so and flips `stop`: the agent stops, and its container starts again
 /// with the new mode (a changed label never leaves shares under a mode the node no longer asks
-/// for, unnoticed).
+/// for, unnoticed). Returns only if the watch ended (its task's end ends the agent).
 pub async fn restart_on_relabel(
     mut seen: watch::Receiver<Option<Carried>>,
     flag: Mode,
@@ -277,7 +277,7 @@ pub async fn restart_on_relabel(
         if let Some(why) = relabelled(flag, &current, label.as_deref()) {
             tracing::warn!("{why}");
             let _ = stop.send(true);
-            return;
+            return std::future::pending().await;
         }
     }
 }

@@ -186,16 +186,41 @@ async fn over_ceiling(pid: Option<u32>, guard: Option<memory::Guard>) -> (u64, u
 }
 
 /// Runs the agent (if it has one to run) and waits for it to serve, then registers its resources
-/// and relays until `shutdown` (or the kubelet refuses); the keeper's socket files go when it stops,
-/// then the agent.
+/// and relays until `shutdown` (or the kubelet refuses). At a shutdown the agent is stopped first and
+/// the kubelet's calls are relayed until it has gone: it serves the pods bound to the node that
+/// still wait for their devices before it stops (`crate::run`'s drain), which the kubelet would fail
+/// once the keeper's sockets are gone. Then the keeper's socket files go.
 pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
     let Keeper { plugin_dir, backend, instance, resources, patience, timing, agent } = keeper;
     // The agent runs until the keeper ends, however it ends.
     let (stop_agent, agent_stop) = watch::channel(false);
-    let supervised = agent.map(|agent| tokio::spawn(supervise(agent, agent_stop)));
-    let result = relay(&plugin_dir, &backend, &instance, &resources, patience, timing, &mut shutdown).await;
+    let mut supervised = agent.map(|agent| tokio::spawn(supervise(agent, agent_stop)));
+    let (stop_relay, mut relaying) = watch::channel(false);
+    let relayed = relay(&plugin_dir, &backend, &instance, &resources, patience, timing, &mut relaying);
+    tokio::pin!(relayed);
+    let mut agent_gone = false;
+    let result = tokio::select! {
+        // The kubelet refused, or the relay broke.
+        result = &mut relayed => result,
+        () = stopping(&mut shutdown) => {
+            let _ = stop_agent.send(true);
+            let stopped = async {
+                if let Some(supervised) = supervised.as_mut() {
+                    let _ = supervised.await;
+                }
+            };
+            tokio::select! {
+                result = &mut relayed => result,
+                () = stopped => {
+                    agent_gone = true;
+                    let _ = stop_relay.send(true);
+                    relayed.await
+                }
+            }
+        }
+    };
     let _ = stop_agent.send(true);
-    if let Some(supervised) = supervised {
+    if let Some(supervised) = supervised.filter(|_| !agent_gone) {
         let _ = supervised.await;
     }
     result

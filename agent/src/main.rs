@@ -2,11 +2,13 @@
 //! node's cards.
 
 use clap::Parser;
+use nano_gpu_agent::enforce::driver::MemoryLimit;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_agent::resource::Resource;
 use nano_gpu_agent::{Command, Flags, checkpoint, enforce, inventory, kubelet, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
+use nano_gpu_runtime::tasks::Tasks;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,85 @@ fn print_inventory(flags: &Flags) -> ExitCode {
     if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
+/// `--memory-limit`: what the driver's per-pod memory limit can do on this node, said in the log.
+fn memory_limit(flags: &Flags) -> MemoryLimit {
+    let mut memory = MemoryLimit::decide(flags.memory_limit, &flags.nvml_lib, &flags.cgroup_root);
+    if matches!(memory, MemoryLimit::Driver(_)) && flags.node_name.is_none() {
+        // Which pod a share is for comes from the pod watch of the node.
+        memory = MemoryLimit::Unavailable("it needs --node-name".into());
+    }
+    match &memory {
+        MemoryLimit::Driver(_) => tracing::info!("shares' pods get the driver's memory limit"),
+        MemoryLimit::Unavailable(why) => {
+            tracing::error!("--memory-limit driver: {why}; no NVIDIA card is served")
+        }
+        MemoryLimit::Off { available } => {
+            tracing::info!(available, "the driver's memory limit is not asked (--memory-limit none)")
+        }
+    }
+    memory
+}
+
+/// What the agent does with its node's name (`--node-name`): publish the cards on the Node, tell
+/// containers apart by the node's pods, report and repair, keep the kubelet's checkpoint clean.
+struct NodeSide {
+    client: kube::Client,
+    node: String,
+    publisher: nano_gpu_agent::publish::Publisher,
+    identities: Vec<Arc<Identity>>,
+    residents: watch::Receiver<nano_gpu_agent::pods::Residents>,
+    reports: tokio::sync::mpsc::Sender<nano_gpu_agent::plugin::Report>,
+    sweep: checkpoint::Sweep,
+}
+
+impl NodeSide {
+    /// Starts the node's pod watch and the repair worker among `tasks`; `seen` is the agent's watch
+    /// of its Node.
+    fn start(
+        flags: &Flags,
+        (client, node): (kube::Client, String),
+        seen: watch::Receiver<Option<nano_gpu_agent::publish::Carried>>,
+        memory: &MemoryLimit,
+        readiness: &Arc<nano_gpu_agent::probe::Readiness>,
+        tasks: &mut Tasks,
+    ) -> NodeSide {
+        let resources = flags.resources();
+        let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
+        let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
+            .with_gpushare(gpushare)
+            .with_memory_limit(memory.label())
+            .watching(seen);
+        let lister: Arc<dyn Lister> = Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
+        let (reports, queue) = tokio::sync::mpsc::channel(256);
+        let (views, watching) = pods::watch::watch_pods(client.clone(), &node, &resources, readiness.clone());
+        tasks.spawn("pod watch", watching);
+        let sweep = checkpoint::Sweep::new(
+            flags.plugin_dir.join(checkpoint::CHECKPOINT_FILE),
+            resources.iter().map(|r| r.name()).collect(),
+            views.residents.clone(),
+            lister.clone(),
+        );
+        tasks.spawn("repair", repair::Repairer::new(client.clone(), node.clone(), lister.clone()).run(queue));
+        let wait = Duration::from_millis(flags.identity_wait_ms);
+        let patience = Duration::from_secs(flags.identity_patience_seconds);
+        let reader: Arc<dyn pods::watch::NodePods> =
+            Arc::new(pods::watch::ApiNodePods::new(client.clone(), &node));
+        let identities = resources
+            .iter()
+            .zip(views.asking)
+            .map(|(r, pods)| {
+                let mut identity =
+                    Identity::new(node.clone(), *r, pods, lister.clone(), reports.clone(), wait);
+                if !patience.is_zero() {
+                    identity = identity.with_direct_reads(reader.clone(), patience);
+                }
+                Arc::new(identity)
+            })
+            .collect();
+        NodeSide { client, node, publisher, identities, residents: views.residents, reports, sweep }
+    }
+}
+
 fn serve(flags: &Flags) -> ExitCode {
     let timing = kubelet::Timing {
         refresh: std::time::Duration::from_secs(flags.refresh_seconds.max(1)),
@@ -30,104 +111,56 @@ fn serve(flags: &Flags) -> ExitCode {
     };
     until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
-        let mut memory =
-            enforce::driver::MemoryLimit::decide(flags.memory_limit, &flags.nvml_lib, &flags.cgroup_root);
-        if matches!(memory, enforce::driver::MemoryLimit::Driver(_)) && flags.node_name.is_none() {
-            // Which pod a share is for comes from the pod watch of the node.
-            memory = enforce::driver::MemoryLimit::Unavailable("it needs --node-name".into());
-        }
-        match &memory {
-            enforce::driver::MemoryLimit::Driver(_) => {
-                tracing::info!("shares' pods get the driver's memory limit")
-            }
-            enforce::driver::MemoryLimit::Unavailable(why) => {
-                tracing::error!("--memory-limit driver: {why}; no NVIDIA card is served")
-            }
-            enforce::driver::MemoryLimit::Off { available } => {
-                tracing::info!(available, "the driver's memory limit is not asked (--memory-limit none)")
-            }
-        }
+        let memory = memory_limit(flags);
         let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
-        let (mut residents, mut reports_tx, mut sweep, mut node_client) = (None, None, None, None);
+        // Every loop the agent runs while it serves, under one owner: the first to end ends the agent
+        // (see `run::Agent::tasks`).
+        let mut tasks = Tasks::default();
         let mut enforcement = flags.enforcement(None);
-        let (publisher, plugins) = match &flags.node_name {
-            Some(node) => match nano_gpu_runtime::connect(flags.kubeconfig.as_deref()).await {
-                Ok(client) => {
-                    node_client = Some((client.clone(), node.clone()));
-                    let seen = nano_gpu_agent::publish::watch_node(client.clone(), node);
-                    let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
-                        return Ok(());
-                    };
-                    enforcement = flags.enforcement(label.as_deref());
-                    tokio::spawn(enforce::restart_on_relabel(
-                        seen.clone(),
-                        flags.enforcement,
-                        enforcement.clone(),
-                        stop.clone(),
-                    ));
-                    let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
-                    let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
-                        .with_gpushare(gpushare)
-                        .with_memory_limit(memory.label())
-                        .watching(seen);
-                    let lister: Arc<dyn Lister> =
-                        Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
-                    let (reports, queue) = tokio::sync::mpsc::channel(256);
-                    let views = pods::watch::watch_pods(client.clone(), node, &resources, readiness.clone());
-                    sweep = Some(checkpoint::Sweep::new(
-                        flags.plugin_dir.join(checkpoint::CHECKPOINT_FILE),
-                        resources.iter().map(|r| r.name()).collect(),
-                        views.residents.clone(),
-                        lister.clone(),
-                    ));
-                    residents = Some(views.residents);
-                    reports_tx = Some(reports.clone());
-                    tokio::spawn(
-                        repair::Repairer::new(client.clone(), node.clone(), lister.clone()).run(queue),
-                    );
-                    let wait = Duration::from_millis(flags.identity_wait_ms);
-                    let patience = Duration::from_secs(flags.identity_patience_seconds);
-                    let reader: Arc<dyn pods::watch::NodePods> =
-                        Arc::new(pods::watch::ApiNodePods::new(client.clone(), node));
-                    let plugins = resources
-                        .iter()
-                        .zip(views.asking)
-                        .map(|(r, pods)| {
-                            let mut identity =
-                                Identity::new(node.clone(), *r, pods, lister.clone(), reports.clone(), wait);
-                            if !patience.is_zero() {
-                                identity = identity.with_direct_reads(reader.clone(), patience);
-                            }
-                            (*r, Some(Arc::new(identity)))
-                        })
-                        .collect();
-                    (Some(publisher), plugins)
-                }
-                Err(e) => return Err(format!("connecting to the API server for node {node}: {e}")),
-            },
+        let side = match &flags.node_name {
+            Some(node) => {
+                let client = nano_gpu_runtime::connect(flags.kubeconfig.as_deref())
+                    .await
+                    .map_err(|e| format!("connecting to the API server for node {node}: {e}"))?;
+                let (seen, watching) = nano_gpu_agent::publish::watch_node(client.clone(), node);
+                tasks.spawn("node watch", watching);
+                let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
+                    return Ok(());
+                };
+                enforcement = flags.enforcement(label.as_deref());
+                let relabel = enforce::restart_on_relabel(
+                    seen.clone(),
+                    flags.enforcement,
+                    enforcement.clone(),
+                    stop.clone(),
+                );
+                tasks.spawn("enforcement label", relabel);
+                Some(NodeSide::start(flags, (client, node.clone()), seen, &memory, &readiness, &mut tasks))
+            }
             None => {
                 tracing::warn!(
                     "no --node-name: the node inventory is not published and containers are not told \
                      apart (every container gets what its device IDs say; nothing is verified)"
                 );
-                (None, resources.iter().map(|r| (*r, None)).collect())
+                None
             }
         };
-        let dra = match (&node_client, flags.dra) {
-            (Some((client, node)), true) => Some(nano_gpu_agent::dra::FrontEnd {
+        let dra = match (&side, flags.dra) {
+            (Some(side), true) => Some(nano_gpu_agent::dra::FrontEnd {
                 paths: nano_gpu_agent::dra::Paths {
                     registry_dir: flags.dra_registry_dir.clone(),
                     plugin_dir: flags.dra_plugin_dir.clone(),
                     cdi_dir: flags.cdi_dir.clone(),
                     instance: flags.instance.clone(),
                 },
-                node: node.clone(),
-                client: client.clone(),
+                node: side.node.clone(),
+                client: side.client.clone(),
             }),
             (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
-            (Some((client, node)), false) => {
-                // An agent without DRA serves the cards through its device plugin: the Node says so.
-                let (nodes, node) = (kube::Api::all(client.clone()), node.clone());
+            (Some(side), false) => {
+                // An agent without DRA serves the cards through its device plugin: the Node says so
+                // (once; a failure is logged, and the label read as absent).
+                let (nodes, node) = (kube::Api::all(side.client.clone()), side.node.clone());
                 tokio::spawn(async move { nano_gpu_agent::dra::label_front_end(&nodes, &node, false).await });
                 None
             }
@@ -162,28 +195,39 @@ fn serve(flags: &Flags) -> ExitCode {
             // The kubelet's probes, Prometheus and `kubectl nano-gpu top` (through the API server):
             // a few peers, each with a connection or two.
             let bounds = Bounds { connections: 64, per_peer: Some(16), ..Bounds::REACHABLE };
-            tokio::spawn(serve_plain("probes", listener, app, bounds, std::future::pending()));
+            tasks.spawn("probes HTTP", serve_plain("probes", listener, app, bounds, std::future::pending()));
         }
         if let Some(env) = flags.runtime_canary.clone() {
-            let readiness = readiness.clone();
             let reports =
                 nano_gpu_agent::canary::Reports { env, annotations: flags.annotation_canary.clone() };
-            tokio::spawn(nano_gpu_agent::canary::watch(
-                reports,
-                readiness,
-                node_client,
-                Duration::from_secs(10),
-            ));
+            let node = side.as_ref().map(|s| (s.client.clone(), s.node.clone()));
+            let watch =
+                nano_gpu_agent::canary::watch(reports, readiness.clone(), node, Duration::from_secs(10));
+            tasks.spawn("runtime canary", watch);
         }
         let held = usage::claims::SharedHeld::default();
-        let told = residents.clone().zip(reports_tx.clone()).map(|(r, t)| (r, t, held.clone()));
+        let (publisher, plugins, told, residents, reports, sweep) = match side {
+            Some(side) => {
+                let plugins = resources.iter().copied().zip(side.identities.into_iter().map(Some)).collect();
+                let told = Some((side.residents.clone(), side.reports.clone(), held.clone()));
+                (
+                    Some(side.publisher),
+                    plugins,
+                    told,
+                    Some(side.residents),
+                    Some(side.reports),
+                    Some(side.sweep),
+                )
+            }
+            None => (None, resources.iter().map(|r| (*r, None)).collect(), None, None, None, None),
+        };
         let usage = (flags.usage_seconds > 0).then(|| {
             let sampling = usage::Sampling {
                 every: Duration::from_secs(flags.usage_seconds),
                 proc_root: flags.proc_root.clone(),
                 grace: Duration::from_secs(flags.overrun_grace_seconds),
                 residents: residents.unwrap_or_else(|| tokio::sync::watch::channel(Default::default()).1),
-                reports: reports_tx,
+                reports,
                 claims: dra.as_ref().map(|front| usage::ClaimSource {
                     client: front.client.clone(),
                     node: front.node.clone(),
@@ -208,6 +252,7 @@ fn serve(flags: &Flags) -> ExitCode {
             sweep,
             allocatable: Some(Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()))),
             dra,
+            tasks,
         };
         let result = run::run(agent, stopped).await;
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -341,6 +341,27 @@ pub fn pending(
     found.into_iter().map(|(_, p)| p).collect()
 }
 
+/// The pods of `pods` (by `namespace/name`) that still wait for their devices: none of their
+/// containers asking the resource holds IDs (`served`) or was allocated by this agent (`done`). The
+/// kubelet allocates every container of a pod as it admits it, so one served container means the
+/// pod's admission is past; a pod bound to the node that the kubelet has not admitted yet is here,
+/// whether or not the kubelet has seen it.
+pub fn unadmitted(
+    pods: &BTreeMap<String, NodePod>,
+    served: &Served,
+    done: &HashSet<(String, String)>,
+) -> Vec<String> {
+    pods.iter()
+        .filter(|(key, pod)| {
+            !pod.asking.iter().any(|(c, _)| {
+                served.ids.contains_key(&((*key).clone(), c.clone()))
+                    || done.contains(&(pod.uid.clone(), c.clone()))
+            })
+        })
+        .map(|(key, _)| key.clone())
+        .collect()
+}
+
 /// The IDs to prefer for a container granted `grants`: the IDs the kubelet must include, then free
 /// IDs of the granted cards, each card up to its `quota`, `size` in all. `None` when the granted
 /// cards cannot hold the request among the available IDs, or a must-include ID is on another card.
@@ -511,6 +532,27 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_pod_waits_for_its_devices_until_one_of_its_containers_is_served() {
+        let all = pods(vec![
+            pod("admitted", "2026-01-01T00:00:00Z", 30, "t", "GPU-a"),
+            pod("bound", "2026-01-01T00:00:01Z", 20, "t", "GPU-a"),
+            pod("by-us", "2026-01-01T00:00:02Z", 10, "t", "GPU-a"),
+        ]);
+        // The kubelet lists `admitted` with IDs, and `bound` without (it is admitting it).
+        let served = Served::from_list(
+            &list(&[("admitted", "c", &ids("GPU-a", 0..30)), ("bound", "c", &[])]),
+            GPU_PERCENT,
+        );
+        let done = HashSet::from([("uid-by-us".to_string(), "c".to_string())]);
+        assert_eq!(unadmitted(&all, &served, &done), vec!["ns/bound".to_string()]);
+        assert_eq!(
+            unadmitted(&all, &served, &HashSet::new()),
+            vec!["ns/bound".to_string(), "ns/by-us".to_string()]
+        );
+        assert!(unadmitted(&BTreeMap::new(), &served, &done).is_empty());
     }
 
     #[test]

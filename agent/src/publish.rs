@@ -100,12 +100,16 @@ impl Carried {
     }
 }
 
-/// Watches one Node; the receiver holds what it carries (`None` until it is seen).
-pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Carried>> {
+/// Watches one Node: the receiver holds what it carries (`None` until it is seen), for as long as
+/// the watch (the future, which the caller runs among its background tasks) runs.
+pub fn watch_node(
+    client: kube::Client,
+    node: &str,
+) -> (watch::Receiver<Option<Carried>>, impl std::future::Future<Output = ()> + Send + 'static) {
     let (tx, rx) = watch::channel(None);
     let api: Api<Node> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    tokio::spawn(async move {
+    let watching = async move {
         let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
         loop {
             match stream.try_next().await {
@@ -125,8 +129,8 @@ pub fn watch_node(client: kube::Client, node: &str) -> watch::Receiver<Option<Ca
                 Err(e) => tracing::warn!(error = %e, "node watch failed; retrying with backoff"),
             }
         }
-    });
-    rx
+    };
+    (rx, watching)
 }
 
 /// Writes the patches to one Node when they differ from what the Node carries.

@@ -18,7 +18,7 @@ use crate::plugin::{Edits, Identity, Plugin, Snapshot};
 use crate::probe::Readiness;
 use crate::publish::Publisher;
 use crate::resource::Resource;
-use nano_gpu_runtime::tasks::Tasks;
+use nano_gpu_runtime::tasks::{Child, Tasks};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +111,11 @@ pub struct Agent {
     pub allocatable: Option<Arc<crate::podresources::PodResourcesSocket>>,
     /// The DRA front end over the same cards (absent: the device plugin only).
     pub dra: Option<crate::dra::FrontEnd>,
+    /// The background tasks the caller started for this agent (its Node and pod watches, the repair
+    /// worker, the probes, ...): the loop adds its own and owns them all. The first to end, by
+    /// returning or by a panic, ends the loop with an error that names it (the agent exits and its
+    /// keeper starts it again); the rest stop when the loop ends, however it ends.
+    pub tasks: Tasks,
 }
 
 /// How long the agent waits for its first inventory to be on the Node before it serves the kubelet.
@@ -119,8 +124,9 @@ const FIRST_PUBLISH: Duration = Duration::from_secs(5);
 /// How often the kubelet is asked which cards other device plugins serve.
 pub const COEXIST_CHECK: Duration = Duration::from_secs(10);
 
-/// Runs until `shutdown` flips to true or the kubelet refuses the registration.
-pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
+/// Runs until `shutdown` flips to true and the pods bound to the node that wait for their devices
+/// have them ([`drain`]), or the kubelet refuses the registration.
+pub async fn run(agent: Agent, shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
     let Agent {
         plugin_dir,
         backend_dir,
@@ -137,16 +143,13 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         sweep,
         allocatable,
         dra,
+        mut tasks,
     } = agent;
     let backends: Backends = Arc::new(backends);
     readiness.set_guarantee(edits.guarantee());
     let first = read_blocking(&backends, &health, &readiness, &edits).await.unwrap_or_default();
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);
-    // The background tasks: the first to end, by returning or by a panic, ends the loop with an
-    // error that names it (the agent exits and its keeper starts it again); the rest stop when the
-    // loop ends, however it ends.
-    let mut tasks = Tasks::default();
     if let Some((sampling, latest)) = usage {
         let usage = crate::usage::run(sampling, backends.clone(), snapshot.clone(), health.clone(), latest);
         tasks.spawn("usage sampler", usage);
@@ -236,15 +239,22 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
     // it: the kubelet is not kept waiting while many containers queue for their check.
     let identities: Vec<Arc<Identity>> =
         plugins.iter().filter_map(|(_, identity)| identity.clone()).collect();
-    let recheck = tokio::spawn(recheck_running(identities, snapshot.borrow().clone()));
+    let recheck = tokio::spawn(recheck_running(identities.clone(), snapshot.borrow().clone()));
+    // Told to stop, the agent serves on while pods bound to the node wait for their devices.
+    let (drained_tx, mut drained) = watch::channel(false);
+    let draining = Child::spawn("drain", async move {
+        drain(identities, shutdown).await;
+        let _ = drained_tx.send(true);
+    });
     let resources: Vec<Resource> = plugins.iter().map(|(r, _)| *r).collect();
     let served = Plugins { plugins: &plugins, snapshot: &snapshot, cards: &cards, edits: &edits };
     if let Some(dir) = &backend_dir {
         // The keeper registers, and relays the kubelet's calls to these sockets.
         let result = tokio::select! {
-            result = serve_backend(dir, &resources, &served, &readiness, &mut shutdown) => result,
+            result = serve_backend(dir, &resources, &served, &readiness, &mut drained) => result,
             ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
         };
+        drop(draining);
         recheck.abort();
         stop_front_end(dra).await;
         tasks.shutdown().await;
@@ -260,14 +270,71 @@ pub async fn run(agent: Agent, mut shutdown: watch::Receiver<bool>) -> Result<()
         readiness: &readiness,
     };
     let result = tokio::select! {
-        result = serve_and_register(serving, &mut shutdown) => result,
+        result = serve_and_register(serving, &mut drained) => result,
         ended = tasks.first_ended() => Err(RunError::Task(ended.to_string())),
     };
+    drop(draining);
     remove_own_sockets(&plugin_dir, &resources, &instance).await;
     recheck.abort();
     stop_front_end(dra).await;
     tasks.shutdown().await;
     result
+}
+
+/// How long an agent told to stop goes on serving at least: a pod bound to its node in the moment
+/// before the allocator saw the agent going (a DaemonSet rollout, a deleted agent pod) shows in its
+/// pod watch within it.
+const DRAIN_LEAST: Duration = Duration::from_secs(2);
+
+/// How long at most, while pods bound to its node wait for their devices: below the keeper's grace
+/// for the agent to stop.
+const DRAIN_MOST: Duration = Duration::from_secs(8);
+
+/// How often the pods still waiting are counted meanwhile.
+const DRAIN_CHECK: Duration = Duration::from_millis(200);
+
+/// Resolves once `shutdown` has flipped and no pod bound to the node that asks a served resource
+/// waits for its devices ([`Identity::unadmitted`]), at least [`DRAIN_LEAST`] after it and at most
+/// [`DRAIN_MOST`]. A kubelet that admits such a pod once the plugin is gone fails it for good
+/// ("no healthy devices", `UnexpectedAdmissionError`: the soak saw one bound 0.5 s after its
+/// agent's pod was deleted), so an agent going away serves those first; its keeper relays the
+/// kubelet's calls until it has stopped. Without a node name (no identities) nothing waits.
+async fn drain(identities: Vec<Arc<Identity>>, mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    if identities.is_empty() {
+        return;
+    }
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(DRAIN_LEAST).await;
+    let mut said = false;
+    loop {
+        let mut waiting = Vec::new();
+        for identity in &identities {
+            match identity.unadmitted().await {
+                Ok(pods) => waiting.extend(pods),
+                Err(e) => {
+                    tracing::warn!(error = %e, "stopping without knowing which pods wait for their devices");
+                    return;
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        if started.elapsed() >= DRAIN_MOST {
+            tracing::warn!(
+                pods = ?waiting,
+                "stopping while pods bound to the node still wait for their devices: a kubelet that admits \
+                 one before the next agent serves fails it"
+            );
+            return;
+        }
+        if !said {
+            tracing::info!(pods = ?waiting, "stopping once the pods bound to the node have their devices");
+            said = true;
+        }
+        tokio::time::sleep(DRAIN_CHECK).await;
+    }
 }
 
 /// Sends each resource's running containers to the starting check ([`Identity::recheck_running`]),

@@ -157,6 +157,7 @@ fn agent_with(
         sweep: None,
         allocatable: None,
         dra: None,
+        tasks: Default::default(),
     };
     change(&mut agent);
     run::run(agent, stopped)
@@ -323,6 +324,33 @@ async fn a_background_task_that_ends_stops_the_agent_with_its_name() {
     match result {
         Err(RunError::Task(why)) => assert!(why.contains("\"checkpoint sweep\" ended"), "{why}"),
         other => panic!("expected the task's end, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_the_caller_started_that_panics_stops_the_agent_with_its_name() {
+    // The binary starts the Node and pod watches, the repair worker, the probes and the canary
+    // before the loop, in the tasks it hands the loop: a panic in one of them ends the agent.
+    let (dir, backends) = setup("caller-task");
+    let (mut seen, _keep) = kubelet(&dir, 0);
+    let (_shutdown, stopped) = watch::channel(false);
+    let (panic_now, mut told) = watch::channel(false);
+    let running = tokio::spawn(agent_with(dir.clone(), backends, stopped, |a| {
+        a.tasks.spawn("pod watch", async move {
+            let _ = told.wait_for(|now| *now).await;
+            panic!("the pod stream broke");
+        })
+    }));
+    within(Duration::from_secs(5), &mut seen).await;
+    assert!(!running.is_finished(), "the agent stopped while its tasks ran");
+    panic_now.send(true).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(5), running).await.unwrap().unwrap();
+    match result {
+        Err(RunError::Task(why)) => {
+            assert!(why.contains("\"pod watch\" panicked: the pod stream broke"), "{why}")
+        }
+        other => panic!("expected the task's panic, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

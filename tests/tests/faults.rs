@@ -192,6 +192,86 @@ where
     excused.len()
 }
 
+/// A share bound to node-1 0.3 s after its agent's pod was deleted (as a bind the allocator
+/// made just before it saw the agent going, which the kubelet admits a moment later) runs: the
+/// agent going away serves the pods bound to its node that wait for their devices before it stops,
+/// and its keeper relays the kubelet's calls until then. Without that, its kubelet fails the pod
+/// for good ("no healthy devices present", `UnexpectedAdmissionError`: seen in the soak, 0.5 s after
+/// an agent's deletion). The binding is sent as the allocator sends it (its service account, the
+/// assignment in the Binding), to a pod that names another scheduler, so nothing else places it.
+async fn a_share_bound_as_its_agent_goes_away_runs(cluster: &Cluster, client: &kube::Client) {
+    use nano_gpu_proto::annotations::{Assignment, CardGrant, GPUS_ANNOTATION, NodeInventory};
+    use nano_gpu_proto::units::Percent;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let node = "node-1";
+    let read: k8s_openapi::api::core::v1::Node = Api::all(client.clone()).get(node).await.unwrap();
+    let inventory = &read.metadata.annotations.unwrap_or_default()[GPUS_ANNOTATION];
+    let card = NodeInventory::decode(inventory).expect("node-1's inventory").gpus.remove(0);
+    let mut pod = percent_pod("bound-late", 10);
+    pod.spec.as_mut().unwrap().scheduler_name = Some("by-hand".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let grant = CardGrant { uuid: card.uuid, index: card.index, percent: Percent(10), memory_mib: None };
+    let at =
+        cluster.ok(&["get", "pod", "bound-late", "-n", NS, "-o", "jsonpath={.metadata.creationTimestamp}"]);
+    let assignment =
+        Assignment::new(node, &at, std::collections::BTreeMap::from([("c".to_owned(), vec![grant])]));
+    let binding = serde_json::json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "bound-late", "namespace": NS,
+                     "annotations": {ASSIGNMENT_ANNOTATION: assignment.encode()}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+    });
+    let file = cluster.path("bound-late-binding.json");
+    std::fs::write(&file, binding.to_string()).unwrap();
+    // The binding 0.3 s after the delete: the old agent's keeper, SIGTERMed by then, stopped
+    // serving within 0.12 s of it before agents served on (seen in the soak's kubelet log).
+    let agent = agent_on(cluster, node);
+    cluster.ok(&["delete", "pod", &agent, "-n", "nano-gpu-system", "--wait=false"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.ok(&[
+        "create",
+        "--raw",
+        &format!("/api/v1/namespaces/{NS}/pods/bound-late/binding"),
+        "-f",
+        file.to_str().unwrap(),
+        "--as=system:serviceaccount:nano-gpu-system:nano-gpu-allocator",
+        "--as-group=system:serviceaccounts",
+    ]);
+    wait_until("bound-late: Running", Duration::from_secs(90), || async {
+        let p = pods.get("bound-late").await.unwrap();
+        let status = p.status.as_ref();
+        assert_ne!(
+            phase(&p),
+            "Failed",
+            "bound-late: {:?} {:?}",
+            status.and_then(|s| s.reason.as_deref()),
+            status.and_then(|s| s.message.as_deref())
+        );
+        phase(&p) == "Running"
+    })
+    .await;
+    pods.delete("bound-late", &DeleteParams::default()).await.unwrap();
+    wait_until("node-1's new agent Ready", Duration::from_secs(120), || async {
+        let name = agent_on(cluster, node);
+        !name.is_empty()
+            && name != agent
+            && cluster
+                .ok(&[
+                    "get",
+                    "pod",
+                    &name,
+                    "-n",
+                    "nano-gpu-system",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ])
+                .trim()
+                == "True"
+    })
+    .await;
+    eprintln!("bound-late: a share bound 0.3 s after its agent's deletion ran");
+}
+
 /// etcd's newest revision, through its HTTP gateway inside the cluster's network.
 fn etcd_revision(cluster: &Cluster) -> u64 {
     // The range of the key "/" (base64): its answer's header carries the store's revision.
@@ -241,6 +321,8 @@ async fn rollouts_expired_watches_a_refused_and_a_slow_api_during_bursts_lose_no
     let cluster = Cluster::up_with_apiserver_args("faults", 3, &["--watch-cache-sizes=pods#0,nodes#0"]);
     let client = cluster.client().await;
     cluster.ok(&["create", "namespace", NS]);
+
+    a_share_bound_as_its_agent_goes_away_runs(&cluster, &client).await;
 
     // The allocator and the agents rolled over together during the burst.
     burst(&cluster, &client, "rollout", |i| {

@@ -134,6 +134,17 @@ impl Identity {
         Ok(sent)
     }
 
+    /// The pods bound to this node that ask the resource and still wait for their devices
+    /// ([`crate::pods::unadmitted`]), by `namespace/name`: what an agent going away serves first.
+    /// `Err` when pod-resources cannot be read.
+    pub async fn unadmitted(&self) -> Result<Vec<String>, String> {
+        let listed = self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))?;
+        let served = Served::from_list(&listed, self.resource.name());
+        let pods = self.pods.borrow().clone();
+        let memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(crate::pods::unadmitted(&pods, &served, &memo.done))
+    }
+
     /// The containers that may be asking `size` now, likeliest first. Certain is a candidate whose
     /// pod the kubelet lists (it is admitting it). Waits up to `wait` for the pod watch to show one
     /// (the kubelet can see a pod before our watch does); then, with direct reads, asks the API

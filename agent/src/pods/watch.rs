@@ -62,20 +62,21 @@ pub struct Views {
 }
 
 /// Watches the pods bound to `node`; for each of `resources`, a receiver that always holds the latest
-/// view of the pods asking it, and one of every pod (all empty until the first list completes).
+/// view of the pods asking it, and one of every pod (all empty until the first list completes), for
+/// as long as the watch (the future, which the caller runs among its background tasks) runs.
 pub fn watch_pods(
     client: kube::Client,
     node: &str,
     resources: &[Resource],
     readiness: Arc<Readiness>,
-) -> Views {
+) -> (Views, impl std::future::Future<Output = ()> + Send + 'static) {
     let (senders, receivers): (Vec<_>, Vec<_>) =
         resources.iter().map(|_| watch::channel(Pods::default())).unzip();
     let (residents_tx, residents) = watch::channel(Residents::default());
     let resources = resources.to_vec();
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    tokio::spawn(async move {
+    let watching = async move {
         let mut stream = watcher::watcher(api, config).backoff(nano_gpu_runtime::watch_backoff()).boxed();
         let mut views: Vec<View<NodePod>> = resources
             .iter()
@@ -105,8 +106,8 @@ pub fn watch_pods(
                 residents_tx.send_replace(Arc::new(all.pods.clone()));
             }
         }
-    });
-    Views { asking: receivers, residents }
+    };
+    (Views { asking: receivers, residents }, watching)
 }
 
 /// A pod's `namespace/name`.

@@ -1,7 +1,8 @@
 //! One owner for a process's background work. Every loop a binary starts for as long as it serves
 //! (the allocator's watches, claim allocation, evictions, requeue, load reader, certificate keeper
-//! and listeners; the agent's card refresh, usage sampler, checkpoint sweep, MPS daemon watch and
-//! other plugins' watch) runs under [`Tasks`], by name, in a span that carries the name. None of them
+//! and listeners; the agent's Node and pod watches, repair worker, enforcement label, probes,
+//! runtime canary, card refresh, usage sampler, checkpoint sweep, MPS daemon watch and other
+//! plugins' watch) runs under [`Tasks`], by name, in a span that carries the name. None of them
 //! ends while the process serves, so the first that does, by returning or by a panic, ends the
 //! serving with an error that names it: the process exits and is started again (by the kubelet, or
 //! the agent's keeper), where one that lost a loop silently would stay Ready and no longer do that
