@@ -733,10 +733,40 @@ our_cgroups() {
   return 0
 }
 
+# cpu_report: one line of the CPU seconds each daemon of the cluster spent over its life (user and
+# system, with the children it waited for) and its pods' (their cgroups), so a test run's log shows
+# where its clusters' CPU went (a suite's own count leaves its cluster out).
+cpu_report() {
+  local f pid name hz parts=() usec=0 cg v acct=()
+  hz=$(getconf CLK_TCK)
+  for f in "$DIR"/*.pid; do
+    pid=$(ours "$f") || continue
+    name=$(basename "$f" .pid)
+    # Fields after the command's name (which may hold spaces): utime, stime, cutime, cstime are 12-15.
+    v=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 + $14 + $15 }') || continue
+    parts+=("$name $((${v:-0} / hz))")
+  done
+  ((${#parts[@]})) || return 0
+  # cgroup v1 counts in cpuacct (ns), v2 in cpu.stat (us); each node's cgroup holds its pods'.
+  while read -r cg; do [[ -f $cg/cpuacct.usage ]] && acct+=("$cg/cpuacct.usage"); done < <(our_cgroups)
+  if ((${#acct[@]})); then
+    for f in $(realpath "${acct[@]}" | sort -u); do usec=$((usec + $(cat "$f") / 1000)); done
+  else
+    while read -r cg; do
+      [[ -f $cg/cpu.stat ]] || continue
+      v=$(awk '$1 == "usage_usec" { print $2 }' "$cg/cpu.stat")
+      usec=$((usec + ${v:-0}))
+    done < <(our_cgroups)
+  fi
+  parts+=("pods $((usec / 1000000))")
+  log "CPU over its life, s: $(printf '%s, ' "${parts[@]}" | sed 's/, $//')"
+}
+
 down() {
   local f pid m cg tries
   trap - EXIT
   [[ -d $DIR ]] || return 0
+  cpu_report
   # Pods first, while their kubelets run: the kubelets stop their containers and sandboxes. No
   # controller recreates them once kube-controller-manager is gone.
   stop_pid "$DIR/kube-controller-manager.pid"
