@@ -11,7 +11,8 @@
 //! of the webhook CA must be replaced;
 //! kube-scheduler in the allocator's pod within the supported skew of the API server; the RuntimeClass
 //! the webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS`), where one is set, existing and usable; Pod
-//! Security on nano-gpu's namespace and on every namespace with GPU pods.
+//! Security on nano-gpu's namespace and on every namespace with GPU pods; another DRA driver
+//! publishing a GPU node's cards; MPS daemon pods on another image than their node's agent.
 
 use crate::service::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
 use anyhow::{Context, Result};
@@ -22,11 +23,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 use nano_gpu_proto::annotations::{
     ANNOTATIONS_HONOURED, ENV_HONOURED, GPUS_ANNOTATION, ISOLATION_HELD, ISOLATION_LABEL, NODE_LABEL,
     NodeInventory,
 };
+use nano_gpu_proto::dra::DRIVER as DRA_DRIVER;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -67,6 +70,11 @@ pub struct Snapshot {
     /// nano-gpu's admission policy bindings ([`POLICY_BINDINGS`]) by name (`Err`: why they could not
     /// be read).
     pub policy_bindings: Result<BTreeMap<String, ValidatingAdmissionPolicyBinding>, String>,
+    /// The MPS daemons' pods (`app.kubernetes.io/name=nano-gpu-mps`).
+    pub mps: Vec<Pod>,
+    /// Every ResourceSlice (empty where the API server serves no `resource.k8s.io/v1`; `Err`: why
+    /// they could not be listed).
+    pub resource_slices: Result<Vec<ResourceSlice>, String>,
 }
 
 /// nano-gpu's admission policy bindings: name, whether the base install has it (the DRA component
@@ -344,7 +352,12 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
                 ),
             ));
         }
+        if let Some(Ok(inv)) = inventory.map(|text| NodeInventory::decode(text.as_str())) {
+            let uuids: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            out.push(other_dra_drivers(&name, &uuids, &s.resource_slices));
+        }
     }
+    out.extend(mps_images(s));
 
     let ready_allocators = s.allocators.iter().filter(|p| ready(p)).count();
     out.push(if ready_allocators > 0 {
@@ -364,6 +377,118 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     out.extend(runtime_class(s));
     out.extend(pod_security(s));
     out.extend(policy_bindings(s));
+    out
+}
+
+/// Other DRA drivers on GPU node `node` (whose cards have `uuids`): FAIL where one publishes a
+/// device with an attribute that names one of the cards (NVIDIA's DRA driver: `uuid`, or a MIG
+/// device's `parentUUID`), since a claim through it and a nano-gpu share can get the same card; WARN
+/// where a driver whose name says GPU publishes devices that name none of them; nothing for drivers
+/// of other devices (OK); WARN where the slices could not be listed.
+fn other_dra_drivers(node: &str, uuids: &[&str], slices: &Result<Vec<ResourceSlice>, String>) -> Line {
+    let slices = match slices {
+        Ok(slices) => slices,
+        Err(e) => {
+            return line(
+                "dra-drivers",
+                node,
+                Status::Warn,
+                format!(
+                    "the ResourceSlices could not be listed ({e}): other DRA drivers' devices are not checked"
+                ),
+            );
+        }
+    };
+    // Per driver: the node's cards its devices name, and how many devices it publishes here.
+    let mut drivers: BTreeMap<&str, (BTreeSet<&str>, usize)> = BTreeMap::new();
+    for slice in
+        slices.iter().filter(|sl| sl.spec.driver != DRA_DRIVER && sl.spec.node_name.as_deref() == Some(node))
+    {
+        let entry = drivers.entry(slice.spec.driver.as_str()).or_default();
+        for device in slice.spec.devices.iter().flatten() {
+            entry.1 += 1;
+            let named = device.attributes.iter().flatten().filter_map(|(_, a)| a.string.as_deref());
+            entry.0.extend(named.filter_map(|v| uuids.iter().copied().find(|u| *u == v)));
+        }
+    }
+    let taking: Vec<String> = drivers
+        .iter()
+        .filter(|(_, (cards, _))| !cards.is_empty())
+        .map(|(driver, (cards, _))| {
+            format!("{driver} ({})", cards.iter().copied().collect::<Vec<_>>().join(", "))
+        })
+        .collect();
+    if !taking.is_empty() {
+        return line(
+            "dra-drivers",
+            node,
+            Status::Fail,
+            format!(
+                "another DRA driver publishes this node's cards as its devices: {}; a claim through it and a nano-gpu \
+                 share can get the same card: keep its kubelet plugin off nano-gpu nodes (its DaemonSet's \
+                 nodeSelector or affinity: not {NODE_LABEL}=true), or serve claims through nano-gpu's own driver \
+                 (deploy/components/dra)",
+                taking.join("; ")
+            ),
+        );
+    }
+    let gpu_like: Vec<String> = drivers
+        .iter()
+        .filter(|(driver, (_, devices))| *devices > 0 && driver.to_ascii_lowercase().contains("gpu"))
+        .map(|(driver, (_, devices))| format!("{driver} ({devices} device(s))"))
+        .collect();
+    if gpu_like.is_empty() {
+        line("dra-drivers", node, Status::Ok, "no other DRA driver publishes the node's cards")
+    } else {
+        line(
+            "dra-drivers",
+            node,
+            Status::Warn,
+            format!(
+                "a GPU DRA driver publishes devices here that name none of nano-gpu's cards: {}; if they are these \
+                 cards under other names, a claim through it and a nano-gpu share can get the same card",
+                gpu_like.join(", ")
+            ),
+        )
+    }
+}
+
+/// Each MPS daemon pod against its node's agent: the MPS DaemonSet updates only when its pod is
+/// deleted (`OnDelete`: a restart ends the MPS server its clients run on), so after an upgrade it
+/// runs the previous image until someone restarts it. WARN where its image differs from the agent's
+/// on the node, with how to restart it; OK where they agree.
+fn mps_images(s: &Snapshot) -> Vec<Line> {
+    let ns = &s.namespace;
+    let image = |p: &Pod, container: Option<&str>| -> Option<String> {
+        let containers = &p.spec.as_ref()?.containers;
+        let c = match container {
+            Some(name) => containers.iter().find(|c| c.name == name)?,
+            None => containers.first()?,
+        };
+        c.image.clone()
+    };
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|sp| sp.node_name.clone()).unwrap_or_default();
+    let mut out = Vec::new();
+    for daemon in &s.mps {
+        let name = daemon.metadata.name.clone().unwrap_or_default();
+        let node = node_of(daemon);
+        let Some(mps) = image(daemon, None) else { continue };
+        let agent = s.agents.iter().filter(|a| node_of(a) == node).find_map(|a| image(a, Some("agent")));
+        match agent {
+            Some(agent) if agent != mps => out.push(line(
+                "mps-image",
+                &name,
+                Status::Warn,
+                format!(
+                    "runs {mps} where node {node}'s agent runs {agent}: the MPS DaemonSet is not updated with the \
+                     agents (OnDelete: a restart ends its clients' MPS server); once node {node}'s MPS shares are \
+                     moved away (kubectl drain {node}), kubectl -n {ns} delete pod {name}"
+                ),
+            )),
+            Some(_) => out.push(line("mps-image", &name, Status::Ok, format!("runs the agent's image, {mps}"))),
+            None => {}
+        }
+    }
     out
 }
 
@@ -794,6 +919,13 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
             named.filter(|(name, _)| ours(name)).collect()
         })
         .map_err(|e| e.to_string());
+    let mps = in_ns.list(&by_label("nano-gpu-mps")).await.context("listing the MPS daemon pods")?.items;
+    let resource_slices = match Api::<ResourceSlice>::all(client.clone()).list(&lp).await {
+        Ok(list) => Ok(list.items),
+        // No resource.k8s.io/v1 served: no DRA driver can publish devices.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e.to_string()),
+    };
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -809,6 +941,8 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         server_version,
         runtime_classes,
         policy_bindings,
+        mps,
+        resource_slices,
     })
 }
 
@@ -905,7 +1039,29 @@ mod tests {
                 .filter(|(_, required, ..)| *required)
                 .map(|(name, ..)| (name.to_string(), binding(name, "nano-gpu-system", "Deny")))
                 .collect()),
+            mps: Vec::new(),
+            resource_slices: Ok(Vec::new()),
         }
+    }
+
+    /// A ResourceSlice of `driver` on `node` with one device per attribute set in `devices`.
+    fn slice(driver: &str, node: &str, devices: &[serde_json::Value]) -> ResourceSlice {
+        let devices: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, attributes)| json!({"name": format!("d{i}"), "attributes": attributes}))
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": format!("{node}-{driver}")},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}))
+        .unwrap()
+    }
+
+    /// A pod `name` on `node` whose container `container` runs `image`.
+    fn running(name: &str, node: &str, container: &str, image: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": container, "image": image}]}}))
+        .unwrap()
     }
 
     /// Binding `name` of policy `name`, with the parameter namespace `param` and the action `action`.
@@ -938,6 +1094,7 @@ mod tests {
             "cards",
             "certificate",
             "device-isolation",
+            "dra-drivers",
             "gpu-nodes",
             "leader",
             "nodes-labelled",
@@ -949,6 +1106,65 @@ mod tests {
         ];
         assert_eq!(checks, want.into_iter().collect());
         assert!(table(&lines).ends_with("failed, 0 to look at\n"));
+    }
+
+    #[test]
+    fn another_dra_driver_publishing_a_nodes_cards_fails_and_a_gpu_driver_naming_none_is_worth_a_look() {
+        let mut s = healthy();
+        // NVIDIA's DRA driver on node-1: a whole card by its `uuid`, a MIG device by its parent; ours
+        // and a NIC driver's are not looked at.
+        s.resource_slices = Ok(vec![
+            slice(
+                "gpu.nvidia.com",
+                "node-1",
+                &[
+                    json!({"uuid": {"string": "GPU-node-1"}, "index": {"int": 0}}),
+                    json!({"uuid": {"string": "MIG-x"}, "parentUUID": {"string": "GPU-node-1"}}),
+                ],
+            ),
+            slice(DRA_DRIVER, "node-2", &[json!({"uuid": {"string": "GPU-node-2"}})]),
+            slice("net.example.com", "node-2", &[json!({"mac": {"string": "GPU-node-2x"}})]),
+        ]);
+        assert_eq!(failing(&s), vec![("dra-drivers", "node-1".to_owned(), Status::Fail)]);
+        let lines = evaluate(&s, now());
+        let fail = lines.iter().find(|l| l.status == Status::Fail).unwrap();
+        assert!(fail.message.contains("gpu.nvidia.com (GPU-node-1)"), "{}", fail.message);
+        // A GPU driver whose devices name none of the cards (other names for them, or other cards).
+        s.resource_slices =
+            Ok(vec![slice("gpu.example.com", "node-2", &[json!({"serial": {"string": "7"}})])]);
+        assert_eq!(failing(&s), vec![("dra-drivers", "node-2".to_owned(), Status::Warn)]);
+        // Slices that cannot be listed: said on each node, nothing else changes.
+        s.resource_slices = Err("forbidden".into());
+        let warned: Vec<_> = failing(&s);
+        assert_eq!(warned.len(), 2);
+        assert!(warned.iter().all(|(check, _, status)| *check == "dra-drivers" && *status == Status::Warn));
+    }
+
+    #[test]
+    fn an_mps_daemon_on_another_image_than_its_nodes_agent_is_named_with_how_to_restart_it() {
+        let mut s = healthy();
+        s.agents = vec![
+            running("agent-1", "node-1", "agent", "nano-gpu/agent:0.2.0"),
+            running("agent-2", "node-2", "agent", "nano-gpu/agent:0.2.0"),
+        ];
+        for a in &mut s.agents {
+            a.status = pod("x", "x", true).status;
+        }
+        s.mps = vec![
+            running("mps-old", "node-1", "card-0", "nano-gpu/agent:0.1.0"),
+            running("mps-new", "node-2", "card-0", "nano-gpu/agent:0.2.0"),
+        ];
+        assert_eq!(failing(&s), vec![("mps-image", "mps-old".to_owned(), Status::Warn)]);
+        let lines = evaluate(&s, now());
+        let warn = lines.iter().find(|l| l.status == Status::Warn).unwrap();
+        assert!(
+            warn.message.contains("kubectl drain node-1") && warn.message.contains("delete pod mps-old"),
+            "{}",
+            warn.message
+        );
+        assert!(
+            lines.iter().any(|l| l.check == "mps-image" && l.object == "mps-new" && l.status == Status::Ok)
+        );
     }
 
     #[test]
