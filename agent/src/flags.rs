@@ -35,7 +35,7 @@ pub struct Flags {
     /// How long the keeper holds a kubelet's call while the agent does not serve (then fails it),
     /// and keeps the devices healthy (then marks them unhealthy until the agent is back). The
     /// kubelet gives PreStartContainer 30 s.
-    #[arg(long, env = "NANO_GPU_KEEPER_PATIENCE_SECONDS", default_value_t = 25)]
+    #[arg(long, env = "NANO_GPU_KEEPER_PATIENCE_SECONDS", default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub keeper_patience_seconds: u64,
     /// Kubeconfig of the cluster; default: `KUBECONFIG`, `~/.kube/config`, in-cluster.
     #[arg(long)]
@@ -88,8 +88,8 @@ pub struct Flags {
     /// Address of the `/healthz` and `/readyz` probes; empty turns them off.
     #[arg(long, env = "NANO_GPU_PROBE_LISTEN", default_value = "0.0.0.0:9401")]
     pub probe_listen: String,
-    /// Seconds between inventory refreshes.
-    #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30)]
+    /// Seconds between inventory refreshes (at least 1).
+    #[arg(long, env = "NANO_GPU_REFRESH_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub refresh_seconds: u64,
     /// Seconds between usage samples (per card and per process, served on `/metrics`); 0 turns
     /// sampling off.

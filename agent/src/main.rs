@@ -106,7 +106,7 @@ impl NodeSide {
 
 fn serve(flags: &Flags) -> ExitCode {
     let timing = kubelet::Timing {
-        refresh: std::time::Duration::from_secs(flags.refresh_seconds.max(1)),
+        refresh: std::time::Duration::from_secs(flags.refresh_seconds),
         ..Default::default()
     };
     until_terminated(flags, "", |stop, stopped| async move {
@@ -337,7 +337,7 @@ fn keeper(flags: &Flags) -> ExitCode {
         backend,
         instance: flags.instance.clone(),
         resources: flags.resources(),
-        patience: Duration::from_secs(flags.keeper_patience_seconds.max(1)),
+        patience: Duration::from_secs(flags.keeper_patience_seconds),
         timing: kubelet::Timing::default(),
         agent: Some(nano_gpu_agent::keeper::AgentProcess { program, args, memory }),
     };

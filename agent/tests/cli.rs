@@ -116,3 +116,13 @@ fn a_missing_nvml_library_is_reported_not_a_crash() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["labels"]["nano-gpu/gpu.count"], "0");
 }
+
+#[test]
+fn a_period_of_zero_is_refused_not_taken_for_one() {
+    for flag in ["--refresh-seconds", "--keeper-patience-seconds"] {
+        let out = agent().args([flag, "0", "inventory"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(&format!("invalid value '0' for '{flag}")), "{flag}: {err}");
+    }
+}

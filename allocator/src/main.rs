@@ -57,11 +57,11 @@ struct ServeArgs {
     /// Address of the extender's verbs over HTTP (besides probes, metrics and the webhook). Loopback
     /// only: kube-scheduler in the same pod calls it; an extender anyone can reach would bind any pod
     /// anywhere. It refuses requests a web page could send.
-    #[arg(long, env = "NANO_GPU_LISTEN", default_value = "127.0.0.1:8888")]
+    #[arg(long, env = "NANO_GPU_LISTEN", default_value = "127.0.0.1:8888", value_parser = extender_address)]
     listen: std::net::SocketAddr,
     /// Address of what operators read over HTTP: `/inspect` and the GPU map (`/map`). Loopback only:
     /// reached with `kubectl port-forward`, which reaches no verb here.
-    #[arg(long, env = "NANO_GPU_OPERATOR_LISTEN", default_value = "127.0.0.1:8890")]
+    #[arg(long, env = "NANO_GPU_OPERATOR_LISTEN", default_value = "127.0.0.1:8890", value_parser = operator_address)]
     operator_listen: std::net::SocketAddr,
     /// Address of what anyone who reaches the pod may call over HTTP: `/healthz`, `/readyz`,
     /// `/metrics` and the webhook (for the kubelet's probes and Prometheus).
@@ -73,7 +73,7 @@ struct ServeArgs {
     #[arg(long, env = "NANO_GPU_FOLLOW_SCHEDULER_LEASE", requires = "leader_elect")]
     follow_scheduler_lease: Option<String>,
     /// Placement policy (`default` is the best on the openb benchmark).
-    #[arg(long, env = "NANO_GPU_POLICY", default_value = "default")]
+    #[arg(long, env = "NANO_GPU_POLICY", default_value = "default", value_parser = serving_policy)]
     policy: String,
     /// Accept gpushare's `aliyun.com/gpu-mem` as GPU memory, in this unit.
     #[arg(long, env = "NANO_GPU_GPUSHARE", value_enum)]
@@ -181,11 +181,11 @@ struct ServeArgs {
     /// stale: placement is exactly the policy's.
     #[arg(long, env = "NANO_GPU_PROMETHEUS_URL")]
     prometheus_url: Option<String>,
-    /// How often the card load is read.
-    #[arg(long, env = "NANO_GPU_LOAD_REFRESH_SECONDS", default_value_t = 15)]
+    /// How often the card load is read, in seconds (at least 1).
+    #[arg(long, env = "NANO_GPU_LOAD_REFRESH_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     load_refresh_seconds: u64,
-    /// A load reading older than this is dropped.
-    #[arg(long, env = "NANO_GPU_LOAD_STALE_SECONDS", default_value_t = 60)]
+    /// A load reading older than this many seconds (at least 1) is dropped.
+    #[arg(long, env = "NANO_GPU_LOAD_STALE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     load_stale_seconds: u64,
     /// MutatingWebhookConfiguration whose caBundle gets the shared CA.
     #[arg(long, default_value = "nano-gpu-allocator")]
@@ -224,7 +224,7 @@ struct SimulateArgs {
     #[arg(long)]
     through_extender: bool,
     /// Arrived workload to top up to, as a multiple of GPU capacity.
-    #[arg(long, default_value_t = 1.3)]
+    #[arg(long, default_value_t = 1.3, value_parser = tune)]
     tune: f64,
     /// Where fragmentation-aware policies get their target workload: `given` (the typical shapes of
     /// the whole pod list, as the paper) or `online` (learned from the pods as they arrive).
@@ -268,9 +268,6 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         threads,
         online_workload: args.workload == WorkloadSource::Online,
     };
-    if !(args.tune > 0.0 && args.tune <= 10.0) {
-        bail!("--tune {} must be in (0, 10]", args.tune);
-    }
     tracing::info!(nodes = nodes.len(), pods = pods.len(), policies = ?opts.policies, seeds = opts.seeds.len(), "simulating");
     let report = sim::simulate(&nodes, &pods, &opts)?;
     match args.format {
@@ -283,33 +280,59 @@ fn simulate(args: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--tune`: a multiple of GPU capacity in (0, 10].
+fn tune(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(t) if t > 0.0 && t <= 10.0 => Ok(t),
+        Ok(_) => Err("must be in (0, 10]".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--listen`: on loopback only.
+fn extender_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    loopback(
+        text,
+        "the extender (filter, bind) must listen on loopback, where only kube-scheduler in the same pod \
+         reaches it; probes and metrics go on --public-listen",
+    )
+}
+
+/// `--operator-listen`: on loopback only.
+fn operator_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    loopback(
+        text,
+        "/inspect and the GPU map name every pod; they stay on loopback, reached with kubectl port-forward",
+    )
+}
+
+/// An address that must be on loopback, else `why`.
+fn loopback(text: &str, why: &str) -> Result<std::net::SocketAddr, String> {
+    let address: std::net::SocketAddr = text.parse().map_err(|e| format!("{e}"))?;
+    if address.ip().is_loopback() { Ok(address) } else { Err(why.to_owned()) }
+}
+
+/// `serve --policy`: a policy the allocator can serve (the `simulate`-only variants refused).
+fn serving_policy(text: &str) -> Result<String, String> {
+    use nano_gpu_engine::policy;
+    let known = || policy::NAMES.join(", ");
+    if text.ends_with(policy::first_fit::SUFFIX) {
+        return Err(format!(
+            "the {} variants model kube-scheduler's DRA card choice for `simulate`; serve one of {}",
+            policy::first_fit::SUFFIX,
+            known()
+        ));
+    }
+    match policy::by_name(text, 0) {
+        Some(_) => Ok(text.to_owned()),
+        None => Err(format!("unknown policy {text:?}; known: {}", known())),
+    }
+}
+
 fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
-    if !args.listen.ip().is_loopback() {
-        bail!(
-            "--listen {}: the extender (filter, bind) must listen on loopback, where only \
-             kube-scheduler in the same pod reaches it; probes and metrics go on --public-listen",
-            args.listen
-        );
-    }
-    if !args.operator_listen.ip().is_loopback() {
-        bail!(
-            "--operator-listen {}: /inspect and the GPU map name every pod; they stay on loopback, \
-             reached with kubectl port-forward",
-            args.operator_listen
-        );
-    }
     use nano_gpu_allocator::service::{bind_api::KubeBinder, server, watch};
     use nano_gpu_allocator::state;
     use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
-    if args.policy.ends_with(policy::first_fit::SUFFIX) {
-        bail!(
-            "policy {:?}: the {} variants model kube-scheduler's DRA card choice for `simulate`; \
-             serve one of {}",
-            args.policy,
-            policy::first_fit::SUFFIX,
-            policy::NAMES.join(", ")
-        );
-    }
     let policy = policy::by_name(&args.policy, 0)
         .with_context(|| format!("unknown policy {:?}; known: {}", args.policy, policy::NAMES.join(", ")))?;
     let demand = demand_options(args.gpushare);
@@ -430,7 +453,7 @@ fn serve(args: ServeArgs, kubeconfig: Option<PathBuf>) -> Result<()> {
             ));
         }
         if let Some(url) = args.prometheus_url.clone() {
-            let (every, stale) = (args.load_refresh_seconds.max(1), args.load_stale_seconds.max(1));
+            let (every, stale) = (args.load_refresh_seconds, args.load_stale_seconds);
             tasks.spawn("load", nano_gpu_allocator::service::load::follow(
                 url,
                 shared.view.clone(),

@@ -86,3 +86,22 @@ fn unknown_policies_and_bad_seeds_are_refused_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seeds \"9..3\""));
 }
+
+#[test]
+fn serve_flags_that_cannot_hold_are_refused_before_anything_starts() {
+    // Each refused as clap refuses a malformed value (exit 2), naming the flag and why; no API
+    // server is needed to get there.
+    for (args, why) in [
+        (&["serve", "--listen", "0.0.0.0:8888"][..], "must listen on loopback"),
+        (&["serve", "--operator-listen", "10.0.0.1:8890"][..], "they stay on loopback"),
+        (&["serve", "--policy", "magic"][..], "unknown policy \"magic\""),
+        (&["serve", "--policy", "fgd+first-fit"][..], "model kube-scheduler's DRA card choice"),
+        (&["serve", "--load-refresh-seconds", "0"][..], "--load-refresh-seconds"),
+        (&["simulate", "--tune", "0"][..], "must be in (0, 10]"),
+    ] {
+        let out = allocator().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+}
