@@ -22,7 +22,7 @@
 //! `annotations-honoured` and warned about (`RuntimeHonoursPodAnnotations`). The annotation reaches
 //! every container of the pod, the env canary's too: when both see cards, the annotation is named.
 
-use crate::inventory::{GpuInventory, NvmlInventory};
+use crate::cards::inventory::{GpuInventory, NvmlInventory};
 use crate::probe::Readiness;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};

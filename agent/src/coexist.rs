@@ -16,8 +16,8 @@
 //! cards it does not. MIG devices (`MIG-…`) name no card here; a card in MIG mode is not one nano-gpu
 //! shares whole anyway.
 
-use crate::health::Health;
-use crate::inventory::Card;
+use crate::cards::health::Health;
+use crate::cards::inventory::Card;
 use crate::podresources::PodResourcesSocket;
 use nano_gpu_proto::kubelet::podresources::AllocatableResourcesResponse;
 use std::collections::BTreeMap;

@@ -3,8 +3,8 @@
 //! pod with a share of that card gets a Warning Event `MpsDaemonLost`, since its CUDA processes
 //! there lost their MPS server.
 
+use crate::cards::health::Health;
 use crate::enforce::mps;
-use crate::health::Health;
 use crate::plugin::{Report, Snapshot};
 use crate::pods::{Resident, Residents, pod_key};
 use crate::usage::claims::{Held, SharedHeld, taken};

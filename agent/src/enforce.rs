@@ -13,7 +13,7 @@
 pub mod driver;
 pub mod mps;
 
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
 use crate::publish::Carried;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
@@ -200,17 +200,7 @@ impl Enforcement {
 
     /// Marks unhealthy, with the reason as its fault, every card whose shares cannot be limited now.
     pub fn apply(&self, cards: &mut [Card]) {
-        refuse(cards, |card| self.refusal(card));
-    }
-}
-
-/// Marks unhealthy, with the reason as its fault, every card `refusal` names a reason for.
-pub fn refuse(cards: &mut [Card], refusal: impl Fn(&Card) -> Option<String>) {
-    for card in cards {
-        if let Some(reason) = refusal(card) {
-            card.info.healthy = false;
-            card.fault.get_or_insert(reason);
-        }
+        crate::cards::health::refuse(cards, |card| self.refusal(card));
     }
 }
 

@@ -1,8 +1,9 @@
 //! The agent's command line: its flags (`Flags`, one per path and library, so tests run in temp
 //! dirs), its subcommands, and what the flags select (resources, enforcement, inventory backends).
 
-use crate::inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
-use crate::{clean, enforce, plugin, resource};
+use crate::cards::inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
+use crate::cards::resource;
+use crate::{clean, enforce, plugin};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 

@@ -24,10 +24,10 @@
 
 pub mod memory;
 
+use crate::cards::resource::Resource;
 use crate::kubelet::{self, RunError, Served, Serving, Timing};
 use crate::plugin;
 use crate::probe::Readiness;
-use crate::resource::Resource;
 use nano_gpu_proto::kubelet::UNHEALTHY;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;

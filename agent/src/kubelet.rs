@@ -6,10 +6,10 @@
 //! the loop with the kubelet's reason. Also the sockets a keeper's agent serves instead
 //! ([`serve_backend`]), and the socket files' names and clean-up.
 
+use crate::cards::resource::Resource;
 use crate::plugin;
 use crate::plugin::socket::{is_served, remove_unserved};
 use crate::probe::Readiness;
-use crate::resource::Resource;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

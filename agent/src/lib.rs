@@ -6,9 +6,9 @@
 //! containers apart without a lock: steering in GetPreferredAllocation, cards derived from the IDs in
 //! Allocate, verify-and-repair after PreStartContainer.
 //!
-//! - [`inventory`]: the cards (NVML, sysfs drm, a fake file); [`health`]: XID events and recovery.
-//! - [`plugin`]: the device-plugin gRPC service and its parts (IDs, container edits, identity, socket);
-//!   [`resource`]: what each served resource (`gpu-percent`, gpushare's `gpu-mem`) means in IDs.
+//! - [`cards`]: what the node has: the cards (NVML, sysfs drm, a fake file), what each served
+//!   resource's IDs mean on them, their health (XID events and recovery, refusals).
+//! - [`plugin`]: the device-plugin gRPC service and its parts (IDs, container edits, identity, socket).
 //! - [`pods`]: which container a call is for (pure), fed by its node-scoped pod watch;
 //!   [`podresources`]: the kubelet's pod-resources client.
 //!   [`coexist`]: the cards another device plugin serves, which nano-gpu serves to nobody.
@@ -29,6 +29,7 @@
 //!   memory-overrun watchdog.
 
 pub mod canary;
+pub mod cards;
 pub mod checkpoint;
 pub mod clean;
 pub mod coexist;
@@ -36,8 +37,6 @@ pub mod daemons;
 pub mod dra;
 pub mod enforce;
 pub mod flags;
-pub mod health;
-pub mod inventory;
 pub mod keeper;
 pub mod kubelet;
 pub mod plugin;
@@ -46,7 +45,6 @@ pub mod pods;
 pub mod probe;
 pub mod publish;
 pub mod repair;
-pub mod resource;
 pub mod run;
 pub mod usage;
 

@@ -2,11 +2,12 @@
 //! node's cards.
 
 use clap::Parser;
+use nano_gpu_agent::cards::inventory;
+use nano_gpu_agent::cards::resource::Resource;
 use nano_gpu_agent::enforce::driver::MemoryLimit;
 use nano_gpu_agent::plugin::Identity;
 use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
-use nano_gpu_agent::resource::Resource;
-use nano_gpu_agent::{Command, Flags, checkpoint, enforce, inventory, kubelet, pods, repair, run, usage};
+use nano_gpu_agent::{Command, Flags, checkpoint, enforce, kubelet, pods, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use nano_gpu_runtime::tasks::Tasks;
 use std::process::ExitCode;
@@ -167,13 +168,13 @@ fn serve(flags: &Flags) -> ExitCode {
             (None, false) => None,
         };
         let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
-        let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(quiet));
+        let health = std::sync::Arc::new(nano_gpu_agent::cards::health::Health::new(quiet));
         let stop_xids = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         if flags.fake_inventory.is_none() {
             let (health, stop, lib) = (health.clone(), stop_xids.clone(), flags.nvml_lib.clone());
             let retry = timing.refresh;
             std::thread::spawn(move || {
-                nano_gpu_agent::health::watch_xids_retrying(&lib, &health, &stop, retry)
+                nano_gpu_agent::cards::health::watch_xids_retrying(&lib, &health, &stop, retry)
             });
         }
         match &enforcement {

@@ -23,9 +23,9 @@ pub use edits::{Claimed, DEVICE_LIST_MOUNTS, DeviceList, Edits, allocate, contai
 pub use identity::{Identity, Report};
 pub use socket::{bind, options, register, serve, serve_on};
 
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use crate::enforce::driver::{DriverLimit, MemoryLimit, PodLimit};
-use crate::inventory::Card;
-use crate::resource::Resource;
 use futures::Stream;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
@@ -38,6 +38,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// The cards as the handlers see them.
 pub type Snapshot = Arc<Vec<Card>>;
@@ -133,6 +134,34 @@ impl DevicePlugin for Plugin {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let span = tracing::info_span!("preferred allocation", resource = self.resource.name());
+        self.preferred(request).instrument(span).await
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let span = tracing::info_span!("allocate", resource = self.resource.name());
+        self.allocating(request).instrument(span).await
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let span = tracing::info_span!("pre-start", resource = self.resource.name());
+        self.pre_start(request).instrument(span).await
+    }
+}
+
+/// The kubelet's calls, each in a span with its resource (what the handlers log says which call and
+/// which resource it was for; the pods they name are in their own lines).
+impl Plugin {
+    async fn preferred(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
         let mut container_responses = Vec::new();
         for r in &request.into_inner().container_requests {
             let size = r.allocation_size.max(0) as usize;
@@ -146,7 +175,7 @@ impl DevicePlugin for Plugin {
         Ok(Response::new(PreferredAllocationResponse { container_responses }))
     }
 
-    async fn allocate(
+    async fn allocating(
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
@@ -167,7 +196,7 @@ impl DevicePlugin for Plugin {
         Ok(Response::new(AllocateResponse { container_responses }))
     }
 
-    async fn pre_start_container(
+    async fn pre_start(
         &self,
         request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {

@@ -12,9 +12,9 @@
 
 pub mod watch;
 
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use crate::podresources::Lister;
-use crate::resource::Resource;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nano_gpu_proto::annotations::{

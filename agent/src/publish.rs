@@ -9,8 +9,8 @@
 //! kubelet keeps extended resources others write in the status (and copies capacity to allocatable);
 //! when it resets them (a node registered anew) the watch shows it and they are written again.
 
-use crate::inventory::Card;
-use crate::resource::Resource;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

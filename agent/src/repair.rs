@@ -7,10 +7,10 @@
 //! (`ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`, and the card index of a repair). And the usage watchdog's
 //! findings: a Warning Event for an overrun, and the pod's `nano-gpu/overrun` mark kept up to date.
 
+use crate::cards::resource::Resource;
 use crate::plugin::Report;
 use crate::podresources::Lister;
 use crate::pods::{MarkChange, RepairAt, describe, owner_of, repaired};
-use crate::resource::Resource;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -147,7 +147,7 @@ impl Repairer {
     pub async fn verify(
         &self,
         ids: &[String],
-        cards: &[crate::inventory::Card],
+        cards: &[crate::cards::inventory::Card],
         resource: Resource,
     ) -> Result<Verdict, String> {
         let started = tokio::time::Instant::now();
@@ -169,7 +169,7 @@ impl Repairer {
     async fn verify_once(
         &self,
         ids: &[String],
-        cards: &[crate::inventory::Card],
+        cards: &[crate::cards::inventory::Card],
         resource: Resource,
     ) -> Result<Verdict, Failure> {
         let owner = owner_of(&*self.lister, resource.name(), ids, self.attempts).await;
@@ -293,7 +293,7 @@ async fn record(recorder: &Recorder, object: &ObjectReference, reason: Reason, a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::Card;
+    use crate::cards::inventory::Card;
     use http::{Request, Response};
     use kube::client::Body;
     use nano_gpu_proto::device_id;

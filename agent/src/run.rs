@@ -7,9 +7,10 @@
 //! The loop ends when a background task ends or the kubelet refuses the registration. A backend that
 //! cannot be read (no NVML on this node, say) leaves its cards out and is retried at the next
 //! refresh, with the reason in the log.
+use crate::cards::health::Health;
+use crate::cards::inventory::{GpuInventory, read_all};
+use crate::cards::resource::Resource;
 use crate::enforce::Enforcement;
-use crate::health::Health;
-use crate::inventory::{GpuInventory, read_all};
 use crate::kubelet::{
     RunError, Served, Serving, Timing, remove_dead_sockets, remove_own_sockets, serve_and_register,
     serve_backend, spawn_server,
@@ -17,7 +18,6 @@ use crate::kubelet::{
 use crate::plugin::{Edits, Identity, Plugin, Snapshot};
 use crate::probe::Readiness;
 use crate::publish::Publisher;
-use crate::resource::Resource;
 use nano_gpu_runtime::tasks::{Child, Tasks};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -351,7 +351,7 @@ async fn recheck_running(identities: Vec<Arc<Identity>>, cards: Snapshot) {
 
 /// Publishes `cards` on the Node, saying when it wrote and when it failed (the refresh loop tries
 /// again at its next turn).
-async fn publish_logged(publisher: &mut Publisher, cards: &[crate::inventory::Card]) {
+async fn publish_logged(publisher: &mut Publisher, cards: &[crate::cards::inventory::Card]) {
     match publisher.publish(cards).await {
         Ok(true) => tracing::info!(cards = cards.len(), "node inventory published"),
         Ok(false) => {}

@@ -11,11 +11,11 @@ pub mod metrics;
 pub mod procs;
 pub mod watchdog;
 
-use crate::health::Health;
-pub use crate::inventory::{CardSample, ProcessSample};
+use crate::cards::health::Health;
+pub use crate::cards::inventory::{CardSample, ProcessSample};
 use nano_gpu_proto::events::Reason;
 
-use crate::inventory::{Card, GpuInventory, sample_all};
+use crate::cards::inventory::{Card, GpuInventory, sample_all};
 use crate::plugin::Snapshot;
 use crate::pods::{Resident, Residents, pod_key};
 use nano_gpu_proto::units::{MiB, Percent};

@@ -7,9 +7,9 @@
 //! beside it, an agent that stays away past the patience: the call fails with the reason and the
 //! devices turn unhealthy, until the agent serves again.
 
+use nano_gpu_agent::cards::resource::Resource;
 use nano_gpu_agent::keeper::{Keeper, keep};
 use nano_gpu_agent::kubelet::Timing;
-use nano_gpu_agent::resource::Resource;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{

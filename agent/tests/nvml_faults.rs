@@ -2,7 +2,7 @@
 //! nvml-wrapper FFI path) is served as unhealthy with the reason, and the node's other cards stay
 //! served; it comes back healthy once it reads again. A card never read yet is left out.
 
-use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
+use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
 
 const TEST: &str = "a_lost_card_is_unhealthy_with_the_reason_and_the_others_stay_served";
 
@@ -24,7 +24,7 @@ fn a_lost_card_is_unhealthy_with_the_reason_and_the_others_stay_served() {
         return;
     };
     let lib = nano_gpu_tests::fake_nvml();
-    let health = |cards: &[nano_gpu_agent::inventory::Card]| -> Vec<(String, bool, Option<String>)> {
+    let health = |cards: &[nano_gpu_agent::cards::inventory::Card]| -> Vec<(String, bool, Option<String>)> {
         cards.iter().map(|c| (c.info.uuid.clone(), c.info.healthy, c.fault.clone())).collect()
     };
 

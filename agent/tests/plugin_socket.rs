@@ -2,9 +2,9 @@
 //! the kubelet's calls on the plugin's socket.
 
 use futures::StreamExt;
-use nano_gpu_agent::inventory::Card;
+use nano_gpu_agent::cards::inventory::Card;
+use nano_gpu_agent::cards::resource::Resource;
 use nano_gpu_agent::plugin::{self, Plugin, Snapshot};
-use nano_gpu_agent::resource::Resource;
 use nano_gpu_proto::demand::GpushareUnit;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};

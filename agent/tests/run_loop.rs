@@ -3,7 +3,7 @@
 //! twice (a kubelet of 1.37 refuses one it holds), and refusals ending the agent with the kubelet's
 //! reason; the two agents of a rollout side by side.
 
-use nano_gpu_agent::inventory::{FakeFile, GpuInventory};
+use nano_gpu_agent::cards::inventory::{FakeFile, GpuInventory};
 use nano_gpu_agent::kubelet::{RunError, Timing};
 use nano_gpu_agent::run;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
@@ -140,7 +140,7 @@ fn agent_with(
     stopped: watch::Receiver<bool>,
     change: impl FnOnce(&mut run::Agent),
 ) -> impl std::future::Future<Output = Result<(), RunError>> {
-    let health = std::sync::Arc::new(nano_gpu_agent::health::Health::new(Duration::from_secs(300)));
+    let health = std::sync::Arc::new(nano_gpu_agent::cards::health::Health::new(Duration::from_secs(300)));
     let mut agent = run::Agent {
         plugin_dir: dir,
         backend_dir: None,
@@ -150,7 +150,7 @@ fn agent_with(
         edits: Default::default(),
         health,
         publisher: None,
-        plugins: vec![(nano_gpu_agent::resource::Resource::Percent, None)],
+        plugins: vec![(nano_gpu_agent::cards::resource::Resource::Percent, None)],
         readiness: Default::default(),
         usage: None,
         told: None,

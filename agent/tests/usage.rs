@@ -4,7 +4,7 @@
 //! rendered as metrics; a process that lets go of its card is gone from the next sample. The live
 //! one is an MPS client, which NVML lists apart from the other processes of its card.
 
-use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
+use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_agent::pods::Resident;
 use nano_gpu_agent::usage::{CardSample, ProcessSample, attribute, metrics, procs::Procs};
 use nano_gpu_proto::annotations::CardGrant;

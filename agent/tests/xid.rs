@@ -1,9 +1,9 @@
 //! Critical XID events travel from NVML (the fake library, through the real nvml-wrapper FFI path) to
 //! the card's health; application XIDs do not.
 
-use nano_gpu_agent::health::Health;
-use nano_gpu_agent::health::watch_xids_retrying;
-use nano_gpu_agent::inventory::Card;
+use nano_gpu_agent::cards::health::Health;
+use nano_gpu_agent::cards::health::watch_xids_retrying;
+use nano_gpu_agent::cards::inventory::Card;
 use nano_gpu_proto::units::MiB;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

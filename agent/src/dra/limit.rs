@@ -14,8 +14,8 @@
 
 use super::Claims;
 use super::prepare::Grant;
+use crate::cards::inventory::Card;
 use crate::enforce::driver::PodLimit;
-use crate::inventory::Card;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::Vendor;

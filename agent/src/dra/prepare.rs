@@ -5,9 +5,9 @@
 //! Pure: the claim comes in as the API server has it, the cards as the inventory has them.
 
 use super::DRIVER;
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use crate::plugin::{Claimed, Edits, container_edits};
-use crate::resource::Resource;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;

@@ -8,7 +8,7 @@
 
 use super::DRIVER;
 use super::prepare::{MEMORY, PERCENT};
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity, DeviceTaint,
     ResourcePool, ResourceSlice, ResourceSliceSpec,

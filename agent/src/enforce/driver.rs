@@ -11,7 +11,7 @@
 //! root is cgroup v2) and shown on the Node's `nano-gpu/memory-limit` label: `driver` (limits
 //! set), `available` (the driver could, `--memory-limit none`), `unavailable`.
 
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
 use nano_gpu_nvml_limits::Library;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::units::MiB;
@@ -250,7 +250,7 @@ mod tests {
         };
         let unavailable = MemoryLimit::Unavailable("no cgroup v2".into());
         let mut cards = vec![card(Vendor::Nvidia, false), card(Vendor::Intel, false)];
-        crate::enforce::refuse(&mut cards, |c| unavailable.refusal(c));
+        crate::cards::health::refuse(&mut cards, |c| unavailable.refusal(c));
         assert!(!cards[0].info.healthy && cards[0].fault.as_deref().unwrap().contains("no cgroup v2"));
         assert!(cards[1].info.healthy, "an Intel card is not the driver's to limit");
         assert_eq!(MemoryLimit::Off { available: true }.refusal(&card(Vendor::Nvidia, true)), None);

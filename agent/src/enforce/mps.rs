@@ -31,7 +31,7 @@
 //! no server runs gets all of it. A card so set is marked (`<root>/<uuid>/exclusive-process`) for
 //! the agent, which then sends whole cards through MPS too.
 
-use crate::inventory::{GpuInventory, read_all};
+use crate::cards::inventory::{GpuInventory, read_all};
 use nano_gpu_proto::annotations::Vendor;
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;

@@ -2,8 +2,8 @@
 //! set of IDs the kubelet chose is on ([`derive`]), and the card-packing choice of IDs when no pod
 //! tells where a container should go ([`prefer`]).
 
-use crate::inventory::Card;
-use crate::resource::Resource;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::{Device, NumaNode, TopologyInfo};
 use nano_gpu_proto::kubelet::{HEALTHY, UNHEALTHY};

@@ -9,10 +9,10 @@
 //! pod under Pod Security `baseline` cannot mount `/dev/null` itself (no hostPath volumes).
 
 use super::devices::derive;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use crate::enforce::driver::MemoryLimit;
 use crate::enforce::{Enforcement, Share};
-use crate::inventory::Card;
-use crate::resource::Resource;
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
@@ -82,7 +82,9 @@ pub struct Edits {
 impl Edits {
     /// Marks unhealthy, with the reason, every card whose shares cannot be limited as promised.
     pub fn apply(&self, cards: &mut [Card]) {
-        crate::enforce::refuse(cards, |c| self.enforcement.refusal(c).or_else(|| self.memory.refusal(c)));
+        crate::cards::health::refuse(cards, |c| {
+            self.enforcement.refusal(c).or_else(|| self.memory.refusal(c))
+        });
     }
 
     /// What holds a share on this node to its size against a tenant who does not cooperate, in one

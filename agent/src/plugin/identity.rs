@@ -5,11 +5,11 @@
 use super::Snapshot;
 use super::devices::prefer;
 use super::edits::Claimed;
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
+use crate::cards::resource::Resource;
 use crate::podresources::Lister;
 use crate::pods::watch::NodePods;
 use crate::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
-use crate::resource::Resource;
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::events::Reason;
 use nano_gpu_proto::units::MiB;

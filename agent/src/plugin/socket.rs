@@ -2,7 +2,7 @@
 //! gRPC service until shutdown, register the resource with the kubelet (with a timeout).
 
 use super::Plugin;
-use crate::resource::Resource;
+use crate::cards::resource::Resource;
 use nano_gpu_proto::kubelet::VERSION;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use nano_gpu_proto::kubelet::deviceplugin::registration_client::RegistrationClient;

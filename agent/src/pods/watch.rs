@@ -6,8 +6,8 @@
 //! [`NodePods`] reads the node's pods directly for the moments it lags.
 
 use super::{NodePod, Pods, Resident, Residents, pod_key};
+use crate::cards::resource::Resource;
 use crate::probe::Readiness;
-use crate::resource::Resource;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

@@ -8,8 +8,8 @@
 //! allocation of a claim that a running pod uses does not change. A claim that cannot be read, or is
 //! not allocated yet, is read again after [`RETRY`].
 
+use crate::cards::inventory::Card;
 use crate::dra::prepare;
-use crate::inventory::Card;
 use crate::pods::{ClaimUse, Resident};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::CardGrant;

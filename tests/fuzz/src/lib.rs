@@ -152,10 +152,10 @@ pub fn cgroup_and_metrics(data: &[u8]) {
 /// device IDs one per line; for both resources and with and without MPS limits, an answer given is
 /// never without its env, and an MPS limit only ever comes with its card's pipe directory.
 pub fn allocate(data: &[u8]) {
+    use nano_gpu_agent::cards::inventory::Card;
+    use nano_gpu_agent::cards::resource::Resource;
     use nano_gpu_agent::enforce::{Enforcement, mps::Layout};
-    use nano_gpu_agent::inventory::Card;
     use nano_gpu_agent::plugin::{Edits, allocate};
-    use nano_gpu_agent::resource::Resource;
     use nano_gpu_proto::kubelet::deviceplugin::AllocateRequest;
     use nano_gpu_proto::units::MiB;
     use prost::Message;
@@ -209,7 +209,7 @@ pub fn http_routes(data: &[u8]) {
 /// A sysfs drm card (vendor, device, NUMA node, local memory, VF count) and a `/proc/<pid>` (stat,
 /// cgroup) as files: read or skipped, and the inventory made of what was read round-trips.
 pub fn sysfs_and_proc(data: &[u8]) {
-    use nano_gpu_agent::inventory::GpuInventory;
+    use nano_gpu_agent::cards::inventory::GpuInventory;
     let [vendor, device, numa, memory, vfs, stat, cgroup, fdinfo] = parts::<8>(data);
     static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -227,7 +227,8 @@ pub fn sysfs_and_proc(data: &[u8]) {
     for (file, content) in files {
         std::fs::write(card.join(file), content).unwrap();
     }
-    let drm = nano_gpu_agent::inventory::SysfsDrm::new(dir.join("sys"), dir.join("dev"), dir.join("proc"));
+    let drm =
+        nano_gpu_agent::cards::inventory::SysfsDrm::new(dir.join("sys"), dir.join("dev"), dir.join("proc"));
     if let Ok(cards) = drm.cards() {
         let inventory = NodeInventory::new(cards.into_iter().map(|c| c.info).collect());
         assert_eq!(NodeInventory::decode(&inventory.encode()), Ok(inventory));
@@ -243,7 +244,7 @@ pub fn sysfs_and_proc(data: &[u8]) {
     std::fs::create_dir_all(process.join("fd")).unwrap();
     std::fs::write(process.join("fdinfo/3"), &fdinfo).unwrap();
     std::os::unix::fs::symlink("/dev/dri/renderD128", process.join("fd/3")).unwrap();
-    let _ = nano_gpu_agent::inventory::fdinfo::parse(&fdinfo);
+    let _ = nano_gpu_agent::cards::inventory::fdinfo::parse(&fdinfo);
     for _ in 0..2 {
         let _ = drm.sample();
     }

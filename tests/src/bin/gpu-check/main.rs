@@ -17,8 +17,8 @@
 //!   and whether a client still reaches its card through MPS, its limits held, in a mount namespace
 //!   of its own as a share's container is: a `/dev/shm` of its own, then its pipe directory read-only.
 
+use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_agent::enforce::{Enforcement, Share, mps};
-use nano_gpu_agent::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;
 use nano_gpu_proto::units::MiB;
@@ -286,11 +286,11 @@ fn inventory(ctx: &Ctx) -> Result<Value, String> {
 }
 
 fn xid(ctx: &Ctx) -> Result<Value, String> {
-    let health = nano_gpu_agent::health::Health::new(Duration::from_secs(60));
+    let health = nano_gpu_agent::cards::health::Health::new(Duration::from_secs(60));
     let stop = std::sync::atomic::AtomicBool::new(false);
     let lib = ctx.args.nvml_lib.clone();
     let result = std::thread::scope(|s| {
-        let watcher = s.spawn(|| nano_gpu_agent::health::watch_xids(&lib, &health, &stop));
+        let watcher = s.spawn(|| nano_gpu_agent::cards::health::watch_xids(&lib, &health, &stop));
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until && !watcher.is_finished() {
             std::thread::sleep(Duration::from_millis(50));
@@ -446,7 +446,7 @@ fn cpu_seconds() -> f64 {
 }
 
 /// One sampling pass of the agent's sampler, as JSON: per card, its use and its processes.
-fn sampled(samples: &[nano_gpu_agent::inventory::CardSample]) -> Value {
+fn sampled(samples: &[nano_gpu_agent::cards::inventory::CardSample]) -> Value {
     json!(samples
         .iter()
         .map(|s| json!({
@@ -530,7 +530,7 @@ fn shm_grown(before: &HashMap<String, (u64, u64)>) -> Value {
 
 /// The process `pid` in a sampling pass: (memory MiB, SM %).
 fn process_in(
-    samples: &[nano_gpu_agent::inventory::CardSample],
+    samples: &[nano_gpu_agent::cards::inventory::CardSample],
     pid: u32,
 ) -> Option<(Option<u64>, Option<u32>)> {
     samples.iter().flat_map(|s| &s.processes).find(|p| p.pid == pid).map(|p| (p.memory.map(|m| m.0), p.sm))

@@ -6,7 +6,7 @@ pub mod xid;
 
 pub use xid::{watch_xids, watch_xids_retrying};
 
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ impl Health {
     /// Marks unhealthy, with the reason as its fault, every card another device plugin serves.
     pub fn refuse_claimed(&self, cards: &mut [Card]) {
         let held = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
-        crate::enforce::refuse(cards, |c| held.get(&c.info.uuid).cloned());
+        refuse(cards, |c| held.get(&c.info.uuid).cloned());
     }
 
     /// Records an XID on card `uuid` at `at`; returns whether it counts (is critical).
@@ -82,6 +82,17 @@ impl Health {
             if last.get(&c.info.uuid).is_some_and(|t| now.saturating_duration_since(*t) < self.quiet) {
                 c.info.healthy = false;
             }
+        }
+    }
+}
+
+/// Marks unhealthy, with the reason as its fault, every card `refusal` names a reason for (a card
+/// whose shares cannot be limited now, one another plugin serves, one an XID took out).
+pub fn refuse(cards: &mut [Card], refusal: impl Fn(&Card) -> Option<String>) {
+    for card in cards {
+        if let Some(reason) = refusal(card) {
+            card.info.healthy = false;
+            card.fault.get_or_insert(reason);
         }
     }
 }

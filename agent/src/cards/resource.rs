@@ -2,7 +2,7 @@
 //! percent), and with gpushare compatibility `aliyun.com/gpu-mem` (one ID per GiB or MiB of card
 //! memory, as gpushare's device plugin advertised it), each on its own socket.
 
-use crate::inventory::Card;
+use crate::cards::inventory::Card;
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::demand::GpushareUnit;
 use nano_gpu_proto::device_id;
