@@ -279,11 +279,31 @@ pub fn public_router<B: Binder>(shared: Arc<Shared<B>>) -> Router {
 }
 
 /// Every request's handling in a `request` span with its method and path (`POST /bind`), so what
-/// a handler logs says which verb it serves.
+/// a handler logs says which verb it serves, and the pod it is about (`namespace/name`), which the
+/// handler records once it has read the body ([`for_pod`]).
 async fn in_request_span(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use tracing::Instrument;
-    let span = tracing::info_span!("request", method = %request.method(), path = %request.uri().path());
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        pod = tracing::field::Empty
+    );
     next.run(request).instrument(span).await
+}
+
+/// Records on the current request's span the pod its body names.
+fn for_pod(namespace: Option<&str>, name: Option<&str>) {
+    if let Some(name) = name {
+        tracing::Span::current().record("pod", format!("{}/{name}", namespace.unwrap_or_default()));
+    }
+}
+
+/// [`for_pod`] of a Pod the body carries.
+fn for_pod_of(pod: Option<&Pod>) {
+    if let Some(pod) = pod {
+        for_pod(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+    }
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, String> {
@@ -355,12 +375,12 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
             ..Default::default()
         });
     }
-    let uid = match &args {
+    let pod = match &args {
         Candidates::Borrowed(pod, _) => pod.as_ref(),
         Candidates::Owned(args) => args.pod.as_ref(),
-    }
-    .and_then(|p| p.metadata.uid.clone())
-    .unwrap_or_default();
+    };
+    for_pod_of(pod);
+    let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
     let one = s.filter_answers == FilterAnswers::One;
     if !one {
         s.handoff.before_filter(&uid).await;
@@ -396,6 +416,10 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
+    for_pod_of(match &args {
+        Candidates::Borrowed(pod, _) => pod.as_ref(),
+        Candidates::Owned(args) => args.pod.as_ref(),
+    });
     if !s.leader.is_leader() {
         s.metrics.observe(Verb::Prioritize, false, started.elapsed());
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
@@ -415,11 +439,15 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
     let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
-    // On a task of its own: a bind runs to its end (and settles) even if kube-scheduler hangs up.
+    for_pod(Some(&args.pod_namespace), Some(&args.pod_name));
+    // On a task of its own (in this request's span): a bind runs to its end (and settles) even if
+    // kube-scheduler hangs up.
     let task = {
+        use tracing::Instrument;
         let (s, args) = (s.clone(), args.clone());
         tokio::spawn(
-            async move { bind::bind(&s.view, &s.binder, &s.leader, &s.binds, &s.handoff, &args).await },
+            async move { bind::bind(&s.view, &s.binder, &s.leader, &s.binds, &s.handoff, &args).await }
+                .instrument(tracing::Span::current()),
         )
     };
     let result = task.await.unwrap_or_else(|e| Err(bind::BindFailed::Task(e.to_string())));
@@ -441,7 +469,15 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
 /// routes).
 async fn mutate<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Response {
     match decode::<AdmissionReview>(&body, "AdmissionReview") {
-        Ok(review) => json(&s.admission.review(&review)),
+        Ok(review) => {
+            if let Some(request) = &review.request {
+                // A pod being created may have only a generateName yet.
+                let meta = request.object.as_ref().and_then(|o| o.get("metadata"));
+                let name = ["name", "generateName"].iter().find_map(|k| meta?.get(*k)?.as_str());
+                for_pod(request.namespace.as_deref(), name);
+            }
+            json(&s.admission.review(&review))
+        }
         Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
     }
 }
@@ -458,6 +494,7 @@ async fn preempt<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Res
     let Some(pod) = args.pod.as_ref() else {
         return (StatusCode::BAD_REQUEST, "ExtenderPreemptionArgs has no Pod\n").into_response();
     };
+    for_pod_of(Some(pod));
     // nodeCacheCapable sends victims by UID; otherwise whole pods, reduced here to their UIDs.
     let proposed: BTreeMap<String, MetaVictims> =
         match (&args.node_name_to_meta_victims, &args.node_name_to_victims) {
