@@ -23,7 +23,7 @@
 //! every container of the pod, the env canary's too: when both see cards, the annotation is named.
 
 use crate::cards::inventory::{GpuInventory, NvmlInventory};
-use crate::probe::Readiness;
+use crate::node::probe::Readiness;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -168,7 +168,7 @@ pub fn judge(env: Verdict, annotations: Option<Verdict>) -> Verdict {
 /// Reads the report at `path` without following a link or blocking on a pipe, at most
 /// [`MAX_REPORT`] bytes.
 pub fn read(path: &Path) -> Verdict {
-    let text = match crate::enforce::mps::read_small_file(path, MAX_REPORT) {
+    let text = match crate::node::enforce::mps::read_small_file(path, MAX_REPORT) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Verdict::Unknown("the runtime canary has not reported yet".into());

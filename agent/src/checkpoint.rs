@@ -17,8 +17,8 @@
 //! Only the fields named here are read; a checkpoint that does not decode is reported and left
 //! alone (nothing is ever written to it).
 
-use crate::podresources::Lister;
-use crate::pods::Residents;
+use crate::node::podresources::Lister;
+use crate::node::pods::Residents;
 use serde::Deserialize;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -225,7 +225,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::Resident;
+    use crate::node::pods::Resident;
     use nano_gpu_proto::kubelet::podresources::ListPodResourcesResponse;
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};

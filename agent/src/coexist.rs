@@ -18,7 +18,7 @@
 
 use crate::cards::health::Health;
 use crate::cards::inventory::Card;
-use crate::podresources::PodResourcesSocket;
+use crate::node::podresources::PodResourcesSocket;
 use nano_gpu_proto::kubelet::podresources::AllocatableResourcesResponse;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,12 +1,12 @@
 //! The MPS daemons as the agent watches them: when one stops or is replaced, the cards are read
-//! again at once (the card goes unhealthy until a daemon runs again, [`crate::enforce`]) and every
+//! again at once (the card goes unhealthy until a daemon runs again, [`crate::node::enforce`]) and every
 //! pod with a share of that card gets a Warning Event `MpsDaemonLost`, since its CUDA processes
 //! there lost their MPS server.
 
 use crate::cards::health::Health;
-use crate::enforce::mps;
+use crate::node::enforce::mps;
+use crate::node::pods::{Resident, Residents, pod_key};
 use crate::plugin::{Report, Snapshot};
-use crate::pods::{Resident, Residents, pod_key};
 use crate::usage::claims::{Held, SharedHeld, taken};
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::events::Reason;
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn only_pods_with_a_share_of_the_card_hold_it() {
-        use crate::pods::ClaimUse;
+        use crate::node::pods::ClaimUse;
         use crate::usage::claims::ClaimGrant;
         use nano_gpu_proto::units::Percent;
         let grant = |uuid: &str, p: u32| CardGrant {

@@ -18,7 +18,7 @@ pub mod limit;
 pub mod prepare;
 pub mod slice;
 
-use crate::enforce::driver::{MemoryLimit, PodLimit};
+use crate::node::enforce::driver::{MemoryLimit, PodLimit};
 use crate::plugin::{Edits, Snapshot};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;

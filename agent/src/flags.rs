@@ -3,7 +3,8 @@
 
 use crate::cards::inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
 use crate::cards::resource;
-use crate::{clean, enforce, plugin};
+use crate::node::enforce;
+use crate::{clean, plugin};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 

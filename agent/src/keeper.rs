@@ -26,8 +26,8 @@ pub mod memory;
 
 use crate::cards::resource::Resource;
 use crate::kubelet::{self, RunError, Served, Serving, Timing};
+use crate::node::probe::Readiness;
 use crate::plugin;
-use crate::probe::Readiness;
 use nano_gpu_proto::kubelet::UNHEALTHY;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;

@@ -7,9 +7,9 @@
 //! ([`serve_backend`]), and the socket files' names and clean-up.
 
 use crate::cards::resource::Resource;
+use crate::node::probe::Readiness;
 use crate::plugin;
 use crate::plugin::socket::{is_served, remove_unserved};
-use crate::probe::Readiness;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -4,10 +4,11 @@
 use clap::Parser;
 use nano_gpu_agent::cards::inventory;
 use nano_gpu_agent::cards::resource::Resource;
-use nano_gpu_agent::enforce::driver::MemoryLimit;
+use nano_gpu_agent::node::enforce::driver::MemoryLimit;
+use nano_gpu_agent::node::podresources::{Lister, PodResourcesSocket};
+use nano_gpu_agent::node::{enforce, pods};
 use nano_gpu_agent::plugin::Identity;
-use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
-use nano_gpu_agent::{Command, Flags, checkpoint, enforce, kubelet, pods, repair, run, usage};
+use nano_gpu_agent::{Command, Flags, checkpoint, kubelet, repair, run, usage};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use nano_gpu_runtime::tasks::Tasks;
 use std::process::ExitCode;
@@ -50,9 +51,9 @@ fn memory_limit(flags: &Flags) -> MemoryLimit {
 struct NodeSide {
     client: kube::Client,
     node: String,
-    publisher: nano_gpu_agent::publish::Publisher,
+    publisher: nano_gpu_agent::node::publish::Publisher,
     identities: Vec<Arc<Identity>>,
-    residents: watch::Receiver<nano_gpu_agent::pods::Residents>,
+    residents: watch::Receiver<nano_gpu_agent::node::pods::Residents>,
     reports: tokio::sync::mpsc::Sender<nano_gpu_agent::plugin::Report>,
     sweep: checkpoint::Sweep,
 }
@@ -63,14 +64,14 @@ impl NodeSide {
     fn start(
         flags: &Flags,
         (client, node): (kube::Client, String),
-        seen: watch::Receiver<Option<nano_gpu_agent::publish::Carried>>,
+        seen: watch::Receiver<Option<nano_gpu_agent::node::publish::Carried>>,
         memory: &MemoryLimit,
-        readiness: &Arc<nano_gpu_agent::probe::Readiness>,
+        readiness: &Arc<nano_gpu_agent::node::probe::Readiness>,
         tasks: &mut Tasks,
     ) -> NodeSide {
         let resources = flags.resources();
         let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
-        let publisher = nano_gpu_agent::publish::Publisher::new(client.clone(), node.clone())
+        let publisher = nano_gpu_agent::node::publish::Publisher::new(client.clone(), node.clone())
             .with_gpushare(gpushare)
             .with_memory_limit(memory.label())
             .watching(seen);
@@ -113,7 +114,7 @@ fn serve(flags: &Flags) -> ExitCode {
     until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
         let memory = memory_limit(flags);
-        let readiness = Arc::new(nano_gpu_agent::probe::Readiness::default());
+        let readiness = Arc::new(nano_gpu_agent::node::probe::Readiness::default());
         // Every loop the agent runs while it serves, under one owner: the first to end ends the agent
         // (see `run::Agent::tasks`).
         let mut tasks = Tasks::default();
@@ -123,7 +124,7 @@ fn serve(flags: &Flags) -> ExitCode {
                 let client = nano_gpu_runtime::connect(flags.kubeconfig.as_deref())
                     .await
                     .map_err(|e| format!("connecting to the API server for node {node}: {e}"))?;
-                let (seen, watching) = nano_gpu_agent::publish::watch_node(client.clone(), node);
+                let (seen, watching) = nano_gpu_agent::node::publish::watch_node(client.clone(), node);
                 tasks.spawn("node watch", watching);
                 let Some(label) = enforce::node_label(seen.clone(), stopped.clone()).await else {
                     return Ok(());
@@ -190,8 +191,8 @@ fn serve(flags: &Flags) -> ExitCode {
                 .await
                 .map_err(|e| format!("probes on {}: {e}", flags.probe_listen))?;
             let node = flags.node_name.clone().unwrap_or_default();
-            let app =
-                nano_gpu_agent::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
+            let app = nano_gpu_agent::node::probe::router(readiness.clone())
+                .merge(usage::router(latest.clone(), node));
             use nano_gpu_runtime::listen::{Bounds, serve_plain};
             // The kubelet's probes, Prometheus and `kubectl nano-gpu top` (through the API server):
             // a few peers, each with a connection or two.

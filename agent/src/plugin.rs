@@ -25,7 +25,7 @@ pub use socket::{bind, options, register, serve, serve_on};
 
 use crate::cards::inventory::Card;
 use crate::cards::resource::Resource;
-use crate::enforce::driver::{DriverLimit, MemoryLimit, PodLimit};
+use crate::node::enforce::driver::{DriverLimit, MemoryLimit, PodLimit};
 use futures::Stream;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;

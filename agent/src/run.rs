@@ -10,14 +10,14 @@
 use crate::cards::health::Health;
 use crate::cards::inventory::{GpuInventory, read_all};
 use crate::cards::resource::Resource;
-use crate::enforce::Enforcement;
 use crate::kubelet::{
     RunError, Served, Serving, Timing, remove_dead_sockets, remove_own_sockets, serve_and_register,
     serve_backend, spawn_server,
 };
+use crate::node::enforce::Enforcement;
+use crate::node::probe::Readiness;
+use crate::node::publish::Publisher;
 use crate::plugin::{Edits, Identity, Plugin, Snapshot};
-use crate::probe::Readiness;
-use crate::publish::Publisher;
 use nano_gpu_runtime::tasks::{Child, Tasks};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,7 +100,7 @@ pub struct Agent {
     /// the pods of a card whose daemon stopped are told.
     /// On a node that serves DRA, the pods' claims as the usage loop read them tell who shares a card.
     pub told: Option<(
-        watch::Receiver<crate::pods::Residents>,
+        watch::Receiver<crate::node::pods::Residents>,
         tokio::sync::mpsc::Sender<crate::plugin::Report>,
         crate::usage::claims::SharedHeld,
     )>,
@@ -108,7 +108,7 @@ pub struct Agent {
     pub sweep: Option<crate::checkpoint::Sweep>,
     /// The kubelet's pod-resources API, asked which cards other device plugins serve
     /// ([`crate::coexist`]; absent: not asked).
-    pub allocatable: Option<Arc<crate::podresources::PodResourcesSocket>>,
+    pub allocatable: Option<Arc<crate::node::podresources::PodResourcesSocket>>,
     /// The DRA front end over the same cards (absent: the device plugin only).
     pub dra: Option<crate::dra::FrontEnd>,
     /// The background tasks the caller started for this agent (its Node and pod watches, the repair

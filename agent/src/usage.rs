@@ -16,8 +16,8 @@ pub use crate::cards::inventory::{CardSample, ProcessSample};
 use nano_gpu_proto::events::Reason;
 
 use crate::cards::inventory::{Card, GpuInventory, sample_all};
+use crate::node::pods::{Resident, Residents, pod_key};
 use crate::plugin::Snapshot;
-use crate::pods::{Resident, Residents, pod_key};
 use nano_gpu_proto::units::{MiB, Percent};
 use procs::Procs;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,7 @@
 //! The agent's pod-resources client against a kubelet that rate-limits it (the kubelet allows 100
 //! calls a second in bursts of 10): the call waits and asks again instead of failing.
 
-use nano_gpu_agent::podresources::{Lister, PodResourcesSocket};
+use nano_gpu_agent::node::podresources::{Lister, PodResourcesSocket};
 use nano_gpu_proto::resources::GPU_PERCENT;
 use nano_gpu_tests::fake_kubelet::{Allocated, FakeKubelet};
 

@@ -307,9 +307,9 @@ async fn a_background_task_that_ends_stops_the_agent_with_its_name() {
     let (dir, backends) = setup("task-ended");
     let (mut seen, _keep) = kubelet(&dir, 0);
     let (_shutdown, stopped) = watch::channel(false);
-    let (pods, residents) = watch::channel(nano_gpu_agent::pods::Residents::default());
+    let (pods, residents) = watch::channel(nano_gpu_agent::node::pods::Residents::default());
     let lister =
-        Arc::new(nano_gpu_agent::podresources::PodResourcesSocket::new(dir.join("pod-resources.sock")));
+        Arc::new(nano_gpu_agent::node::podresources::PodResourcesSocket::new(dir.join("pod-resources.sock")));
     let sweep = nano_gpu_agent::checkpoint::Sweep::new(
         dir.join("kubelet_internal_checkpoint"),
         vec!["nano-gpu/gpu-percent"],

@@ -5,7 +5,7 @@
 //! one is an MPS client, which NVML lists apart from the other processes of its card.
 
 use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
-use nano_gpu_agent::pods::Resident;
+use nano_gpu_agent::node::pods::Resident;
 use nano_gpu_agent::usage::{CardSample, ProcessSample, attribute, metrics, procs::Procs};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};

@@ -757,8 +757,8 @@ fn curl_in(net: &str, url: &str, data: Option<&str>, extra: &[&str]) -> (u16, St
 
 /// The MPS daemons' host directories on this machine (`/run/nano-gpu/mps`, a hostPath of the MPS
 /// pods of every node), as the agents read them.
-pub fn mps_layout() -> nano_gpu_agent::enforce::mps::Layout {
-    nano_gpu_agent::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc")
+pub fn mps_layout() -> nano_gpu_agent::node::enforce::mps::Layout {
+    nano_gpu_agent::node::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc")
 }
 
 /// The pipe directory an agent hands the MPS shares of card `uuid`: the one its supervisor named
@@ -775,7 +775,7 @@ pub fn mps_client_pipe(uuid: &str) -> std::path::PathBuf {
 /// the machine's, not a node's, so one node at a time may run MPS on this machine.
 pub fn clear_mps_dirs(node: &str) {
     let root = mps_layout().root;
-    let _ = std::fs::remove_file(root.join(nano_gpu_agent::enforce::mps::SHM_SOURCE));
+    let _ = std::fs::remove_file(root.join(nano_gpu_agent::node::enforce::mps::SHM_SOURCE));
     let Ok(entries) = std::fs::read_dir(&root) else { return };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(&format!("GPU-{node}-")) {

@@ -15,7 +15,7 @@
 use super::Claims;
 use super::prepare::Grant;
 use crate::cards::inventory::Card;
-use crate::enforce::driver::PodLimit;
+use crate::node::enforce::driver::PodLimit;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::Vendor;

@@ -11,8 +11,8 @@
 use super::devices::derive;
 use crate::cards::inventory::Card;
 use crate::cards::resource::Resource;
-use crate::enforce::driver::MemoryLimit;
-use crate::enforce::{Enforcement, Share};
+use crate::node::enforce::driver::MemoryLimit;
+use crate::node::enforce::{Enforcement, Share};
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::gpushare;
 use nano_gpu_proto::kubelet::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};

@@ -1,5 +1,5 @@
 //! Which container a call is for (ARCHITECTURE §4), as the handlers ask it: the candidates from the
-//! pod watch and pod-resources (`crate::pods` decides), the steering of GetPreferredAllocation, the
+//! pod watch and pod-resources (`crate::node::pods` decides), the steering of GetPreferredAllocation, the
 //! claim of an Allocate, and the [`Report`]s for the background repair worker.
 
 use super::Snapshot;
@@ -7,9 +7,9 @@ use super::devices::prefer;
 use super::edits::Claimed;
 use crate::cards::inventory::Card;
 use crate::cards::resource::Resource;
-use crate::podresources::Lister;
-use crate::pods::watch::NodePods;
-use crate::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
+use crate::node::podresources::Lister;
+use crate::node::pods::watch::NodePods;
+use crate::node::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::events::Reason;
 use nano_gpu_proto::units::MiB;
@@ -55,7 +55,7 @@ pub enum Report {
         message: String,
     },
     /// A pod's `nano-gpu/overrun` mark must say this (or go).
-    Mark(crate::pods::MarkChange),
+    Mark(crate::node::pods::MarkChange),
 }
 
 /// What tells containers apart: the pods on this node and the kubelet's pod-resources.
@@ -135,14 +135,14 @@ impl Identity {
     }
 
     /// The pods bound to this node that ask the resource and still wait for their devices
-    /// ([`crate::pods::unadmitted`]), by `namespace/name`: what an agent going away serves first.
+    /// ([`crate::node::pods::unadmitted`]), by `namespace/name`: what an agent going away serves first.
     /// `Err` when pod-resources cannot be read.
     pub async fn unadmitted(&self) -> Result<Vec<String>, String> {
         let listed = self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))?;
         let served = Served::from_list(&listed, self.resource.name());
         let pods = self.pods.borrow().clone();
         let memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(crate::pods::unadmitted(&pods, &served, &memo.done))
+        Ok(crate::node::pods::unadmitted(&pods, &served, &memo.done))
     }
 
     /// The containers that may be asking `size` now, likeliest first. Certain is a candidate whose

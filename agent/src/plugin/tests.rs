@@ -111,8 +111,9 @@ fn preferred_ids_come_from_one_card_when_one_can_hold_them() {
 fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_are_refused() {
     let root = std::env::temp_dir().join(format!("nano-gpu-exclusive-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let layout = crate::enforce::mps::Layout::new(root.clone(), root.join("proc"));
-    let edits = Edits { enforcement: crate::enforce::Enforcement::Mps(layout.clone()), ..Edits::default() };
+    let layout = crate::node::enforce::mps::Layout::new(root.clone(), root.join("proc"));
+    let edits =
+        Edits { enforcement: crate::node::enforce::Enforcement::Mps(layout.clone()), ..Edits::default() };
     let cards = [card("GPU-a", Vendor::Nvidia), card("GPU-b", Vendor::Nvidia)];
     let two: Vec<String> = ids("GPU-a", 0..100).into_iter().chain(ids("GPU-b", 0..100)).collect();
     // Not held exclusive: a whole card is the container's as under `none`, two cards too.
@@ -128,7 +129,7 @@ fn under_exclusive_mps_a_whole_card_goes_through_its_daemon_and_several_cards_ar
     assert!(allocate(&cards, &two, None, Resource::Percent, &edits).is_ok());
 
     std::fs::create_dir_all(root.join("GPU-a")).unwrap();
-    std::fs::write(root.join("GPU-a").join(crate::enforce::mps::EXCLUSIVE_MARK), "EXCLUSIVE_PROCESS\n")
+    std::fs::write(root.join("GPU-a").join(crate::node::enforce::mps::EXCLUSIVE_MARK), "EXCLUSIVE_PROCESS\n")
         .unwrap();
     let whole = allocate(&cards, &ids("GPU-a", 0..100), None, Resource::Percent, &edits).unwrap();
     assert_eq!(whole.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
@@ -195,11 +196,13 @@ fn nvidia_cards_are_named_by_env_and_by_volume_mounts_as_asked() {
 
 #[test]
 fn each_mode_says_what_holds_a_share_against_a_hostile_tenant() {
-    let layout = crate::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc");
+    let layout = crate::node::enforce::mps::Layout::new("/run/nano-gpu/mps", "/proc");
     let none = Edits::default().guarantee();
     assert_eq!(none, "shares: not limited (the scheduler's accounting only)");
-    let mps = Edits { enforcement: crate::enforce::Enforcement::Mps(layout), ..Edits::default() }.guarantee();
+    let mps =
+        Edits { enforcement: crate::node::enforce::Enforcement::Mps(layout), ..Edits::default() }.guarantee();
     assert!(mps.contains("own environment") && mps.contains("advisory against a hostile tenant"), "{mps}");
-    let invalid = Edits { enforcement: crate::enforce::Enforcement::Invalid("x".into()), ..Edits::default() };
+    let invalid =
+        Edits { enforcement: crate::node::enforce::Enforcement::Invalid("x".into()), ..Edits::default() };
     assert!(invalid.guarantee().contains("none served"));
 }

@@ -79,7 +79,7 @@ fn container_id(segment: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::status_id;
+    use crate::node::pods::status_id;
 
     const UID: &str = "0f3d6a1e-7b2c-4c1d-9e8f-1a2b3c4d5e6f";
     const ID: &str = "8c4f5e0a1b2c3d4e5f60718293a4b5c6d7e8f90112233445566778899aabbccd";

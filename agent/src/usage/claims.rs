@@ -10,7 +10,7 @@
 
 use crate::cards::inventory::Card;
 use crate::dra::prepare;
-use crate::pods::{ClaimUse, Resident};
+use crate::node::pods::{ClaimUse, Resident};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::dra::card_index;

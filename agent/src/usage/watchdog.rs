@@ -8,7 +8,7 @@
 //! mark says the overrun began (no second grace, no second Event).
 
 use super::ContainerUsage;
-use crate::pods::{MarkChange, Resident, pod_key};
+use crate::node::pods::{MarkChange, Resident, pod_key};
 use nano_gpu_proto::annotations::{Overrun, rfc3339};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};

@@ -154,7 +154,7 @@ pub fn cgroup_and_metrics(data: &[u8]) {
 pub fn allocate(data: &[u8]) {
     use nano_gpu_agent::cards::inventory::Card;
     use nano_gpu_agent::cards::resource::Resource;
-    use nano_gpu_agent::enforce::{Enforcement, mps::Layout};
+    use nano_gpu_agent::node::enforce::{Enforcement, mps::Layout};
     use nano_gpu_agent::plugin::{Edits, allocate};
     use nano_gpu_proto::kubelet::deviceplugin::AllocateRequest;
     use nano_gpu_proto::units::MiB;

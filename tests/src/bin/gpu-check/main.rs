@@ -18,7 +18,7 @@
 //!   of its own as a share's container is: a `/dev/shm` of its own, then its pipe directory read-only.
 
 use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
-use nano_gpu_agent::enforce::{Enforcement, Share, mps};
+use nano_gpu_agent::node::enforce::{Enforcement, Share, mps};
 use nano_gpu_proto::annotations::{NodeInventory, node_labels};
 use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;
 use nano_gpu_proto::units::MiB;

@@ -7,7 +7,7 @@
 
 use super::{NodePod, Pods, Resident, Residents, pod_key};
 use crate::cards::resource::Resource;
-use crate::probe::Readiness;
+use crate::node::probe::Readiness;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

@@ -14,7 +14,7 @@ pub mod watch;
 
 use crate::cards::inventory::Card;
 use crate::cards::resource::Resource;
-use crate::podresources::Lister;
+use crate::node::podresources::Lister;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nano_gpu_proto::annotations::{

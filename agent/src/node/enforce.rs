@@ -14,7 +14,7 @@ pub mod driver;
 pub mod mps;
 
 use crate::cards::inventory::Card;
-use crate::publish::Carried;
+use crate::node::publish::Carried;
 use nano_gpu_proto::annotations::Vendor;
 use nano_gpu_proto::kubelet::deviceplugin::{ContainerAllocateResponse, Mount};
 use nano_gpu_proto::units::MiB;
@@ -235,7 +235,7 @@ pub fn relabelled(flag: Mode, current: &Enforcement, label: Option<&str>) -> Opt
 /// The Node's `nano-gpu/enforcement` label, once the agent's watch on its Node ([`watch_node`])
 /// has shown the Node; `None` when `stop` flips first.
 ///
-/// [`watch_node`]: crate::publish::watch_node
+/// [`watch_node`]: crate::node::publish::watch_node
 pub async fn node_label(
     mut seen: watch::Receiver<Option<Carried>>,
     mut stop: watch::Receiver<bool>,
