@@ -294,7 +294,7 @@ const DRAIN_MOST: Duration = Duration::from_secs(8);
 const DRAIN_CHECK: Duration = Duration::from_millis(200);
 
 /// Resolves once `shutdown` has flipped and no pod bound to the node that asks a served resource
-/// waits for its devices ([`Identity::unadmitted`]), at least [`DRAIN_LEAST`] after it and at most
+/// waits for its devices ([`Identity::unadmitted`], from one pod-resources List a round), at least [`DRAIN_LEAST`] after it and at most
 /// [`DRAIN_MOST`]. A kubelet that admits such a pod once the plugin is gone fails it for good
 /// ("no healthy devices", `UnexpectedAdmissionError`: the soak saw one bound 0.5 s after its
 /// agent's pod was deleted), so an agent going away serves those first; its keeper relays the
@@ -308,16 +308,16 @@ async fn drain(identities: Vec<Arc<Identity>>, mut shutdown: watch::Receiver<boo
     tokio::time::sleep(DRAIN_LEAST).await;
     let mut said = false;
     loop {
-        let mut waiting = Vec::new();
-        for identity in &identities {
-            match identity.unadmitted().await {
-                Ok(pods) => waiting.extend(pods),
-                Err(e) => {
-                    tracing::warn!(error = %e, "stopping without knowing which pods wait for their devices");
-                    return;
-                }
+        // One List for every resource: a pod that asks two is one pod waiting.
+        let listed = match identities[0].listed().await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!(error = %e, "stopping without knowing which pods wait for their devices");
+                return;
             }
-        }
+        };
+        let waiting: std::collections::BTreeSet<String> =
+            identities.iter().flat_map(|identity| identity.unadmitted(&listed)).collect();
         if waiting.is_empty() {
             return;
         }

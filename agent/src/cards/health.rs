@@ -87,7 +87,7 @@ impl Health {
 }
 
 /// Marks unhealthy, with the reason as its fault, every card `refusal` names a reason for (a card
-/// whose shares cannot be limited now, one another plugin serves, one an XID took out).
+/// whose shares cannot be limited now, one another plugin serves).
 pub fn refuse(cards: &mut [Card], refusal: impl Fn(&Card) -> Option<String>) {
     for card in cards {
         if let Some(reason) = refusal(card) {

@@ -12,6 +12,7 @@ use crate::node::pods::watch::NodePods;
 use crate::node::pods::{NodePod, Pending, Pods, Served, identify, owner_of, pending, steer};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::events::Reason;
+use nano_gpu_proto::kubelet::podresources::ListPodResourcesResponse;
 use nano_gpu_proto::units::MiB;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -113,7 +114,7 @@ impl Identity {
     /// check), has its assignment repaired to the cards the kubelet gave it. A container whose
     /// assignment agrees is left as it is. Returns how many were sent.
     pub async fn recheck_running(&self, cards: &Snapshot) -> Result<usize, String> {
-        let listed = self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))?;
+        let listed = self.listed().await?;
         let mut sent = 0;
         for container in listed.pod_resources.iter().flat_map(|p| &p.containers) {
             let ids: Vec<String> = container
@@ -134,15 +135,19 @@ impl Identity {
         Ok(sent)
     }
 
-    /// The pods bound to this node that ask the resource and still wait for their devices
-    /// ([`crate::node::pods::unadmitted`]), by `namespace/name`: what an agent going away serves first.
-    /// `Err` when pod-resources cannot be read.
-    pub async fn unadmitted(&self) -> Result<Vec<String>, String> {
-        let listed = self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))?;
-        let served = Served::from_list(&listed, self.resource.name());
+    /// What the kubelet's pod-resources lists now (every resource's: the node's identities share it).
+    pub async fn listed(&self) -> Result<ListPodResourcesResponse, String> {
+        self.lister.list().await.map_err(|e| format!("pod-resources List: {}", e.message()))
+    }
+
+    /// The pods bound to this node that ask the resource and still wait for their devices by
+    /// `listed` ([`crate::node::pods::unadmitted`]), by `namespace/name`: what an agent going away
+    /// serves first.
+    pub fn unadmitted(&self, listed: &ListPodResourcesResponse) -> Vec<String> {
+        let served = Served::from_list(listed, self.resource.name());
         let pods = self.pods.borrow().clone();
         let memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(crate::node::pods::unadmitted(&pods, &served, &memo.done))
+        crate::node::pods::unadmitted(&pods, &served, &memo.done)
     }
 
     /// The containers that may be asking `size` now, likeliest first. Certain is a candidate whose
