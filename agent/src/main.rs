@@ -64,12 +64,12 @@ impl NodeSide {
     fn start(
         flags: &Flags,
         (client, node): (kube::Client, String),
+        resources: &[Resource],
         seen: watch::Receiver<Option<nano_gpu_agent::node::publish::Carried>>,
         memory: &MemoryLimit,
         readiness: &Arc<nano_gpu_agent::node::probe::Readiness>,
         tasks: &mut Tasks,
     ) -> NodeSide {
-        let resources = flags.resources();
         let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
         let publisher = nano_gpu_agent::node::publish::Publisher::new(client.clone(), node.clone())
             .with_gpushare(gpushare)
@@ -77,7 +77,7 @@ impl NodeSide {
             .watching(seen);
         let lister: Arc<dyn Lister> = Arc::new(PodResourcesSocket::new(flags.pod_resources_socket.clone()));
         let (reports, queue) = tokio::sync::mpsc::channel(256);
-        let (views, watching) = pods::watch::watch_pods(client.clone(), &node, &resources, readiness.clone());
+        let (views, watching) = pods::watch::watch_pods(client.clone(), &node, resources, readiness.clone());
         tasks.spawn("pod watch", watching);
         let sweep = checkpoint::Sweep::new(
             flags.plugin_dir.join(checkpoint::CHECKPOINT_FILE),
@@ -137,7 +137,15 @@ fn serve(flags: &Flags) -> ExitCode {
                     stop.clone(),
                 );
                 tasks.spawn("enforcement label", relabel);
-                Some(NodeSide::start(flags, (client, node.clone()), seen, &memory, &readiness, &mut tasks))
+                Some(NodeSide::start(
+                    flags,
+                    (client, node.clone()),
+                    &resources,
+                    seen,
+                    &memory,
+                    &readiness,
+                    &mut tasks,
+                ))
             }
             None => {
                 tracing::warn!(
@@ -208,28 +216,21 @@ fn serve(flags: &Flags) -> ExitCode {
             tasks.spawn("runtime canary", watch);
         }
         let held = usage::claims::SharedHeld::default();
-        let (publisher, plugins, told, residents, reports, sweep) = match side {
-            Some(side) => {
-                let plugins = resources.iter().copied().zip(side.identities.into_iter().map(Some)).collect();
-                let told = Some((side.residents.clone(), side.reports.clone(), held.clone()));
-                (
-                    Some(side.publisher),
-                    plugins,
-                    told,
-                    Some(side.residents),
-                    Some(side.reports),
-                    Some(side.sweep),
-                )
-            }
-            None => (None, resources.iter().map(|r| (*r, None)).collect(), None, None, None, None),
+        let plugins: Vec<_> = match &side {
+            Some(side) => resources.iter().copied().zip(side.identities.iter().cloned().map(Some)).collect(),
+            None => resources.iter().map(|r| (*r, None)).collect(),
         };
+        let told = side.as_ref().map(|s| (s.residents.clone(), s.reports.clone(), held.clone()));
         let usage = (flags.usage_seconds > 0).then(|| {
             let sampling = usage::Sampling {
                 every: Duration::from_secs(flags.usage_seconds),
                 proc_root: flags.proc_root.clone(),
                 grace: Duration::from_secs(flags.overrun_grace_seconds),
-                residents: residents.unwrap_or_else(|| tokio::sync::watch::channel(Default::default()).1),
-                reports,
+                residents: side.as_ref().map_or_else(
+                    || tokio::sync::watch::channel(Default::default()).1,
+                    |s| s.residents.clone(),
+                ),
+                reports: side.as_ref().map(|s| s.reports.clone()),
                 claims: dra.as_ref().map(|front| usage::ClaimSource {
                     client: front.client.clone(),
                     node: front.node.clone(),
@@ -238,6 +239,7 @@ fn serve(flags: &Flags) -> ExitCode {
             };
             (sampling, latest)
         });
+        let (publisher, sweep) = side.map(|s| (s.publisher, s.sweep)).unzip();
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
             backend_dir: flags.backend_dir.clone(),

@@ -38,7 +38,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 /// The cards as the handlers see them.
 pub type Snapshot = Arc<Vec<Card>>;
@@ -130,35 +129,10 @@ impl DevicePlugin for Plugin {
         Ok(Response::new(stream))
     }
 
+    // The kubelet's calls each in a span with its resource (what the handlers log says which call and
+    // which resource it was for; the pods they name are in their own lines).
+    #[tracing::instrument(name = "preferred allocation", skip_all, fields(resource = self.resource.name()))]
     async fn get_preferred_allocation(
-        &self,
-        request: Request<PreferredAllocationRequest>,
-    ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        let span = tracing::info_span!("preferred allocation", resource = self.resource.name());
-        self.preferred(request).instrument(span).await
-    }
-
-    async fn allocate(
-        &self,
-        request: Request<AllocateRequest>,
-    ) -> Result<Response<AllocateResponse>, Status> {
-        let span = tracing::info_span!("allocate", resource = self.resource.name());
-        self.allocating(request).instrument(span).await
-    }
-
-    async fn pre_start_container(
-        &self,
-        request: Request<PreStartContainerRequest>,
-    ) -> Result<Response<PreStartContainerResponse>, Status> {
-        let span = tracing::info_span!("pre-start", resource = self.resource.name());
-        self.pre_start(request).instrument(span).await
-    }
-}
-
-/// The kubelet's calls, each in a span with its resource (what the handlers log says which call and
-/// which resource it was for; the pods they name are in their own lines).
-impl Plugin {
-    async fn preferred(
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
@@ -175,7 +149,8 @@ impl Plugin {
         Ok(Response::new(PreferredAllocationResponse { container_responses }))
     }
 
-    async fn allocating(
+    #[tracing::instrument(name = "allocate", skip_all, fields(resource = self.resource.name()))]
+    async fn allocate(
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
@@ -196,7 +171,8 @@ impl Plugin {
         Ok(Response::new(AllocateResponse { container_responses }))
     }
 
-    async fn pre_start(
+    #[tracing::instrument(name = "pre-start", skip_all, fields(resource = self.resource.name()))]
+    async fn pre_start_container(
         &self,
         request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
