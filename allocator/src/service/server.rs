@@ -292,10 +292,12 @@ async fn in_request_span(request: axum::extract::Request, next: axum::middleware
     next.run(request).instrument(span).await
 }
 
-/// Records on the current request's span the pod its body names.
+/// Records on the current request's span the pod its body names (formatted only where a subscriber
+/// writes it: nothing is allocated on the request path for it).
 fn for_pod(namespace: Option<&str>, name: Option<&str>) {
     if let Some(name) = name {
-        tracing::Span::current().record("pod", format!("{}/{name}", namespace.unwrap_or_default()));
+        let namespace = namespace.unwrap_or_default();
+        tracing::Span::current().record("pod", tracing::field::display(format_args!("{namespace}/{name}")));
     }
 }
 
@@ -330,6 +332,16 @@ enum Candidates<'a> {
     Borrowed(Option<Pod>, Vec<&'a str>),
     /// Anything else.
     Owned(ExtenderArgs),
+}
+
+impl Candidates<'_> {
+    /// The pod the body asks about.
+    fn pod(&self) -> Option<&Pod> {
+        match self {
+            Candidates::Borrowed(pod, _) => pod.as_ref(),
+            Candidates::Owned(args) => args.pod.as_ref(),
+        }
+    }
 }
 
 fn candidates(body: &Bytes) -> Result<Candidates<'_>, String> {
@@ -375,12 +387,8 @@ async fn filter<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Resp
             ..Default::default()
         });
     }
-    let pod = match &args {
-        Candidates::Borrowed(pod, _) => pod.as_ref(),
-        Candidates::Owned(args) => args.pod.as_ref(),
-    };
-    for_pod_of(pod);
-    let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
+    for_pod_of(args.pod());
+    let uid = args.pod().and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
     let one = s.filter_answers == FilterAnswers::One;
     if !one {
         s.handoff.before_filter(&uid).await;
@@ -416,10 +424,7 @@ async fn prioritize<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> 
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Prioritize, started, e),
     };
-    for_pod_of(match &args {
-        Candidates::Borrowed(pod, _) => pod.as_ref(),
-        Candidates::Owned(args) => args.pod.as_ref(),
-    });
+    for_pod_of(args.pod());
     if !s.leader.is_leader() {
         s.metrics.observe(Verb::Prioritize, false, started.elapsed());
         return (StatusCode::SERVICE_UNAVAILABLE, NOT_LEADER).into_response();
@@ -438,7 +443,6 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
         Ok(a) => a,
         Err(e) => return rejected(&s, Verb::Bind, started, e),
     };
-    let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
     for_pod(Some(&args.pod_namespace), Some(&args.pod_name));
     // On a task of its own (in this request's span): a bind runs to its end (and settles) even if
     // kube-scheduler hangs up.
@@ -454,11 +458,11 @@ async fn bind<B: Binder>(State(s): State<Arc<Shared<B>>>, body: Bytes) -> Respon
     s.metrics.observe(Verb::Bind, result.is_ok(), started.elapsed());
     let error = match result {
         Ok(()) => {
-            tracing::info!(verb = "bind", %pod, node = %args.node, "bound");
+            tracing::info!(verb = "bind", node = %args.node, "bound");
             String::new()
         }
         Err(e) => {
-            tracing::warn!(verb = "bind", %pod, node = %args.node, error = %e, "bind failed");
+            tracing::warn!(verb = "bind", node = %args.node, error = %e, "bind failed");
             for_scheduler(&e.to_string())
         }
     };
@@ -994,6 +998,38 @@ mod tests {
         assert_eq!(body, r#"{"Error":""}"#);
         assert_eq!(s.binder.calls(), vec!["get ns/a", "bind a n1"]);
         assert_eq!(free(&s), 40, "60 % held, as the API server's pod asks");
+    }
+
+    /// Log lines written as a bind runs, in its own task: in the request's span, which names the pod.
+    #[tokio::test]
+    async fn a_binds_lines_are_in_its_request_span_which_names_the_pod() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let s = shared();
+        s.binder.pods.lock().unwrap().insert("a".into(), pod("a", "3", None));
+        // A lost answer read back: a line the bind's task writes, then one the handler writes.
+        s.binder.lose_bind_answer.store(true, Ordering::SeqCst);
+        let (_, body) = call(&s, "POST", "/bind", binding("a")).await;
+        assert_eq!(body, r#"{"Error":""}"#);
+        let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        for said in ["the bind took effect", "bound"] {
+            let line = out.lines().find(|l| l.contains(said)).unwrap_or_else(|| panic!("{said}: {out}"));
+            assert!(line.contains("request{method=POST path=/bind pod=ns/a}"), "{line}");
+        }
     }
 
     #[tokio::test]
