@@ -12,41 +12,30 @@
 //!   labels, how each share is limited (MPS, HAMi-core, the driver's memory limit) and the MPS
 //!   daemons' directories, the node's pods and which container a call is for (pure, fed by its
 //!   node-scoped pod watch), the kubelet's pod-resources client, `/healthz` and `/readyz`.
-//! - [`plugin`]: the device-plugin gRPC service and its parts (IDs, container edits, identity, socket).
-//!   [`coexist`]: the cards another device plugin serves, which nano-gpu serves to nobody.
-//! - [`repair`]: the background worker (Events, verify-and-repair of starting containers);
-//!   [`checkpoint`]: the kubelet's device checkpoint kept free of pods that left.
-//! - [`run`]: the agent's main loop and its background tasks; [`kubelet`]: the serve/register
-//!   protocol that survives kubelet restarts and rollouts; [`keeper`]: the agent's parent process,
-//!   registering through that protocol and relaying to the agent, so the kubelet's side outlives an
-//!   agent crash.
-//! - [`flags`]: the command line (every path a flag, so tests run in temp dirs) and what it selects.
-//! - [`clean`]: what `clean-node` removes from a node at uninstall.
-//! - [`daemons`]: the agent's watch on the MPS daemons.
-//! - [`dra`]: the DRA kubelet plugin beside the device plugin, over the same cards and container
-//!   edits (`--dra`): ResourceSlices, prepare and unprepare, CDI specs.
-//! - [`usage`]: who uses what on every card (NVML samples, PIDs to containers), `/metrics`, the
-//!   memory-overrun watchdog.
+//! - [`kubelet`]: what the agent serves the kubelet: the register protocol that survives kubelet
+//!   restarts and rollouts, the device-plugin gRPC service and its parts (IDs, container edits,
+//!   identity, socket), the DRA kubelet plugin beside it over the same cards and container edits
+//!   (`--dra`: ResourceSlices, prepare and unprepare, CDI specs), the keeper (the agent's parent
+//!   process, so the kubelet's side outlives an agent crash), the kubelet's device checkpoint kept
+//!   free of pods that left, and the cards another device plugin serves, which nano-gpu serves to
+//!   nobody.
+//! - [`serve`]: what the agent keeps doing while it serves: its main loop and the tasks it owns,
+//!   who uses what on every card (NVML samples, PIDs to containers), `/metrics` and the
+//!   memory-overrun watchdog, the watch on the MPS daemons, the background worker (Events,
+//!   verify-and-repair of starting containers), the runtime canary.
+//! - [`commands`]: the command line (every path a flag, so tests run in temp dirs) and what it
+//!   selects, and each command's body: the agent that serves, the keeper, `clean-node` (what it
+//!   removes from a node at uninstall), `inventory`, `mps-control`, `canary`.
 
-pub mod canary;
 pub mod cards;
-pub mod checkpoint;
-pub mod clean;
-pub mod coexist;
-pub mod daemons;
-pub mod dra;
-pub mod flags;
-pub mod keeper;
+pub mod commands;
 pub mod kubelet;
 pub mod node;
-pub mod plugin;
-pub mod repair;
-pub mod run;
-pub mod usage;
+pub mod serve;
 
 #[cfg(test)]
 mod scratch;
 
-pub use flags::{Command, Flags, GpushareUnitArg};
+pub use commands::flags::{Command, Flags, GpushareUnitArg};
 #[cfg(test)]
 pub(crate) use scratch::Scratch;

@@ -5,9 +5,9 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_agent::cards::inventory::Card;
-use nano_gpu_agent::dra::{self, Claims, Driver, Paths, cdi};
+use nano_gpu_agent::kubelet::dra::{self, Claims, Driver, Paths, cdi};
+use nano_gpu_agent::kubelet::plugin::{DeviceList, Edits, Snapshot};
 use nano_gpu_agent::node::enforce::driver::PodLimit;
-use nano_gpu_agent::plugin::{DeviceList, Edits, Snapshot};
 use nano_gpu_proto::kubelet::dra::dra_plugin_client::DraPluginClient;
 use nano_gpu_proto::kubelet::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use nano_gpu_proto::kubelet::pluginregistration::registration_client::RegistrationClient;

@@ -8,8 +8,8 @@
 //! devices turn unhealthy, until the agent serves again.
 
 use nano_gpu_agent::cards::resource::Resource;
-use nano_gpu_agent::keeper::{Keeper, keep};
-use nano_gpu_agent::kubelet::Timing;
+use nano_gpu_agent::kubelet::keeper::{Keeper, keep};
+use nano_gpu_agent::kubelet::register::Timing;
 use nano_gpu_proto::device_id;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{

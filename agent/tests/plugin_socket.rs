@@ -4,7 +4,7 @@
 use futures::StreamExt;
 use nano_gpu_agent::cards::inventory::Card;
 use nano_gpu_agent::cards::resource::Resource;
-use nano_gpu_agent::plugin::{self, Plugin, Snapshot};
+use nano_gpu_agent::kubelet::plugin::{self, Plugin, Snapshot};
 use nano_gpu_proto::demand::GpushareUnit;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};

@@ -4,8 +4,8 @@
 //! reason; the two agents of a rollout side by side.
 
 use nano_gpu_agent::cards::inventory::{FakeFile, GpuInventory};
-use nano_gpu_agent::kubelet::{RunError, Timing};
-use nano_gpu_agent::run;
+use nano_gpu_agent::kubelet::register::{RunError, Timing};
+use nano_gpu_agent::serve::run;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::registration_server::{Registration, RegistrationServer};
 use nano_gpu_proto::kubelet::deviceplugin::{Empty, RegisterRequest};
@@ -310,7 +310,7 @@ async fn a_background_task_that_ends_stops_the_agent_with_its_name() {
     let (pods, residents) = watch::channel(nano_gpu_agent::node::pods::Residents::default());
     let lister =
         Arc::new(nano_gpu_agent::node::podresources::PodResourcesSocket::new(dir.join("pod-resources.sock")));
-    let sweep = nano_gpu_agent::checkpoint::Sweep::new(
+    let sweep = nano_gpu_agent::kubelet::checkpoint::Sweep::new(
         dir.join("kubelet_internal_checkpoint"),
         vec!["nano-gpu/gpu-percent"],
         residents,

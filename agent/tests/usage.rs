@@ -6,7 +6,7 @@
 
 use nano_gpu_agent::cards::inventory::{GpuInventory, NvmlInventory};
 use nano_gpu_agent::node::pods::Resident;
-use nano_gpu_agent::usage::{CardSample, ProcessSample, attribute, metrics, procs::Procs};
+use nano_gpu_agent::serve::usage::{CardSample, ProcessSample, attribute, metrics, procs::Procs};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::BTreeMap;

@@ -27,7 +27,7 @@
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use nano_gpu_agent::canary::ISOLATION_LABEL;
+use nano_gpu_agent::serve::canary::ISOLATION_LABEL;
 use nano_gpu_proto::annotations::{ASSIGNMENT_ANNOTATION, Assignment};
 use nano_gpu_tests::checks::{card_memories, check_consistency, held_memory};
 use nano_gpu_tests::cluster::{

@@ -582,7 +582,7 @@ async fn hangs_and_crashes_of_the_control_plane_agents_and_kubelets_during_burst
     // not Ready, so what is bound there in that window is what was bound before the kubelet reported
     // the container dead. Those failures are counted apart and printed, with each node's window as
     // its kubelet logged it: this is the part of the window the kubelet forces (the memory guard,
-    // `agent/src/keeper/memory.rs`, keeps an agent that grows from taking its keeper with it).
+    // `agent/src/kubelet/keeper/memory.rs`, keeps an agent that grows from taking its keeper with it).
     let killed = std::cell::RefCell::new(Vec::<String>::new());
     let failed = burst_excusing(
         &cluster,

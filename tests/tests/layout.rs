@@ -1,7 +1,7 @@
 //! The layout stays what the layout page (docs/src/development/layout.md) says: inside each crate,
 //! no top-level module reaches (through `crate::` or `super::` paths) a module that reaches back to
-//! it, nor does a module one folder down with its siblings; the allocator's folders by job use only
-//! the folders before them. A cycle is reported with its path, e.g. `health -> inventory -> health`.
+//! it, nor does a module one folder down with its siblings; the allocator's and the agent's folders by job
+//! use only the folders before them. A cycle is reported with its path, e.g. `health -> inventory -> health`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -179,24 +179,37 @@ fn no_crate_has_a_module_cycle() {
 /// The allocator's folders by job, each using only those before it (`allocator/src/lib.rs`).
 const ALLOCATOR_ORDER: &[&str] = &["decide", "state", "service", "commands", "sim"];
 
-#[test]
-fn the_allocators_folders_use_only_those_before_them() {
+/// The agent's folders by job, each using only those before it (`agent/src/lib.rs`).
+const AGENT_ORDER: &[&str] = &["cards", "node", "kubelet", "serve", "commands"];
+
+/// In crate `src` (from the repository root), every top-level module is one of `order` (or a test
+/// helper of `helpers`), and none names a module after its own in `order`.
+fn folders_use_only_those_before_them(src: &str, order: &[&str], helpers: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let top = module_graph(&root.join("allocator/src"), 1);
-    let rank = |m: &str| ALLOCATOR_ORDER.iter().position(|o| *o == m);
+    let top = module_graph(&root.join(src), 1);
+    let rank = |m: &str| order.iter().position(|o| *o == m);
     for module in top.keys() {
-        // Only test helpers stand outside the folders.
         assert!(
-            rank(module).is_some() || module == "api_replies",
-            "allocator/src/{module}: in no folder by job"
+            rank(module).is_some() || helpers.contains(&module.as_str()),
+            "{src}/{module}: in no folder by job"
         );
     }
     for (from, uses) in &top {
         let Some(r) = rank(from) else { continue };
         if let Some(to) = uses.iter().find(|to| rank(to).is_some_and(|t| t > r)) {
-            panic!("allocator/src/{from} reaches up to {to} (allowed: the folders before it in lib.rs)");
+            panic!("{src}/{from} reaches up to {to} (allowed: the folders before it in lib.rs)");
         }
     }
+}
+
+#[test]
+fn the_allocators_folders_use_only_those_before_them() {
+    folders_use_only_those_before_them("allocator/src", ALLOCATOR_ORDER, &["api_replies"]);
+}
+
+#[test]
+fn the_agents_folders_use_only_those_before_them() {
+    folders_use_only_those_before_them("agent/src", AGENT_ORDER, &["scratch"]);
 }
 
 #[test]

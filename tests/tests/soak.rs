@@ -204,7 +204,7 @@ fn restart_on(cluster: &Cluster, what: &str, node: &str) -> Option<std::process:
 /// kubernetes#109595, #133382), either way the fault suite knows:
 /// - it counts the devices its checkpoint holds for pods that left as still held until its pod
 ///   sources are ready, so a pod bound around the restart is refused for want of device IDs the
-///   allocator rightly saw free. The agents keep the checkpoints clean (`nano_gpu_agent::checkpoint`),
+///   allocator rightly saw free. The agents keep the checkpoints clean (`nano_gpu_agent::kubelet::checkpoint`),
 ///   which leaves the pods that left in the moment before the kill. Only that message, on a node
 ///   whose kubelet the soak restarted within the last 30 s;
 /// - it denied the pod for want of a healthy device before it had our devices, which we sent

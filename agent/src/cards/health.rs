@@ -22,7 +22,7 @@ pub struct Health {
     /// Every XID (critical or not) per card since the start, for the metrics.
     counts: Mutex<HashMap<String, u64>>,
     quiet: Duration,
-    /// Cards another device plugin serves too, with why ([`crate::coexist`]).
+    /// Cards another device plugin serves too, with why ([`crate::kubelet::coexist`]).
     claimed: Mutex<BTreeMap<String, String>>,
     /// Woken on every critical XID and every change of the cards another plugin serves, so the
     /// inventory is re-published at once.

@@ -8,7 +8,7 @@
 //! cannot limit now (MPS: in MIG mode, or its daemon is not running; HAMi-core: not installed) is
 //! served unhealthy with the reason as its fault, so the kubelet gives it to nobody: a share is never
 //! handed out unlimited under a mode that promises a limit. The pods with shares on a card whose
-//! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`crate::daemons`].
+//! daemon stopped are told with a Warning Event (`MpsDaemonLost`) by [`crate::serve::daemons`].
 
 pub mod driver;
 pub mod mps;

@@ -37,7 +37,7 @@ impl PodResourcesSocket {
 
 impl PodResourcesSocket {
     /// `GetAllocatableResources`: every device of every device plugin registered with the kubelet
-    /// (not only nano-gpu's), as [`crate::coexist`] reads it.
+    /// (not only nano-gpu's), as [`crate::kubelet::coexist`] reads it.
     pub async fn allocatable(&self) -> Result<AllocatableResourcesResponse, Status> {
         self.call(|mut c| async move { c.get_allocatable_resources(AllocatableResourcesRequest {}).await })
             .await

@@ -110,7 +110,7 @@ pub struct Resident {
     /// Its card grants per container, from a well-formed assignment (none without one).
     pub grants: BTreeMap<String, Vec<CardGrant>>,
     /// The ResourceClaims each container names (`resources.claims`), init containers included: the
-    /// grants of a pod placed through DRA ([`crate::usage::claims`]).
+    /// grants of a pod placed through DRA ([`crate::serve::usage::claims`]).
     pub claims: BTreeMap<String, Vec<ClaimUse>>,
     /// Its `nano-gpu/overrun` mark: none when it has neither the label nor the annotation; empty when
     /// it has only one of them or the annotation does not decode (to be rewritten or removed).

@@ -40,7 +40,7 @@ impl Readiness {
         *self.problems.lock().unwrap_or_else(|e| e.into_inner()) = problems;
     }
 
-    /// What holds a share on this node to its size ([`Edits::guarantee`](crate::plugin::Edits::guarantee)).
+    /// What holds a share on this node to its size ([`Edits::guarantee`](crate::kubelet::plugin::Edits::guarantee)).
     pub fn set_guarantee(&self, guarantee: String) {
         *self.guarantee.lock().unwrap_or_else(|e| e.into_inner()) = guarantee;
     }

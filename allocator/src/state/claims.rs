@@ -308,7 +308,7 @@ impl ClusterState {
     /// allocated (or allocated in part, by an earlier write that failed half-way: the rest then goes
     /// to the same node), holds them in flight and returns the writes. A pod that cannot be placed,
     /// or whose claims nano-gpu cannot allocate, gets a warning (once per distinct message); one that
-    /// pods of lower priority are in the way of preempts them ([`preempt`]). Pods of higher priority
+    /// pods of lower priority are in the way of preempts them ([`super::preemption`]). Pods of higher priority
     /// are planned first.
     pub fn plan_claims(&mut self) -> Vec<ClaimWrite> {
         let mut writes = Vec::new();

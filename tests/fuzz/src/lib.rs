@@ -117,7 +117,9 @@ pub fn device_ids(data: &[u8]) {
 /// of the same text names.
 pub fn kubelet_checkpoint(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let Ok(holders) = nano_gpu_agent::checkpoint::holders(&text, &["nano-gpu/gpu-percent"]) else { return };
+    let Ok(holders) = nano_gpu_agent::kubelet::checkpoint::holders(&text, &["nano-gpu/gpu-percent"]) else {
+        return;
+    };
     let named =
         checkpoint_holders_as_json(&text, "nano-gpu/gpu-percent").expect("decoded by the sweep, not JSON");
     assert_eq!(holders, named, "{text}");
@@ -142,7 +144,7 @@ pub fn checkpoint_holders_as_json(text: &str, resource: &str) -> Option<std::col
 pub fn cgroup_and_metrics(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     for line in text.lines() {
-        let _ = nano_gpu_agent::usage::cgroup::container_of(line);
+        let _ = nano_gpu_agent::serve::usage::cgroup::container_of(line);
         let _ = nano_gpu_allocator::commands::top::sample(line);
     }
     let _ = nano_gpu_allocator::commands::top::rows(&text);
@@ -154,8 +156,8 @@ pub fn cgroup_and_metrics(data: &[u8]) {
 pub fn allocate(data: &[u8]) {
     use nano_gpu_agent::cards::inventory::Card;
     use nano_gpu_agent::cards::resource::Resource;
+    use nano_gpu_agent::kubelet::plugin::{Edits, allocate};
     use nano_gpu_agent::node::enforce::{Enforcement, mps::Layout};
-    use nano_gpu_agent::plugin::{Edits, allocate};
     use nano_gpu_proto::kubelet::deviceplugin::AllocateRequest;
     use nano_gpu_proto::units::MiB;
     use prost::Message;
@@ -237,7 +239,7 @@ pub fn sysfs_and_proc(data: &[u8]) {
     std::fs::create_dir_all(&process).unwrap();
     std::fs::write(process.join("stat"), &stat).unwrap();
     std::fs::write(process.join("cgroup"), &cgroup).unwrap();
-    let _ = nano_gpu_agent::usage::procs::Procs::new(dir.join("proc")).container_of(42);
+    let _ = nano_gpu_agent::serve::usage::procs::Procs::new(dir.join("proc")).container_of(42);
     // A DRM client's fdinfo, parsed and sampled twice (the second turns counters into
     // utilisation): read or skipped, never a panic.
     std::fs::create_dir_all(process.join("fdinfo")).unwrap();

@@ -16,8 +16,8 @@ pub use crate::cards::inventory::{CardSample, ProcessSample};
 use nano_gpu_proto::events::Reason;
 
 use crate::cards::inventory::{Card, GpuInventory, sample_all};
+use crate::kubelet::plugin::Snapshot;
 use crate::node::pods::{Resident, Residents, pod_key};
-use crate::plugin::Snapshot;
 use nano_gpu_proto::units::{MiB, Percent};
 use procs::Procs;
 use std::collections::{BTreeMap, BTreeSet};
@@ -224,7 +224,7 @@ pub struct Sampling {
     /// The node's pods (an empty view without a node name: every process is then unattributed).
     pub residents: watch::Receiver<Residents>,
     /// Where overruns are reported (the Event worker), when there is one.
-    pub reports: Option<mpsc::Sender<crate::plugin::Report>>,
+    pub reports: Option<mpsc::Sender<crate::kubelet::plugin::Report>>,
     /// Where the claims of pods placed through DRA are read, when the node serves DRA.
     pub claims: Option<ClaimSource>,
 }
@@ -247,8 +247,8 @@ impl ClaimSource {
         pods: &BTreeMap<String, Resident>,
         cards: &[Card],
     ) {
-        use crate::dra::Claims;
-        let reader = crate::dra::ApiClaims(self.client.clone());
+        use crate::kubelet::dra::Claims;
+        let reader = crate::kubelet::dra::ApiClaims(self.client.clone());
         for (namespace, name) in grants.to_read(pods, std::time::Instant::now()) {
             let read = tokio::time::timeout(Duration::from_secs(5), reader.get(&namespace, &name))
                 .await
@@ -323,7 +323,7 @@ pub async fn run(
                 grace.as_secs()
             );
             if let Some(tx) = &reports {
-                let _ = tx.try_send(crate::plugin::Report::Warning {
+                let _ = tx.try_send(crate::kubelet::plugin::Report::Warning {
                     pod: pod_key(&r.namespace, &r.pod),
                     reason: Reason::GpuMemoryOverrun,
                     action: "Sample",
@@ -335,7 +335,7 @@ pub async fn run(
         // full queue or a failed patch is tried again next pass).
         if let Some(tx) = &reports {
             for change in watchdog::marks(&report.containers, &pods) {
-                let _ = tx.try_send(crate::plugin::Report::Mark(change));
+                let _ = tx.try_send(crate::kubelet::plugin::Report::Mark(change));
             }
         }
         let at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());

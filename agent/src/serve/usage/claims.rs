@@ -9,7 +9,7 @@
 //! not allocated yet, is read again after [`RETRY`].
 
 use crate::cards::inventory::Card;
-use crate::dra::prepare;
+use crate::kubelet::dra::prepare;
 use crate::node::pods::{ClaimUse, Resident};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nano_gpu_proto::annotations::CardGrant;
@@ -34,7 +34,7 @@ pub struct ClaimGrant {
 /// (none for a claim of another driver or node).
 pub type Held = BTreeMap<(String, String), Vec<ClaimGrant>>;
 
-/// [`Held`] as the usage loop last read it, for the MPS daemons' watcher ([`crate::daemons`]).
+/// [`Held`] as the usage loop last read it, for the MPS daemons' watcher ([`crate::serve::daemons`]).
 pub type SharedHeld = std::sync::Arc<std::sync::RwLock<Held>>;
 
 /// The claims the node's pods name, read or waiting to be.
@@ -102,7 +102,7 @@ impl ClaimGrants {
         let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
         let allocation = allocation.ok_or_else(|| format!("claim {name} is not allocated yet"))?;
         let mut results = allocation.devices.iter().flat_map(|d| d.results.iter().flatten());
-        if !results.any(|r| r.driver == crate::dra::DRIVER && r.pool == self.node) {
+        if !results.any(|r| r.driver == crate::kubelet::dra::DRIVER && r.pool == self.node) {
             return Ok(Vec::new());
         }
         let grants = prepare::held(claim, &self.node, cards)?;

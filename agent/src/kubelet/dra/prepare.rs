@@ -1,13 +1,13 @@
 //! What a prepared claim gives its containers: the claim's allocation (the devices of this driver and
 //! node, each with the capacity it consumes) read against the node's cards, then the same container
-//! edits the device plugin hands out ([`crate::plugin::container_edits`]), one CDI device per request.
+//! edits the device plugin hands out ([`crate::kubelet::plugin::container_edits`]), one CDI device per request.
 //!
 //! Pure: the claim comes in as the API server has it, the cards as the inventory has them.
 
 use super::DRIVER;
 use crate::cards::inventory::Card;
 use crate::cards::resource::Resource;
-use crate::plugin::{Claimed, Edits, container_edits};
+use crate::kubelet::plugin::{Claimed, Edits, container_edits};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use nano_gpu_proto::annotations::CardGrant;
 use nano_gpu_proto::kubelet::deviceplugin::ContainerAllocateResponse;

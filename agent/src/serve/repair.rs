@@ -8,9 +8,9 @@
 //! findings: a Warning Event for an overrun, and the pod's `nano-gpu/overrun` mark kept up to date.
 
 use crate::cards::resource::Resource;
+use crate::kubelet::plugin::Report;
 use crate::node::podresources::Lister;
 use crate::node::pods::{MarkChange, RepairAt, describe, owner_of, repaired};
-use crate::plugin::Report;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};

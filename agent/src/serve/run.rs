@@ -2,7 +2,7 @@
 //! when they change), run the background tasks (usage sampler, checkpoint sweep, MPS daemon watch,
 //! other plugins' cards) under one owner, and serve a device plugin per resource
 //! (`nano-gpu.sock`, and `nano-gpu-gpushare.sock` with gpushare compatibility) through the kubelet's
-//! registration protocol ([`crate::kubelet`]), or on a keeper's backend sockets.
+//! registration protocol ([`crate::kubelet::register`]), or on a keeper's backend sockets.
 //!
 //! The loop ends when a background task ends or the kubelet refuses the registration. A backend that
 //! cannot be read (no NVML on this node, say) leaves its cards out and is retried at the next
@@ -10,14 +10,14 @@
 use crate::cards::health::Health;
 use crate::cards::inventory::{GpuInventory, read_all};
 use crate::cards::resource::Resource;
-use crate::kubelet::{
+use crate::kubelet::plugin::{Edits, Identity, Plugin, Snapshot};
+use crate::kubelet::register::{
     RunError, Served, Serving, Timing, remove_dead_sockets, remove_own_sockets, serve_and_register,
     serve_backend, spawn_server,
 };
 use crate::node::enforce::Enforcement;
 use crate::node::probe::Readiness;
 use crate::node::publish::Publisher;
-use crate::plugin::{Edits, Identity, Plugin, Snapshot};
 use nano_gpu_runtime::tasks::{Child, Tasks};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,7 +74,7 @@ const DAEMON_CHECK: Duration = Duration::from_secs(1);
 pub struct Agent {
     /// The kubelet's device-plugin directory.
     pub plugin_dir: PathBuf,
-    /// Where to serve for a keeper instead ([`crate::keeper`]): the plugins listen there and the
+    /// Where to serve for a keeper instead ([`crate::kubelet::keeper`]): the plugins listen there and the
     /// keeper registers with the kubelet and relays its calls; nothing is registered from here.
     pub backend_dir: Option<PathBuf>,
     /// This agent among the node's agents (its pod's name; empty when it is the only one): names
@@ -95,22 +95,22 @@ pub struct Agent {
     /// What the readiness probe reports.
     pub readiness: Arc<Readiness>,
     /// Usage sampling, and where its newest report goes (absent: not sampled).
-    pub usage: Option<(crate::usage::Sampling, crate::usage::Latest)>,
+    pub usage: Option<(crate::serve::usage::Sampling, crate::serve::usage::Latest)>,
     /// The node's pods and where Events about them go (absent without a node name): under MPS,
     /// the pods of a card whose daemon stopped are told.
     /// On a node that serves DRA, the pods' claims as the usage loop read them tell who shares a card.
     pub told: Option<(
         watch::Receiver<crate::node::pods::Residents>,
-        tokio::sync::mpsc::Sender<crate::plugin::Report>,
-        crate::usage::claims::SharedHeld,
+        tokio::sync::mpsc::Sender<crate::kubelet::plugin::Report>,
+        crate::serve::usage::claims::SharedHeld,
     )>,
     /// The kubelet's device checkpoint kept free of pods that left (absent without a node name).
-    pub sweep: Option<crate::checkpoint::Sweep>,
+    pub sweep: Option<crate::kubelet::checkpoint::Sweep>,
     /// The kubelet's pod-resources API, asked which cards other device plugins serve
-    /// ([`crate::coexist`]; absent: not asked).
+    /// ([`crate::kubelet::coexist`]; absent: not asked).
     pub allocatable: Option<Arc<crate::node::podresources::PodResourcesSocket>>,
     /// The DRA front end over the same cards (absent: the device plugin only).
-    pub dra: Option<crate::dra::FrontEnd>,
+    pub dra: Option<crate::kubelet::dra::FrontEnd>,
     /// The background tasks the caller started for this agent (its Node and pod watches, the repair
     /// worker, the probes, ...): the loop adds its own and owns them all. The first to end, by
     /// returning or by a panic, ends the loop with an error that names it (the agent exits and its
@@ -151,7 +151,8 @@ pub async fn run(agent: Agent, shutdown: watch::Receiver<bool>) -> Result<(), Ru
     let (cards, snapshot) = watch::channel(first);
     let cards = Arc::new(cards);
     if let Some((sampling, latest)) = usage {
-        let usage = crate::usage::run(sampling, backends.clone(), snapshot.clone(), health.clone(), latest);
+        let usage =
+            crate::serve::usage::run(sampling, backends.clone(), snapshot.clone(), health.clone(), latest);
         tasks.spawn("usage sampler", usage);
     }
     // Sending the devices again makes the kubelet write its checkpoint.
@@ -160,8 +161,13 @@ pub async fn run(agent: Agent, shutdown: watch::Receiver<bool>) -> Result<(), Ru
         tasks.spawn("checkpoint sweep", sweep.run(move || cards.send_modify(|_| {})));
     }
     if let Enforcement::Mps(layout) = &edits.enforcement {
-        let watch =
-            crate::daemons::watch(layout.clone(), snapshot.clone(), told, health.clone(), DAEMON_CHECK);
+        let watch = crate::serve::daemons::watch(
+            layout.clone(),
+            snapshot.clone(),
+            told,
+            health.clone(),
+            DAEMON_CHECK,
+        );
         tasks.spawn("MPS daemon watch", watch);
     }
     // Not aborted with the loop: at a shutdown it removes its own sockets, so the kubelet
@@ -169,7 +175,8 @@ pub async fn run(agent: Agent, shutdown: watch::Receiver<bool>) -> Result<(), Ru
     let dra = dra.map(|front| tokio::spawn(front.run(snapshot.clone(), edits.clone(), shutdown.clone())));
     if let Some(kubelet) = allocatable {
         let ours: Vec<&'static str> = plugins.iter().map(|(r, _)| r.name()).collect();
-        let watch = crate::coexist::watch(kubelet, ours, snapshot.clone(), health.clone(), COEXIST_CHECK);
+        let watch =
+            crate::kubelet::coexist::watch(kubelet, ours, snapshot.clone(), health.clone(), COEXIST_CHECK);
         tasks.spawn("other plugins' cards", watch);
     }
     // The Node shows the cards as this agent reads them before the kubelet is told: an agent

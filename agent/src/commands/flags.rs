@@ -3,8 +3,9 @@
 
 use crate::cards::inventory::{FakeFile, GpuInventory, NvmlInventory, SysfsDrm};
 use crate::cards::resource;
+use crate::commands::clean;
+use crate::kubelet::plugin;
 use crate::node::enforce;
-use crate::{clean, plugin};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 

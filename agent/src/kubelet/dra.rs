@@ -1,6 +1,6 @@
 //! The DRA front end: the agent as a Dynamic Resource Allocation kubelet plugin for the driver
 //! [`DRIVER`], beside the device plugin and over the same model of the node's cards (the inventory
-//! loop's snapshot) and the same container edits ([`crate::plugin::container_edits`]).
+//! loop's snapshot) and the same container edits ([`crate::kubelet::plugin::container_edits`]).
 //!
 //! - [`slice`]: the cards as the node's ResourceSlice (each card one device, shared by capacity).
 //! - [`prepare`]: a claim's allocation read against the cards (pure).
@@ -18,8 +18,8 @@ pub mod limit;
 pub mod prepare;
 pub mod slice;
 
+use crate::kubelet::plugin::{Edits, Snapshot};
 use crate::node::enforce::driver::{MemoryLimit, PodLimit};
-use crate::plugin::{Edits, Snapshot};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -81,9 +81,9 @@ impl Paths {
     /// does not keep a registration whose service is gone; run before this agent binds its own.
     pub async fn sweep(&self) {
         let registration = |n: &str| n.starts_with(DRIVER) && n.ends_with("-reg.sock");
-        crate::plugin::socket::remove_unserved(&self.registry_dir, registration).await;
+        crate::kubelet::plugin::socket::remove_unserved(&self.registry_dir, registration).await;
         let service = |n: &str| n.starts_with("dra") && n.ends_with(".sock");
-        crate::plugin::socket::remove_unserved(&self.plugin_dir, service).await;
+        crate::kubelet::plugin::socket::remove_unserved(&self.plugin_dir, service).await;
     }
 }
 
@@ -299,7 +299,7 @@ fn bind(socket: &Path) -> Result<tokio::net::UnixListener, String> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    crate::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))
+    crate::kubelet::plugin::bind(socket).map_err(|e| format!("{}: {e}", socket.display()))
 }
 
 /// Serves `routes` on `listener` until `stop`; with `fix_authority`, through [`authority`]'s front

@@ -7,6 +7,7 @@
 use nano_gpu_proto::install::node_files::{CDI_SPECS, DEVICE_PLUGINS, PLUGIN_DIR, PLUGINS_REGISTRY, RUN_DIR};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 /// Where the host's directories are.
 #[derive(Clone, Debug, clap::Args)]
@@ -90,6 +91,24 @@ fn entries_starting(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> {
     Ok(paths)
 }
 
+/// `clean-node`: nano-gpu's files removed from the node, each named on stdout.
+pub fn clean_node(dirs: &Dirs) -> ExitCode {
+    match clean(dirs) {
+        Ok(removed) if removed.is_empty() => {
+            println!("nothing of nano-gpu on this node");
+            ExitCode::SUCCESS
+        }
+        Ok(removed) => {
+            removed.iter().for_each(|p| println!("removed {}", p.display()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nano-gpu-agent: clean-node: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,7 +137,7 @@ mod tests {
             d.host_kubelet.join("device-plugins/nano-gpu-gpushare.agent-x.sock"),
             d.host_kubelet.join("plugins_registry/gpu.nano-gpu.io-1-reg.sock"),
             d.host_kubelet.join("plugins/gpu.nano-gpu.io/dra.sock"),
-            crate::dra::cdi::path(&d.host_cdi, "0b4a"),
+            crate::kubelet::dra::cdi::path(&d.host_cdi, "0b4a"),
         ];
         let theirs = [
             d.host_run.join("containerd/containerd.sock"),

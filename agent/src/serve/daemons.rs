@@ -4,10 +4,10 @@
 //! there lost their MPS server.
 
 use crate::cards::health::Health;
+use crate::kubelet::plugin::{Report, Snapshot};
 use crate::node::enforce::mps;
 use crate::node::pods::{Resident, Residents, pod_key};
-use crate::plugin::{Report, Snapshot};
-use crate::usage::claims::{Held, SharedHeld, taken};
+use crate::serve::usage::claims::{Held, SharedHeld, taken};
 use nano_gpu_proto::annotations::{CardGrant, Vendor};
 use nano_gpu_proto::events::Reason;
 use std::collections::{BTreeMap, HashMap};
@@ -98,7 +98,7 @@ mod tests {
     #[test]
     fn only_pods_with_a_share_of_the_card_hold_it() {
         use crate::node::pods::ClaimUse;
-        use crate::usage::claims::ClaimGrant;
+        use crate::serve::usage::claims::ClaimGrant;
         use nano_gpu_proto::units::Percent;
         let grant = |uuid: &str, p: u32| CardGrant {
             index: 0,

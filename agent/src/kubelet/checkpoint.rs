@@ -303,7 +303,7 @@ mod tests {
     }
 
     fn fixture(name: &str, fail: bool) -> Fixture {
-        let dir = crate::usage::procs::tests::temp_dir(name);
+        let dir = crate::Scratch::new(&format!("checkpoint-{name}"));
         let path = dir.join(CHECKPOINT_FILE);
         let (pods, seen) = watch::channel(residents(&[]));
         let lister = Arc::new(Counting { fail, ..Default::default() });

@@ -312,7 +312,7 @@ pub async fn watch(
                 action: "CheckRuntime".into(),
                 secondary: None,
             };
-            let node_ref = crate::repair::node_reference(name);
+            let node_ref = crate::serve::repair::node_reference(name);
             let sent =
                 tokio::time::timeout(Duration::from_secs(10), recorder.publish(&event, &node_ref)).await;
             if !matches!(sent, Ok(Ok(()))) {

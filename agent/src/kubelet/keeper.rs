@@ -8,7 +8,7 @@
 //! command), the agent runs as the keeper's child and serves its plugins on sockets in a directory
 //! of its own (`--backend-dir`); the keeper starts it again whenever it exits (a crash, an OOM kill,
 //! a segfault in the driver's library), registers with the kubelet what it serves (the same loop as
-//! the agent's own, [`crate::kubelet::serve_and_register`]: kubelet restarts and rollouts alike), and
+//! the agent's own, [`crate::kubelet::register::serve_and_register`]: kubelet restarts and rollouts alike), and
 //! relays:
 //! - ListAndWatch: the agent's device lists as they come; while the agent is away the kubelet's
 //!   stream stays open with the last list, marked unhealthy only once the agent has been away for
@@ -25,9 +25,9 @@
 pub mod memory;
 
 use crate::cards::resource::Resource;
-use crate::kubelet::{self, RunError, Served, Serving, Timing};
+use crate::kubelet::plugin;
+use crate::kubelet::register::{self, RunError, Served, Serving, Timing};
 use crate::node::probe::Readiness;
-use crate::plugin;
 use nano_gpu_proto::kubelet::UNHEALTHY;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_client::DevicePluginClient;
 use nano_gpu_proto::kubelet::deviceplugin::device_plugin_server::DevicePlugin;
@@ -188,7 +188,7 @@ async fn over_ceiling(pid: Option<u32>, guard: Option<memory::Guard>) -> (u64, u
 /// Runs the agent (if it has one to run) and waits for it to serve, then registers its resources
 /// and relays until `shutdown` (or the kubelet refuses). At a shutdown the agent is stopped first and
 /// the kubelet's calls are relayed until it has gone: it serves the pods bound to the node that
-/// still wait for their devices before it stops (`crate::run`'s drain), which the kubelet would fail
+/// still wait for their devices before it stops (`crate::serve::run`'s drain), which the kubelet would fail
 /// once the keeper's sockets are gone. Then the keeper's socket files go.
 pub async fn keep(keeper: Keeper, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
     let Keeper { plugin_dir, backend, instance, resources, patience, timing, agent } = keeper;
@@ -240,7 +240,7 @@ async fn relay(
     let mut said = false;
     for resource in resources {
         let socket = backend.join(resource.socket(""));
-        while !crate::plugin::socket::is_served(&socket).await {
+        while !crate::kubelet::plugin::socket::is_served(&socket).await {
             if !said {
                 tracing::info!(dir = %backend.display(), "waiting for the agent to serve");
                 said = true;
@@ -253,11 +253,11 @@ async fn relay(
     }
     let (again, _) = watch::channel(());
     let relays = Relays { backend: backend.to_owned(), patience, again };
-    kubelet::remove_dead_sockets(plugin_dir, resources).await;
+    register::remove_dead_sockets(plugin_dir, resources).await;
     let readiness = Arc::new(Readiness::default());
     let serving = Serving { resources, served: &relays, instance, plugin_dir, timing, readiness: &readiness };
-    let result = kubelet::serve_and_register(serving, shutdown).await;
-    kubelet::remove_own_sockets(plugin_dir, resources, instance).await;
+    let result = register::serve_and_register(serving, shutdown).await;
+    register::remove_own_sockets(plugin_dir, resources, instance).await;
     result
 }
 
@@ -276,7 +276,7 @@ impl Served for Relays {
         stop: oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<Result<(), String>> {
         let relay = Relay::new(self.backend.join(resource.socket("")), self.patience, self.again.subscribe());
-        kubelet::spawn_server(listener, relay, stop)
+        register::spawn_server(listener, relay, stop)
     }
 
     fn send_again(&self) {

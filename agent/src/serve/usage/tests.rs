@@ -133,7 +133,7 @@ fn processes_are_put_beside_their_containers_grants() {
 #[test]
 fn a_dra_pods_containers_are_granted_what_their_claims_hold() {
     use crate::node::pods::ClaimUse;
-    use crate::usage::claims::{ClaimGrant, Held};
+    use crate::serve::usage::claims::{ClaimGrant, Held};
     let root = temp_dir("claims");
     // Pod A (DRA): its trainer names both requests of claim `c1` (a 30 % share of card 0 with 2,000
     // MiB, a whole card 1), its sidecar only the share; pod B's server names the share too (a claim
