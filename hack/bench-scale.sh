@@ -58,6 +58,11 @@ if [[ -z $COUNTED ]]; then
   SCHEDULER_FLAGS=("${gates[@]}" "${SCHEDULER_FLAGS[@]}")
 fi
 
+# The shipped Deployment's --require-ready-agent: the allocator places only where a Ready agent pod
+# runs (the driver writes one per node, as the DaemonSet and kubelet would).
+mapfile -t AGENT_FLAG < <(sed -n 's/^ *- \(--require-ready-agent=.*\)$/\1/p' "$ROOT/deploy/allocator.yaml")
+[[ ${#AGENT_FLAG[@]} -eq 1 ]] || die "deploy/allocator.yaml: no --require-ready-agent flag found"
+
 cd "$ROOT"
 cargo build --release --locked -p nano-gpu-allocator -p nano-gpu-tests --bin nano-gpu-allocator --bin bench-scale >&2
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
@@ -93,7 +98,7 @@ EOF
   scheduler_config "$ap" >"$DIR/scheduler-$name.yaml"
   launch "allocator-$name" env POD_NAME="$name" POD_NAMESPACE=nano-gpu-system "$ALLOCATOR" \
     --kubeconfig "$ADMIN_KUBECONFIG" serve --listen "127.0.0.1:$ap" --operator-listen "127.0.0.1:$op" --leader-elect \
-    --follow-scheduler-lease nano-gpu-scheduler
+    --follow-scheduler-lease nano-gpu-scheduler "${AGENT_FLAG[@]}"
   # shellcheck disable=SC2016 # expanded by the inner shell
   launch "kube-scheduler-$name" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" \
     "$K8S_BIN/kube-scheduler" --config "$DIR/scheduler-$name.yaml" \

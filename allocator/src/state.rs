@@ -135,6 +135,9 @@ pub struct ClusterState {
     /// namespace), and the agent pods seen, by uid: their node and whether they are Ready.
     agent_label: Option<AgentPods>,
     agents: HashMap<String, (String, bool)>,
+    /// Of `agents`, how many Ready ones each node has (a node without one is absent): whether a node
+    /// serves is read at every rebuild, which must not walk every agent of the cluster.
+    ready_agents: HashMap<String, usize>,
     /// Nodes whose kubelet failed a share for want of nano-gpu's devices, and when that was seen:
     /// none is placed there for [`REFUSAL_PAUSE`] ([`ClusterState::expire_kubelet_refusals`]).
     kubelet_refusals: HashMap<String, Instant>,
@@ -176,8 +179,13 @@ pub struct ClusterState {
     /// not yet taken ([`ClusterState::take_preemptions`]).
     nominations: HashMap<String, preemption::Nomination>,
     preempt_after: HashMap<String, Instant>,
-    /// Per waiting pod, the generation of the view its last search for victims was made on.
-    preempt_searched: HashMap<String, u64>,
+    /// Per waiting pod, the view its last search for victims was made on (the generation and
+    /// `victims_changed`).
+    preempt_searched: HashMap<String, (u64, u64)>,
+    /// Counts the pod changes that leave every node as it was but change what preemption may end (a
+    /// reservation confirmed, a priority, a pod being deleted): with the generation, what a search
+    /// for victims was made on.
+    victims_changed: u64,
     preemptions: Vec<Preemption>,
 }
 
@@ -206,7 +214,7 @@ impl AgentPods {
 
 /// A pending GPU pod: its name, what it asks, since when (its creation, RFC 3339 and in seconds
 /// since the epoch).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 struct Waiting {
     key: (String, String),
     demand: nano_gpu_proto::demand::PodDemand,
@@ -309,6 +317,7 @@ impl ClusterState {
             pod_events: 0,
             agent_label: None,
             agents: HashMap::new(),
+            ready_agents: HashMap::new(),
             kubelet_refusals: HashMap::new(),
             warnings: Vec::new(),
             waiting: BTreeMap::new(),
@@ -329,6 +338,7 @@ impl ClusterState {
             nominations: HashMap::new(),
             preempt_after: HashMap::new(),
             preempt_searched: HashMap::new(),
+            victims_changed: 0,
             preemptions: Vec::new(),
         }
     }
@@ -355,7 +365,7 @@ impl ClusterState {
     /// kubelet has not just failed a share for want of nano-gpu's devices ([`REFUSAL_PAUSE`]).
     fn agent_ready(&self, node: &str) -> bool {
         !self.kubelet_refusals.contains_key(node)
-            && (self.agent_label.is_none() || self.agents.values().any(|(n, ready)| *ready && n == node))
+            && (self.agent_label.is_none() || self.ready_agents.contains_key(node))
     }
 
     /// `node`'s kubelet failed a share for want of nano-gpu's devices, seen `now`: nothing is placed

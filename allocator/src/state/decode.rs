@@ -97,6 +97,18 @@ pub(super) struct PodRecord {
     pub(super) terminating: bool,
 }
 
+impl PodRecord {
+    /// Whether `other` takes from its node what this one does: the same node, host resources and
+    /// holding (and name, which the node's warnings carry). What else differs (the reservation
+    /// confirmed by the watch, priority, being deleted) leaves the engine's node as it was.
+    pub(super) fn takes_the_same(&self, other: &PodRecord) -> bool {
+        self.key == other.key
+            && self.node == other.node
+            && (self.cpu, self.mem, self.ids) == (other.cpu, other.mem, other.ids)
+            && self.holding == other.holding
+    }
+}
+
 pub(super) fn pod_uid(pod: &Pod) -> Option<&str> {
     pod.metadata.uid.as_deref()
 }

@@ -76,7 +76,18 @@ impl ClusterState {
             seen.insert(uid.clone());
         }
         self.note_agent(&uid, pod);
-        self.stop_waiting(&uid);
+        // Whether it waits is decided anew below; the GPU map's waiting list changed only if that
+        // differs from before (kube-scheduler writes a waiting pod's status after each try).
+        let waited = self.waiting.remove(&uid);
+        self.apply_pod_record(uid.clone(), pod);
+        if self.waiting.get(&uid) != waited.as_ref() {
+            self.generation += 1;
+        }
+    }
+
+    /// [`Self::apply_pod`] past the agent and the waiting list: the pod's record, and whether it
+    /// waits ([`Self::wait`]).
+    fn apply_pod_record(&mut self, uid: String, pod: &Pod) {
         let pending = !is_terminal(pod)
             && pod.metadata.deletion_timestamp.is_none()
             && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
@@ -154,11 +165,17 @@ impl ClusterState {
             terminating: pod.metadata.deletion_timestamp.is_some(),
         };
         let previous = self.insert_pod(uid, record.clone());
-        if previous.as_ref() != Some(&record) {
-            if let Some(p) = previous.filter(|p| p.node != node) {
-                self.rebuild(&p.node);
+        match previous {
+            Some(p) if p == record => {}
+            // A bind's reservation seen annotated, or a change only preemption weighs: no node to
+            // rebuild (a GPU pod's bind would otherwise rebuild its node twice).
+            Some(p) if p.takes_the_same(&record) => self.victims_changed += 1,
+            previous => {
+                if let Some(p) = previous.filter(|p| p.node != node) {
+                    self.rebuild(&p.node);
+                }
+                self.rebuild(&node);
             }
-            self.rebuild(&node);
         }
     }
 
@@ -198,10 +215,22 @@ impl ClusterState {
             Some(a) => self.agents.insert(uid.to_owned(), a.clone()),
             None => self.agents.remove(uid),
         };
-        if before != agent {
-            for node in before.into_iter().chain(agent).map(|(node, _)| node) {
-                self.rebuild(&node);
+        if before == agent {
+            return;
+        }
+        if let Some((node, true)) = &before
+            && let Some(count) = self.ready_agents.get_mut(node)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.ready_agents.remove(node);
             }
+        }
+        if let Some((node, true)) = &agent {
+            *self.ready_agents.entry(node.clone()).or_default() += 1;
+        }
+        for node in before.into_iter().chain(agent).map(|(node, _)| node) {
+            self.rebuild(&node);
         }
     }
 
@@ -365,7 +394,6 @@ impl ClusterState {
         let since = created.map(|t| t.to_string()).unwrap_or_default();
         let created = created.map(|t| t.as_second());
         self.waiting.insert(uid, Waiting { key, demand, since, created });
-        self.generation += 1;
     }
 
     /// The pod no longer waits (bound, assigned, ended or deleted).

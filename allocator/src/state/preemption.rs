@@ -168,10 +168,11 @@ impl ClusterState {
         }
         // The search weighs every pod of every node the pod may go to: done again only once the
         // view changed since it last found nothing for this pod.
-        if self.preempt_searched.get(pod_uid) == Some(&self.generation) {
+        let view = (self.generation, self.victims_changed);
+        if self.preempt_searched.get(pod_uid) == Some(&view) {
             return None;
         }
-        self.preempt_searched.insert(pod_uid.to_owned(), self.generation);
+        self.preempt_searched.insert(pod_uid.to_owned(), view);
         let cluster = self.extender.engine().cluster();
         let mut best: Option<((i32, i64, usize, String), Freed)> = None;
         // As kube-scheduler's default preemption: from an offset that differs from pod to pod, until

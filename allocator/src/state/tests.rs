@@ -722,6 +722,37 @@ fn no_pod_is_placed_where_no_ready_agent_runs_when_that_is_required() {
     assert_eq!(filter(&mut s).node_names, Some(vec![]));
 }
 
+/// A rollout: the new agent pod of a node starts beside the old one. The node serves while either is
+/// Ready, and stops only when neither is; an agent that moves between states or is seen twice counts
+/// once.
+#[test]
+fn a_node_serves_while_any_of_its_agents_is_ready() {
+    let mut s = state().require_ready_agents("app.kubernetes.io/name", "nano-gpu-agent", "nano-gpu-system");
+    s.apply_node(&node("n1", 1));
+    let serves = |s: &mut ClusterState| {
+        let args = json!({"Pod": pod("p", "10", None, None), "NodeNames": ["n1"]});
+        s.filter(serde_json::from_value(args).unwrap()).node_names == Some(vec!["n1".to_owned()])
+    };
+    s.apply_pod(&agent("old", "n1", true, false));
+    s.apply_pod(&agent("old", "n1", true, false));
+    s.apply_pod(&agent("new", "n1", false, false));
+    assert!(serves(&mut s));
+    s.apply_pod(&agent("new", "n1", true, false));
+    s.apply_pod(&agent("old", "n1", true, true));
+    assert!(serves(&mut s), "the new agent is Ready");
+    s.delete_pod(&agent("old", "n1", true, true));
+    assert!(serves(&mut s));
+    s.apply_pod(&agent("new", "n1", false, false));
+    assert!(!serves(&mut s), "no agent of n1 is Ready");
+    s.apply_pod(&agent("new", "n1", true, false));
+    assert!(serves(&mut s));
+    s.delete_pod(&agent("new", "n1", true, false));
+    s.delete_pod(&agent("new", "n1", true, false));
+    assert!(!serves(&mut s), "a delete seen twice");
+    s.apply_pod(&agent("again", "n1", true, false));
+    assert!(serves(&mut s));
+}
+
 /// A node chosen while its agent was Ready whose agent pod is deleted before the bind (a DaemonSet
 /// rollout, an operator's delete): the bind does not take the filter's hold there but decides anew,
 /// and is refused, so kube-scheduler tries the pod again elsewhere instead of its kubelet refusing it
@@ -1440,6 +1471,35 @@ fn a_pod_not_yet_bound_is_never_a_victim() {
     assert!(s.take_preemptions().is_empty() && !s.nominated("high"));
     // Bound (the watch shows it with its assignment), it may go.
     s.apply_pod(&pod_of_priority("low", "60", 0, Some(("n1", 0))));
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
+}
+
+/// The watch showing a bind's pod with the assignment the bind wrote changes no node (it was rebuilt
+/// when the bind reserved): the view's generation moves once, for the GPU map's waiting list that
+/// the pod leaves, and not for a rebuild of its node. The pod has become a victim
+/// preemption may end, which a search made while it was reserved did not see: it is searched again.
+#[test]
+fn a_binds_pod_seen_annotated_rebuilds_nothing_and_may_then_be_preempted() {
+    let mut s = state();
+    s.apply_node(&node("n1", 1));
+    let t0 = Instant::now();
+    let low = pod_of_priority("low", "60", 0, None);
+    s.apply_pod(&low);
+    // kube-scheduler's status write after a try shows the same waiting pod: nothing changed.
+    let generation = s.generation();
+    s.apply_pod(&low);
+    assert_eq!(s.generation(), generation, "the same waiting pod again");
+    let reservation = s.reserve(&low, "n1", SystemTime::UNIX_EPOCH).unwrap();
+    let high = pod_of_priority("high", "80", 1000, None);
+    let r = s.choose_names(Some(&high), vec!["n1"], t0);
+    assert!(!r.failed_nodes["n1"].contains("preempting"), "{:?}", r.failed_nodes);
+    let generation = s.generation();
+    let mut bound = low.clone();
+    bound.spec.as_mut().unwrap().node_name = Some("n1".into());
+    bound.metadata.annotations = Some(reservation.annotations.clone());
+    s.apply_pod(&bound);
+    assert_eq!(s.generation(), generation + 1, "no node rebuilt");
     let r = s.choose_names(Some(&high), vec!["n1"], t0);
     assert_eq!(r.failed_nodes["n1"], "preempting pods of lower priority on n1 to make room: ns/low");
 }

@@ -29,7 +29,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use nano_gpu_engine::request::SlotDemand;
 use nano_gpu_engine::trace::{TracePod, parse_pods, synthetic};
 use nano_gpu_proto::annotations::{
@@ -46,6 +46,9 @@ use std::time::{Duration, Instant};
 
 /// The scheduler profile of `deploy/scheduler-config.yaml`.
 const SCHEDULER: &str = "nano-gpu-scheduler";
+/// The agent pods' label, as `deploy/agent.yaml` sets it and `deploy/allocator.yaml`'s
+/// `--require-ready-agent` names it.
+const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
 /// The allocator's Lease (in `nano-gpu-system`), as the shipped Deployment names it.
 const LEASE: &str = "nano-gpu-allocator";
 /// Where the probes of `failover` and `probe` live.
@@ -337,6 +340,26 @@ fn node(n: usize, cards: usize) -> Result<Node> {
     }))?)
 }
 
+/// Node `n`'s agent pod as the shipped DaemonSet makes it (`deploy/agent.yaml`: its label, in
+/// `nano-gpu-system`, controlled by the DaemonSet), for the allocator's `--require-ready-agent`; its
+/// status is written Ready after it is created ([`agent_ready`]).
+fn agent_pod(n: usize) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("nano-gpu-agent-{n:05}"), "namespace": "nano-gpu-system",
+            "labels": {AGENT_LABEL.0: AGENT_LABEL.1},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nano-gpu-agent",
+                "uid": "00000000-0000-4000-8000-000000000001", "controller": true}]},
+        "spec": {"nodeName": node_name(n), "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]}
+    }))?)
+}
+
+/// The status a kubelet writes for a running, Ready agent pod.
+fn agent_ready() -> Value {
+    json!({"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-26T00:00:00Z"}]}})
+}
+
 /// A pod of the trace's shape: its GPU as `nano-gpu/gpu-percent` (whole cards as 100 each).
 fn pod(name: &str, namespace: &str, t: &TracePod) -> Result<Pod> {
     pod_asking(name, namespace, t, None)
@@ -419,6 +442,22 @@ async fn fill(a: &Args, client: &Client, trace: &Trace) -> Result<()> {
         let nodes = nodes.clone();
         async move {
             nodes.create(&PostParams::default(), &node(n, a.cards)?).await.with_context(|| node_name(n))?;
+            Ok(())
+        }
+    })
+    .await?;
+    // Each node's Ready agent, as the DaemonSet and the kubelet leave it.
+    let agents: Api<Pod> = Api::namespaced(client.clone(), "nano-gpu-system");
+    each(a.nodes, a.concurrency, |n| {
+        let agents = agents.clone();
+        async move {
+            let pod = agent_pod(n)?;
+            let name = pod.metadata.name.clone().context("agent pod name")?;
+            agents.create(&PostParams::default(), &pod).await.with_context(|| name.clone())?;
+            agents
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(agent_ready()))
+                .await
+                .with_context(|| name)?;
             Ok(())
         }
     })
