@@ -5,7 +5,9 @@
 //! scheduling cycle; keep-alive connections), and prints one JSON line:
 //! `{"nodes":…,"filter_p99_ms":…,"prioritize_p99_ms":…,"bind_p99_ms":…,"pods_per_s":…,"rss_mib":…}`.
 //!
-//! `rss_mib` is the allocator's peak resident memory (VmHWM); `filter_max_ms` the longest filter
+//! `rss_mib` is the allocator's peak resident memory (VmHWM); `allocator_cpu_s_per_1000_pods` the
+//! CPU it spent while the new pods were placed, per 1,000 of them (the unit the peers were compared
+//! in); `filter_max_ms` the longest filter
 //! (a verb that waited on something else holding the view shows there). With `--shapes N` the new pods ask N
 //! distinct CPU requests (1000m + 7919·i mod N), so the engine sees N request shapes, as when users pick
 //! exact CPU requests; the line then has a `shapes` field. With `--scrape-ms N`, while the pods are
@@ -23,7 +25,7 @@
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
 use nano_gpu_tests::http_client::Conn;
-use nano_gpu_tests::{p99, peak_rss_mib};
+use nano_gpu_tests::{cpu_ticks, p99, peak_rss_mib};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -187,6 +189,7 @@ async fn main() -> Result<()> {
         })
         .collect();
     let run = Instant::now();
+    let ticks = cpu_ticks(pid);
     for i in 0..a.pods {
         let pod = new_pod(i, a.shapes).to_string();
         let body = format!(r#"{{"Pod":{pod},"NodeNames":{all_names}}}"#).into_bytes();
@@ -230,6 +233,8 @@ async fn main() -> Result<()> {
         bail!("no pod was placed: every filter or bind failed (see the allocator's warnings above)");
     }
     let wall = run.elapsed().as_secs_f64();
+    // The allocator's CPU (user and system, clock ticks of 10 ms) while the pods were placed.
+    let cpu_s = cpu_ticks(pid).saturating_sub(ticks) as f64 / 100.0;
     // Then pods that fit nowhere and may preempt (not in the figures above): each filter searches
     // the refused nodes for pods to preempt.
     let (mut preempt, mut nominated) = (Vec::new(), 0usize);
@@ -262,6 +267,7 @@ async fn main() -> Result<()> {
         "filter_max_ms": round(filter.iter().copied().fold(0.0, f64::max)),
         "filter_p99_ms": round(p99(filter)), "prioritize_p99_ms": round(p99(prioritize)), "bind_p99_ms": round(p99(bind)),
         "pods_per_s": round(a.pods as f64 / wall), "rss_mib": round(rss), "failed": failed,
+        "allocator_cpu_s_per_1000_pods": round(cpu_s * 1000.0 / a.pods.max(1) as f64),
         "ready_s": round(ready_s), "bind_writes": bind_writes,
         "server_mean_ms": {"filter": round(server_mean_ms("filter")), "prioritize": round(server_mean_ms("prioritize")),
             "bind": round(server_mean_ms("bind"))},

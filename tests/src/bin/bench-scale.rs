@@ -728,6 +728,9 @@ async fn burst(
         "extender": call_quantiles(&before, &after),
         "allocator_cpu_cores": round(ticks_then.allocator.saturating_sub(ticks.allocator) as f64 / TICKS_PER_S / span),
         "cpu_ms_per_pod": cpu.per_pod(&ticks, &ticks_then, bound.len()),
+        // The unit the peers were compared in (the same number as cpu_ms_per_pod's allocator).
+        "allocator_cpu_s_per_1000_pods": round(ticks_then.allocator.saturating_sub(ticks.allocator) as f64
+            / TICKS_PER_S * 1e3 / bound.len().max(1) as f64),
         "machine_busy_cores": round(ticks_then.machine.saturating_sub(ticks.machine) as f64 / TICKS_PER_S / span),
         "allocator_peak_rss_mib": peak_rss,
         "scheduler": counts.zip(counts_then).map(|(b, l)| b.since(&l, first.elapsed().as_secs_f64())),
