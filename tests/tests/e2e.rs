@@ -902,11 +902,14 @@ async fn the_system_works_on_real_nodes() {
             "-p",
             empty,
         ]);
+        // Without the bundle the API server cannot call the webhook, so the dry-run GPU pod is refused
+        // too (or, read after the bundle is back, admitted).
         let (ok, failed, lines) = failed_checks(&cluster);
-        if !ok && failed == ["webhook-ca webhook"] {
+        let others: Vec<&String> = failed.iter().filter(|f| !f.starts_with("webhook-dry-run ")).collect();
+        if !ok && others == ["webhook-ca webhook"] {
             break lines;
         }
-        assert!(failed.is_empty(), "{failed:?}\n{lines:#}");
+        assert!(others.is_empty(), "{failed:?}\n{lines:#}");
         tries.push(lines);
         assert!(tries.len() < 5, "the check never saw the CA bundle gone in 5 tries: {tries:#?}");
     };

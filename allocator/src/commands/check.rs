@@ -12,7 +12,8 @@
 //! kube-scheduler in the allocator's pod within the supported skew of the API server; the RuntimeClass
 //! the webhook gives GPU pods (`NANO_GPU_RUNTIME_CLASS`), where one is set, existing and usable; Pod
 //! Security on nano-gpu's namespace and on every namespace with GPU pods; another DRA driver
-//! publishing a GPU node's cards; MPS daemon pods on another image than their node's agent.
+//! publishing a GPU node's cards; MPS daemon pods on another image than their node's agent; a GPU pod
+//! created in dry run, which admission must send to nano-gpu's scheduler profile.
 
 use crate::service::tls::secret::{NOT_AFTER_ANNOTATION, RENEW_BEFORE};
 use anyhow::{Context, Result};
@@ -75,6 +76,24 @@ pub struct Snapshot {
     /// Every ResourceSlice (empty where the API server serves no `resource.k8s.io/v1`; `Err`: why
     /// they could not be listed).
     pub resource_slices: Result<Vec<ResourceSlice>, String>,
+    /// A GPU pod created in dry run ([`dry_run_pod`]): its namespace, and the pod as admission left
+    /// it, or why it was refused (`None`: not tried).
+    pub dry_run: Option<(String, Result<Pod, String>)>,
+}
+
+/// The pod the check creates in dry run (nothing is stored): one container asking 10 % of a card,
+/// within the restricted Pod Security level, so that only nano-gpu's admission decides it.
+pub fn dry_run_pod() -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nano-gpu-check-dry-run"},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                "resources": {"limits": {"nano-gpu/gpu-percent": "10"}}}]
+        }
+    }))
+    .expect("a valid pod")
 }
 
 /// nano-gpu's admission policy bindings: name, whether the base install has it (the DRA component
@@ -372,6 +391,7 @@ pub fn evaluate(s: &Snapshot, now: SystemTime) -> Vec<Line> {
     });
     out.push(leader(s, now));
     out.extend(webhook(s, now));
+    out.extend(dry_run(s));
     out.extend(default_scheduler_profile(s, now));
     out.push(scheduler_version(s));
     out.extend(runtime_class(s));
@@ -693,6 +713,64 @@ fn webhook(s: &Snapshot, now: SystemTime) -> Vec<Line> {
 }
 
 /// The end the allocator wrote on its webhook certificate Secret (annotation `NOT_AFTER_ANNOTATION`).
+/// The scheduler profile the webhook sends GPU pods to: the allocator container's
+/// `NANO_GPU_SCHEDULER_NAME` or `--scheduler-name`, else the allocator's default.
+fn scheduler_name(s: &Snapshot) -> String {
+    let container = s
+        .deployment
+        .as_ref()
+        .and_then(|d| d.spec.as_ref()?.template.spec.as_ref())
+        .and_then(|spec| spec.containers.iter().find(|c| c.name == "allocator"));
+    let env = container.and_then(|c| {
+        let vars = c.env.as_ref()?;
+        vars.iter().find(|v| v.name == "NANO_GPU_SCHEDULER_NAME").and_then(|v| v.value.clone())
+    });
+    let arg = container.and_then(|c| {
+        let args = c.args.iter().flatten();
+        args.filter_map(|a| a.strip_prefix("--scheduler-name=")).next_back().map(str::to_owned)
+    });
+    arg.or(env).unwrap_or_else(|| "nano-gpu-scheduler".to_owned())
+}
+
+/// The dry-run GPU pod ([`dry_run_pod`]): OK when admission sent it to nano-gpu's scheduler profile
+/// (or, with DRA shares, turned its request into claims); FAIL when it was refused or left as
+/// written (the webhook was not called: a GPU pod would wait, or be placed without nano-gpu).
+fn dry_run(s: &Snapshot) -> Option<Line> {
+    const CHECK: &str = "webhook-dry-run";
+    let (namespace, result) = s.dry_run.as_ref()?;
+    let object = format!("{namespace}/nano-gpu-check-dry-run");
+    let pod = match result {
+        Ok(pod) => pod,
+        Err(why) => {
+            return Some(line(
+                CHECK,
+                object,
+                Status::Fail,
+                format!("a GPU pod is refused at admission: {why}; see the webhook and allocator lines"),
+            ));
+        }
+    };
+    let expected = scheduler_name(s);
+    let spec = pod.spec.as_ref();
+    let scheduler = spec.and_then(|p| p.scheduler_name.as_deref()).unwrap_or("default-scheduler");
+    let claims = spec.and_then(|p| p.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+    Some(if scheduler == expected || claims {
+        let how = if claims { "turned into a pod with claims" } else { "sent to that profile" };
+        line(CHECK, object, Status::Ok, format!("a GPU pod is admitted and {how} ({scheduler})"))
+    } else {
+        line(
+            CHECK,
+            object,
+            Status::Fail,
+            format!(
+                "a GPU pod was admitted unchanged, for scheduler {scheduler} and not {expected}: the webhook was \
+                 not called; kubectl get mutatingwebhookconfiguration nano-gpu-allocator -o yaml (its \
+                 namespaceSelector must not leave out {namespace})"
+            ),
+        )
+    })
+}
+
 fn annotated_end(secret: Option<&Secret>) -> Option<SystemTime> {
     let end = secret?.metadata.annotations.as_ref()?.get(NOT_AFTER_ANNOTATION)?;
     end.parse::<k8s_openapi::jiff::Timestamp>().ok().map(SystemTime::from)
@@ -894,7 +972,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
         .collect();
     let pods = Api::<Pod>::all(client.clone()).list(&lp).await.context("listing pods")?.items;
-    let gpu_namespaces = pods
+    let gpu_namespaces: BTreeSet<String> = pods
         .iter()
         .filter(|p| {
             p.spec.iter().flat_map(|s| &s.containers).any(|c| {
@@ -926,6 +1004,13 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
         Err(e) => Err(e.to_string()),
     };
+    // A GPU pod in dry run, where users run GPU pods (else `default`): nano-gpu's own namespace is
+    // outside the webhook's reach.
+    let namespace = gpu_namespaces.iter().find(|n| *n != ns && *n != "kube-system").cloned();
+    let namespace = namespace.unwrap_or_else(|| "default".to_owned());
+    let params = kube::api::PostParams { dry_run: true, ..Default::default() };
+    let created = Api::<Pod>::namespaced(client.clone(), &namespace).create(&params, &dry_run_pod()).await;
+    let dry_run = Some((namespace, created.map_err(|e| e.to_string())));
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -943,6 +1028,7 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
         policy_bindings,
         mps,
         resource_slices,
+        dry_run,
     })
 }
 
@@ -950,13 +1036,16 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
 pub fn table(lines: &[Line]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
+    // Columns as wide as their longest entry, so every message starts in one column.
+    let check = lines.iter().map(|l| l.check.len()).max().unwrap_or(0);
+    let object = lines.iter().map(|l| l.object.len()).max().unwrap_or(0);
     for l in lines {
         let mark = match l.status {
             Status::Ok => "ok  ",
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
         };
-        let _ = writeln!(out, "{mark} {:<18} {:<24} {}", l.check, l.object, l.message);
+        let _ = writeln!(out, "{mark} {:<check$} {:<object$} {}", l.check, l.object, l.message);
     }
     let fails = lines.iter().filter(|l| l.status == Status::Fail).count();
     let warns = lines.iter().filter(|l| l.status == Status::Warn).count();
@@ -1041,7 +1130,16 @@ mod tests {
                 .collect()),
             mps: Vec::new(),
             resource_slices: Ok(Vec::new()),
+            dry_run: Some(("team".into(), Ok(admitted("nano-gpu-scheduler")))),
         }
+    }
+
+    /// The dry-run pod as admission left it, for scheduler `scheduler`.
+    fn admitted(scheduler: &str) -> Pod {
+        let mut pod = super::dry_run_pod();
+        pod.metadata.namespace = Some("team".into());
+        pod.spec.as_mut().unwrap().scheduler_name = Some(scheduler.into());
+        pod
     }
 
     /// A ResourceSlice of `driver` on `node` with one device per attribute set in `devices`.
@@ -1103,6 +1201,7 @@ mod tests {
             "policy-binding",
             "scheduler-version",
             "webhook-ca",
+            "webhook-dry-run",
         ];
         assert_eq!(checks, want.into_iter().collect());
         assert!(table(&lines).ends_with("failed, 0 to look at\n"));
@@ -1482,5 +1581,45 @@ mod tests {
         );
         let unreadable = with_class(Err("runtimeclasses is forbidden".into()));
         assert_eq!(failing(&unreadable), vec![("runtime-class", object, Status::Warn)]);
+    }
+
+    #[test]
+    fn a_dry_run_gpu_pod_must_be_sent_to_nano_gpus_profile() {
+        let mut s = healthy();
+        let dry = |s: &Snapshot| {
+            let l = evaluate(s, now()).into_iter().find(|l| l.check == "webhook-dry-run").unwrap();
+            (l.object.clone(), l.status, l.message)
+        };
+        assert_eq!(dry(&s).1, Status::Ok, "{:?}", dry(&s));
+        assert_eq!(dry(&s).0, "team/nano-gpu-check-dry-run");
+        // Left as written: the webhook was not called.
+        s.dry_run = Some(("team".into(), Ok(admitted("default-scheduler"))));
+        let (_, status, message) = dry(&s);
+        assert_eq!(status, Status::Fail);
+        assert!(message.contains("the webhook was not called") && message.contains("team"), "{message}");
+        // Refused at admission (the API server cannot reach the webhook).
+        let refused = "Internal error occurred: failed calling webhook \"pods.nano-gpu.io\": x509";
+        s.dry_run = Some(("team".into(), Err(refused.into())));
+        let (_, status, message) = dry(&s);
+        assert_eq!(status, Status::Fail);
+        assert!(message.contains("failed calling webhook"), "{message}");
+        // Another profile name, set on the allocator: the pod must go there.
+        s.dry_run = Some(("team".into(), Ok(admitted("gpu-scheduler"))));
+        assert_eq!(dry(&s).1, Status::Fail);
+        let deployment = s.deployment.as_mut().unwrap();
+        let spec = deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+        spec.containers[0].args = Some(vec!["serve".into(), "--scheduler-name=gpu-scheduler".into()]);
+        assert_eq!(dry(&s).1, Status::Ok, "{:?}", dry(&s));
+        // With DRA shares the pod's request becomes claims.
+        let mut claims = admitted("default-scheduler");
+        claims.spec.as_mut().unwrap().resource_claims = Some(vec![
+            serde_json::from_value(json!({"name": "gpu-0", "resourceClaimTemplateName": "nano-gpu-p10"}))
+                .unwrap(),
+        ]);
+        s.dry_run = Some(("team".into(), Ok(claims)));
+        assert_eq!(dry(&s).1, Status::Ok, "{:?}", dry(&s));
+        // Not tried: no line.
+        s.dry_run = None;
+        assert!(evaluate(&s, now()).iter().all(|l| l.check != "webhook-dry-run"));
     }
 }
