@@ -2,17 +2,21 @@
 //! node's cards, with what the agent does with its node's name around it ([`NodeSide`]).
 
 use super::until_terminated;
+use crate::cards::health::Health;
 use crate::cards::resource::Resource;
 use crate::commands::flags::Flags;
 use crate::kubelet::plugin::{self, Identity};
 use crate::kubelet::{checkpoint, dra, register};
 use crate::node::enforce::driver::MemoryLimit;
 use crate::node::podresources::{Lister, PodResourcesSocket};
+use crate::node::probe::Readiness;
 use crate::node::{enforce, pods};
 use crate::serve::{repair, run, usage};
+use nano_gpu_runtime::listen::{Bounds, serve_plain};
 use nano_gpu_runtime::tasks::Tasks;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -56,7 +60,7 @@ impl NodeSide {
         resources: &[Resource],
         seen: watch::Receiver<Option<crate::node::publish::Carried>>,
         memory: &MemoryLimit,
-        readiness: &Arc<crate::node::probe::Readiness>,
+        readiness: &Arc<Readiness>,
         tasks: &mut Tasks,
     ) -> NodeSide {
         let gpushare = resources.iter().copied().find(|r| matches!(r, Resource::Gpushare(_)));
@@ -104,7 +108,7 @@ pub fn serve(flags: &Flags) -> ExitCode {
     until_terminated(flags, "", |stop, stopped| async move {
         let resources = flags.resources();
         let memory = memory_limit(flags);
-        let readiness = Arc::new(crate::node::probe::Readiness::default());
+        let readiness = Arc::new(Readiness::default());
         // Every loop the agent runs while it serves, under one owner: the first to end ends the agent
         // (see `run::Agent::tasks`).
         let mut tasks = Tasks::default();
@@ -145,37 +149,8 @@ pub fn serve(flags: &Flags) -> ExitCode {
                 None
             }
         };
-        let dra = match (&side, flags.dra) {
-            (Some(side), true) => Some(dra::FrontEnd {
-                paths: dra::Paths {
-                    registry_dir: flags.dra_registry_dir.clone(),
-                    plugin_dir: flags.dra_plugin_dir.clone(),
-                    cdi_dir: flags.cdi_dir.clone(),
-                    instance: flags.instance.clone(),
-                },
-                node: side.node.clone(),
-                client: side.client.clone(),
-            }),
-            (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
-            (Some(side), false) => {
-                // An agent without DRA serves the cards through its device plugin: the Node says so
-                // (once; a failure is logged, and the label read as absent).
-                let (nodes, node) = (kube::Api::all(side.client.clone()), side.node.clone());
-                tokio::spawn(async move { dra::label_front_end(&nodes, &node, false).await });
-                None
-            }
-            (None, false) => None,
-        };
-        let quiet = std::time::Duration::from_secs(flags.xid_quiet_seconds);
-        let health = std::sync::Arc::new(crate::cards::health::Health::new(quiet));
-        let stop_xids = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        if flags.fake_inventory.is_none() {
-            let (health, stop, lib) = (health.clone(), stop_xids.clone(), flags.nvml_lib.clone());
-            let retry = timing.refresh;
-            std::thread::spawn(move || {
-                crate::cards::health::watch_xids_retrying(&lib, &health, &stop, retry)
-            });
-        }
+        let dra = dra_front_end(flags, side.as_ref())?;
+        let (health, stop_xids) = watch_xids(flags, timing.refresh);
         match &enforcement {
             enforce::Enforcement::Invalid(why) => {
                 tracing::error!("{why}: no card is served until it names a mode")
@@ -184,19 +159,7 @@ pub fn serve(flags: &Flags) -> ExitCode {
         }
         let edits = plugin::Edits { devices: flags.device_list(), enforcement, memory };
         let latest = usage::Latest::default();
-        if !flags.probe_listen.is_empty() {
-            let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
-                .await
-                .map_err(|e| format!("probes on {}: {e}", flags.probe_listen))?;
-            let node = flags.node_name.clone().unwrap_or_default();
-            let app =
-                crate::node::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
-            use nano_gpu_runtime::listen::{Bounds, serve_plain};
-            // The kubelet's probes, Prometheus and `kubectl nano-gpu top` (through the API server):
-            // a few peers, each with a connection or two.
-            let bounds = Bounds { connections: 64, per_peer: Some(16), ..Bounds::REACHABLE };
-            tasks.spawn("probes HTTP", serve_plain("probes", listener, app, bounds, std::future::pending()));
-        }
+        serve_probes(flags, &readiness, &latest, &mut tasks).await?;
         if let Some(env) = flags.runtime_canary.clone() {
             let reports = crate::serve::canary::Reports { env, annotations: flags.annotation_canary.clone() };
             let node = side.as_ref().map(|s| (s.client.clone(), s.node.clone()));
@@ -210,24 +173,8 @@ pub fn serve(flags: &Flags) -> ExitCode {
             None => resources.iter().map(|r| (*r, None)).collect(),
         };
         let told = side.as_ref().map(|s| (s.residents.clone(), s.reports.clone(), held.clone()));
-        let usage = (flags.usage_seconds > 0).then(|| {
-            let sampling = usage::Sampling {
-                every: Duration::from_secs(flags.usage_seconds),
-                proc_root: flags.proc_root.clone(),
-                grace: Duration::from_secs(flags.overrun_grace_seconds),
-                residents: side.as_ref().map_or_else(
-                    || tokio::sync::watch::channel(Default::default()).1,
-                    |s| s.residents.clone(),
-                ),
-                reports: side.as_ref().map(|s| s.reports.clone()),
-                claims: dra.as_ref().map(|front| usage::ClaimSource {
-                    client: front.client.clone(),
-                    node: front.node.clone(),
-                    held: held.clone(),
-                }),
-            };
-            (sampling, latest)
-        });
+        let usage =
+            (flags.usage_seconds > 0).then(|| (sampling(flags, side.as_ref(), dra.as_ref(), &held), latest));
         let (publisher, sweep) = side.map(|s| (s.publisher, s.sweep)).unzip();
         let agent = run::Agent {
             plugin_dir: flags.plugin_dir.clone(),
@@ -251,4 +198,87 @@ pub fn serve(flags: &Flags) -> ExitCode {
         stop_xids.store(true, std::sync::atomic::Ordering::Relaxed);
         result.map_err(|e| e.to_string())
     })
+}
+
+/// With `--dra`, the DRA kubelet plugin's front end over the node's cards (it needs the node's
+/// name); without, the Node is labelled as served by the device plugin.
+fn dra_front_end(flags: &Flags, side: Option<&NodeSide>) -> Result<Option<dra::FrontEnd>, String> {
+    Ok(match (side, flags.dra) {
+        (Some(side), true) => Some(dra::FrontEnd {
+            paths: dra::Paths {
+                registry_dir: flags.dra_registry_dir.clone(),
+                plugin_dir: flags.dra_plugin_dir.clone(),
+                cdi_dir: flags.cdi_dir.clone(),
+                instance: flags.instance.clone(),
+            },
+            node: side.node.clone(),
+            client: side.client.clone(),
+        }),
+        (None, true) => return Err("--dra needs --node-name (the pool of the node's devices)".into()),
+        (Some(side), false) => {
+            // An agent without DRA serves the cards through its device plugin: the Node says so
+            // (once; a failure is logged, and the label read as absent).
+            let (nodes, node) = (kube::Api::all(side.client.clone()), side.node.clone());
+            tokio::spawn(async move { dra::label_front_end(&nodes, &node, false).await });
+            None
+        }
+        (None, false) => None,
+    })
+}
+
+/// The cards' health, fed by NVML's XID events on a thread of its own (retried every `retry`
+/// while NVML cannot be read; none with a fake inventory), and the flag that stops that thread.
+fn watch_xids(flags: &Flags, retry: Duration) -> (Arc<Health>, Arc<AtomicBool>) {
+    let health = Arc::new(Health::new(Duration::from_secs(flags.xid_quiet_seconds)));
+    let stop = Arc::new(AtomicBool::new(false));
+    if flags.fake_inventory.is_none() {
+        let (health, stop, lib) = (health.clone(), stop.clone(), flags.nvml_lib.clone());
+        std::thread::spawn(move || crate::cards::health::watch_xids_retrying(&lib, &health, &stop, retry));
+    }
+    (health, stop)
+}
+
+/// `--probe-listen`: `/healthz`, `/readyz` and the usage (`/metrics`, what `kubectl nano-gpu top`
+/// reads) served among `tasks`.
+async fn serve_probes(
+    flags: &Flags,
+    readiness: &Arc<Readiness>,
+    latest: &usage::Latest,
+    tasks: &mut Tasks,
+) -> Result<(), String> {
+    if flags.probe_listen.is_empty() {
+        return Ok(());
+    }
+    let listener = tokio::net::TcpListener::bind(&flags.probe_listen)
+        .await
+        .map_err(|e| format!("probes on {}: {e}", flags.probe_listen))?;
+    let node = flags.node_name.clone().unwrap_or_default();
+    let app = crate::node::probe::router(readiness.clone()).merge(usage::router(latest.clone(), node));
+    // The kubelet's probes, Prometheus and `kubectl nano-gpu top` (through the API server): a few
+    // peers, each with a connection or two.
+    let bounds = Bounds { connections: 64, per_peer: Some(16), ..Bounds::REACHABLE };
+    tasks.spawn("probes HTTP", serve_plain("probes", listener, app, bounds, std::future::pending()));
+    Ok(())
+}
+
+/// How the usage loop samples (`--usage-seconds`): the node's pods and reports where there is a
+/// node side, and the claims' grants where DRA serves.
+fn sampling(
+    flags: &Flags,
+    side: Option<&NodeSide>,
+    dra: Option<&dra::FrontEnd>,
+    held: &usage::claims::SharedHeld,
+) -> usage::Sampling {
+    usage::Sampling {
+        every: Duration::from_secs(flags.usage_seconds),
+        proc_root: flags.proc_root.clone(),
+        grace: Duration::from_secs(flags.overrun_grace_seconds),
+        residents: side.map_or_else(|| watch::channel(Default::default()).1, |s| s.residents.clone()),
+        reports: side.map(|s| s.reports.clone()),
+        claims: dra.map(|front| usage::ClaimSource {
+            client: front.client.clone(),
+            node: front.node.clone(),
+            held: held.clone(),
+        }),
+    }
 }
