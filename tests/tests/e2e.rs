@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Binding, Event, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Binding, Event, Node, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nano_gpu_allocator::service::leader::{LEADER_LABEL, scheduler_of};
@@ -487,6 +487,39 @@ fn failed_checks(cluster: &Cluster) -> (bool, Vec<String>, Value) {
 }
 
 /// A Deployment `workers` in [`NS`]: `replicas` pods asking `percent` of a card each.
+/// A ResourceQuota on `requests.nano-gpu/gpu-percent` limits a namespace's shares, as Kubernetes
+/// limits any extended resource (a pod that gives only limits gets the same requests): with 50 %
+/// allowed and a share of 30 % running, another 30 % is refused at admission and 20 % is not.
+async fn a_quota_limits_a_namespaces_shares(cluster: &Cluster, client: &kube::Client) {
+    const QUOTA_NS: &str = "e2e-quota";
+    const HARD: &str = "requests.nano-gpu/gpu-percent";
+    cluster.ok(&["create", "namespace", QUOTA_NS]);
+    cluster.ok(&["label", "namespace", QUOTA_NS, "pod-security.kubernetes.io/enforce=baseline"]);
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), QUOTA_NS);
+    let quota =
+        serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {"hard": {HARD: "50"}}})).unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // Admission refuses every pod of the namespace until the quota controller has filled the status.
+    wait_until("the quota's status", Duration::from_secs(60), || async {
+        let quota = quotas.get("gpu").await.ok();
+        quota.and_then(|q| q.status?.hard).is_some_and(|hard| hard.contains_key(HARD))
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), QUOTA_NS);
+    let share = |name: &str, percent: u32| {
+        let mut pod = percent_pod(name, percent);
+        pod.metadata.namespace = Some(QUOTA_NS.into());
+        pod
+    };
+    create(&pods, &share("q-30", 30)).await;
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    let refused = pods.create(&dry_run, &share("q-30-more", 30)).await.unwrap_err();
+    assert!(refused.to_string().contains("exceeded quota: gpu"), "{refused}");
+    pods.create(&dry_run, &share("q-20", 20)).await.unwrap();
+    pods.delete("q-30", &DeleteParams::default().grace_period(0)).await.unwrap();
+    cluster.ok(&["delete", "namespace", QUOTA_NS, "--wait=false"]);
+}
+
 fn workers(replicas: u32, percent: u32) -> String {
     let template = serde_json::to_value(percent_pod("worker", percent)).unwrap();
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -512,6 +545,7 @@ async fn the_system_works_on_real_nodes() {
     assert_eq!(created.spec.as_ref().unwrap().scheduler_name.as_deref(), Some("nano-gpu-scheduler"));
     let refused = pods.create(&PostParams::default(), &percent_pod("bad-150", 150)).await.unwrap_err();
     assert!(refused.to_string().contains("150 is neither 1..=100 nor a multiple of 100"), "{refused}");
+    a_quota_limits_a_namespaces_shares(&cluster, &client).await;
 
     // Shares, whole cards, several containers, a card model, gpushare memory: all run where their
     // assignment says. The card-model pod goes first: only node-2's two T4 cards can take it.
