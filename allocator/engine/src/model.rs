@@ -4,29 +4,11 @@
 
 use nano_gpu_proto::units::{MiB, Percent};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// FNV-1a: a fast hash for short keys such as node names, looked up thousands of times per decision.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-}
-
-/// A map keyed by short strings, with [`Fnv`].
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+/// A map keyed by short strings such as node and model names, looked up thousands of times per
+/// decision: foldhash's fast hash with its fixed seed (the same order on every run, so replays
+/// stay deterministic).
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 /// A share (or a whole card) granted to one slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
