@@ -76,9 +76,20 @@ pub struct Snapshot {
     /// Every ResourceSlice (empty where the API server serves no `resource.k8s.io/v1`; `Err`: why
     /// they could not be listed).
     pub resource_slices: Result<Vec<ResourceSlice>, String>,
-    /// A GPU pod created in dry run ([`dry_run_pod`]): its namespace, and the pod as admission left
-    /// it, or why it was refused (`None`: not tried).
-    pub dry_run: Option<(String, Result<Pod, String>)>,
+    /// A GPU pod created in dry run ([`dry_run_pod`]): its namespace, and what came of it (`None`:
+    /// not tried).
+    pub dry_run: Option<(String, DryRun)>,
+}
+
+/// What came of the dry-run GPU pod.
+#[derive(Clone, Debug)]
+pub enum DryRun {
+    /// Admitted: the pod as admission left it (boxed: a Pod is large beside the messages).
+    Admitted(Box<Pod>),
+    /// Refused at admission (a webhook, Pod Security, a quota), with the API server's message.
+    Refused(String),
+    /// The check's user may not create pods there, so admission was not tried.
+    NotAllowed(String),
 }
 
 /// The pod the check creates in dry run (nothing is stored): one container asking 10 % of a card,
@@ -740,13 +751,21 @@ fn dry_run(s: &Snapshot) -> Option<Line> {
     let (namespace, result) = s.dry_run.as_ref()?;
     let object = format!("{namespace}/nano-gpu-check-dry-run");
     let pod = match result {
-        Ok(pod) => pod,
-        Err(why) => {
+        DryRun::Admitted(pod) => pod,
+        DryRun::Refused(why) => {
             return Some(line(
                 CHECK,
                 object,
                 Status::Fail,
                 format!("a GPU pod is refused at admission: {why}; see the webhook and allocator lines"),
+            ));
+        }
+        DryRun::NotAllowed(why) => {
+            return Some(line(
+                CHECK,
+                object,
+                Status::Warn,
+                format!("cannot be tried: this user may not create pods in {namespace} ({why})"),
             ));
         }
     };
@@ -1010,7 +1029,17 @@ pub async fn gather(client: &kube::Client, ns: &str) -> Result<Snapshot> {
     let namespace = namespace.unwrap_or_else(|| "default".to_owned());
     let params = kube::api::PostParams { dry_run: true, ..Default::default() };
     let created = Api::<Pod>::namespaced(client.clone(), &namespace).create(&params, &dry_run_pod()).await;
-    let dry_run = Some((namespace, created.map_err(|e| e.to_string())));
+    let dry_run = Some((
+        namespace,
+        match created {
+            Ok(pod) => DryRun::Admitted(Box::new(pod)),
+            // RBAC's refusal, before admission: "User ... cannot create resource \"pods\"".
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("cannot create resource") => {
+                DryRun::NotAllowed(e.message)
+            }
+            Err(e) => DryRun::Refused(e.to_string()),
+        },
+    ));
     Ok(Snapshot {
         namespace: ns.to_owned(),
         nodes,
@@ -1130,7 +1159,7 @@ mod tests {
                 .collect()),
             mps: Vec::new(),
             resource_slices: Ok(Vec::new()),
-            dry_run: Some(("team".into(), Ok(admitted("nano-gpu-scheduler")))),
+            dry_run: Some(("team".into(), DryRun::Admitted(Box::new(admitted("nano-gpu-scheduler"))))),
         }
     }
 
@@ -1593,18 +1622,25 @@ mod tests {
         assert_eq!(dry(&s).1, Status::Ok, "{:?}", dry(&s));
         assert_eq!(dry(&s).0, "team/nano-gpu-check-dry-run");
         // Left as written: the webhook was not called.
-        s.dry_run = Some(("team".into(), Ok(admitted("default-scheduler"))));
+        s.dry_run = Some(("team".into(), DryRun::Admitted(Box::new(admitted("default-scheduler")))));
         let (_, status, message) = dry(&s);
         assert_eq!(status, Status::Fail);
         assert!(message.contains("the webhook was not called") && message.contains("team"), "{message}");
         // Refused at admission (the API server cannot reach the webhook).
         let refused = "Internal error occurred: failed calling webhook \"pods.nano-gpu.io\": x509";
-        s.dry_run = Some(("team".into(), Err(refused.into())));
+        s.dry_run = Some(("team".into(), DryRun::Refused(refused.into())));
         let (_, status, message) = dry(&s);
         assert_eq!(status, Status::Fail);
         assert!(message.contains("failed calling webhook"), "{message}");
+        // A user who may not create pods there: admission is not tried, which is worth a look only.
+        let forbidden =
+            "pods is forbidden: User \"viewer\" cannot create resource \"pods\" in the namespace \"team\"";
+        s.dry_run = Some(("team".into(), DryRun::NotAllowed(forbidden.into())));
+        let (_, status, message) = dry(&s);
+        assert_eq!(status, Status::Warn);
+        assert!(message.contains("may not create pods in team"), "{message}");
         // Another profile name, set on the allocator: the pod must go there.
-        s.dry_run = Some(("team".into(), Ok(admitted("gpu-scheduler"))));
+        s.dry_run = Some(("team".into(), DryRun::Admitted(Box::new(admitted("gpu-scheduler")))));
         assert_eq!(dry(&s).1, Status::Fail);
         let deployment = s.deployment.as_mut().unwrap();
         let spec = deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
@@ -1616,7 +1652,7 @@ mod tests {
             serde_json::from_value(json!({"name": "gpu-0", "resourceClaimTemplateName": "nano-gpu-p10"}))
                 .unwrap(),
         ]);
-        s.dry_run = Some(("team".into(), Ok(claims)));
+        s.dry_run = Some(("team".into(), DryRun::Admitted(Box::new(claims))));
         assert_eq!(dry(&s).1, Status::Ok, "{:?}", dry(&s));
         // Not tried: no line.
         s.dry_run = None;
