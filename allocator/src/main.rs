@@ -131,7 +131,7 @@ struct ServeArgs {
     tls_dns_names: Vec<String>,
     /// The scheduler the webhook gives pods that ask nano-gpu resources: the profile of the
     /// kube-scheduler in this pod that calls this extender.
-    #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = "nano-gpu-scheduler")]
+    #[arg(long, env = "NANO_GPU_SCHEDULER_NAME", default_value = nano_gpu_proto::install::SCHEDULER_NAME)]
     scheduler_name: String,
     /// The RuntimeClass the webhook gives GPU pods that name none: the NVIDIA runtime's, on clusters
     /// where it is not the nodes' default runtime (as `nvidia-ctk runtime configure` without

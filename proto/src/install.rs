@@ -12,6 +12,10 @@ pub const KEY_PREFIX: &str = "nano-gpu/";
 /// The scheduler name the webhook gives GPU pods (the allocator Deployment's kube-scheduler).
 pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
 
+/// The label of the agent pods (`deploy/agent.yaml`), which the allocator's `--require-ready-agent`
+/// names in the shipped install.
+pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
+
 /// An object the install makes outside [`NAMESPACE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Object {

@@ -122,6 +122,9 @@ fn stat_fields(pid: u32) -> Vec<String> {
     rest.split_whitespace().map(str::to_owned).collect()
 }
 
+/// Clock ticks per second, the unit of [`cpu_ticks`] (`USER_HZ`, 100 on Linux).
+pub const TICKS_PER_S: f64 = 100.0;
+
 /// CPU time (user + system) a process has used, in clock ticks (`/proc/<pid>/stat`); 0 when unreadable.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let fields = stat_fields(pid);

@@ -22,7 +22,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, Secret};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
@@ -31,6 +31,7 @@ use nano_gpu_proto::annotations::{
     NodeInventory,
 };
 use nano_gpu_proto::dra::DRIVER as DRA_DRIVER;
+use nano_gpu_proto::install::SCHEDULER_NAME;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -592,11 +593,7 @@ fn policy_bindings(s: &Snapshot) -> Vec<Line> {
 /// `overhead` and `scheduling` hold for those pods too: the API server runs its own admission steps
 /// (RuntimeClass's among them) again after a webhook changed a pod.
 fn runtime_class(s: &Snapshot) -> Option<Line> {
-    let class = s.deployment.as_ref().and_then(|d| {
-        let spec = d.spec.as_ref()?.template.spec.as_ref()?;
-        let env = spec.containers.iter().find(|c| c.name == "allocator")?.env.as_ref()?;
-        env.iter().find(|e| e.name == "NANO_GPU_RUNTIME_CLASS")?.value.clone()
-    })?;
+    let class = allocator_env(s, "NANO_GPU_RUNTIME_CLASS")?;
     let object = format!("runtimeclass/{class}");
     let classes = match &s.runtime_classes {
         Ok(classes) => classes,
@@ -724,23 +721,25 @@ fn webhook(s: &Snapshot, now: SystemTime) -> Vec<Line> {
 }
 
 /// The end the allocator wrote on its webhook certificate Secret (annotation `NOT_AFTER_ANNOTATION`).
+/// The `allocator` container of the allocator's Deployment.
+fn allocator_container(s: &Snapshot) -> Option<&Container> {
+    let spec = s.deployment.as_ref()?.spec.as_ref()?.template.spec.as_ref()?;
+    spec.containers.iter().find(|c| c.name == "allocator")
+}
+
+/// The value of environment variable `name` in the allocator's container.
+fn allocator_env(s: &Snapshot, name: &str) -> Option<String> {
+    allocator_container(s)?.env.as_ref()?.iter().find(|e| e.name == name)?.value.clone()
+}
+
 /// The scheduler profile the webhook sends GPU pods to: the allocator container's
-/// `NANO_GPU_SCHEDULER_NAME` or `--scheduler-name`, else the allocator's default.
+/// `--scheduler-name` or `NANO_GPU_SCHEDULER_NAME`, else the allocator's default.
 fn scheduler_name(s: &Snapshot) -> String {
-    let container = s
-        .deployment
-        .as_ref()
-        .and_then(|d| d.spec.as_ref()?.template.spec.as_ref())
-        .and_then(|spec| spec.containers.iter().find(|c| c.name == "allocator"));
-    let env = container.and_then(|c| {
-        let vars = c.env.as_ref()?;
-        vars.iter().find(|v| v.name == "NANO_GPU_SCHEDULER_NAME").and_then(|v| v.value.clone())
-    });
-    let arg = container.and_then(|c| {
+    let arg = allocator_container(s).and_then(|c| {
         let args = c.args.iter().flatten();
         args.filter_map(|a| a.strip_prefix("--scheduler-name=")).next_back().map(str::to_owned)
     });
-    arg.or(env).unwrap_or_else(|| "nano-gpu-scheduler".to_owned())
+    arg.or_else(|| allocator_env(s, "NANO_GPU_SCHEDULER_NAME")).unwrap_or_else(|| SCHEDULER_NAME.to_owned())
 }
 
 /// The dry-run GPU pod ([`dry_run_pod`]): OK when admission sent it to nano-gpu's scheduler profile
@@ -749,45 +748,34 @@ fn scheduler_name(s: &Snapshot) -> String {
 fn dry_run(s: &Snapshot) -> Option<Line> {
     const CHECK: &str = "webhook-dry-run";
     let (namespace, result) = s.dry_run.as_ref()?;
-    let object = format!("{namespace}/nano-gpu-check-dry-run");
-    let pod = match result {
-        DryRun::Admitted(pod) => pod,
-        DryRun::Refused(why) => {
-            return Some(line(
-                CHECK,
-                object,
-                Status::Fail,
-                format!("a GPU pod is refused at admission: {why}; see the webhook and allocator lines"),
-            ));
-        }
+    let (status, message) = match result {
+        DryRun::Refused(why) => (
+            Status::Fail,
+            format!("a GPU pod is refused at admission: {why}; see the webhook and allocator lines"),
+        ),
         DryRun::NotAllowed(why) => {
-            return Some(line(
-                CHECK,
-                object,
-                Status::Warn,
-                format!("cannot be tried: this user may not create pods in {namespace} ({why})"),
-            ));
+            (Status::Warn, format!("cannot be tried: this user may not create pods in {namespace} ({why})"))
+        }
+        DryRun::Admitted(pod) => {
+            let expected = scheduler_name(s);
+            let spec = pod.spec.as_ref();
+            let scheduler = spec.and_then(|p| p.scheduler_name.as_deref()).unwrap_or("default-scheduler");
+            let claims = spec.and_then(|p| p.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+            if claims {
+                (Status::Ok, format!("a GPU pod is admitted and turned into a pod with claims ({scheduler})"))
+            } else if scheduler == expected {
+                (Status::Ok, format!("a GPU pod is admitted and sent to that profile ({scheduler})"))
+            } else {
+                let why = format!(
+                    "a GPU pod was admitted unchanged, for scheduler {scheduler} and not {expected}: the webhook \
+                     was not called; kubectl get mutatingwebhookconfiguration nano-gpu-allocator -o yaml (its \
+                     namespaceSelector must not leave out {namespace})"
+                );
+                (Status::Fail, why)
+            }
         }
     };
-    let expected = scheduler_name(s);
-    let spec = pod.spec.as_ref();
-    let scheduler = spec.and_then(|p| p.scheduler_name.as_deref()).unwrap_or("default-scheduler");
-    let claims = spec.and_then(|p| p.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
-    Some(if scheduler == expected || claims {
-        let how = if claims { "turned into a pod with claims" } else { "sent to that profile" };
-        line(CHECK, object, Status::Ok, format!("a GPU pod is admitted and {how} ({scheduler})"))
-    } else {
-        line(
-            CHECK,
-            object,
-            Status::Fail,
-            format!(
-                "a GPU pod was admitted unchanged, for scheduler {scheduler} and not {expected}: the webhook was \
-                 not called; kubectl get mutatingwebhookconfiguration nano-gpu-allocator -o yaml (its \
-                 namespaceSelector must not leave out {namespace})"
-            ),
-        )
-    })
+    Some(line(CHECK, format!("{namespace}/nano-gpu-check-dry-run"), status, message))
 }
 
 fn annotated_end(secret: Option<&Secret>) -> Option<SystemTime> {

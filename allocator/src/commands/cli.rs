@@ -14,6 +14,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use nano_gpu_engine::{engine::Engine, model::Cluster, policy};
 use nano_gpu_proto::demand::{DemandOptions, GpushareUnit};
+use nano_gpu_proto::install::AGENT_LABEL;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -160,9 +161,6 @@ where
         }
     }
 }
-
-/// The label of the agent pods, as the shipped install's `serve --require-ready-agent` names it.
-const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
 
 /// The allocator's view of the cluster, built as the shipped service builds it (every node, pod and
 /// ResourceClaim listed, a node serving only with a Ready agent in `agent_namespace`), with what it

@@ -25,13 +25,11 @@ use nano_gpu_proto::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, MetaPod, MetaVictims, for_scheduler,
 };
+use nano_gpu_proto::install::SCHEDULER_NAME;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// The scheduler profile (in the shipped KubeSchedulerConfiguration) that calls this extender.
-pub const SCHEDULER_NAME: &str = "nano-gpu-scheduler";
 
 /// Everything the handlers share.
 pub struct Shared<B> {

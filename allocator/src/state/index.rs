@@ -382,10 +382,8 @@ impl ClusterState {
                 None
             }
         };
-        let Some(demand) = demand else {
-            self.stop_waiting(&uid);
-            return;
-        };
+        // (apply_pod took the pod off the waiting list before, and counts whether it changed.)
+        let Some(demand) = demand else { return };
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),

@@ -25,7 +25,7 @@
 use anyhow::{Context, Result, bail};
 use nano_gpu_tests::fake_api::{Objects, ServedAllocator};
 use nano_gpu_tests::http_client::Conn;
-use nano_gpu_tests::{cpu_ticks, p99, peak_rss_mib};
+use nano_gpu_tests::{TICKS_PER_S, cpu_ticks, p99, peak_rss_mib};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -233,8 +233,8 @@ async fn main() -> Result<()> {
         bail!("no pod was placed: every filter or bind failed (see the allocator's warnings above)");
     }
     let wall = run.elapsed().as_secs_f64();
-    // The allocator's CPU (user and system, clock ticks of 10 ms) while the pods were placed.
-    let cpu_s = cpu_ticks(pid).saturating_sub(ticks) as f64 / 100.0;
+    // The allocator's CPU (user and system) while the pods were placed.
+    let cpu_s = cpu_ticks(pid).saturating_sub(ticks) as f64 / TICKS_PER_S;
     // Then pods that fit nowhere and may preempt (not in the figures above): each filter searches
     // the refused nodes for pods to preempt.
     let (mut preempt, mut nominated) = (Vec::new(), 0usize);

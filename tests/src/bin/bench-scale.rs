@@ -35,9 +35,10 @@ use nano_gpu_engine::trace::{TracePod, parse_pods, synthetic};
 use nano_gpu_proto::annotations::{
     ASSIGNMENT_ANNOTATION, Assignment, CardGrant, GPUS_ANNOTATION, GpuInfo, NODE_LABEL, NodeInventory, Vendor,
 };
+use nano_gpu_proto::install::AGENT_LABEL;
 use nano_gpu_proto::{MiB, Percent};
 use nano_gpu_tests::http_client::Conn;
-use nano_gpu_tests::{cpu_ticks, peak_rss_mib, quantile, rss_mib};
+use nano_gpu_tests::{TICKS_PER_S, cpu_ticks, peak_rss_mib, quantile, rss_mib};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -46,9 +47,6 @@ use std::time::{Duration, Instant};
 
 /// The scheduler profile of `deploy/scheduler-config.yaml`.
 const SCHEDULER: &str = "nano-gpu-scheduler";
-/// The agent pods' label, as `deploy/agent.yaml` sets it and `deploy/allocator.yaml`'s
-/// `--require-ready-agent` names it.
-const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "nano-gpu-agent");
 /// The allocator's Lease (in `nano-gpu-system`), as the shipped Deployment names it.
 const LEASE: &str = "nano-gpu-allocator";
 /// Where the probes of `failover` and `probe` live.
@@ -67,8 +65,6 @@ const CARD_MIB: u32 = 81_920;
 /// the `extended` burst ask one, so that kube-scheduler alone does the per-node work an extended
 /// resource costs it (its `NodeResourcesFit` checks each one on each node), as it does for GPU pods.
 const SLOT: &str = "bench.example.com/slot";
-/// Clock ticks per second of `/proc/<pid>/stat` (Linux's USER_HZ).
-const TICKS_PER_S: f64 = 100.0;
 /// A burst is over when every pod is bound, or when none was bound for this long.
 const STALL: Duration = Duration::from_secs(30);
 
@@ -722,15 +718,15 @@ async fn burst(
         .collect();
     let last = bound.values().max().copied().unwrap_or(first);
     let span = last.saturating_duration_since(first).as_secs_f64().max(1e-3);
+    let per_pod = cpu.per_pod(&ticks, &ticks_then, bound.len());
     Ok(json!({"bench": "scale-burst", "label": a.label, "kind": kind, "pods": count, "bound": bound.len(),
         "create_s": round(created_s), "span_s": round(span), "pods_per_s": round(bound.len() as f64 / span),
         "bound_p50_ms": round(quantile(latencies.clone(), 0.5)), "bound_p99_ms": round(quantile(latencies, 0.99)),
         "extender": call_quantiles(&before, &after),
         "allocator_cpu_cores": round(ticks_then.allocator.saturating_sub(ticks.allocator) as f64 / TICKS_PER_S / span),
-        "cpu_ms_per_pod": cpu.per_pod(&ticks, &ticks_then, bound.len()),
-        // The unit the peers were compared in (the same number as cpu_ms_per_pod's allocator).
-        "allocator_cpu_s_per_1000_pods": round(ticks_then.allocator.saturating_sub(ticks.allocator) as f64
-            / TICKS_PER_S * 1e3 / bound.len().max(1) as f64),
+        // ms per pod is s per 1,000 pods, the unit the peers were compared in.
+        "allocator_cpu_s_per_1000_pods": per_pod["allocator"],
+        "cpu_ms_per_pod": per_pod,
         "machine_busy_cores": round(ticks_then.machine.saturating_sub(ticks.machine) as f64 / TICKS_PER_S / span),
         "allocator_peak_rss_mib": peak_rss,
         "scheduler": counts.zip(counts_then).map(|(b, l)| b.since(&l, first.elapsed().as_secs_f64())),
