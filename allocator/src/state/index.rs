@@ -76,11 +76,13 @@ impl ClusterState {
             seen.insert(uid.clone());
         }
         self.note_agent(&uid, pod);
-        // Whether it waits is decided anew below; the GPU map's waiting list changed only if that
-        // differs from before (kube-scheduler writes a waiting pod's status after each try).
+        // Whether it waits is decided anew below. A waiting pod's every event moves the generation,
+        // even one that changes nothing (kube-scheduler's status write after each try): the requeue
+        // sends refused pods back to kube-scheduler on it. (Moving it only on a real change was tried
+        // on 2026-12-05; a fault-suite run then left shares pending past 240 s once, not explained.)
         let waited = self.waiting.remove(&uid);
         self.apply_pod_record(uid.clone(), pod);
-        if self.waiting.get(&uid) != waited.as_ref() {
+        if waited.is_some() || self.waiting.contains_key(&uid) {
             self.generation += 1;
         }
     }
